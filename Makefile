@@ -1,0 +1,31 @@
+# evtc: the two commands a fresh machine needs are `make run` and `make test`.
+# Both run scripts/setup.sh first (installs Debian packages and the CUTLASS headers if missing).
+BUILD ?= build
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?=
+EXAMPLE ?= examples/w1_bias_silu.evt
+
+.PHONY: setup build run test test-gpu bench clean
+
+setup:
+	@bash scripts/setup.sh
+
+build: setup
+	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) > $(BUILD).configure.log 2>&1 || (cat $(BUILD).configure.log; exit 1)
+	@cmake --build $(BUILD) -j $(JOBS)
+
+# The main job: explain an example epilogue; with a GPU, run it fused and check it
+# against the fp64 reference; without one, compile its kernel with nvcc.
+run: build
+	@bash scripts/run_example.sh $(BUILD) $(EXAMPLE)
+
+test: build
+	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+test-gpu: setup
+	@cmake -S . -B $(BUILD)-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DEVTC_BUILD_GPU_TESTS=ON $(CMAKE_FLAGS) > $(BUILD)-gpu.configure.log 2>&1 || (cat $(BUILD)-gpu.configure.log; exit 1)
+	@cmake --build $(BUILD)-gpu -j $(JOBS)
+	@cd $(BUILD)-gpu && ctest --output-on-failure -L gpu
+
+clean:
+	rm -rf $(BUILD) $(BUILD)-gpu $(BUILD).configure.log $(BUILD)-gpu.configure.log

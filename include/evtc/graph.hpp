@@ -1,0 +1,148 @@
+// The epilogue IR: a typed DAG over the GEMM accumulator.
+//
+// A Graph owns its nodes; nodes are created only through Graph's checking constructors,
+// which reject mismatched shapes and dtypes with a UserError naming the nodes involved.
+// Node ids are indices into the graph and never change; passes build new graphs.
+//
+// Example (the W1 epilogue, `out D: bf16 = silu(acc + bias[n])`):
+//   evtc::Graph g;
+//   auto acc = g.accum();
+//   auto bias = g.row_vec("bias", evtc::DType::bf16);
+//   g.store("D", silu(acc + bias), evtc::DType::bf16);
+#pragma once
+#include <cstdint>
+#include <initializer_list>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "evtc/ops.hpp"
+#include "evtc/types.hpp"
+
+namespace evtc {
+
+using NodeId = uint32_t;
+
+enum class NodeKind : uint8_t {
+  accum,    // the GEMM accumulator A@B, f32 [m,n]
+  scalar,   // a constant, or a runtime scalar parameter (by value or by device pointer)
+  row_vec,  // a length-N operand broadcast over M
+  col_vec,  // a length-M operand broadcast over N
+  aux,      // a full M×N operand
+  source,   // the GEMM's C matrix, M×N
+  compute,  // an op from the op table
+  cast,     // a rounding conversion to another dtype
+  reduce,   // a reduction of an M×N value to [m], [n] or a scalar
+  store,    // an output (D, extra outputs, reduction results); has no users
+};
+std::string_view node_kind_name(NodeKind k);
+
+enum class ScalarKind : uint8_t { constant, value, pointer };
+enum class ReduceAxis : uint8_t { row, col, all };  // row: over N -> [m]; col: over M -> [n]
+enum class ReduceOp : uint8_t { sum, max, min, amax };
+enum class Layout : uint8_t { row_major, col_major };
+std::string_view reduce_axis_name(ReduceAxis a);  // "row", "col", "all"
+std::string_view reduce_op_name(ReduceOp o);      // "sum", "max", "min", "amax"
+
+struct Node {
+  NodeKind kind{};
+  DType dtype = DType::f32;
+  Shape shape = Shape::full;
+  std::vector<NodeId> inputs;
+  std::string name;                             // operand or output name
+  double value = 0.0;                           // scalar constant
+  ScalarKind scalar_kind = ScalarKind::constant;
+  Op op{};                                      // compute
+  std::array<double, kMaxOpAttrs> attrs{};      // compute: op parameters
+  ReduceAxis axis{};                            // reduce
+  ReduceOp reduce_op{};                         // reduce
+  Layout layout = Layout::row_major;            // aux loads and full stores
+
+  bool is_load() const;  // scalar param/constant, row_vec, col_vec, aux, source
+};
+
+class Graph;
+
+// A handle to a node while building; arithmetic operators build compute nodes.
+struct Value {
+  Graph* graph = nullptr;
+  NodeId id = 0;
+  const Node& node() const;
+};
+
+class Graph {
+ public:
+  Graph() = default;
+
+  // --- checking constructors -------------------------------------------------------
+  Value accum();  // the accumulator; calling twice returns the same node
+  Value constant(double v, DType dtype = DType::f32);
+  Value param(std::string_view name, DType dtype = DType::f32,
+              ScalarKind kind = ScalarKind::value);
+  Value row_vec(std::string_view name, DType dtype);
+  Value col_vec(std::string_view name, DType dtype);
+  Value aux(std::string_view name, DType dtype, Layout layout = Layout::row_major);
+  Value source(DType dtype);
+  // Computes op over the inputs in `dtype` (inputs must widen losslessly to it).
+  Value compute(Op op, std::span<const Value> inputs, std::span<const double> attrs = {},
+                DType dtype = DType::f32);
+  Value compute(Op op, std::initializer_list<Value> inputs,
+                std::initializer_list<double> attrs = {}, DType dtype = DType::f32);
+  Value cast(Value v, DType dtype);
+  Value reduce(ReduceAxis axis, ReduceOp op, Value v);
+  // Writes `v` to the output `name`, rounding to `dtype`. Returns the store node.
+  Value store(std::string_view name, Value v, DType dtype,
+              Layout layout = Layout::row_major);
+
+  // Raw insertion used by the canonical parser and by passes that rebuild graphs: runs the
+  // same checks as the typed constructors above, and deduplicates loads by name.
+  NodeId add(Node n);
+
+  // --- queries ---------------------------------------------------------------------
+  const Node& node(NodeId id) const { return nodes_.at(id); }
+  size_t size() const { return nodes_.size(); }
+  std::span<const Node> nodes() const { return nodes_; }
+  // Store nodes, in creation order.
+  const std::vector<NodeId>& outputs() const { return outputs_; }
+  // Users of every node (computed on demand).
+  std::vector<std::vector<NodeId>> users() const;
+  // A short description for error messages: `%3 (row_vec bias)`.
+  std::string describe(NodeId id) const;
+  Value value(NodeId id) { return Value{this, id}; }
+
+ private:
+  NodeId push(Node n);
+  std::vector<Node> nodes_;
+  std::vector<NodeId> outputs_;
+};
+
+// Builder operators and functions (each checks its operands).
+Value operator+(Value a, Value b);
+Value operator-(Value a, Value b);
+Value operator*(Value a, Value b);
+Value operator/(Value a, Value b);
+Value operator-(Value a);
+Value operator+(Value a, double b);
+Value operator-(Value a, double b);
+Value operator*(Value a, double b);
+Value operator/(Value a, double b);
+Value operator+(double a, Value b);
+Value operator-(double a, Value b);
+Value operator*(double a, Value b);
+Value operator/(double a, Value b);
+Value apply(Op op, std::initializer_list<Value> args, std::initializer_list<double> attrs = {});
+Value relu(Value x);
+Value sigmoid(Value x);
+Value silu(Value x);
+Value gelu(Value x);
+Value gelu_tanh(Value x);
+Value exp(Value x);
+Value log(Value x);
+Value tanh(Value x);
+Value max(Value a, Value b);
+Value min(Value a, Value b);
+Value clamp(Value x, double lo, double hi);
+Value cast(Value x, DType dtype);
+
+}  // namespace evtc

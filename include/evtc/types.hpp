@@ -1,0 +1,35 @@
+// Element types and shape classes of epilogue values.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace evtc {
+
+enum class DType : uint8_t { f32, f16, bf16, f8e4m3, f8e5m2 };
+
+std::string_view dtype_name(DType t);
+std::optional<DType> parse_dtype(std::string_view name);
+int dtype_bits(DType t);
+inline int dtype_bytes(DType t) { return dtype_bits(t) / 8; }
+bool is_fp8(DType t);
+// Largest finite value of the type.
+double dtype_max(DType t);
+// Rounds an fp64 value to the nearest value representable in `t` (round to nearest even),
+// as a GPU conversion does: f16/bf16 overflow to infinity, fp8 saturates to its largest
+// finite value (CUTLASS converts to fp8 with satfinite). NaN stays NaN.
+double round_to(DType t, double x);
+// True when every value of `from` is exactly representable in `to`.
+bool widens_losslessly(DType from, DType to);
+
+// Which part of the M×N output a value varies over.
+//   scalar: one value; row: length N, broadcast over M (a bias[n]);
+//   col: length M, broadcast over N (a scale[m]); full: M×N.
+enum class Shape : uint8_t { scalar, row, col, full };
+
+std::string_view shape_name(Shape s);  // "", "[n]", "[m]", "[m,n]"
+// Shape of an elementwise result over operands of shapes a and b (broadcasting).
+Shape broadcast(Shape a, Shape b);
+
+}  // namespace evtc

@@ -1,0 +1,402 @@
+#include "evtc/graph.hpp"
+
+#include <fmt/format.h>
+
+#include <cctype>
+
+#include "evtc/error.hpp"
+
+namespace evtc {
+
+std::string_view node_kind_name(NodeKind k) {
+  switch (k) {
+    case NodeKind::accum: return "accum";
+    case NodeKind::scalar: return "scalar";
+    case NodeKind::row_vec: return "row_vec";
+    case NodeKind::col_vec: return "col_vec";
+    case NodeKind::aux: return "aux";
+    case NodeKind::source: return "source";
+    case NodeKind::compute: return "compute";
+    case NodeKind::cast: return "cast";
+    case NodeKind::reduce: return "reduce";
+    case NodeKind::store: return "store";
+  }
+  return "?";
+}
+
+std::string_view reduce_axis_name(ReduceAxis a) {
+  switch (a) {
+    case ReduceAxis::row: return "row";
+    case ReduceAxis::col: return "col";
+    case ReduceAxis::all: return "all";
+  }
+  return "?";
+}
+
+std::string_view reduce_op_name(ReduceOp o) {
+  switch (o) {
+    case ReduceOp::sum: return "sum";
+    case ReduceOp::max: return "max";
+    case ReduceOp::min: return "min";
+    case ReduceOp::amax: return "amax";
+  }
+  return "?";
+}
+
+bool Node::is_load() const {
+  switch (kind) {
+    case NodeKind::scalar:
+    case NodeKind::row_vec:
+    case NodeKind::col_vec:
+    case NodeKind::aux:
+    case NodeKind::source: return true;
+    default: return false;
+  }
+}
+
+const Node& Value::node() const { return graph->node(id); }
+
+namespace {
+
+bool is_identifier(std::string_view s) {
+  if (s.empty() || !(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_')) return false;
+  for (char c : s)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_')) return false;
+  return true;
+}
+
+bool is_named_load(const Node& n) {
+  return (n.kind == NodeKind::scalar && n.scalar_kind != ScalarKind::constant) ||
+         n.kind == NodeKind::row_vec || n.kind == NodeKind::col_vec || n.kind == NodeKind::aux;
+}
+
+std::string load_signature(const Node& n) {
+  std::string s = fmt::format("{} {}{}", node_kind_name(n.kind), dtype_name(n.dtype),
+                              shape_name(n.shape));
+  if (n.kind == NodeKind::scalar && n.scalar_kind == ScalarKind::pointer) s += " (by pointer)";
+  if (n.kind == NodeKind::aux && n.layout == Layout::col_major) s += " (column-major)";
+  return s;
+}
+
+int expected_arity(const Node& n) {
+  switch (n.kind) {
+    case NodeKind::compute: return op_info(n.op).arity;
+    case NodeKind::cast:
+    case NodeKind::reduce:
+    case NodeKind::store: return 1;
+    default: return 0;
+  }
+}
+
+}  // namespace
+
+std::string Graph::describe(NodeId id) const {
+  // A short expression rendering, two levels deep, for error messages.
+  auto render = [this](auto&& self, NodeId i, int depth) -> std::string {
+    const Node& n = nodes_.at(i);
+    switch (n.kind) {
+      case NodeKind::accum: return "acc";
+      case NodeKind::source: return "C";
+      case NodeKind::scalar:
+        return n.scalar_kind == ScalarKind::constant ? fmt::format("{}", n.value) : n.name;
+      case NodeKind::row_vec: return n.name + "[n]";
+      case NodeKind::col_vec: return n.name + "[m]";
+      case NodeKind::aux: return n.name + "[m,n]";
+      case NodeKind::store: return "out " + n.name;
+      default: break;
+    }
+    std::string head = n.kind == NodeKind::compute ? std::string(op_info(n.op).name)
+                       : n.kind == NodeKind::cast  ? std::string(dtype_name(n.dtype))
+                                                   : fmt::format("{}_{}", reduce_axis_name(n.axis),
+                                                                 reduce_op_name(n.reduce_op));
+    if (depth == 0) return head + "(...)";
+    std::string s = head + "(";
+    for (size_t k = 0; k < n.inputs.size(); ++k)
+      s += std::string(k ? ", " : "") + self(self, n.inputs[k], depth - 1);
+    return s + ")";
+  };
+  return fmt::format("'{}'", render(render, id, 2));
+}
+
+NodeId Graph::push(Node n) {
+  nodes_.push_back(std::move(n));
+  const auto id = static_cast<NodeId>(nodes_.size() - 1);
+  if (nodes_.back().kind == NodeKind::store) outputs_.push_back(id);
+  return id;
+}
+
+NodeId Graph::add(Node n) {
+  const int arity = expected_arity(n);
+  if (static_cast<int>(n.inputs.size()) != arity) {
+    std::string what = n.kind == NodeKind::compute ? std::string(op_info(n.op).name)
+                                                   : std::string(node_kind_name(n.kind));
+    throw UserError(fmt::format("{} takes {} operand{}, got {}", what, arity,
+                                arity == 1 ? "" : "s", n.inputs.size()));
+  }
+  for (NodeId in : n.inputs)
+    if (in >= nodes_.size()) throw UserError(fmt::format("operand %{} does not exist", in));
+
+  for (NodeId in : n.inputs) {
+    const Node& src = nodes_[in];
+    if (src.kind == NodeKind::store)
+      throw UserError(fmt::format("{} is an output and cannot be used as an operand", describe(in)));
+    if (src.kind == NodeKind::reduce && n.kind != NodeKind::store)
+      throw UserError(fmt::format(
+          "the reduction {} can only be written to an output: an epilogue cannot use a "
+          "reduction's result, which is complete only after the whole kernel has run",
+          describe(in)));
+  }
+
+  switch (n.kind) {
+    case NodeKind::accum:
+      n.dtype = DType::f32;
+      n.shape = Shape::full;
+      for (NodeId i = 0; i < nodes_.size(); ++i)
+        if (nodes_[i].kind == NodeKind::accum) return i;
+      break;
+    case NodeKind::source:
+      n.shape = Shape::full;
+      for (NodeId i = 0; i < nodes_.size(); ++i) {
+        if (nodes_[i].kind != NodeKind::source) continue;
+        if (nodes_[i].dtype != n.dtype)
+          throw UserError(fmt::format("the source matrix C is used as {} and as {}",
+                                      dtype_name(nodes_[i].dtype), dtype_name(n.dtype)));
+        return i;
+      }
+      break;
+    case NodeKind::scalar:
+      n.shape = Shape::scalar;
+      if (n.scalar_kind == ScalarKind::constant) {
+        n.name.clear();
+        n.value = round_to(n.dtype, n.value);
+      }
+      break;
+    case NodeKind::row_vec: n.shape = Shape::row; break;
+    case NodeKind::col_vec: n.shape = Shape::col; break;
+    case NodeKind::aux: n.shape = Shape::full; break;
+    case NodeKind::compute: {
+      const OpInfo& info = op_info(n.op);
+      Shape s = Shape::scalar;
+      for (size_t k = 0; k < n.inputs.size(); ++k) {
+        const Node& src = nodes_[n.inputs[k]];
+        if (!widens_losslessly(src.dtype, n.dtype))
+          throw UserError(fmt::format(
+              "{}: operand {} ({}) is {} but the op computes in {}; cast it explicitly to "
+              "round it",
+              info.name, k + 1, describe(n.inputs[k]), dtype_name(src.dtype),
+              dtype_name(n.dtype)));
+        s = broadcast(s, src.shape);
+      }
+      n.shape = s;
+      for (int k = info.num_attrs; k < kMaxOpAttrs; ++k) n.attrs[k] = 0.0;
+      break;
+    }
+    case NodeKind::cast: n.shape = nodes_[n.inputs[0]].shape; break;
+    case NodeKind::reduce: {
+      const Node& src = nodes_[n.inputs[0]];
+      if (src.shape != Shape::full)
+        throw UserError(fmt::format(
+            "{}_{} of {}: a reduction takes an [m,n] value, but this one is {}",
+            reduce_axis_name(n.axis), reduce_op_name(n.reduce_op), describe(n.inputs[0]),
+            src.shape == Shape::scalar ? "a scalar" : std::string(shape_name(src.shape))));
+      n.dtype = DType::f32;
+      n.shape = n.axis == ReduceAxis::row ? Shape::col
+                : n.axis == ReduceAxis::col ? Shape::row
+                                            : Shape::scalar;
+      break;
+    }
+    case NodeKind::store: {
+      const Node& src = nodes_[n.inputs[0]];
+      if (!is_identifier(n.name))
+        throw UserError(fmt::format("output name '{}' is not an identifier", n.name));
+      if (src.shape != Shape::full && src.kind != NodeKind::reduce)
+        throw UserError(fmt::format(
+            "output '{}' would be {} ({}): an output must be an [m,n] value or a reduction",
+            n.name, src.shape == Shape::scalar ? "a scalar" : std::string(shape_name(src.shape)),
+            describe(n.inputs[0])));
+      n.shape = src.shape;
+      for (const Node& other : nodes_) {
+        if (other.kind == NodeKind::store && other.name == n.name)
+          throw UserError(fmt::format("output '{}' is defined twice", n.name));
+        if (is_named_load(other) && other.name == n.name)
+          throw UserError(fmt::format("output '{}' has the same name as an input operand",
+                                      n.name));
+      }
+      break;
+    }
+  }
+
+  if (is_named_load(n)) {
+    if (!is_identifier(n.name))
+      throw UserError(fmt::format("operand name '{}' is not an identifier", n.name));
+    for (NodeId i = 0; i < nodes_.size(); ++i) {
+      const Node& other = nodes_[i];
+      if (other.kind == NodeKind::store && other.name == n.name)
+        throw UserError(fmt::format("operand '{}' has the same name as an output", n.name));
+      if (!is_named_load(other) || other.name != n.name) continue;
+      if (load_signature(other) != load_signature(n))
+        throw UserError(fmt::format("operand '{}' is used as {} and as {}", n.name,
+                                    load_signature(other), load_signature(n)));
+      return i;
+    }
+  }
+  return push(std::move(n));
+}
+
+// --- typed constructors ---------------------------------------------------------------
+
+Value Graph::accum() {
+  Node n;
+  n.kind = NodeKind::accum;
+  return value(add(std::move(n)));
+}
+
+Value Graph::constant(double v, DType dtype) {
+  Node n;
+  n.kind = NodeKind::scalar;
+  n.scalar_kind = ScalarKind::constant;
+  n.value = v;
+  n.dtype = dtype;
+  return value(add(std::move(n)));
+}
+
+Value Graph::param(std::string_view name, DType dtype, ScalarKind kind) {
+  EVTC_INTERNAL_ASSERT(kind != ScalarKind::constant, "use Graph::constant for constants");
+  Node n;
+  n.kind = NodeKind::scalar;
+  n.scalar_kind = kind;
+  n.name = name;
+  n.dtype = dtype;
+  return value(add(std::move(n)));
+}
+
+namespace {
+Node named_load(NodeKind kind, std::string_view name, DType dtype) {
+  Node n;
+  n.kind = kind;
+  n.name = name;
+  n.dtype = dtype;
+  return n;
+}
+}  // namespace
+
+Value Graph::row_vec(std::string_view name, DType dtype) {
+  return value(add(named_load(NodeKind::row_vec, name, dtype)));
+}
+
+Value Graph::col_vec(std::string_view name, DType dtype) {
+  return value(add(named_load(NodeKind::col_vec, name, dtype)));
+}
+
+Value Graph::aux(std::string_view name, DType dtype, Layout layout) {
+  Node n = named_load(NodeKind::aux, name, dtype);
+  n.layout = layout;
+  return value(add(std::move(n)));
+}
+
+Value Graph::source(DType dtype) {
+  Node n;
+  n.kind = NodeKind::source;
+  n.dtype = dtype;
+  return value(add(std::move(n)));
+}
+
+Value Graph::compute(Op op, std::span<const Value> inputs, std::span<const double> attrs,
+                     DType dtype) {
+  const OpInfo& info = op_info(op);
+  Node n;
+  n.kind = NodeKind::compute;
+  n.op = op;
+  n.dtype = dtype;
+  for (const Value& v : inputs) {
+    EVTC_INTERNAL_ASSERT(v.graph == this, "operand from another graph");
+    n.inputs.push_back(v.id);
+  }
+  if (attrs.size() > static_cast<size_t>(info.num_attrs))
+    throw UserError(fmt::format("{} takes {} parameter{}, got {}", info.name, info.num_attrs,
+                                info.num_attrs == 1 ? "" : "s", attrs.size()));
+  for (int k = 0; k < info.num_attrs; ++k)
+    n.attrs[k] = k < static_cast<int>(attrs.size()) ? attrs[k] : info.attr_defaults[k];
+  return value(add(std::move(n)));
+}
+
+Value Graph::compute(Op op, std::initializer_list<Value> inputs,
+                     std::initializer_list<double> attrs, DType dtype) {
+  return compute(op, std::span<const Value>(inputs.begin(), inputs.size()),
+                 std::span<const double>(attrs.begin(), attrs.size()), dtype);
+}
+
+Value Graph::cast(Value v, DType dtype) {
+  Node n;
+  n.kind = NodeKind::cast;
+  n.dtype = dtype;
+  n.inputs = {v.id};
+  return value(add(std::move(n)));
+}
+
+Value Graph::reduce(ReduceAxis axis, ReduceOp op, Value v) {
+  Node n;
+  n.kind = NodeKind::reduce;
+  n.axis = axis;
+  n.reduce_op = op;
+  n.inputs = {v.id};
+  return value(add(std::move(n)));
+}
+
+Value Graph::store(std::string_view name, Value v, DType dtype, Layout layout) {
+  Node n;
+  n.kind = NodeKind::store;
+  n.name = name;
+  n.dtype = dtype;
+  n.layout = layout;
+  n.inputs = {v.id};
+  return value(add(std::move(n)));
+}
+
+std::vector<std::vector<NodeId>> Graph::users() const {
+  std::vector<std::vector<NodeId>> u(nodes_.size());
+  for (NodeId i = 0; i < nodes_.size(); ++i)
+    for (NodeId in : nodes_[i].inputs) u[in].push_back(i);
+  return u;
+}
+
+// --- builder operators ----------------------------------------------------------------
+
+namespace {
+Value lift(Graph* g, double c) { return g->constant(c); }
+}  // namespace
+
+Value apply(Op op, std::initializer_list<Value> args, std::initializer_list<double> attrs) {
+  EVTC_INTERNAL_ASSERT(args.size() > 0, "apply needs an operand");
+  return args.begin()->graph->compute(op, args, attrs);
+}
+
+Value operator+(Value a, Value b) { return apply(Op::add, {a, b}); }
+Value operator-(Value a, Value b) { return apply(Op::sub, {a, b}); }
+Value operator*(Value a, Value b) { return apply(Op::mul, {a, b}); }
+Value operator/(Value a, Value b) { return apply(Op::div, {a, b}); }
+Value operator-(Value a) { return apply(Op::neg, {a}); }
+Value operator+(Value a, double b) { return a + lift(a.graph, b); }
+Value operator-(Value a, double b) { return a - lift(a.graph, b); }
+Value operator*(Value a, double b) { return a * lift(a.graph, b); }
+Value operator/(Value a, double b) { return a / lift(a.graph, b); }
+Value operator+(double a, Value b) { return lift(b.graph, a) + b; }
+Value operator-(double a, Value b) { return lift(b.graph, a) - b; }
+Value operator*(double a, Value b) { return lift(b.graph, a) * b; }
+Value operator/(double a, Value b) { return lift(b.graph, a) / b; }
+Value relu(Value x) { return apply(Op::relu, {x}); }
+Value sigmoid(Value x) { return apply(Op::sigmoid, {x}); }
+Value silu(Value x) { return apply(Op::silu, {x}); }
+Value gelu(Value x) { return apply(Op::gelu, {x}); }
+Value gelu_tanh(Value x) { return apply(Op::gelu_tanh, {x}); }
+Value exp(Value x) { return apply(Op::exp, {x}); }
+Value log(Value x) { return apply(Op::log, {x}); }
+Value tanh(Value x) { return apply(Op::tanh, {x}); }
+Value max(Value a, Value b) { return apply(Op::max, {a, b}); }
+Value min(Value a, Value b) { return apply(Op::min, {a, b}); }
+Value clamp(Value x, double lo, double hi) {
+  return apply(Op::clamp, {x, lift(x.graph, lo), lift(x.graph, hi)});
+}
+Value cast(Value x, DType dtype) { return x.graph->cast(x, dtype); }
+
+}  // namespace evtc

@@ -1,0 +1,407 @@
+// Canonical printer and parser, graph hash and JSON export.
+#include <fmt/format.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <unordered_map>
+
+#include "evtc/error.hpp"
+#include "evtc/ir_text.hpp"
+
+namespace evtc {
+namespace {
+
+// Structural hash of every node (payload + operands' hashes), used only to order nodes that
+// no output reaches, so that their order does not depend on insertion order either.
+std::vector<uint64_t> structural_hashes(const Graph& g) {
+  std::vector<uint64_t> h(g.size(), 0);
+  std::vector<char> done(g.size(), 0);
+  auto visit = [&](auto&& self, NodeId id) -> uint64_t {
+    if (done[id]) return h[id];
+    const Node& n = g.node(id);
+    std::string key = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", static_cast<int>(n.kind),
+                                  static_cast<int>(n.dtype), n.name, n.value,
+                                  static_cast<int>(n.scalar_kind), static_cast<int>(n.op),
+                                  n.attrs[0], static_cast<int>(n.axis),
+                                  static_cast<int>(n.reduce_op), static_cast<int>(n.layout),
+                                  n.inputs.size());
+    for (NodeId in : n.inputs) key += fmt::format("|{:016x}", self(self, in));
+    done[id] = 1;
+    return h[id] = XXH3_64bits(key.data(), key.size());
+  };
+  for (NodeId i = 0; i < g.size(); ++i) visit(visit, i);
+  return h;
+}
+
+std::string type_text(const Node& n) {
+  return fmt::format("{}{}", dtype_name(n.dtype), shape_name(n.shape));
+}
+
+std::string format_number(double v) { return fmt::format("{}", v); }
+
+}  // namespace
+
+std::vector<NodeId> canonical_order(const Graph& g) {
+  std::vector<NodeId> order;
+  order.reserve(g.size());
+  std::vector<char> seen(g.size(), 0);
+  // Iterative post-order DFS: operands before users, operands visited left to right.
+  auto dfs = [&](NodeId root) {
+    std::vector<std::pair<NodeId, size_t>> stack{{root, 0}};
+    if (seen[root]) return;
+    seen[root] = 1;
+    while (!stack.empty()) {
+      auto& [id, next] = stack.back();
+      const Node& n = g.node(id);
+      if (next < n.inputs.size()) {
+        NodeId in = n.inputs[next++];
+        if (!seen[in]) {
+          seen[in] = 1;
+          stack.emplace_back(in, 0);
+        }
+        continue;
+      }
+      order.push_back(id);
+      stack.pop_back();
+    }
+  };
+  std::vector<NodeId> outs = g.outputs();
+  std::sort(outs.begin(), outs.end(),
+            [&](NodeId a, NodeId b) { return g.node(a).name < g.node(b).name; });
+  for (NodeId o : outs) dfs(o);
+  if (order.size() < g.size()) {
+    const auto h = structural_hashes(g);
+    std::vector<NodeId> rest;
+    for (NodeId i = 0; i < g.size(); ++i)
+      if (!seen[i]) rest.push_back(i);
+    std::stable_sort(rest.begin(), rest.end(), [&](NodeId a, NodeId b) { return h[a] < h[b]; });
+    for (NodeId r : rest) dfs(r);
+  }
+  return order;
+}
+
+std::string print(const Graph& g) {
+  const auto order = canonical_order(g);
+  std::vector<size_t> index(g.size());
+  for (size_t k = 0; k < order.size(); ++k) index[order[k]] = k;
+  std::string out;
+  for (size_t k = 0; k < order.size(); ++k) {
+    const Node& n = g.node(order[k]);
+    std::string rhs;
+    switch (n.kind) {
+      case NodeKind::accum: rhs = "accum"; break;
+      case NodeKind::source: rhs = "source"; break;
+      case NodeKind::scalar:
+        rhs = n.scalar_kind == ScalarKind::constant ? "const " + format_number(n.value)
+              : n.scalar_kind == ScalarKind::value  ? "param " + n.name
+                                                    : "param_ptr " + n.name;
+        break;
+      case NodeKind::row_vec:
+      case NodeKind::col_vec: rhs = fmt::format("{} {}", node_kind_name(n.kind), n.name); break;
+      case NodeKind::aux:
+        rhs = "aux " + n.name + (n.layout == Layout::col_major ? " col_major" : "");
+        break;
+      case NodeKind::compute: {
+        const OpInfo& info = op_info(n.op);
+        rhs = std::string(info.name);
+        if (info.num_attrs > 0) {
+          rhs += "{";
+          for (int a = 0; a < info.num_attrs; ++a)
+            rhs += fmt::format("{}{}={}", a ? "," : "", info.attr_names[a],
+                               format_number(n.attrs[a]));
+          rhs += "}";
+        }
+        break;
+      }
+      case NodeKind::cast: rhs = "cast"; break;
+      case NodeKind::reduce:
+        rhs = fmt::format("reduce.{}.{}", reduce_axis_name(n.axis), reduce_op_name(n.reduce_op));
+        break;
+      case NodeKind::store:
+        rhs = "store " + n.name + (n.layout == Layout::col_major ? " col_major" : "");
+        break;
+    }
+    for (size_t i = 0; i < n.inputs.size(); ++i)
+      rhs += fmt::format("{}%{}", i ? ", " : " ", index[n.inputs[i]]);
+    out += fmt::format("%{} = {} : {}\n", k, rhs, type_text(n));
+  }
+  return out;
+}
+
+// --- canonical parser ----------------------------------------------------------------
+
+namespace {
+
+class LineCursor {
+ public:
+  LineCursor(std::string_view line, int lineno) : line_(line), lineno_(lineno) {}
+
+  [[noreturn]] void fail(const std::string& what) const {
+    throw UserError(fmt::format("{}:{}: {}\n  {}\n  {}^", lineno_, pos_ + 1, what, line_,
+                                std::string(pos_, ' ')));
+  }
+  void skip_ws() {
+    while (pos_ < line_.size() && (line_[pos_] == ' ' || line_[pos_] == '\t')) ++pos_;
+  }
+  bool at_end() {
+    skip_ws();
+    return pos_ >= line_.size();
+  }
+  bool accept(char c) {
+    skip_ws();
+    if (pos_ < line_.size() && line_[pos_] == c) {
+      ++pos_;
+      return true;
+    }
+    return false;
+  }
+  void expect(char c) {
+    if (!accept(c)) fail(fmt::format("expected '{}'", c));
+  }
+  // A word: identifier characters plus '.', for op names like reduce.row.sum.
+  std::string word(const char* what) {
+    skip_ws();
+    size_t b = pos_;
+    while (pos_ < line_.size() &&
+           (std::isalnum(static_cast<unsigned char>(line_[pos_])) || line_[pos_] == '_' ||
+            line_[pos_] == '.'))
+      ++pos_;
+    if (b == pos_) fail(fmt::format("expected {}", what));
+    return std::string(line_.substr(b, pos_ - b));
+  }
+  double number() {
+    skip_ws();
+    size_t b = pos_;
+    while (pos_ < line_.size() && line_[pos_] != ' ' && line_[pos_] != ',' && line_[pos_] != '}' &&
+           line_[pos_] != ':')
+      ++pos_;
+    std::string s(line_.substr(b, pos_ - b));
+    try {
+      size_t used = 0;
+      double v = std::stod(s, &used);
+      if (used == s.size()) return v;
+    } catch (const std::exception&) {
+    }
+    pos_ = b;
+    fail("expected a number");
+  }
+  size_t ref() {
+    expect('%');
+    size_t b = pos_;
+    while (pos_ < line_.size() && std::isdigit(static_cast<unsigned char>(line_[pos_]))) ++pos_;
+    if (b == pos_) fail("expected a node number after '%'");
+    return std::stoul(std::string(line_.substr(b, pos_ - b)));
+  }
+  size_t pos() const { return pos_; }
+  void set_pos(size_t p) { pos_ = p; }
+
+ private:
+  std::string_view line_;
+  int lineno_;
+  size_t pos_ = 0;
+};
+
+bool starts_with(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
+
+}  // namespace
+
+Graph parse_canonical(std::string_view text) {
+  Graph g;
+  std::unordered_map<size_t, NodeId> ids;
+  int lineno = 0;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view line = text.substr(start, end - start);
+    start = end + 1;
+    ++lineno;
+    if (auto hash = line.find('#'); hash != std::string_view::npos) line = line.substr(0, hash);
+    LineCursor c(line, lineno);
+    if (c.at_end()) {
+      if (end == text.size()) break;
+      continue;
+    }
+    const size_t def = c.ref();
+    if (ids.count(def)) c.fail(fmt::format("%{} is defined twice", def));
+    c.expect('=');
+    c.skip_ws();
+    const size_t op_pos = c.pos();
+    const std::string head = c.word("an operation");
+    Node n;
+    if (head == "accum") {
+      n.kind = NodeKind::accum;
+    } else if (head == "source") {
+      n.kind = NodeKind::source;
+    } else if (head == "const") {
+      n.kind = NodeKind::scalar;
+      n.scalar_kind = ScalarKind::constant;
+      n.value = c.number();
+    } else if (head == "param" || head == "param_ptr") {
+      n.kind = NodeKind::scalar;
+      n.scalar_kind = head == "param" ? ScalarKind::value : ScalarKind::pointer;
+      n.name = c.word("a parameter name");
+    } else if (head == "row_vec" || head == "col_vec") {
+      n.kind = head == "row_vec" ? NodeKind::row_vec : NodeKind::col_vec;
+      n.name = c.word("an operand name");
+    } else if (head == "aux" || head == "store") {
+      n.kind = head == "aux" ? NodeKind::aux : NodeKind::store;
+      n.name = c.word("a name");
+      const size_t p = c.pos();
+      c.skip_ws();
+      if (!c.at_end() && !c.accept(':') && !c.accept('%')) {
+        if (c.word("a layout") == "col_major")
+          n.layout = Layout::col_major;
+        else
+          c.fail("expected 'col_major', an operand or ':'");
+      } else {
+        c.set_pos(p);
+      }
+    } else if (head == "cast") {
+      n.kind = NodeKind::cast;
+    } else if (starts_with(head, "reduce.")) {
+      n.kind = NodeKind::reduce;
+      const std::string_view rest = std::string_view(head).substr(7);
+      const size_t dot = rest.find('.');
+      const auto axis = rest.substr(0, dot);
+      const auto op = dot == std::string_view::npos ? std::string_view{} : rest.substr(dot + 1);
+      if (axis == "row") n.axis = ReduceAxis::row;
+      else if (axis == "col") n.axis = ReduceAxis::col;
+      else if (axis == "all") n.axis = ReduceAxis::all;
+      else { c.set_pos(op_pos); c.fail("expected reduce.{row,col,all}.{sum,max,min,amax}"); }
+      if (op == "sum") n.reduce_op = ReduceOp::sum;
+      else if (op == "max") n.reduce_op = ReduceOp::max;
+      else if (op == "min") n.reduce_op = ReduceOp::min;
+      else if (op == "amax") n.reduce_op = ReduceOp::amax;
+      else { c.set_pos(op_pos); c.fail("expected reduce.{row,col,all}.{sum,max,min,amax}"); }
+    } else if (auto op = find_op(head)) {
+      n.kind = NodeKind::compute;
+      n.op = *op;
+      const OpInfo& info = op_info(*op);
+      for (int a = 0; a < info.num_attrs; ++a) n.attrs[a] = info.attr_defaults[a];
+      if (c.accept('{')) {
+        while (!c.accept('}')) {
+          const std::string key = c.word("a parameter name");
+          int a = 0;
+          while (a < info.num_attrs && info.attr_names[a] != key) ++a;
+          if (a == info.num_attrs) c.fail(fmt::format("{} has no parameter '{}'", head, key));
+          c.expect('=');
+          n.attrs[a] = c.number();
+          c.accept(',');
+        }
+      }
+    } else {
+      c.set_pos(op_pos);
+      c.fail(fmt::format("unknown operation '{}'", head));
+    }
+    // Operands.
+    if (!c.accept(':')) {
+      do {
+        c.skip_ws();
+        const size_t p = c.pos();
+        const size_t r = c.ref();
+        auto it = ids.find(r);
+        if (it == ids.end()) {
+          c.set_pos(p);
+          c.fail(fmt::format("%{} is used before it is defined", r));
+        }
+        n.inputs.push_back(it->second);
+      } while (c.accept(','));
+      c.expect(':');
+    }
+    c.skip_ws();
+    const size_t type_pos = c.pos();
+    const std::string tname = c.word("a type");
+    auto dt = parse_dtype(tname);
+    if (!dt) {
+      c.set_pos(type_pos);
+      c.fail(fmt::format("unknown type '{}'", tname));
+    }
+    n.dtype = *dt;
+    Shape shape = Shape::scalar;
+    if (c.accept('[')) {
+      const std::string a = c.word("m or n");
+      if (c.accept(',')) {
+        const std::string b = c.word("n");
+        if (a != "m" || b != "n") c.fail("expected [m,n]");
+        shape = Shape::full;
+      } else if (a == "m") {
+        shape = Shape::col;
+      } else if (a == "n") {
+        shape = Shape::row;
+      } else {
+        c.fail("expected [m], [n] or [m,n]");
+      }
+      c.expect(']');
+    }
+    if (!c.at_end()) c.fail("unexpected text after the type");
+    NodeId id;
+    try {
+      id = g.add(n);
+    } catch (const UserError& e) {
+      c.set_pos(op_pos);
+      c.fail(e.what());
+    }
+    const Node& made = g.node(id);
+    if (made.shape != shape || made.dtype != n.dtype) {
+      c.set_pos(type_pos);
+      c.fail(fmt::format("type {}{} does not match the operation, which gives {}", tname,
+                         shape_name(shape), type_text(made)));
+    }
+    ids[def] = id;
+  }
+  return g;
+}
+
+uint64_t graph_hash(const Graph& g) {
+  const std::string text = print(g);
+  return XXH3_64bits(text.data(), text.size());
+}
+
+std::string graph_hash_hex(const Graph& g) { return fmt::format("{:016x}", graph_hash(g)); }
+
+std::string to_json(const Graph& g, int indent) {
+  using nlohmann::json;
+  const auto order = canonical_order(g);
+  std::vector<size_t> index(g.size());
+  for (size_t k = 0; k < order.size(); ++k) index[order[k]] = k;
+  json nodes = json::array();
+  json outputs = json::array();
+  for (size_t k = 0; k < order.size(); ++k) {
+    const Node& n = g.node(order[k]);
+    json j;
+    j["id"] = k;
+    j["kind"] = node_kind_name(n.kind);
+    j["dtype"] = dtype_name(n.dtype);
+    j["shape"] = n.shape == Shape::scalar ? "scalar" : std::string(shape_name(n.shape));
+    if (!n.name.empty()) j["name"] = n.name;
+    if (n.kind == NodeKind::scalar)
+      j["scalar"] = n.scalar_kind == ScalarKind::constant ? "constant"
+                    : n.scalar_kind == ScalarKind::value  ? "value"
+                                                          : "pointer";
+    if (n.kind == NodeKind::scalar && n.scalar_kind == ScalarKind::constant) j["value"] = n.value;
+    if (n.kind == NodeKind::compute) {
+      const OpInfo& info = op_info(n.op);
+      j["op"] = info.name;
+      for (int a = 0; a < info.num_attrs; ++a) j["attrs"][std::string(info.attr_names[a])] = n.attrs[a];
+    }
+    if (n.kind == NodeKind::reduce) {
+      j["axis"] = reduce_axis_name(n.axis);
+      j["op"] = reduce_op_name(n.reduce_op);
+    }
+    if (n.kind == NodeKind::aux || n.kind == NodeKind::store)
+      j["layout"] = n.layout == Layout::row_major ? "row_major" : "col_major";
+    json ins = json::array();
+    for (NodeId in : n.inputs) ins.push_back(index[in]);
+    j["inputs"] = ins;
+    nodes.push_back(j);
+    if (n.kind == NodeKind::store) outputs.push_back({{"name", n.name}, {"node", k}});
+  }
+  json root{{"nodes", nodes}, {"outputs", outputs}, {"hash", graph_hash_hex(g)}};
+  return root.dump(indent);
+}
+
+}  // namespace evtc

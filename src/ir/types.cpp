@@ -1,0 +1,115 @@
+#include "evtc/types.hpp"
+
+#include <cmath>
+#include <limits>
+
+#include "evtc/error.hpp"
+
+namespace evtc {
+
+namespace {
+struct FloatFormat {
+  int precision;   // significant bits, the implicit one included
+  int min_exp;     // frexp exponent of the smallest normal value
+  double max_finite;
+  bool saturates;  // conversion clamps to max_finite instead of overflowing to infinity
+};
+
+FloatFormat format_of(DType t) {
+  switch (t) {
+    case DType::f16: return {11, -13, 65504.0, false};
+    case DType::bf16: return {8, -125, 3.38953138925153547590470800371487866880e38, false};
+    case DType::f8e4m3: return {4, -5, 448.0, true};
+    case DType::f8e5m2: return {3, -13, 57344.0, true};
+    case DType::f32: break;
+  }
+  internal_fail(__FILE__, __LINE__, "format_of(f32)");
+}
+}  // namespace
+
+std::string_view dtype_name(DType t) {
+  switch (t) {
+    case DType::f32: return "f32";
+    case DType::f16: return "f16";
+    case DType::bf16: return "bf16";
+    case DType::f8e4m3: return "f8e4m3";
+    case DType::f8e5m2: return "f8e5m2";
+  }
+  return "?";
+}
+
+std::optional<DType> parse_dtype(std::string_view s) {
+  if (s == "f32" || s == "fp32" || s == "float32") return DType::f32;
+  if (s == "f16" || s == "fp16" || s == "float16" || s == "half") return DType::f16;
+  if (s == "bf16" || s == "bfloat16") return DType::bf16;
+  if (s == "f8e4m3" || s == "fp8e4m3" || s == "e4m3" || s == "float8_e4m3fn") return DType::f8e4m3;
+  if (s == "f8e5m2" || s == "fp8e5m2" || s == "e5m2" || s == "float8_e5m2") return DType::f8e5m2;
+  return std::nullopt;
+}
+
+int dtype_bits(DType t) {
+  switch (t) {
+    case DType::f32: return 32;
+    case DType::f16:
+    case DType::bf16: return 16;
+    case DType::f8e4m3:
+    case DType::f8e5m2: return 8;
+  }
+  return 0;
+}
+
+bool is_fp8(DType t) { return t == DType::f8e4m3 || t == DType::f8e5m2; }
+
+double dtype_max(DType t) {
+  if (t == DType::f32) return std::numeric_limits<float>::max();
+  return format_of(t).max_finite;
+}
+
+double round_to(DType t, double x) {
+  if (t == DType::f32) return static_cast<double>(static_cast<float>(x));
+  if (std::isnan(x)) return x;
+  const FloatFormat f = format_of(t);
+  if (std::isinf(x)) return f.saturates ? std::copysign(f.max_finite, x) : x;
+  if (x == 0.0) return x;
+  int e = 0;
+  std::frexp(x, &e);
+  // Quantum of the binade (fixed below the smallest normal: subnormals are evenly spaced).
+  const int q = std::max(e, f.min_exp) - f.precision;
+  const double r = std::ldexp(std::nearbyint(std::ldexp(x, -q)), q);  // ties to even
+  if (std::fabs(r) > f.max_finite) {
+    return f.saturates ? std::copysign(f.max_finite, x)
+                       : std::copysign(std::numeric_limits<double>::infinity(), x);
+  }
+  return r;
+}
+
+bool widens_losslessly(DType from, DType to) {
+  if (from == to || to == DType::f32) return true;
+  if (to == DType::f16) return from == DType::f8e4m3 || from == DType::f8e5m2;
+  if (to == DType::bf16) return from == DType::f8e4m3 || from == DType::f8e5m2;
+  return false;
+}
+
+std::string_view shape_name(Shape s) {
+  switch (s) {
+    case Shape::scalar: return "";
+    case Shape::row: return "[n]";
+    case Shape::col: return "[m]";
+    case Shape::full: return "[m,n]";
+  }
+  return "?";
+}
+
+Shape broadcast(Shape a, Shape b) {
+  if (a == b) return a;
+  if (a == Shape::scalar) return b;
+  if (b == Shape::scalar) return a;
+  return Shape::full;  // row with col, or anything with full
+}
+
+void internal_fail(const char* file, int line, const std::string& what) {
+  throw InternalError("internal error (a bug in evtc) at " + std::string(file) + ":" +
+                      std::to_string(line) + ": " + what);
+}
+
+}  // namespace evtc
