@@ -1,1 +1,55 @@
-int main() { return 0; }
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "cli.hpp"
+#include "evtc/error.hpp"
+
+namespace evtc::cli {
+
+std::string read_expression_arg(const std::string& arg) {
+  // A file if one exists by that name (and the argument has no newline); else the text.
+  if (arg.find('\n') == std::string::npos) {
+    std::ifstream f(arg);
+    if (f) {
+      std::stringstream ss;
+      ss << f.rdbuf();
+      return ss.str();
+    }
+  }
+  return arg;
+}
+
+// One per tools/cmd_*.cpp.
+Command add_explain_command(CLI::App& app);
+Command add_ref_command(CLI::App& app);
+
+}  // namespace evtc::cli
+
+int main(int argc, char** argv) {
+  using namespace evtc::cli;
+  CLI::App app{"evtc: fuses GEMM epilogues into CUTLASS Epilogue-Visitor-Tree kernels"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("evtc ") + EVTC_CLI_VERSION);
+  const std::vector<Command> commands = {add_explain_command(app), add_ref_command(app)};
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? kExitOk : kExitUsage;
+  }
+  try {
+    for (const Command& c : commands)
+      if (c.app->parsed()) return c.run();
+  } catch (const evtc::UserError& e) {
+    fmt::print(stderr, "{}\n", e.what());
+    return kExitUsage;
+  } catch (const evtc::Error& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    return kExitFailed;
+  }
+  return kExitUsage;
+}

@@ -1,0 +1,22 @@
+// What the GEMM around an epilogue looks like: shapes, operand dtypes and layouts.
+#pragma once
+#include <cstdint>
+
+#include "evtc/graph.hpp"
+#include "evtc/types.hpp"
+
+namespace evtc {
+
+// D[m,n] = epilogue(A[m,k] @ B[k,n], ...).
+// A row-major is K-major (the layout Hopper's tensor cores read natively); B column-major
+// (i.e. B given as an N×K row-major matrix, like nn.Linear's weight) is K-major.
+struct GemmDesc {
+  int64_t m = 0, n = 0, k = 0;  // 0: not known yet (checked at run time)
+  DType a_dtype = DType::bf16;
+  DType b_dtype = DType::bf16;
+  Layout a_layout = Layout::row_major;
+  Layout b_layout = Layout::col_major;
+  int sm = 90;  // target compute capability (90 = Hopper, sm_90a)
+};
+
+}  // namespace evtc

@@ -1,0 +1,24 @@
+// The evtc command-line tool: each subcommand lives in its own tools/cmd_*.cpp as an
+// add_*_command function, listed in tools/evtc.cpp.
+// Exit codes: 0 success; 1 a check failed or a run failed (CUDA, compiler); 2 bad usage or
+// bad input (an unknown option, a parse error in an expression).
+#pragma once
+#include <CLI/CLI.hpp>
+#include <functional>
+#include <string>
+
+namespace evtc::cli {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailed = 1;
+inline constexpr int kExitUsage = 2;
+
+struct Command {
+  CLI::App* app;             // the subcommand, created on the main app
+  std::function<int()> run;  // called when it was chosen; returns the exit code
+};
+
+// An argument that is either an expression or the path of a file holding one.
+std::string read_expression_arg(const std::string& arg);
+
+}  // namespace evtc::cli
