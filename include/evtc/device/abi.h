@@ -1,0 +1,48 @@
+/* The C ABI between evtc's runtime and a generated kernel library (kernel.so).
+ *
+ * Every generated library exports the functions below. Operands are passed through one
+ * flat table: `ptrs[i]` is the device pointer of slot i and `scalars[i]` the value of
+ * scalar slot i, in the order the library's signature (evtc_kernel_signature, JSON)
+ * lists them. The runtime fills the tables by operand name; the generated code builds
+ * CUTLASS's nested epilogue arguments from them. */
+#ifndef EVTC_DEVICE_ABI_H
+#define EVTC_DEVICE_ABI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define EVTC_ABI_VERSION 1
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct evtc_gemm_args {
+  int64_t m, n, k;
+  const void* a; /* M×K */
+  const void* b; /* K×N */
+  const void* c; /* M×N source, or NULL when the epilogue does not read C */
+  void* d;       /* M×N main output, or NULL when the epilogue has none */
+  int64_t lda, ldb, ldc, ldd; /* leading dimensions, in elements */
+  void* const* ptrs;          /* pointer slots */
+  const double* scalars;      /* scalar slots */
+  int sm_count;               /* multiprocessors to use; 0 = all of the current device */
+} evtc_gemm_args;
+
+/* Status codes of evtc_can_implement and evtc_run. */
+#define EVTC_OK 0
+#define EVTC_ERROR_CANNOT_IMPLEMENT 1
+#define EVTC_ERROR_LAUNCH 2
+
+typedef int (*evtc_abi_version_fn)(void);
+typedef const char* (*evtc_kernel_signature_fn)(void);
+typedef int (*evtc_can_implement_fn)(const evtc_gemm_args* args, char* why, size_t why_size);
+typedef size_t (*evtc_workspace_size_fn)(const evtc_gemm_args* args);
+typedef int (*evtc_run_fn)(const evtc_gemm_args* args, void* workspace, void* stream, char* why,
+                           size_t why_size);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* EVTC_DEVICE_ABI_H */

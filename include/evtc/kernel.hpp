@@ -1,0 +1,63 @@
+// Kernel configuration and the operand signature of a compiled epilogue kernel.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "evtc/gemm.hpp"
+#include "evtc/graph.hpp"
+
+namespace evtc {
+
+enum class MainloopSchedule : uint8_t { cooperative, pingpong };
+enum class TileSchedulerKind : uint8_t { persistent, stream_k };
+
+// How the CUTLASS kernel around an epilogue is built (the autotuner's search space).
+struct KernelConfig {
+  int tile_m = 128, tile_n = 256, tile_k = 64;
+  int cluster_m = 2, cluster_n = 1;
+  MainloopSchedule schedule = MainloopSchedule::cooperative;
+  TileSchedulerKind scheduler = TileSchedulerKind::persistent;
+  // Full-precision transcendental math instead of the fast hardware forms.
+  bool precise_math = false;
+
+  // A short stable name, e.g. "coop_128x256x64_c2x1_persistent" (part of cache keys).
+  std::string name() const;
+  // Parses name(); nullopt if it is not one.
+  static std::optional<KernelConfig> parse(const std::string& name);
+  bool operator==(const KernelConfig&) const = default;
+};
+
+// One operand or output of a kernel, in the order the kernel's C ABI tables use.
+struct OperandSlot {
+  std::string name;
+  NodeKind kind{};  // scalar, row_vec, col_vec, aux (inputs); store (outputs)
+  DType dtype{};
+  Shape shape{};    // of the buffer: scalar, row [n], col [m] or full [m,n]
+  ScalarKind scalar_kind = ScalarKind::value;
+  Layout layout = Layout::row_major;
+  bool is_output = false;
+  // For reduction outputs: what they reduce with (their buffer is set to its identity
+  // before the kernel runs).
+  bool is_reduction = false;
+  ReduceOp reduce_op{};
+};
+
+// What a kernel reads and writes, derived from its graph.
+struct KernelSignature {
+  std::vector<OperandSlot> pointers;  // device pointers, inputs then outputs
+  std::vector<OperandSlot> scalars;   // runtime scalar parameters passed by value
+  bool reads_c = false;
+  DType c_dtype = DType::bf16;
+  // The main output, written by the GEMM's own D store: the [m,n] output named "D" if
+  // there is one, else the first [m,n] output in canonical order; empty if none.
+  std::string d_name;
+  DType d_dtype = DType::bf16;
+
+  std::string to_json() const;
+};
+
+KernelSignature make_signature(const Graph& g);
+
+}  // namespace evtc

@@ -1,0 +1,660 @@
+#include "backends/sm90/sm90_emitter.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "evtc/error.hpp"
+#include "evtc/ir_text.hpp"
+
+namespace evtc::sm90 {
+
+std::string cutlass_type(DType t) {
+  switch (t) {
+    case DType::f32: return "float";
+    case DType::f16: return "cutlass::half_t";
+    case DType::bf16: return "cutlass::bfloat16_t";
+    case DType::f8e4m3: return "cutlass::float_e4m3_t";
+    case DType::f8e5m2: return "cutlass::float_e5m2_t";
+  }
+  return "?";
+}
+
+namespace {
+
+constexpr const char* kRound = "cutlass::FloatRoundStyle::round_to_nearest";
+
+std::string float_literal(double v) {
+  if (std::isnan(v)) return "cutlass::platform::numeric_limits<float>::quiet_NaN()";
+  if (std::isinf(v))
+    return v > 0 ? "cutlass::platform::numeric_limits<float>::infinity()"
+                 : "(-cutlass::platform::numeric_limits<float>::infinity())";
+  return fmt::format("float({})", v);
+}
+
+std::string layout_tag(Layout l) {
+  return l == Layout::row_major ? "cutlass::layout::RowMajor" : "cutlass::layout::ColumnMajor";
+}
+
+// Stride of an M×N operand in CUTLASS's (M, N, L) convention, and its value from the args.
+std::string mn_stride_value(Layout l) {
+  return l == Layout::row_major
+             ? "cute::make_stride(int64_t(a.n), cute::Int<1>{}, int64_t(0))"
+             : "cute::make_stride(cute::Int<1>{}, int64_t(a.m), int64_t(0))";
+}
+
+// A visitor: its C++ type and an expression building its Arguments.
+struct Visitor {
+  std::string type;
+  std::string args;
+};
+
+class Sm90Emitter {
+ public:
+  Sm90Emitter(const Graph& g, const GemmDesc& gemm, const KernelConfig& cfg)
+      : g_(g), gemm_(gemm), cfg_(cfg), sig_(make_signature(g)), users_(g.users()) {
+    for (size_t i = 0; i < sig_.pointers.size(); ++i) ptr_slot_[sig_.pointers[i].name] = i;
+    for (size_t i = 0; i < sig_.scalars.size(); ++i) scalar_slot_[sig_.scalars[i].name] = i;
+    for (NodeId id : g_.outputs()) {
+      const Node& s = g_.node(id);
+      if (s.name == sig_.d_name) d_value_ = s.inputs[0];
+      else terminals_.push_back(id);
+    }
+    std::sort(terminals_.begin(), terminals_.end(),
+              [&](NodeId a, NodeId b) { return g_.node(a).name < g_.node(b).name; });
+  }
+
+  EmittedKernel emit() {
+    const Visitor root = plan_and_emit_visitors();
+    return {assemble(root), sig_};
+  }
+
+ private:
+  // --- naming ------------------------------------------------------------------------
+  std::string alias(const std::string& definition, const std::string& comment) {
+    std::string name = fmt::format("V{}", next_alias_++);
+    decls_ += fmt::format("// {}\nusing {} = {};\n", comment, name, definition);
+    return name;
+  }
+  std::string ptr(const std::string& name, const std::string& ctype, bool is_const = true) {
+    auto it = ptr_slot_.find(name);
+    EVTC_INTERNAL_ASSERT(it != ptr_slot_.end(), "no pointer slot for " + name);
+    return fmt::format("static_cast<{}{}*>(a.ptrs[{}])", is_const ? "const " : "", ctype,
+                       it->second);
+  }
+  std::string elem_d_desc() const {
+    return cutlass_type(sig_.d_name.empty() ? aux_element_ : sig_.d_dtype);
+  }
+
+  // --- one emitter per node kind -------------------------------------------------------
+  Visitor emit_accum(const Node&) {
+    return {alias("cutlass::epilogue::fusion::Sm90AccFetch", "acc"), "{}"};
+  }
+  Visitor emit_source(const Node& n) {
+    return {alias(fmt::format("cutlass::epilogue::fusion::Sm90SrcFetch<{}>", cutlass_type(n.dtype)),
+                  "C"),
+            "{}"};
+  }
+  Visitor emit_scalar(const Node& n) {
+    const std::string e = n.scalar_kind == ScalarKind::constant ? "float" : cutlass_type(n.dtype);
+    const std::string type =
+        alias(fmt::format("cutlass::epilogue::fusion::Sm90ScalarBroadcast<{}>", e),
+              n.scalar_kind == ScalarKind::constant ? fmt::format("constant {}", n.value)
+                                                    : "scalar " + n.name);
+    std::string args;
+    if (n.scalar_kind == ScalarKind::constant)
+      args = fmt::format("{{{{{}}}}}", float_literal(n.value));
+    else if (n.scalar_kind == ScalarKind::value)
+      args = fmt::format("{{{{{}(float(a.scalars[{}]))}}}}", e, scalar_slot_.at(n.name));
+    else
+      args = fmt::format("{{{{}}, {{{}}}}}", ptr(n.name, e));
+    return {type, fmt::format("typename {}::Arguments{}", type, args)};
+  }
+  Visitor emit_row_vec(const Node& n) {
+    const std::string e = cutlass_type(n.dtype);
+    const std::string type = alias(
+        fmt::format("cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, {}, float, "
+                    "cute::Stride<cute::_0, cute::_1, cute::_0>>",
+                    e),
+        "row vector " + n.name + "[n]");
+    return {type, fmt::format("typename {}::Arguments{{{}, {}(0), {{}}}}", type, ptr(n.name, e), e)};
+  }
+  Visitor emit_col_vec(const Node& n) {
+    const std::string e = cutlass_type(n.dtype);
+    const std::string type = alias(
+        fmt::format("cutlass::epilogue::fusion::Sm90ColBroadcast<0, TileShape, {}, float, "
+                    "cute::Stride<cute::_1, cute::_0, cute::_0>>",
+                    e),
+        "column vector " + n.name + "[m]");
+    return {type, fmt::format("typename {}::Arguments{{{}, {}(0), {{}}}}", type, ptr(n.name, e), e)};
+  }
+  Visitor emit_aux(const Node& n) {
+    const std::string e = cutlass_type(n.dtype);
+    const std::string desc = alias(
+        fmt::format("cutlass::epilogue::collective::detail::AuxLoadDescriptor<EpilogueDescriptor, "
+                    "{}, {}>",
+                    layout_tag(n.layout), e),
+        "descriptor of " + n.name);
+    const std::string type = alias(
+        fmt::format("cutlass::epilogue::fusion::Sm90AuxLoad<{0}::Stages, typename {0}::EpilogueTile, "
+                    "{1}, typename {0}::Stride, typename {0}::SmemLayoutAtom, typename {0}::CopyOpS2R>",
+                    desc, e),
+        "aux load " + n.name + "[m,n]");
+    return {type, fmt::format("typename {}::Arguments{{{}, {}(0), {}}}", type, ptr(n.name, e), e,
+                              mn_stride_value(n.layout))};
+  }
+  Visitor emit_compute(const Node& n) {
+    const OpInfo& info = op_info(n.op);
+    const std::string type = alias(
+        fmt::format("cutlass::epilogue::fusion::Sm90Compute<evtc::device::{}, {}, float, {}>",
+                    info.cuda_functor, cutlass_type(n.dtype), kRound),
+        std::string(info.name));
+    std::string args = "{}";
+    if (info.num_attrs > 0) {
+      args = "{";
+      for (int i = 0; i < info.num_attrs; ++i) args += (i ? ", " : "") + float_literal(n.attrs[i]);
+      args += "}";
+    }
+    return {type, fmt::format("typename {}::Arguments{}", type, args)};
+  }
+  Visitor emit_cast(const Node& n) {
+    // The node's output type rounds; the identity functor computes nothing.
+    const std::string type = alias(
+        fmt::format("cutlass::epilogue::fusion::Sm90Compute<evtc::device::Identity, {}, float, {}>",
+                    cutlass_type(n.dtype), kRound),
+        fmt::format("cast to {}", dtype_name(n.dtype)));
+    return {type, fmt::format("typename {}::Arguments{{}}", type)};
+  }
+  // An extra [m,n] output (the main output D is written by the collective epilogue).
+  Visitor emit_store(const Node& s) {
+    const std::string e = cutlass_type(s.dtype);
+    const std::string desc = alias(
+        fmt::format("cutlass::epilogue::collective::detail::AuxStoreDescriptor<EpilogueDescriptor, "
+                    "{}, {}>",
+                    layout_tag(s.layout), e),
+        "descriptor of " + s.name);
+    const std::string type = alias(
+        fmt::format("cutlass::epilogue::fusion::Sm90AuxStore<{0}::Stages, typename {0}::EpilogueTile, "
+                    "{1}, {2}, typename {0}::Stride, typename {0}::SmemLayoutAtom, typename "
+                    "{0}::CopyOpR2S>",
+                    desc, e, kRound),
+        "output " + s.name + "[m,n]");
+    return {type, fmt::format("typename {}::Arguments{{{}, {}}}", type, ptr(s.name, e, false),
+                              mn_stride_value(s.layout))};
+  }
+  // A reduction output. Row/column reductions reduce across CTAs through a workspace in a
+  // fixed order (deterministic); whole-matrix reductions use atomics (see docs/reductions.md).
+  Visitor emit_reduce(const Node& r, const Node& s) {
+    const std::string e = cutlass_type(s.dtype);
+    std::string reg, gmem, identity;
+    switch (r.reduce_op) {
+      case ReduceOp::sum: reg = "cutlass::plus"; gmem = "cutlass::atomic_add"; identity = "0.0f"; break;
+      case ReduceOp::max:
+        reg = "cutlass::maximum"; gmem = "cutlass::atomic_maximum";
+        identity = "(-cutlass::platform::numeric_limits<float>::infinity())"; break;
+      case ReduceOp::min:
+        reg = "cutlass::minimum"; gmem = "evtc::device::AtomicMinimum";
+        identity = "cutlass::platform::numeric_limits<float>::infinity()"; break;
+      case ReduceOp::amax:
+        // amax(x) = max(|x|): the |x| is its own compute node, emitted by the caller.
+        reg = "cutlass::maximum"; gmem = "cutlass::atomic_maximum"; identity = "0.0f"; break;
+    }
+    std::string type;
+    const std::string name = fmt::format("{}_{} -> output {}", reduce_axis_name(r.axis),
+                                         reduce_op_name(r.reduce_op), s.name);
+    std::string stride;
+    switch (r.axis) {
+      case ReduceAxis::all:
+        type = alias(fmt::format("cutlass::epilogue::fusion::Sm90ScalarReduction<{}, {}, {}, float, {}>",
+                                 reg, gmem, e, kRound),
+                     name);
+        stride = "{}";
+        break;
+      case ReduceAxis::row:  // over N -> one value per row: CUTLASS's column reduction
+        type = alias(fmt::format("cutlass::epilogue::fusion::Sm90ColReduction<{0}, {0}, {0}, 0, TileShape, "
+                                 "{1}, float, {2}>",
+                                 reg, e, kRound),
+                     name);
+        stride = "{}";
+        break;
+      case ReduceAxis::col:  // over M -> one value per column: CUTLASS's row reduction
+        type = alias(fmt::format("cutlass::epilogue::fusion::Sm90RowReduction<{0}, {0}, {0}, 0, TileShape, "
+                                 "{1}, float, {2}>",
+                                 reg, e, kRound),
+                     name);
+        stride = "{}";
+        break;
+    }
+    return {type, fmt::format("typename {}::Arguments{{{}, {}, {}}}", type,
+                              ptr(s.name, e, false), identity, stride)};
+  }
+
+  Visitor emit_node(NodeId id) {
+    const Node& n = g_.node(id);
+    switch (n.kind) {
+      case NodeKind::accum: return emit_accum(n);
+      case NodeKind::source: return emit_source(n);
+      case NodeKind::scalar: return emit_scalar(n);
+      case NodeKind::row_vec: return emit_row_vec(n);
+      case NodeKind::col_vec: return emit_col_vec(n);
+      case NodeKind::aux: return emit_aux(n);
+      case NodeKind::compute: return emit_compute(n);
+      case NodeKind::cast: return emit_cast(n);
+      case NodeKind::reduce:
+      case NodeKind::store: break;
+    }
+    internal_fail(__FILE__, __LINE__, "emit_node on a terminal");
+  }
+
+  // --- lowering to trees and a topological visitor -------------------------------------
+
+  // Operand values of an op: a value node's inputs, or what a terminal store consumes (a
+  // reduction store consumes the reduced value).
+  std::vector<NodeId> op_inputs(NodeId id) const {
+    const Node& n = g_.node(id);
+    if (n.kind != NodeKind::store) return n.inputs;
+    const Node& in = g_.node(n.inputs[0]);
+    return in.kind == NodeKind::reduce ? in.inputs : n.inputs;
+  }
+  bool is_leaf(NodeId id) const { return g_.node(id).inputs.empty(); }
+
+  // amax(x) reduces |x|: an abs node in front of a max reduction.
+  Visitor emit_terminal_node(NodeId store) {
+    const Node& s = g_.node(store);
+    const Node& in = g_.node(s.inputs[0]);
+    if (in.kind == NodeKind::reduce) return emit_reduce(in, s);
+    return emit_store(s);
+  }
+  bool terminal_needs_abs(NodeId store) const {
+    const Node& in = g_.node(g_.node(store).inputs[0]);
+    return in.kind == NodeKind::reduce && in.reduce_op == ReduceOp::amax;
+  }
+  Visitor abs_op() {
+    const std::string type = alias(
+        fmt::format("cutlass::epilogue::fusion::Sm90Compute<evtc::device::Abs, float, float, {}>", kRound),
+        "abs (for amax)");
+    return {type, fmt::format("typename {}::Arguments{{}}", type)};
+  }
+
+  // Nested tree for value v where nothing below v is materialised.
+  Visitor tree(NodeId v) {
+    if (is_leaf(v)) return emit_node(v);
+    std::vector<Visitor> kids;
+    for (NodeId in : g_.node(v).inputs) kids.push_back(tree(in));
+    return evt(emit_node(v), kids);
+  }
+  Visitor evt(const Visitor& op, const std::vector<Visitor>& kids) {
+    std::string type = "cutlass::epilogue::fusion::Sm90EVT<" + op.type;
+    std::string args = "{";
+    for (const Visitor& k : kids) {
+      type += ", " + k.type;
+      args += k.args + ", ";
+    }
+    type += ">";
+    args += op.args + "}";
+    const std::string name = alias(type, "tree");
+    return {name, fmt::format("typename {}::Arguments{}", name, args)};
+  }
+  // A terminal as a tree over its input value tree.
+  Visitor terminal_tree(NodeId store, const Visitor& input) {
+    Visitor in = input;
+    if (terminal_needs_abs(store)) in = evt(abs_op(), {in});
+    return evt(emit_terminal_node(store), {in});
+  }
+
+  Visitor plan_and_emit_visitors() {
+    // Uses of each value by ops (with multiplicity), terminals and D included.
+    std::vector<int> uses(g_.size(), 0);
+    std::vector<NodeId> roots = terminals_;
+    for (NodeId t : terminals_)
+      for (NodeId in : op_inputs(t)) ++uses[in];
+    if (d_value_) ++uses[*d_value_];
+    // Walk values reachable from outputs.
+    std::vector<char> seen(g_.size(), 0);
+    std::vector<NodeId> stack;
+    for (NodeId t : terminals_)
+      for (NodeId in : op_inputs(t)) stack.push_back(in);
+    if (d_value_) stack.push_back(*d_value_);
+    while (!stack.empty()) {
+      NodeId v = stack.back();
+      stack.pop_back();
+      if (seen[v]) continue;
+      seen[v] = 1;
+      for (NodeId in : g_.node(v).inputs) {
+        ++uses[in];
+        stack.push_back(in);
+      }
+    }
+    std::set<NodeId> shared;
+    for (NodeId v = 0; v < g_.size(); ++v)
+      if (seen[v] && !is_leaf(v) && uses[v] > 1) shared.insert(v);
+
+    const size_t outputs = terminals_.size() + (d_value_ ? 1 : 0);
+    EVTC_INTERNAL_ASSERT(outputs > 0, "graph without outputs");
+    if (shared.empty() && outputs == 1) {
+      if (d_value_) return tree(*d_value_);
+      const NodeId t = terminals_.front();
+      return terminal_tree(t, tree(op_inputs(t)[0]));
+    }
+    return topological(shared);
+  }
+
+  Visitor topological(const std::set<NodeId>& shared) {
+    // Materialised values: shared ones and the main output's value. An op whose operands'
+    // trees reach a materialised value takes all its operands as materialised values
+    // (a tree node cannot take inputs from a topological visitor), so promote them.
+    std::set<NodeId> mat = shared;
+    if (d_value_) mat.insert(*d_value_);
+    auto reaches = [&](auto&& self, NodeId v) -> bool {  // v's tree (below v) hits mat
+      for (NodeId in : g_.node(v).inputs)
+        if (mat.count(in) || (!is_leaf(in) && self(self, in))) return true;
+      return false;
+    };
+    auto op_reaches = [&](const std::vector<NodeId>& ins) {
+      for (NodeId in : ins)
+        if (mat.count(in) || (!is_leaf(in) && reaches(reaches, in))) return true;
+      return false;
+    };
+    for (bool changed = true; changed;) {
+      changed = false;
+      std::vector<std::vector<NodeId>> op_sets;
+      for (NodeId v : mat) op_sets.push_back(g_.node(v).inputs);
+      for (NodeId t : terminals_) op_sets.push_back(op_inputs(t));
+      for (const auto& ins : op_sets) {
+        if (!op_reaches(ins)) continue;
+        for (NodeId in : ins)
+          if (mat.insert(in).second) changed = true;
+      }
+    }
+    // Order: operands first (post-order from the terminals, then the main output last).
+    std::vector<NodeId> order;  // materialised values
+    std::map<NodeId, int> index;
+    std::vector<std::string> entries;
+    std::vector<std::string> edges;
+    std::vector<std::string> args;
+    auto add_entry = [&](const Visitor& v, const std::vector<int>& in_idx) {
+      entries.push_back(v.type);
+      args.push_back(v.args);
+      std::string e = "cute::seq<";
+      for (size_t i = 0; i < in_idx.size(); ++i) e += (i ? ", " : "") + std::to_string(in_idx[i]);
+      edges.push_back(e + ">");
+      return static_cast<int>(entries.size() - 1);
+    };
+    auto visit = [&](auto&& self, NodeId v) -> void {
+      if (index.count(v)) return;
+      const auto& ins = g_.node(v).inputs;
+      if (!is_leaf(v) && op_reaches(ins)) {
+        std::vector<int> idx;
+        for (NodeId in : ins) {
+          self(self, in);
+          idx.push_back(index.at(in));
+        }
+        index[v] = add_entry(emit_node(v), idx);
+      } else {
+        index[v] = add_entry(tree(v), {});
+      }
+    };
+    for (NodeId t : terminals_) {
+      const auto ins = op_inputs(t);
+      const NodeId in = ins[0];
+      if (mat.count(in)) {
+        visit(visit, in);
+        int src = index.at(in);
+        if (terminal_needs_abs(t)) src = add_entry(abs_op(), {src});
+        add_entry(emit_terminal_node(t), {src});
+      } else {
+        add_entry(terminal_tree(t, tree(in)), {});
+      }
+    }
+    if (d_value_) {
+      if (index.count(*d_value_)) {
+        // Already an operand of another op: the last op must be the main output.
+        const std::string type = alias(
+            fmt::format("cutlass::epilogue::fusion::Sm90Compute<evtc::device::Identity, float, float, {}>",
+                        kRound),
+            "main output");
+        add_entry({type, fmt::format("typename {}::Arguments{{}}", type)}, {index.at(*d_value_)});
+      } else {
+        visit(visit, *d_value_);
+      }
+    }
+    if (entries.size() == 1) return {entries[0], args[0]};
+    std::string type = "cutlass::epilogue::fusion::Sm90TopologicalVisitor<float, cute::tuple<";
+    for (size_t i = 0; i < edges.size(); ++i) type += (i ? ", " : "") + edges[i];
+    type += ">";
+    for (const auto& e : entries) type += ", " + e;
+    type += ">";
+    const std::string name = alias(type, "DAG");
+    std::string a = "{";
+    for (size_t i = 0; i < args.size(); ++i) a += (i ? ", " : "") + args[i];
+    a += "}";
+    return {name, fmt::format("typename {}::Arguments{}", name, a)};
+  }
+
+  // --- the translation unit ------------------------------------------------------------
+  std::string assemble(const Visitor& root);
+
+  const Graph& g_;
+  GemmDesc gemm_;
+  KernelConfig cfg_;
+  KernelSignature sig_;
+  std::vector<std::vector<NodeId>> users_;
+  std::map<std::string, size_t> ptr_slot_, scalar_slot_;
+  std::optional<NodeId> d_value_;
+  std::vector<NodeId> terminals_;
+  std::string decls_;
+  int next_alias_ = 0;
+  DType aux_element_ = DType::bf16;
+};
+
+std::string Sm90Emitter::assemble(const Visitor& root) {
+  const bool coop = cfg_.schedule == MainloopSchedule::cooperative;
+  const std::string elem_a = cutlass_type(gemm_.a_dtype);
+  const std::string elem_b = cutlass_type(gemm_.b_dtype);
+  const std::string elem_c = sig_.reads_c ? cutlass_type(sig_.c_dtype) : "void";
+  const std::string elem_d = sig_.d_name.empty() ? "void" : cutlass_type(sig_.d_dtype);
+  const std::string desc_d = elem_d_desc();
+  const std::string desc_c = sig_.reads_c ? elem_c : desc_d;
+  const std::string align_d = fmt::format("128 / cutlass::sizeof_bits<{}>::value", desc_d);
+  const std::string align_c = fmt::format("128 / cutlass::sizeof_bits<{}>::value", desc_c);
+  std::string s;
+  s += fmt::format(
+      "// Generated by evtc {}: one CUTLASS Sm90 GEMM with a fused epilogue.\n"
+      "// Graph hash {}; kernel config {}.\n"
+      "// Graph:\n",
+      EVTC_VERSION, graph_hash_hex(g_), cfg_.name());
+  {
+    const std::string text = print(g_);
+    size_t b = 0;
+    while (b < text.size()) {
+      size_t e = text.find('\n', b);
+      s += "//   " + text.substr(b, e - b) + "\n";
+      b = e + 1;
+    }
+  }
+  if (cfg_.precise_math) s += "#define EVTC_PRECISE_MATH 1\n";
+  s += R"(
+#include <cutlass/cutlass.h>
+#include <cute/tensor.hpp>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/epilogue/collective/collective_builder.hpp>
+#include <cutlass/gemm/kernel/gemm_universal.hpp>
+#include <cutlass/gemm/device/gemm_universal_adapter.h>
+#include <cutlass/gemm/kernel/tile_scheduler.hpp>
+
+#include <cstdio>
+#include <cstring>
+
+#include "evtc/device/abi.h"
+#include "evtc/device/ops.cuh"
+
+namespace {
+
+)";
+  s += fmt::format("using ElementA = {};\nusing LayoutA = {};\n", elem_a, layout_tag(gemm_.a_layout));
+  s += fmt::format("using ElementB = {};\nusing LayoutB = {};\n", elem_b, layout_tag(gemm_.b_layout));
+  s += fmt::format("using ElementC = {};  // void: the epilogue does not read C\n", elem_c);
+  s += fmt::format("using ElementD = {};  // void: no main output\n", elem_d);
+  s += fmt::format("using TileShape = cute::Shape<cute::_{}, cute::_{}, cute::_{}>;\n", cfg_.tile_m,
+                   cfg_.tile_n, cfg_.tile_k);
+  s += fmt::format("using ClusterShape = cute::Shape<cute::_{}, cute::_{}, cute::_1>;\n",
+                   cfg_.cluster_m, cfg_.cluster_n);
+  s += fmt::format("using KernelSchedule = cutlass::gemm::{};\n",
+                   coop ? "KernelTmaWarpSpecializedCooperative" : "KernelTmaWarpSpecializedPingpong");
+  s += fmt::format("using EpilogueSchedule = cutlass::epilogue::{};\n",
+                   coop ? "TmaWarpSpecializedCooperative" : "TmaWarpSpecialized");
+  s += "using EpilogueTile = cutlass::epilogue::collective::EpilogueTileAuto;\n";
+  s += fmt::format(
+      "using EpilogueDescriptor = cutlass::epilogue::collective::detail::EpilogueDescriptor<\n"
+      "    TileShape, EpilogueTile, {}, {}, EpilogueSchedule>;\n\n",
+      desc_c, desc_d);
+  s += decls_;
+  if (sig_.d_name.empty()) {
+    // Without D, CUTLASS sizes its (unused) D staging from the callbacks' ElementAux.
+    s += fmt::format(
+        "\nstruct Callbacks : {} {{\n  using {}::{};\n  using ElementAux = {};\n}};\n", root.type,
+        root.type, root.type.substr(root.type.rfind(':') + 1), desc_d);
+  } else {
+    s += fmt::format("\nusing Callbacks = {};\n", root.type);
+  }
+  s += fmt::format(R"(
+using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape, EpilogueTile,
+    float, float, ElementC, cutlass::layout::RowMajor, {},
+    ElementD, cutlass::layout::RowMajor, {}, EpilogueSchedule, Callbacks>::CollectiveOp;
+
+using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+    ElementA, LayoutA, 128 / cutlass::sizeof_bits<ElementA>::value,
+    ElementB, LayoutB, 128 / cutlass::sizeof_bits<ElementB>::value, float,
+    TileShape, ClusterShape,
+    cutlass::gemm::collective::StageCountAutoCarveout<
+        static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
+    KernelSchedule>::CollectiveOp;
+
+using GemmKernel = cutlass::gemm::kernel::GemmUniversal<
+    cute::Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue, {}>;
+using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+
+)",
+                   align_c, align_d,
+                   cfg_.scheduler == TileSchedulerKind::stream_k ? "cutlass::gemm::StreamKScheduler"
+                                                                 : "void");
+  s += fmt::format(R"(typename Callbacks::Arguments fusion_arguments(const evtc_gemm_args& a) {{
+  return {};
+}}
+)",
+                   root.args);
+  s += R"(
+int sm_count_of_current_device() {
+  int device = 0;
+  cudaGetDevice(&device);
+  static int cached_device = -1;
+  static int cached_count = 0;
+  if (device != cached_device) {
+    cached_count = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
+    cached_device = device;
+  }
+  return cached_count;
+}
+
+typename Gemm::Arguments gemm_arguments(const evtc_gemm_args& a) {
+  using StrideA = typename Gemm::GemmKernel::StrideA;
+  using StrideB = typename Gemm::GemmKernel::StrideB;
+  using StrideC = typename Gemm::GemmKernel::StrideC;
+  using StrideD = typename Gemm::GemmKernel::StrideD;
+  StrideA stride_a{};
+  StrideB stride_b{};
+  StrideC stride_c{};
+  StrideD stride_d{};
+)";
+  // A is M×K: row-major means stride (lda, 1); B is K×N, CUTLASS indexes it as N×K.
+  s += gemm_.a_layout == Layout::row_major ? "  cute::get<0>(stride_a) = a.lda;\n"
+                                           : "  cute::get<1>(stride_a) = a.lda;\n";
+  s += gemm_.b_layout == Layout::col_major ? "  cute::get<0>(stride_b) = a.ldb;\n"
+                                           : "  cute::get<1>(stride_b) = a.ldb;\n";
+  s += R"(  cute::get<0>(stride_c) = a.ldc;
+  cute::get<0>(stride_d) = a.ldd;
+  cutlass::KernelHardwareInfo hw;
+  cudaGetDevice(&hw.device_id);
+  hw.sm_count = a.sm_count > 0 ? a.sm_count : sm_count_of_current_device();
+  typename Gemm::Arguments args{
+      cutlass::gemm::GemmUniversalMode::kGemm,
+      {int(a.m), int(a.n), int(a.k), 1},
+      {static_cast<const ElementA*>(a.a), stride_a, static_cast<const ElementB*>(a.b), stride_b},
+      {fusion_arguments(a), static_cast<const typename Gemm::GemmKernel::ElementC*>(a.c), stride_c,
+       static_cast<typename Gemm::GemmKernel::ElementD*>(a.d), stride_d},
+      hw};
+  return args;
+}
+
+void set_reason(char* why, size_t size, const char* text) {
+  if (why && size) {
+    std::strncpy(why, text, size - 1);
+    why[size - 1] = '\0';
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+int evtc_abi_version(void) { return EVTC_ABI_VERSION; }
+
+)";
+  // Escape the signature JSON for a C string literal.
+  std::string json = sig_.to_json();
+  std::string escaped;
+  for (char c : json) {
+    if (c == '"' || c == '\\') escaped += '\\';
+    escaped += c;
+  }
+  s += fmt::format("const char* evtc_kernel_signature(void) {{ return \"{}\"; }}\n", escaped);
+  s += R"(
+int evtc_can_implement(const evtc_gemm_args* a, char* why, size_t why_size) {
+  auto args = gemm_arguments(*a);
+  cutlass::Status status = Gemm::can_implement(args);
+  if (status != cutlass::Status::kSuccess) {
+    set_reason(why, why_size, cutlassGetStatusString(status));
+    return EVTC_ERROR_CANNOT_IMPLEMENT;
+  }
+  return EVTC_OK;
+}
+
+size_t evtc_workspace_size(const evtc_gemm_args* a) {
+  return Gemm::get_workspace_size(gemm_arguments(*a));
+}
+
+int evtc_run(const evtc_gemm_args* a, void* workspace, void* stream, char* why, size_t why_size) {
+  auto args = gemm_arguments(*a);
+  Gemm gemm;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  cutlass::Status status = gemm.initialize(args, workspace, s);
+  if (status != cutlass::Status::kSuccess) {
+    set_reason(why, why_size, cutlassGetStatusString(status));
+    return EVTC_ERROR_CANNOT_IMPLEMENT;
+  }
+  status = gemm.run(s);
+  if (status != cutlass::Status::kSuccess) {
+    cudaError_t err = cudaGetLastError();
+    set_reason(why, why_size, err != cudaSuccess ? cudaGetErrorString(err) : cutlassGetStatusString(status));
+    return EVTC_ERROR_LAUNCH;
+  }
+  return EVTC_OK;
+}
+
+}  // extern "C"
+)";
+  return s;
+}
+
+}  // namespace
+
+EmittedKernel emit_kernel(const Graph& g, const GemmDesc& gemm, const KernelConfig& config) {
+  return Sm90Emitter(g, gemm, config).emit();
+}
+
+}  // namespace evtc::sm90

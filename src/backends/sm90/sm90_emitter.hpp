@@ -1,0 +1,31 @@
+// Emits a CUDA translation unit that instantiates one CUTLASS 3.x Sm90 TMA warp-specialised
+// GEMM whose epilogue is the graph, as an Epilogue Visitor Tree, and exports evtc's C ABI
+// (include/evtc/device/abi.h).
+//
+// Lowering (see plan_visitors in the .cpp):
+//  - a graph whose values are each used once and that has one output becomes nested
+//    Sm90EVT trees;
+//  - otherwise the shared values, the extra outputs and the main output become the ops of
+//    one Sm90TopologicalVisitor, each op being a nested tree of the values only it uses.
+// Cheap leaves (acc, C, broadcasts, aux loads) are re-read at each use rather than shared.
+#pragma once
+#include <string>
+
+#include "evtc/gemm.hpp"
+#include "evtc/graph.hpp"
+#include "evtc/kernel.hpp"
+
+namespace evtc::sm90 {
+
+struct EmittedKernel {
+  std::string source;  // the .cu file
+  KernelSignature signature;
+};
+
+// `g` must have been through the pass pipeline and be legal for `gemm` on sm90.
+EmittedKernel emit_kernel(const Graph& g, const GemmDesc& gemm, const KernelConfig& config);
+
+// The CUTLASS element type spelling of a dtype ("cutlass::bfloat16_t", ...).
+std::string cutlass_type(DType t);
+
+}  // namespace evtc::sm90

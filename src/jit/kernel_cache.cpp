@@ -1,0 +1,247 @@
+#include "jit/kernel_cache.hpp"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <map>
+#include <mutex>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "evtc/error.hpp"
+#include "jit/toolchain.hpp"
+
+namespace fs = std::filesystem;
+
+namespace evtc::jit {
+namespace {
+
+bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v && std::string(v) != "0";
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+void write_file(const fs::path& p, const std::string& text) {
+  std::ofstream f(p, std::ios::binary);
+  f << text;
+  if (!f) throw RuntimeError(fmt::format("cannot write {}", p.string()));
+}
+
+void fsync_path(const fs::path& p) {
+  int fd = ::open(p.c_str(), O_RDONLY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+std::string device_headers_digest(const std::string& include) {
+  std::string all;
+  for (const char* f : {"ops.cuh", "math.cuh", "op_list.inc", "abi.h"})
+    all += read_file(fs::path(include) / "evtc" / "device" / f);
+  return fmt::format("{:016x}", XXH3_64bits(all.data(), all.size()));
+}
+
+// Runs argv with stdout and stderr into `log`; shows a progress line on stderr while it
+// takes longer than a second (only on a terminal). Returns the exit status.
+int run_compiler(const std::vector<std::string>& argv, const fs::path& log, const std::string& label) {
+  pid_t pid = fork();
+  if (pid < 0) throw RuntimeError("fork failed while starting nvcc");
+  if (pid == 0) {
+    int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+    }
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  const bool show = isatty(2) && !env_flag("EVTC_QUIET");
+  const auto start = std::chrono::steady_clock::now();
+  bool shown = false;
+  int status = 0;
+  while (true) {
+    pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid) break;
+    if (r < 0) throw RuntimeError("waitpid failed while nvcc was running");
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (show && secs >= 1.0) {
+      fmt::print(stderr, "\r\033[Kevtc: compiling {} ({:.0f} s)", label, secs);
+      shown = true;
+    }
+  }
+  if (shown) fmt::print(stderr, "\r\033[K");
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::string first_errors(const std::string& log, size_t max_lines) {
+  std::stringstream in(log);
+  std::string line, out;
+  size_t n = 0;
+  while (std::getline(in, line) && n < max_lines)
+    if (line.find("error") != std::string::npos) {
+      out += "  " + line + "\n";
+      ++n;
+    }
+  if (out.empty()) {  // no line says "error": show the tail
+    std::stringstream again(log);
+    std::vector<std::string> lines;
+    while (std::getline(again, line)) lines.push_back(line);
+    for (size_t i = lines.size() > max_lines ? lines.size() - max_lines : 0; i < lines.size(); ++i)
+      out += "  " + lines[i] + "\n";
+  }
+  return out;
+}
+
+std::shared_ptr<Library> compile_into_cache(const CompileRequest& req, const std::string& key) {
+  const Toolchain& tc = toolchain(req.needs_cutlass);
+  const fs::path root = cache_dir();
+  const fs::path final_dir = root / "kernels" / key;
+  if (fs::exists(final_dir / "kernel.so"))
+    return std::make_shared<Library>((final_dir / "kernel.so").string(), key);
+
+  fs::create_directories(root / "tmp");
+  std::random_device rd;
+  const fs::path tmp =
+      root / "tmp" / fmt::format("{}-{}-{:08x}", key, static_cast<long>(getpid()), rd());
+  fs::create_directories(tmp);
+  write_file(tmp / "kernel.cu", req.source);
+  std::vector<std::string> argv = {tc.nvcc};
+  for (const auto& f : kernel_flags(req.sm, req.needs_cutlass)) argv.push_back(f);
+  if (req.needs_cutlass) argv.push_back("-I" + tc.cutlass_include);
+  argv.push_back("-I" + tc.evtc_include);
+  argv.push_back("-o");
+  argv.push_back((tmp / "kernel.so").string());
+  argv.push_back((tmp / "kernel.cu").string());
+  std::string command;
+  for (const auto& a : argv) command += (command.empty() ? "" : " ") + a;
+  write_file(tmp / "command.txt", command + "\n");
+  if (env_flag("EVTC_PRINT_COMPILER_COMMAND")) fmt::print(stderr, "evtc: {}\n", command);
+
+  const int rc = run_compiler(argv, tmp / "compile.log", req.label);
+  if (rc != 0) {
+    const fs::path failed = root / "failed" / key;
+    std::error_code ec;
+    fs::create_directories(failed.parent_path(), ec);
+    fs::remove_all(failed, ec);
+    fs::rename(tmp, failed, ec);
+    const fs::path where = ec ? tmp : failed;
+    throw RuntimeError(fmt::format(
+        "nvcc failed (exit {}) compiling {}\n  source: {}\n  log: {}\nfirst errors:\n{}", rc,
+        req.label, (where / "kernel.cu").string(), (where / "compile.log").string(),
+        first_errors(read_file(where / "compile.log"), 8)));
+  }
+  fsync_path(tmp / "kernel.so");
+  fs::create_directories(final_dir.parent_path());
+  std::error_code ec;
+  fs::rename(tmp, final_dir, ec);
+  if (ec) {
+    // Another process finished the same key first: keep its entry, drop ours.
+    if (!env_flag("EVTC_KEEP_TEMPORARIES")) fs::remove_all(tmp, ec);
+    if (!fs::exists(final_dir / "kernel.so"))
+      throw RuntimeError(fmt::format("cannot move the compiled kernel into {}", final_dir.string()));
+  }
+  return std::make_shared<Library>((final_dir / "kernel.so").string(), key);
+}
+
+}  // namespace
+
+Library::Library(const std::string& path, const std::string& key) : path_(path), key_(key) {
+  handle_ = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!handle_) throw RuntimeError(fmt::format("cannot load {}: {}", path, dlerror()));
+}
+
+Library::~Library() {
+  if (handle_) dlclose(handle_);
+}
+
+void* Library::symbol(const char* name) const {
+  void* s = dlsym(handle_, name);
+  if (!s) throw RuntimeError(fmt::format("{} does not export {}", path_, name));
+  return s;
+}
+
+std::string cache_dir() {
+  if (const char* d = std::getenv("EVTC_CACHE_DIR"); d && *d) return d;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return (fs::path(x) / "evtc").string();
+  const char* home = std::getenv("HOME");
+  return (fs::path(home ? home : "/tmp") / ".cache" / "evtc").string();
+}
+
+std::string cache_key(const CompileRequest& req) {
+  const Toolchain& tc = toolchain(req.needs_cutlass);
+  std::string material = req.source;
+  for (const auto& f : kernel_flags(req.sm, req.needs_cutlass)) material += "\n" + f;
+  material += "\nnvcc " + tc.nvcc_version + "\ncutlass " + tc.cutlass_version +
+              "\ndevice headers " + device_headers_digest(tc.evtc_include);
+  return fmt::format("{:016x}", XXH3_64bits(material.data(), material.size()));
+}
+
+std::shared_ptr<Library> load_or_compile(const CompileRequest& req) {
+  static std::mutex mu;
+  static std::map<std::string, std::shared_future<std::shared_ptr<Library>>> loaded;
+  const std::string key = cache_key(req);
+  std::promise<std::shared_ptr<Library>> promise;
+  std::shared_future<std::shared_ptr<Library>> pending;
+  {
+    std::lock_guard lock(mu);
+    auto it = loaded.find(key);
+    if (it != loaded.end()) pending = it->second;
+    else loaded.emplace(key, promise.get_future().share());
+  }
+  if (pending.valid()) return pending.get();  // loaded, or being compiled by another thread
+  try {
+    auto lib = compile_into_cache(req, key);
+    promise.set_value(lib);
+    return lib;
+  } catch (...) {
+    promise.set_exception(std::current_exception());
+    std::lock_guard lock(mu);
+    loaded.erase(key);  // a later call may try again (e.g. after fixing the environment)
+    throw;
+  }
+}
+
+CacheStats cache_stats() {
+  CacheStats s;
+  const fs::path kernels = fs::path(cache_dir()) / "kernels";
+  std::error_code ec;
+  if (!fs::exists(kernels, ec)) return s;
+  for (const auto& e : fs::directory_iterator(kernels, ec)) {
+    ++s.entries;
+    for (const auto& f : fs::recursive_directory_iterator(e.path(), ec))
+      if (f.is_regular_file(ec)) s.bytes += f.file_size(ec);
+  }
+  return s;
+}
+
+size_t clear_cache() {
+  const fs::path root = cache_dir();
+  size_t n = cache_stats().entries;
+  std::error_code ec;
+  for (const char* sub : {"kernels", "failed", "tmp"}) fs::remove_all(root / sub, ec);
+  return n;
+}
+
+}  // namespace evtc::jit

@@ -1,0 +1,59 @@
+// Compiles generated CUDA sources into shared libraries, caches them on disk and in the
+// process, and loads them.
+//
+// Disk layout under $EVTC_CACHE_DIR (default ~/.cache/evtc):
+//   kernels/<key>/kernel.cu, kernel.so, compile.log, command.txt   a finished entry
+//   failed/<key>/...                                               the last failed compile
+//   tmp/                                                           compiles in progress
+// The key hashes the source (which names the graph hash, kernel config and arch), the
+// compile flags, the nvcc and CUTLASS versions and evtc's device headers. A compile writes
+// into a fresh folder under tmp/ and renames it into kernels/ when complete, so a crash or
+// a concurrent process never leaves a half entry: if another process finished the same key
+// first, its entry is kept and ours dropped.
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace evtc::jit {
+
+class Library {
+ public:
+  Library(const std::string& path, const std::string& key);
+  ~Library();
+  Library(const Library&) = delete;
+  Library& operator=(const Library&) = delete;
+  // Looks a symbol up; throws RuntimeError naming the library when it is missing.
+  void* symbol(const char* name) const;
+  const std::string& path() const { return path_; }
+  const std::string& key() const { return key_; }
+
+ private:
+  void* handle_;
+  std::string path_, key_;
+};
+
+struct CompileRequest {
+  std::string source;
+  std::string label;          // shown in progress lines, e.g. the kernel config name
+  bool needs_cutlass = true;  // fused kernels; false for plain CUDA fallback epilogues
+  int sm = 90;
+};
+
+// Returns the loaded library for the request, compiling it if no cache has it.
+// Thread-safe: concurrent requests for one key compile it once.
+std::shared_ptr<Library> load_or_compile(const CompileRequest& request);
+
+// The cache key a request maps to (16 hex digits).
+std::string cache_key(const CompileRequest& request);
+std::string cache_dir();
+
+struct CacheStats {
+  size_t entries = 0;
+  size_t bytes = 0;
+};
+CacheStats cache_stats();
+// Removes every entry; returns how many were removed.
+size_t clear_cache();
+
+}  // namespace evtc::jit

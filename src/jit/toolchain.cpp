@@ -1,0 +1,135 @@
+#include "jit/toolchain.hpp"
+
+#include <fmt/format.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <regex>
+#include <sstream>
+
+#include "evtc/error.hpp"
+
+namespace fs = std::filesystem;
+
+namespace evtc::jit {
+namespace {
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+bool is_executable(const fs::path& p) {
+  std::error_code ec;
+  return fs::is_regular_file(p, ec) && access(p.c_str(), X_OK) == 0;
+}
+
+std::string find_nvcc() {
+  if (auto v = env("CUDACXX"); !v.empty()) {
+    if (is_executable(v)) return v;
+    throw RuntimeError(fmt::format("CUDACXX={} is not an executable nvcc", v));
+  }
+  for (const char* var : {"CUDA_HOME", "CUDA_PATH"})
+    if (auto v = env(var); !v.empty() && is_executable(fs::path(v) / "bin" / "nvcc"))
+      return (fs::path(v) / "bin" / "nvcc").string();
+  std::stringstream path(env("PATH"));
+  for (std::string dir; std::getline(path, dir, ':');)
+    if (!dir.empty() && is_executable(fs::path(dir) / "nvcc")) return (fs::path(dir) / "nvcc").string();
+  if (is_executable(fs::path(EVTC_CUDA_BIN_DIR) / "nvcc"))
+    return (fs::path(EVTC_CUDA_BIN_DIR) / "nvcc").string();
+  throw RuntimeError(
+      "nvcc not found: install the CUDA toolkit, or set CUDACXX to nvcc's path (or CUDA_HOME to "
+      "the toolkit folder)");
+}
+
+std::string capture(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return out;
+  std::array<char, 256> buf;
+  while (fgets(buf.data(), buf.size(), p)) out += buf.data();
+  pclose(p);
+  return out;
+}
+
+std::string find_cutlass() {
+  std::vector<std::string> tried;
+  auto ok = [&](const fs::path& root) -> std::string {
+    tried.push_back(root.string());
+    for (const fs::path& inc : {root / "include", root})
+      if (fs::exists(inc / "cutlass" / "cutlass.h")) return inc.string();
+    return "";
+  };
+  for (const char* var : {"EVTC_CUTLASS_DIR", "CUTLASS_DIR"})
+    if (auto v = env(var); !v.empty()) {
+      if (auto inc = ok(v); !inc.empty()) return inc;
+      throw RuntimeError(fmt::format(
+          "{}={} holds no CUTLASS headers (expected include/cutlass/cutlass.h under it)", var, v));
+    }
+  if (auto inc = ok(EVTC_DEFAULT_CUTLASS_DIR); !inc.empty()) return inc;
+  throw RuntimeError(fmt::format(
+      "CUTLASS headers not found (looked in {}): run scripts/setup.sh, or set EVTC_CUTLASS_DIR "
+      "to a CUTLASS folder holding include/cutlass",
+      fmt::join(tried, ", ")));
+}
+
+std::string cutlass_version(const std::string& include) {
+  std::ifstream f(fs::path(include) / "cutlass" / "version.h");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string text = ss.str();
+  auto macro = [&](const char* name) {
+    std::smatch m;
+    std::regex re(std::string("#define ") + name + R"(\s+(\d+))");
+    return std::regex_search(text, m, re) ? m[1].str() : std::string("?");
+  };
+  return macro("CUTLASS_MAJOR") + "." + macro("CUTLASS_MINOR") + "." + macro("CUTLASS_PATCH");
+}
+
+std::string find_evtc_include() {
+  for (const std::string& dir :
+       {env("EVTC_INCLUDE_DIR"), std::string(EVTC_SOURCE_INCLUDE_DIR), std::string(EVTC_INSTALL_INCLUDE_DIR)})
+    if (!dir.empty() && fs::exists(fs::path(dir) / "evtc" / "device" / "ops.cuh")) return dir;
+  throw RuntimeError(
+      "evtc's device headers (evtc/device/ops.cuh) not found: set EVTC_INCLUDE_DIR to the "
+      "folder that holds evtc/device");
+}
+
+}  // namespace
+
+const Toolchain& toolchain(bool need_cutlass) {
+  static std::mutex mu;
+  static Toolchain tc;
+  static bool have_base = false, have_cutlass = false;
+  std::lock_guard lock(mu);
+  if (!have_base) {
+    tc.nvcc = find_nvcc();
+    std::smatch m;
+    const std::string v = capture("'" + tc.nvcc + "' --version 2>/dev/null");
+    static const std::regex re(R"(V(\d+\.\d+\.\d+))");
+    tc.nvcc_version = std::regex_search(v, m, re) ? m[1].str() : "unknown";
+    tc.evtc_include = find_evtc_include();
+    have_base = true;
+  }
+  if (need_cutlass && !have_cutlass) {
+    tc.cutlass_include = find_cutlass();
+    tc.cutlass_version = cutlass_version(tc.cutlass_include);
+    have_cutlass = true;
+  }
+  return tc;
+}
+
+std::vector<std::string> kernel_flags(int sm, bool need_cutlass) {
+  // -DNDEBUG matters: without it CUTLASS's asserts serialise the wgmma pipeline.
+  std::vector<std::string> f = {"-std=c++17", "-O3", "-DNDEBUG", "--expt-relaxed-constexpr",
+                                "-Xcompiler=-fPIC", "-shared", "-lineinfo"};
+  const std::string arch = sm == 90 && need_cutlass ? "90a" : std::to_string(sm);
+  f.push_back(fmt::format("-gencode=arch=compute_{0},code=sm_{0}", arch));
+  return f;
+}
+
+}  // namespace evtc::jit
