@@ -1,11 +1,14 @@
 // The fp64 reference interpreter: the truth every GPU result is compared with.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "evtc/graph.hpp"
+#include "evtc/types.hpp"
 
 namespace evtc {
 
@@ -31,7 +34,71 @@ struct ReferenceOptions {
 // whole-matrix reductions 1. Every output is rounded to its store dtype.
 using ReferenceOutputs = std::map<std::string, std::vector<double>>;
 
+// Evaluates the nodes that reach an output, in fp64. The accumulator is A@B in fp64 (rounded
+// to f32 when options.round_compute); loads are the given values rounded to the node's
+// dtype, so raw doubles read as the device would read them. Aux operands and outputs are
+// row-major whatever their layout in the graph (the layout concerns device memory only).
+// Operands the graph does not read are ignored (a pass may have removed their use).
+// Throws UserError naming the operand when an input is missing or has the wrong length.
 ReferenceOutputs evaluate_reference(const Graph& g, const ReferenceInputs& inputs,
                                     const ReferenceOptions& options = {});
+
+// Fresh inputs for g on an m×n×k problem: A (m×k, a_dtype), B (k×n, b_dtype), C when g reads
+// it, and every operand g names, drawn from normal distributions and rounded to their
+// dtypes. A and B have standard deviation k^(-1/4), so that A@B is about N(0, 1) and
+// activations are exercised where they bend rather than only where they saturate; C and
+// the operands are N(0, 1). Each input has its own stream derived from (seed, its name), so
+// adding an operand to a graph does not change the values of the others. The normal variates
+// come from std::mt19937_64 through a fixed transform rather than std::normal_distribution,
+// whose algorithm differs between standard libraries.
+ReferenceInputs random_reference_inputs(const Graph& g, int64_t m, int64_t n, int64_t k,
+                                        DType a_dtype, DType b_dtype, uint64_t seed);
+
+// --- comparing device results with the reference ---------------------------------------
+//
+// An element passes when |got - want| <= atol + rtol * |want|, atol = rtol * rms(want) *
+// atol_scale (rms over the reference's finite values): a relative bound, with an absolute
+// floor in proportion to the data's magnitude for values that cancel to near zero.
+// rtol is one unit in the last place of the output dtype: a device result computed in f32
+// and the fp64 truth, rounded to the same dtype, may land on adjacent representable values.
+// The whole output must also have rel_l2 = ||got - want|| / ||want|| <= max_rel_l2, the unit
+// roundoff (half an ulp), which catches a small error applied to every element.
+//
+//   dtype    rtol           max_rel_l2
+//   f32      1e-5           1e-5        (f32 accumulation order and fast device math)
+//   f16      2^-10          2^-11
+//   bf16     2^-7           2^-8
+//   f8e4m3   2^-3           2^-4
+//   f8e5m2   2^-2           2^-3
+//
+// NaN must match NaN; an infinite reference value must be matched exactly; a non-finite
+// device value where the reference is finite fails.
+struct Tolerance {
+  double rtol = 0;
+  double max_rel_l2 = 0;
+};
+Tolerance tolerance_for(DType dtype);
+
+struct Comparison {
+  size_t count = 0;         // elements compared
+  double max_abs = 0;       // max |got - want| over elements where both are finite
+  double max_rel = 0;       // max |got - want| / |want| over those with want != 0
+  double rel_l2 = 0;        // ||got - want|| / ||want|| over elements where both are finite
+  size_t mismatches = 0;    // elements outside the per-element bound (NaN ones included)
+  size_t nan_mismatch = 0;  // elements where exactly one of got and want is NaN
+  bool pass = false;
+  double rtol = 0, atol = 0, max_rel_l2 = 0;  // the bounds applied
+  // The first element that failed, if any: its index and values.
+  size_t first_bad = 0;
+  double first_bad_got = 0, first_bad_want = 0;
+  // One line: "PASS: 1024 values, max_abs ..." or "FAIL: ...; first at [17]: got 1.5, want 1".
+  std::string describe() const;
+};
+
+// Throws UserError when the spans differ in length.
+Comparison compare_outputs(std::span<const double> got, std::span<const double> want,
+                           DType dtype, double atol_scale = 1.0);
+Comparison compare_outputs(std::span<const double> got, std::span<const double> want,
+                           const Tolerance& tolerance, double atol_scale = 1.0);
 
 }  // namespace evtc

@@ -1,0 +1,83 @@
+// Fresh random inputs for the reference interpreter and the device tests.
+#include <fmt/format.h>
+#include <xxhash.h>
+
+#include <cmath>
+#include <numbers>
+#include <random>
+
+#include "evtc/error.hpp"
+#include "evtc/reference.hpp"
+
+namespace evtc {
+namespace {
+
+// Normal variates by the Box-Muller transform over std::mt19937_64's bits, which the
+// standard fixes exactly; std::normal_distribution's algorithm varies between libraries.
+class NormalStream {
+ public:
+  NormalStream(uint64_t seed, std::string_view name)
+      : rng_(XXH3_64bits_withSeed(name.data(), name.size(), seed)) {}
+
+  double next() {
+    if (has_spare_) {
+      has_spare_ = false;
+      return spare_;
+    }
+    const double u1 = 1.0 - uniform();  // in (0, 1]: log(u1) is finite
+    const double u2 = uniform();
+    const double r = std::sqrt(-2.0 * std::log(u1));
+    spare_ = r * std::sin(2.0 * std::numbers::pi * u2);
+    has_spare_ = true;
+    return r * std::cos(2.0 * std::numbers::pi * u2);
+  }
+
+ private:
+  double uniform() { return static_cast<double>(rng_() >> 11) * 0x1p-53; }  // [0, 1)
+
+  std::mt19937_64 rng_;
+  double spare_ = 0.0;
+  bool has_spare_ = false;
+};
+
+std::vector<double> random_values(uint64_t seed, std::string_view stream, size_t count,
+                                  double stddev, DType dtype) {
+  NormalStream normal(seed, stream);
+  std::vector<double> v(count);
+  for (double& x : v) x = round_to(dtype, stddev * normal.next());
+  return v;
+}
+
+}  // namespace
+
+ReferenceInputs random_reference_inputs(const Graph& g, int64_t m, int64_t n, int64_t k,
+                                        DType a_dtype, DType b_dtype, uint64_t seed) {
+  if (m <= 0 || n <= 0 || k <= 0)
+    throw UserError(
+        fmt::format("problem size m={}, n={}, k={}: every size must be positive", m, n, k));
+  ReferenceInputs in;
+  in.m = m;
+  in.n = n;
+  in.k = k;
+  const auto mn = static_cast<size_t>(m * n);
+  // k^(-1/4) each, so that every element of A@B, a sum of k products, has variance about 1.
+  const double ab_stddev = std::pow(static_cast<double>(k), -0.25);
+  in.a = random_values(seed, "gemm:A", static_cast<size_t>(m * k), ab_stddev, a_dtype);
+  in.b = random_values(seed, "gemm:B", static_cast<size_t>(k * n), ab_stddev, b_dtype);
+  for (const Node& node : g.nodes()) {
+    if (node.kind == NodeKind::source) {
+      in.c = random_values(seed, "gemm:C", mn, 1.0, node.dtype);
+      continue;
+    }
+    if (!node.is_load() || node.kind == NodeKind::accum) continue;
+    if (node.kind == NodeKind::scalar && node.scalar_kind == ScalarKind::constant) continue;
+    const size_t count = node.shape == Shape::scalar ? 1
+                         : node.shape == Shape::row  ? static_cast<size_t>(n)
+                         : node.shape == Shape::col  ? static_cast<size_t>(m)
+                                                     : mn;
+    in.operands[node.name] = random_values(seed, "operand:" + node.name, count, 1.0, node.dtype);
+  }
+  return in;
+}
+
+}  // namespace evtc

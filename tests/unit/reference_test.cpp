@@ -1,0 +1,684 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <map>
+#include <string>
+
+#include <sys/wait.h>
+
+#include "evtc/error.hpp"
+#include "evtc/graph.hpp"
+#include "evtc/reference.hpp"
+
+using namespace evtc;
+
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+ReferenceInputs with_acc(int64_t m, int64_t n, std::vector<double> acc) {
+  ReferenceInputs in;
+  in.m = m;
+  in.n = n;
+  in.acc = std::move(acc);
+  return in;
+}
+
+// The 2×3×2 problem computed by hand in the tests below:
+//   A = [1 2; 3 4], B = [1 0 -1; 2 1 0.5]  ->  acc = A@B = [5 2 0; 11 4 -1]
+ReferenceInputs hand_problem() {
+  ReferenceInputs in;
+  in.m = 2;
+  in.n = 3;
+  in.k = 2;
+  in.a = {1, 2, 3, 4};
+  in.b = {1, 0, -1, 2, 1, 0.5};
+  in.c = {1, 1, 1, 2, 2, 2};
+  in.operands["bias"] = {0.5, -1, 2};
+  in.operands["scale"] = {2, -0.5};
+  in.operands["alpha"] = {0.25};
+  in.operands["res"] = {1, 2, 3, 4, 5, 6};
+  return in;
+}
+
+std::string error_of(const Graph& g, const ReferenceInputs& in) {
+  try {
+    evaluate_reference(g, in);
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+// --- every node kind, by hand -----------------------------------------------------------
+
+TEST(ReferenceInterpreter, HandComputedEveryNodeKind) {
+  Graph g;
+  auto acc = g.accum();
+  auto x = (acc * g.col_vec("scale", DType::f32) + g.row_vec("bias", DType::bf16)) *
+               g.param("alpha") +
+           g.source(DType::bf16) + g.aux("res", DType::bf16) + 1.0;
+  g.store("D", x, DType::f32);
+  g.store("D8", cast(x, DType::f8e4m3), DType::f32);
+  g.store("rows", g.reduce(ReduceAxis::row, ReduceOp::sum, acc), DType::f32);
+  const ReferenceOutputs out = evaluate_reference(g, hand_problem());
+  // acc*scale = [10 4 0; -5.5 -2 0.5]; +bias = [10.5 3 2; -5 -3 2.5]; *0.25 =
+  // [2.625 0.75 0.5; -1.25 -0.75 0.625]; +C = [3.625 1.75 1.5; 0.75 1.25 2.625];
+  // +res = [4.625 3.75 4.5; 4.75 6.25 8.625]; +1:
+  EXPECT_EQ(out.at("D"), (std::vector<double>{5.625, 4.75, 5.5, 5.75, 7.25, 9.625}));
+  // e4m3 keeps 3 mantissa bits: 5.625 -> 5.5; 4.75 is a tie between 4.5 and 5 -> 5 (even);
+  // 5.75 a tie between 5.5 and 6 -> 6 (even); 7.25 a tie -> 7 (even); 9.625 -> 10.
+  EXPECT_EQ(out.at("D8"), (std::vector<double>{5.5, 5.0, 5.5, 6.0, 7.0, 10.0}));
+  EXPECT_EQ(out.at("rows"), (std::vector<double>{7, 14}));
+}
+
+TEST(ReferenceInterpreter, UsesAGivenAccumulatorInsteadOfAB) {
+  Graph g;
+  g.store("D", g.accum() * 2.0, DType::f32);
+  const ReferenceOutputs out = evaluate_reference(g, with_acc(1, 2, {1.5, -3}));
+  EXPECT_EQ(out.at("D"), (std::vector<double>{3, -6}));
+}
+
+TEST(ReferenceInterpreter, RoundsLoadsToTheirDtype) {
+  Graph g;
+  g.store("D", g.accum() + g.row_vec("bias", DType::bf16) + g.source(DType::f16), DType::f32);
+  ReferenceInputs in = with_acc(1, 1, {0});
+  in.operands["bias"] = {1.0 + std::ldexp(1.0, -9)};  // not a bf16 value: reads as 1
+  in.c = {std::ldexp(1.0, -30)};                      // below f16's range: reads as 0
+  EXPECT_EQ(evaluate_reference(g, in).at("D"), (std::vector<double>{1.0}));
+}
+
+TEST(ReferenceInterpreter, RoundComputeRoundsEveryComputeResultToF32) {
+  Graph g;
+  auto acc = g.accum();
+  g.store("D", (acc + std::ldexp(1.0, -30)) - acc, DType::f32);
+  const ReferenceInputs in = with_acc(1, 1, {1.0});
+  EXPECT_EQ(evaluate_reference(g, in).at("D"), (std::vector<double>{std::ldexp(1.0, -30)}));
+  ReferenceOptions rounding;
+  rounding.round_compute = true;
+  EXPECT_EQ(evaluate_reference(g, in, rounding).at("D"), (std::vector<double>{0.0}));
+}
+
+TEST(ReferenceInterpreter, EvaluatesOnlyWhatReachesAnOutput) {
+  Graph g;
+  auto acc = g.accum();
+  (void)(acc + g.row_vec("unused", DType::bf16));  // no output reads it: need not be given
+  g.store("D", acc, DType::f32);
+  ReferenceInputs in = with_acc(1, 1, {2});
+  in.operands["not_in_graph"] = {1, 2, 3};  // ignored
+  EXPECT_EQ(evaluate_reference(g, in).at("D"), (std::vector<double>{2}));
+}
+
+TEST(ReferenceInterpreter, SharedValueFeedsSeveralOutputs) {
+  Graph g;
+  auto f = g.accum() + g.row_vec("bias", DType::f32);
+  g.store("pre", f, DType::f32);
+  g.store("D", relu(f), DType::f32);
+  g.store("sq", f * f, DType::f32);
+  ReferenceInputs in = with_acc(1, 2, {1, -4});
+  in.operands["bias"] = {1, 1};
+  const ReferenceOutputs out = evaluate_reference(g, in);
+  EXPECT_EQ(out.at("pre"), (std::vector<double>{2, -3}));
+  EXPECT_EQ(out.at("D"), (std::vector<double>{2, 0}));
+  EXPECT_EQ(out.at("sq"), (std::vector<double>{4, 9}));
+}
+
+// --- every op of the op table -----------------------------------------------------------
+
+namespace {
+struct OpCase {
+  std::vector<double> args;
+  std::vector<double> attrs;
+  double expected;  // computed by hand (or with an independent calculator)
+};
+
+const std::multimap<std::string, OpCase>& op_cases() {
+  static const std::multimap<std::string, OpCase> cases = {
+      {"relu", {{-2}, {}, 0}},
+      {"relu", {{3}, {}, 3}},
+      {"relu_square", {{3}, {}, 9}},
+      {"relu_square", {{-3}, {}, 0}},
+      {"sigmoid", {{1}, {}, 0.7310585786300049}},
+      {"silu", {{2}, {}, 1.7615941559557646}},
+      {"gelu", {{1}, {}, 0.8413447460685429}},
+      {"gelu_tanh", {{1}, {}, 0.8411919906082768}},
+      {"quick_gelu", {{1}, {}, 0.8457957659328212}},
+      {"tanh", {{0.5}, {}, 0.46211715726000974}},
+      {"exp", {{1}, {}, 2.718281828459045}},
+      {"log", {{2}, {}, 0.6931471805599453}},
+      {"log", {{-1}, {}, kNaN}},
+      {"neg", {{3}, {}, -3}},
+      {"abs", {{-2.5}, {}, 2.5}},
+      {"sqrt", {{2}, {}, 1.4142135623730951}},
+      {"rsqrt", {{4}, {}, 0.5}},
+      {"square", {{-3}, {}, 9}},
+      {"reciprocal", {{4}, {}, 0.25}},
+      {"erf", {{0.5}, {}, 0.5204998778130465}},
+      {"softplus", {{1}, {}, 1.3132616875182228}},
+      {"hardswish", {{1}, {}, 4.0 / 6.0}},
+      {"hardswish", {{-4}, {}, 0}},
+      {"mish", {{1}, {}, 0.8650983882673103}},
+      {"leaky_relu", {{-2}, {0.1}, -0.2}},
+      {"leaky_relu", {{-2}, {}, -0.02}},  // default alpha 0.01
+      {"leaky_relu", {{3}, {0.1}, 3}},
+      {"add", {{2, 3}, {}, 5}},
+      {"sub", {{2, 3}, {}, -1}},
+      {"mul", {{2, 3}, {}, 6}},
+      {"div", {{3, 4}, {}, 0.75}},
+      {"max", {{2, 3}, {}, 3}},
+      {"max", {{kNaN, 3}, {}, kNaN}},
+      {"min", {{2, 3}, {}, 2}},
+      {"pow", {{2, 3}, {}, 8}},
+      {"clamp", {{5, 0, 4}, {}, 4}},
+      {"clamp", {{-1, 0, 4}, {}, 0}},
+      {"clamp", {{2, 0, 4}, {}, 2}},
+      {"where", {{0, 2, 3}, {}, 3}},
+      {"where", {{1, 2, 3}, {}, 2}},
+      {"fma", {{2, 3, 4}, {}, 10}},
+  };
+  return cases;
+}
+}  // namespace
+
+TEST(ReferenceOps, EveryOpOfTheTableMatchesAHandValue) {
+  for (const OpInfo& info : op_table()) {
+    const auto [first, last] = op_cases().equal_range(std::string(info.name));
+    EXPECT_NE(first, last) << "no hand-computed case for op '" << info.name << "'";
+    for (auto it = first; it != last; ++it) {
+      const OpCase& c = it->second;
+      SCOPED_TRACE(::testing::Message() << info.name << " case " << std::distance(first, it));
+      ASSERT_EQ(static_cast<int>(c.args.size()), info.arity);
+      // The first argument is the accumulator (a 1×1 [m,n] value), the others scalar params.
+      Graph g;
+      std::vector<Value> args{g.accum()};
+      ReferenceInputs in = with_acc(1, 1, {c.args[0]});
+      for (size_t a = 1; a < c.args.size(); ++a) {
+        const std::string name = "p" + std::to_string(a);
+        args.push_back(g.param(name));
+        in.operands[name] = {c.args[a]};
+      }
+      g.store("D", g.compute(info.op, args, c.attrs), DType::f32);
+      const double got = evaluate_reference(g, in).at("D").at(0);
+      if (std::isnan(c.expected)) {
+        EXPECT_TRUE(std::isnan(got)) << got;
+      } else {
+        // The store rounds to f32: allow its half ulp.
+        EXPECT_NEAR(got, c.expected, std::ldexp(std::fabs(c.expected), -24));
+      }
+    }
+  }
+}
+
+// --- broadcasting ------------------------------------------------------------------------
+
+TEST(ReferenceInterpreter, BroadcastsRowAndColumnVectorsAndScalars) {
+  Graph g;
+  auto row = g.row_vec("r", DType::f32);
+  auto col = g.col_vec("c", DType::f32);
+  auto s = g.param("s");
+  g.store("outer", row + col, DType::f32);             // [n] + [m] -> [m,n]
+  g.store("scaled", g.accum() + row * s, DType::f32);  // scalar*[n] is [n], then + [m,n]
+  g.store("cols", g.accum() - col * 2.0, DType::f32);  // [m] broadcast over n
+  ReferenceInputs in = with_acc(2, 3, {1, 2, 3, 4, 5, 6});
+  in.operands["r"] = {10, 20, 30};
+  in.operands["c"] = {100, 200};
+  in.operands["s"] = {0.5};
+  const ReferenceOutputs out = evaluate_reference(g, in);
+  EXPECT_EQ(out.at("outer"), (std::vector<double>{110, 120, 130, 210, 220, 230}));
+  EXPECT_EQ(out.at("scaled"), (std::vector<double>{6, 12, 18, 9, 15, 21}));
+  EXPECT_EQ(out.at("cols"), (std::vector<double>{-199, -198, -197, -396, -395, -394}));
+}
+
+// --- reductions --------------------------------------------------------------------------
+
+TEST(ReferenceReduce, EveryAxisAndOp) {
+  // acc = [1 -5 3; 4 2 -6]
+  const std::map<std::pair<ReduceAxis, ReduceOp>, std::vector<double>> expected = {
+      {{ReduceAxis::row, ReduceOp::sum}, {-1, 0}},
+      {{ReduceAxis::row, ReduceOp::max}, {3, 4}},
+      {{ReduceAxis::row, ReduceOp::min}, {-5, -6}},
+      {{ReduceAxis::row, ReduceOp::amax}, {5, 6}},
+      {{ReduceAxis::col, ReduceOp::sum}, {5, -3, -3}},
+      {{ReduceAxis::col, ReduceOp::max}, {4, 2, 3}},
+      {{ReduceAxis::col, ReduceOp::min}, {1, -5, -6}},
+      {{ReduceAxis::col, ReduceOp::amax}, {4, 5, 6}},
+      {{ReduceAxis::all, ReduceOp::sum}, {-1}},
+      {{ReduceAxis::all, ReduceOp::max}, {4}},
+      {{ReduceAxis::all, ReduceOp::min}, {-6}},
+      {{ReduceAxis::all, ReduceOp::amax}, {6}},
+  };
+  for (const auto& [key, want] : expected) {
+    const auto [axis, op] = key;
+    SCOPED_TRACE(::testing::Message() << reduce_axis_name(axis) << "_" << reduce_op_name(op));
+    Graph g;
+    g.store("r", g.reduce(axis, op, g.accum()), DType::f32);
+    EXPECT_EQ(evaluate_reference(g, with_acc(2, 3, {1, -5, 3, 4, 2, -6})).at("r"), want);
+  }
+}
+
+TEST(ReferenceReduce, NaNPropagatesThroughEveryOp) {
+  for (ReduceOp op : {ReduceOp::sum, ReduceOp::max, ReduceOp::min, ReduceOp::amax}) {
+    SCOPED_TRACE(reduce_op_name(op));
+    Graph g;
+    auto acc = g.accum();
+    g.store("rows", g.reduce(ReduceAxis::row, op, acc), DType::f32);
+    g.store("cols", g.reduce(ReduceAxis::col, op, acc), DType::f32);
+    g.store("all", g.reduce(ReduceAxis::all, op, acc), DType::f32);
+    // NaN at (0, 1), after and before finite values in its row and column.
+    const ReferenceOutputs out = evaluate_reference(g, with_acc(2, 3, {1, kNaN, 3, 4, 2, -6}));
+    EXPECT_TRUE(std::isnan(out.at("rows")[0]));
+    EXPECT_FALSE(std::isnan(out.at("rows")[1]));
+    EXPECT_FALSE(std::isnan(out.at("cols")[0]));
+    EXPECT_TRUE(std::isnan(out.at("cols")[1]));
+    EXPECT_FALSE(std::isnan(out.at("cols")[2]));
+    EXPECT_TRUE(std::isnan(out.at("all")[0]));
+  }
+}
+
+TEST(ReferenceReduce, SumsInFp64AndRoundsOnlyAtTheStore) {
+  // 1 + 2^-30 - 1 in f32 steps would be 0; in fp64 it is 2^-30.
+  Graph g;
+  g.store("s", g.reduce(ReduceAxis::all, ReduceOp::sum, g.accum()), DType::f32);
+  g.store("s16", g.reduce(ReduceAxis::all, ReduceOp::sum, g.accum()), DType::bf16);
+  const ReferenceOutputs out =
+      evaluate_reference(g, with_acc(1, 3, {1.0, std::ldexp(1.0, -30), -1.0}));
+  EXPECT_EQ(out.at("s"), (std::vector<double>{std::ldexp(1.0, -30)}));
+  EXPECT_EQ(out.at("s16"), (std::vector<double>{std::ldexp(1.0, -30)}));
+}
+
+// --- casts and stores --------------------------------------------------------------------
+
+TEST(ReferenceCast, RoundsToTheTargetDtype) {
+  const double u8 = std::ldexp(1.0, -8), u11 = std::ldexp(1.0, -11);
+  const struct {
+    DType dtype;
+    double in, out;
+  } cases[] = {
+      {DType::bf16, 1.0 + u8, 1.0},                     // tie -> even
+      {DType::bf16, 1.0 + 3 * u8, 1.0 + 4 * u8},        // tie -> even (up)
+      {DType::bf16, 1.0 + 1.5 * u8, 1.0 + 2 * u8},      // above half -> up
+      {DType::f16, 1.0 + u11, 1.0},                     // tie -> even
+      {DType::f16, 1.0 + 3 * u11, 1.0 + 4 * u11},       // tie -> even (up)
+      {DType::f16, 70000.0, kInf},                      // f16 overflows to infinity
+      {DType::f8e4m3, 1000.0, 448.0},                   // fp8 saturates
+      {DType::f8e4m3, -1000.0, -448.0},
+      {DType::f8e4m3, 0.3, 0.3125},
+      {DType::f8e5m2, 1e6, 57344.0},
+      {DType::f32, 1.0 + std::ldexp(1.0, -30), 1.0},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(::testing::Message() << dtype_name(c.dtype) << " " << c.in);
+    Graph g;
+    g.store("D", cast(g.accum(), c.dtype), DType::f32);
+    EXPECT_EQ(evaluate_reference(g, with_acc(1, 1, {c.in})).at("D"), (std::vector<double>{c.out}));
+  }
+}
+
+TEST(ReferenceCast, IsRoundedOnceAndComputeAfterItIsExact) {
+  // cast to bf16, then add in f32 without rounding: (1 + 2^-8 -> 1) + 2^-20.
+  Graph g;
+  g.store("D", cast(g.accum(), DType::bf16) + std::ldexp(1.0, -20), DType::f32);
+  EXPECT_EQ(evaluate_reference(g, with_acc(1, 1, {1.0 + std::ldexp(1.0, -8)})).at("D"),
+            (std::vector<double>{1.0 + std::ldexp(1.0, -20)}));
+}
+
+TEST(ReferenceStore, RoundsToTheStoreDtype) {
+  Graph g;
+  auto acc = g.accum();
+  g.store("b", acc, DType::bf16);
+  g.store("h", acc, DType::f16);
+  g.store("e4", acc, DType::f8e4m3);
+  g.store("e5", acc, DType::f8e5m2);
+  const double x = 1.0 + std::ldexp(1.0, -8) + std::ldexp(1.0, -20);  // just above a bf16 tie
+  const ReferenceOutputs out = evaluate_reference(g, with_acc(1, 3, {x, 70000.0, -1000.0}));
+  EXPECT_EQ(out.at("b"), (std::vector<double>{1.0 + std::ldexp(1.0, -7), 70144.0, -1000.0}));
+  EXPECT_EQ(out.at("h"), (std::vector<double>{1.0 + std::ldexp(1.0, -8), kInf, -1000.0}));
+  EXPECT_EQ(out.at("e4"), (std::vector<double>{1.0, 448.0, -448.0}));
+  EXPECT_EQ(out.at("e5"), (std::vector<double>{1.0, 57344.0, -1024.0}));
+}
+
+// --- input validation --------------------------------------------------------------------
+
+TEST(ReferenceErrors, MissingOperand) {
+  Graph g;
+  g.store("D", g.accum() + g.row_vec("bias", DType::bf16), DType::bf16);
+  EXPECT_EQ(error_of(g, with_acc(2, 3, {1, 2, 3, 4, 5, 6})),
+            "operand 'bias' (row_vec bf16[n]) was not given");
+}
+
+TEST(ReferenceErrors, MissingScalarParameter) {
+  Graph g;
+  g.store("D", g.accum() * g.param("alpha"), DType::bf16);
+  EXPECT_EQ(error_of(g, with_acc(1, 1, {1})), "operand 'alpha' (scalar f32) was not given");
+}
+
+TEST(ReferenceErrors, WrongOperandLengths) {
+  Graph g;
+  auto acc = g.accum();
+  g.store("D", acc + g.row_vec("bias", DType::bf16) + g.col_vec("scale", DType::f32) +
+                   g.aux("res", DType::bf16) + g.param("alpha"),
+          DType::bf16);
+  ReferenceInputs in = with_acc(2, 3, {1, 2, 3, 4, 5, 6});
+  in.operands = {{"bias", {1, 2}}, {"scale", {1, 2}}, {"res", {1, 2, 3, 4, 5, 6}}, {"alpha", {1}}};
+  EXPECT_EQ(error_of(g, in), "operand 'bias' has 2 values, expected n=3");
+  in.operands["bias"] = {1, 2, 3};
+  in.operands["scale"] = {1, 2, 3};
+  EXPECT_EQ(error_of(g, in), "operand 'scale' has 3 values, expected m=2");
+  in.operands["scale"] = {1, 2};
+  in.operands["res"] = {1};
+  EXPECT_EQ(error_of(g, in), "operand 'res' has 1 value, expected m*n=6");
+  in.operands["res"] = {1, 2, 3, 4, 5, 6};
+  in.operands["alpha"] = {};
+  EXPECT_EQ(error_of(g, in), "operand 'alpha' has 0 values, expected 1 (a scalar)");
+  in.operands["alpha"] = {1};
+  EXPECT_EQ(error_of(g, in), "(no error)");
+}
+
+TEST(ReferenceErrors, MissingOrWrongC) {
+  Graph g;
+  g.store("D", g.accum() + g.source(DType::bf16), DType::bf16);
+  ReferenceInputs in = with_acc(2, 3, {1, 2, 3, 4, 5, 6});
+  EXPECT_EQ(error_of(g, in), "the graph reads C (source bf16[m,n]) but C was not given");
+  in.c = {1, 2, 3};
+  EXPECT_EQ(error_of(g, in), "C has 3 values, expected m*n=6");
+}
+
+TEST(ReferenceErrors, WrongAOrBOrAccumulator) {
+  Graph g;
+  g.store("D", g.accum(), DType::bf16);
+  ReferenceInputs in = hand_problem();
+  in.a.pop_back();
+  EXPECT_EQ(error_of(g, in), "A has 3 values, expected m*k=4");
+  in = hand_problem();
+  in.b.push_back(1);
+  EXPECT_EQ(error_of(g, in), "B has 7 values, expected k*n=6");
+  in = hand_problem();
+  in.k = 0;
+  EXPECT_EQ(error_of(g, in), "problem size k=0: k must be positive to compute A@B (or give acc)");
+  EXPECT_EQ(error_of(g, with_acc(2, 3, {1, 2})), "acc has 2 values, expected m*n=6");
+  EXPECT_EQ(error_of(g, with_acc(0, 3, {})), "problem size m=0, n=3: m and n must be positive");
+}
+
+// --- the fp64 product ----------------------------------------------------------------------
+
+TEST(ReferenceGemm, MatchesANaiveLoopBitForBitAcrossTiles) {
+  // Sizes that are not multiples of the tiles, large enough to run on several threads.
+  const int64_t m = 37, n = 600, k = 300;
+  const ReferenceInputs in = random_reference_inputs(Graph{}, m, n, k, DType::f32, DType::f32, 7);
+  Graph g;
+  g.store("D", g.accum(), DType::f32);
+  const std::vector<double> got = evaluate_reference(g, in).at("D");  // rounded by the f32 store
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0.0;
+      for (int64_t kk = 0; kk < k; ++kk) s += in.a[i * k + kk] * in.b[kk * n + j];
+      ASSERT_EQ(got[i * n + j], round_to(DType::f32, s)) << "at " << i << "," << j;
+    }
+}
+
+TEST(ReferenceGemm, ZeroTimesInfinityIsNaN) {
+  Graph g;
+  g.store("D", g.accum(), DType::f32);
+  ReferenceInputs in;
+  in.m = 1;
+  in.n = 2;
+  in.k = 2;
+  in.a = {0.0, 1.0};
+  in.b = {kInf, 1.0, 1.0, 1.0};
+  const std::vector<double> d = evaluate_reference(g, in).at("D");
+  EXPECT_TRUE(std::isnan(d[0]));  // 0*inf + 1*1
+  EXPECT_EQ(d[1], 1.0);            // 0*1 + 1*1
+}
+
+// --- random inputs -----------------------------------------------------------------------
+
+namespace {
+Graph graph_with_every_operand() {
+  Graph g;
+  auto x = g.accum() + g.row_vec("bias", DType::bf16) + g.col_vec("scale", DType::f16) +
+           g.aux("res", DType::f8e4m3) + g.param("alpha") + g.source(DType::bf16);
+  g.store("D", x, DType::bf16);
+  return g;
+}
+}  // namespace
+
+TEST(ReferenceRandom, FillsEveryInputWithValuesOfItsDtype) {
+  const Graph g = graph_with_every_operand();
+  const ReferenceInputs in = random_reference_inputs(g, 5, 7, 3, DType::f8e4m3, DType::bf16, 1);
+  EXPECT_EQ(in.a.size(), 15u);
+  EXPECT_EQ(in.b.size(), 21u);
+  EXPECT_EQ(in.c.size(), 35u);
+  EXPECT_TRUE(in.acc.empty());
+  EXPECT_EQ(in.operands.at("bias").size(), 7u);
+  EXPECT_EQ(in.operands.at("scale").size(), 5u);
+  EXPECT_EQ(in.operands.at("res").size(), 35u);
+  EXPECT_EQ(in.operands.at("alpha").size(), 1u);
+  auto check_dtype = [](const std::vector<double>& v, DType t, const char* what) {
+    size_t nonzero = 0;
+    for (double x : v) {
+      EXPECT_EQ(x, round_to(t, x)) << what;
+      EXPECT_TRUE(std::isfinite(x)) << what;
+      nonzero += x != 0.0;
+    }
+    EXPECT_GT(nonzero, v.size() / 2) << what << " is mostly zeros";
+  };
+  check_dtype(in.a, DType::f8e4m3, "A");
+  check_dtype(in.b, DType::bf16, "B");
+  check_dtype(in.c, DType::bf16, "C");
+  check_dtype(in.operands.at("bias"), DType::bf16, "bias");
+  check_dtype(in.operands.at("scale"), DType::f16, "scale");
+  check_dtype(in.operands.at("res"), DType::f8e4m3, "res");
+  EXPECT_NO_THROW(evaluate_reference(g, in));
+}
+
+TEST(ReferenceRandom, DeterministicForASeedAndFreshAcrossSeeds) {
+  const Graph g = graph_with_every_operand();
+  const ReferenceInputs a = random_reference_inputs(g, 8, 9, 10, DType::bf16, DType::bf16, 42);
+  const ReferenceInputs b = random_reference_inputs(g, 8, 9, 10, DType::bf16, DType::bf16, 42);
+  const ReferenceInputs c = random_reference_inputs(g, 8, 9, 10, DType::bf16, DType::bf16, 43);
+  EXPECT_EQ(a.a, b.a);
+  EXPECT_EQ(a.b, b.b);
+  EXPECT_EQ(a.c, b.c);
+  EXPECT_EQ(a.operands, b.operands);
+  EXPECT_NE(a.a, c.a);
+  EXPECT_NE(a.b, c.b);
+  EXPECT_NE(a.c, c.c);
+  for (const auto& [name, values] : a.operands) EXPECT_NE(values, c.operands.at(name)) << name;
+  // Different inputs draw from different streams.
+  EXPECT_NE(std::vector<double>(a.a.begin(), a.a.begin() + 8),
+            std::vector<double>(a.c.begin(), a.c.begin() + 8));
+}
+
+TEST(ReferenceRandom, AddingAnOperandKeepsTheOthersValues) {
+  Graph small;
+  small.store("D", small.accum() + small.row_vec("bias", DType::bf16), DType::bf16);
+  const ReferenceInputs a = random_reference_inputs(small, 4, 6, 8, DType::bf16, DType::bf16, 3);
+  const ReferenceInputs b =
+      random_reference_inputs(graph_with_every_operand(), 4, 6, 8, DType::bf16, DType::bf16, 3);
+  EXPECT_EQ(a.a, b.a);
+  EXPECT_EQ(a.operands.at("bias"), b.operands.at("bias"));
+  EXPECT_TRUE(a.c.empty());  // the small graph does not read C
+}
+
+TEST(ReferenceRandom, AccumulatorIsAboutUnitNormal) {
+  Graph g;
+  g.store("D", g.accum(), DType::f32);
+  const ReferenceInputs in = random_reference_inputs(g, 64, 64, 1024, DType::bf16, DType::bf16, 5);
+  const std::vector<double> d = evaluate_reference(g, in).at("D");
+  double sum = 0, sum_sq = 0;
+  for (double x : d) {
+    sum += x;
+    sum_sq += x * x;
+  }
+  const double mean = sum / d.size(), stddev = std::sqrt(sum_sq / d.size() - mean * mean);
+  EXPECT_NEAR(mean, 0.0, 0.1);
+  EXPECT_NEAR(stddev, 1.0, 0.1);
+}
+
+TEST(ReferenceRandom, RejectsEmptyProblems) {
+  EXPECT_THROW(random_reference_inputs(Graph{}, 4, 0, 8, DType::bf16, DType::bf16, 1), UserError);
+}
+
+// --- comparison --------------------------------------------------------------------------
+
+namespace {
+// A reference output in fp64 and a device-like result: the same values computed with a
+// small relative error (as f32 arithmetic would), both rounded to `dtype`.
+std::pair<std::vector<double>, std::vector<double>> device_like(DType dtype, size_t count,
+                                                                double noise) {
+  const ReferenceInputs r = random_reference_inputs(Graph{}, 1, count, 1, DType::f32, DType::f32, 9);
+  std::vector<double> got(count), want(count);
+  for (size_t i = 0; i < count; ++i) {
+    const double truth = r.b[i] * 3.0;
+    const double sign = (i % 3 == 0) ? 1.0 : (i % 3 == 1 ? -1.0 : 0.5);
+    want[i] = round_to(dtype, truth);
+    got[i] = round_to(dtype, truth * (1.0 + sign * noise));
+  }
+  return {got, want};
+}
+}  // namespace
+
+TEST(ReferenceCompare, PassesOnIndependentlyRoundedResults) {
+  for (DType t : {DType::f32, DType::f16, DType::bf16, DType::f8e4m3, DType::f8e5m2}) {
+    SCOPED_TRACE(dtype_name(t));
+    auto [got, want] = device_like(t, 4096, 1e-6);
+    const Comparison c = compare_outputs(got, want, t);
+    EXPECT_TRUE(c.pass) << c.describe();
+    EXPECT_EQ(c.mismatches, 0u);
+    EXPECT_NE(c.describe().find("PASS"), std::string::npos);
+  }
+}
+
+TEST(ReferenceCompare, PerElementBoundAllowsAOneUlpFlipInBf16) {
+  // Worst case of independent rounding: a value just above a power of two flips by one ulp.
+  std::vector<double> want(64, 1.0), got(64, 1.0 + std::ldexp(1.0, -7));
+  want.push_back(-3.0);
+  got.push_back(-3.0);
+  const Comparison c = compare_outputs(got, want, DType::bf16);
+  EXPECT_EQ(c.mismatches, 0u) << c.describe();
+}
+
+TEST(ReferenceCompare, FailsOnASingleWrongElement) {
+  auto [got, want] = device_like(DType::bf16, 1000, 0.0);
+  got[17] = round_to(DType::bf16, want[17] + 0.5);
+  const Comparison c = compare_outputs(got, want, DType::bf16);
+  EXPECT_FALSE(c.pass);
+  EXPECT_EQ(c.mismatches, 1u);
+  EXPECT_EQ(c.first_bad, 17u);
+  EXPECT_EQ(c.first_bad_want, want[17]);
+  EXPECT_NE(c.describe().find("FAIL"), std::string::npos);
+  EXPECT_NE(c.describe().find("first at [17]"), std::string::npos) << c.describe();
+}
+
+TEST(ReferenceCompare, FailsOnNaNWhereTheReferenceIsFinite) {
+  auto [got, want] = device_like(DType::bf16, 100, 0.0);
+  got[3] = kNaN;
+  Comparison c = compare_outputs(got, want, DType::bf16);
+  EXPECT_FALSE(c.pass);
+  EXPECT_EQ(c.nan_mismatch, 1u);
+  EXPECT_EQ(c.mismatches, 1u);
+  // NaN where the reference has NaN is a match.
+  want[3] = kNaN;
+  c = compare_outputs(got, want, DType::bf16);
+  EXPECT_TRUE(c.pass) << c.describe();
+  // A finite value where the reference is NaN is not.
+  got[3] = 1.0;
+  EXPECT_FALSE(compare_outputs(got, want, DType::bf16).pass);
+}
+
+TEST(ReferenceCompare, InfinityMustMatchExactly) {
+  std::vector<double> want{1.0, kInf, -2.0}, got{1.0, kInf, -2.0};
+  EXPECT_TRUE(compare_outputs(got, want, DType::f16).pass);
+  got[1] = 65504.0;
+  EXPECT_FALSE(compare_outputs(got, want, DType::f16).pass);
+  got[1] = -kInf;
+  EXPECT_FALSE(compare_outputs(got, want, DType::f16).pass);
+  got[1] = kInf;
+  got[0] = kInf;
+  EXPECT_FALSE(compare_outputs(got, want, DType::f16).pass);
+}
+
+TEST(ReferenceCompare, FailsOnAOnePercentErrorInBf16) {
+  auto [got, want] = device_like(DType::bf16, 4096, 0.0);
+  for (double& x : got) x = round_to(DType::bf16, x * 1.01);
+  const Comparison c = compare_outputs(got, want, DType::bf16);
+  EXPECT_FALSE(c.pass) << c.describe();
+  EXPECT_GT(c.rel_l2, tolerance_for(DType::bf16).max_rel_l2);
+}
+
+TEST(ReferenceCompare, AbsoluteFloorScalesWithTheReferenceAndAtolScale) {
+  // Near-zero values that cancel: an absolute error far below the data's magnitude passes.
+  std::vector<double> want{100.0, -100.0, 0.0}, got{100.0, -100.0, 0.1};
+  const Comparison c = compare_outputs(got, want, DType::bf16);
+  EXPECT_NEAR(c.atol, std::ldexp(1.0, -7) * std::sqrt(20000.0 / 3.0), 1e-12);
+  EXPECT_EQ(c.mismatches, 0u) << c.describe();
+  EXPECT_EQ(compare_outputs(got, want, DType::bf16, 0.1).mismatches, 1u);
+}
+
+TEST(ReferenceCompare, TolerancesFollowTheDtype) {
+  EXPECT_EQ(tolerance_for(DType::bf16).rtol, std::ldexp(1.0, -7));
+  EXPECT_EQ(tolerance_for(DType::bf16).max_rel_l2, std::ldexp(1.0, -8));
+  EXPECT_EQ(tolerance_for(DType::f16).max_rel_l2, std::ldexp(1.0, -11));
+  EXPECT_EQ(tolerance_for(DType::f8e4m3).max_rel_l2, std::ldexp(1.0, -4));
+  EXPECT_EQ(tolerance_for(DType::f8e5m2).max_rel_l2, std::ldexp(1.0, -3));
+  EXPECT_EQ(tolerance_for(DType::f32).rtol, 1e-5);
+  // A 0.5% error is within fp8's bounds but not within f16's.
+  auto [got, want] = device_like(DType::f32, 512, 0.0);
+  for (double& x : got) x *= 1.005;
+  EXPECT_TRUE(compare_outputs(got, want, tolerance_for(DType::f8e4m3)).pass);
+  EXPECT_FALSE(compare_outputs(got, want, DType::f16).pass);
+}
+
+TEST(ReferenceCompare, RejectsDifferentLengths) {
+  const std::vector<double> a{1, 2, 3}, b{1, 2};
+  EXPECT_THROW(compare_outputs(a, b, DType::bf16), UserError);
+}
+
+// --- evtc ref ------------------------------------------------------------------------------
+
+namespace {
+struct CliResult {
+  int exit_code;
+  std::string output;
+};
+
+CliResult run_cli(const std::string& args) {
+  const std::string command = std::string(EVTC_CLI_PATH) + " " + args + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  if (!pipe) return {-1, ""};
+  std::string out;
+  char buf[4096];
+  while (size_t got = fread(buf, 1, sizeof buf, pipe)) out.append(buf, got);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+}  // namespace
+
+TEST(ReferenceCli, PrintsEachOutput) {
+  const CliResult r =
+      run_cli("ref 'out D: bf16 = relu(acc + bias[n])' -m 5 -n 7 -k 16 --show 3 --seed 11");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("m=5 n=7 k=16, A and B bf16, seed 11"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("D: bf16 [m,n] = 5x7"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("min 0"), std::string::npos) << r.output;  // relu of random values
+  // The same seed prints the same values.
+  EXPECT_EQ(run_cli("ref 'out D: bf16 = acc' -m 3 -n 3 -k 4 --seed 2").output,
+            run_cli("ref 'out D: bf16 = acc' -m 3 -n 3 -k 4 --seed 2").output);
+}
+
+TEST(ReferenceCli, RefusesHugeProblems) {
+  const CliResult r = run_cli("ref 'out D: bf16 = acc' -m 65536 -n 65536 -k 65536");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("too large for the CPU reference"), std::string::npos) << r.output;
+}
+
+TEST(ReferenceCli, RejectsAnUnknownDtype) {
+  const CliResult r = run_cli("ref 'out D: bf16 = acc' -m 4 -n 4 -k 4 --dtype f64");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("unknown element type 'f64'"), std::string::npos) << r.output;
+}
