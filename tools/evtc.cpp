@@ -26,6 +26,9 @@ std::string read_expression_arg(const std::string& arg) {
 // One per tools/cmd_*.cpp.
 Command add_explain_command(CLI::App& app);
 Command add_ref_command(CLI::App& app);
+Command add_run_command(CLI::App& app);
+Command add_compile_command(CLI::App& app);
+Command add_cache_command(CLI::App& app);
 
 }  // namespace evtc::cli
 
@@ -34,7 +37,9 @@ int main(int argc, char** argv) {
   CLI::App app{"evtc: fuses GEMM epilogues into CUTLASS Epilogue-Visitor-Tree kernels"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("evtc ") + EVTC_CLI_VERSION);
-  const std::vector<Command> commands = {add_explain_command(app), add_ref_command(app)};
+  const std::vector<Command> commands = {
+      add_explain_command(app), add_ref_command(app), add_run_command(app),
+      add_compile_command(app), add_cache_command(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,114 @@
+// Running fused epilogue GEMMs: Kernel (one compiled epilogue) and Arguments (one call's
+// tensors and scalars).
+//
+//   evtc::Kernel kernel(evtc::parse_expression("out D: bf16 = silu(acc + bias[n])"));
+//   evtc::Arguments args;
+//   args.a(TensorRef::matrix(a_ptr, DType::bf16, M, K))
+//       .b(TensorRef::matrix(b_ptr, DType::bf16, N, K).transposed())   // B given as N×K
+//       .set("bias", TensorRef::vector(bias_ptr, DType::bf16, N))
+//       .set("D", TensorRef::matrix(d_ptr, DType::bf16, M, N));
+//   kernel.run(args, stream);
+//
+// Every call validates each operand (device, dtype, shape, strides, alignment) and throws a
+// UserError naming the operand and what was expected. A Kernel keeps no per-call state: two
+// streams may run it at once, and calls can be captured in CUDA graphs.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <variant>
+
+#include "evtc/gemm.hpp"
+#include "evtc/graph.hpp"
+#include "evtc/kernel.hpp"
+#include "evtc/passes.hpp"
+
+namespace evtc {
+
+// A device matrix or vector view. Strides are in elements.
+struct TensorRef {
+  void* data = nullptr;
+  DType dtype = DType::bf16;
+  int64_t rows = 0, cols = 0;
+  int64_t row_stride = 0, col_stride = 1;
+
+  // A contiguous row-major rows×cols matrix.
+  static TensorRef matrix(void* data, DType dtype, int64_t rows, int64_t cols);
+  static TensorRef matrix(const void* data, DType dtype, int64_t rows, int64_t cols) {
+    return matrix(const_cast<void*>(data), dtype, rows, cols);
+  }
+  // A contiguous vector of `length` elements.
+  static TensorRef vector(const void* data, DType dtype, int64_t length);
+  static TensorRef scalar(const void* data, DType dtype) { return vector(data, dtype, 1); }
+  // The transpose view (swaps shape and strides): a row-major N×K is a column-major K×N.
+  TensorRef transposed() const;
+};
+
+class Arguments {
+ public:
+  Arguments& a(const TensorRef& t) { a_ = t; return *this; }
+  Arguments& b(const TensorRef& t) { b_ = t; return *this; }
+  Arguments& c(const TensorRef& t) { c_ = t; return *this; }
+  // An input operand or output by name (D included).
+  Arguments& set(const std::string& name, const TensorRef& t) { tensors_[name] = t; return *this; }
+  // A scalar parameter passed by value.
+  Arguments& set(const std::string& name, double value) { scalars_[name] = value; return *this; }
+
+  const std::optional<TensorRef>& a() const { return a_; }
+  const std::optional<TensorRef>& b() const { return b_; }
+  const std::optional<TensorRef>& c() const { return c_; }
+  const std::map<std::string, TensorRef>& tensors() const { return tensors_; }
+  const std::map<std::string, double>& scalars() const { return scalars_; }
+
+ private:
+  std::optional<TensorRef> a_, b_, c_;
+  std::map<std::string, TensorRef> tensors_;
+  std::map<std::string, double> scalars_;
+};
+
+struct CompileOptions {
+  // A/B dtypes and layouts the fused kernel is built for (m, n, k are ignored).
+  GemmDesc gemm;
+  // Kernel configuration; the default configuration when unset.
+  std::optional<KernelConfig> config;
+  CastMode cast_mode = CastMode::eager;
+  bool precise_math = false;
+  // Never fuse: always run cuBLASLt + the plain epilogue (also EVTC_DISABLE=1).
+  bool disable_fusion = false;
+};
+
+// Which path a call took.
+enum class ExecutionPath { fused, fallback };
+
+class Kernel {
+ public:
+  explicit Kernel(const Graph& graph, const CompileOptions& options = {});
+  ~Kernel();
+  Kernel(Kernel&&) noexcept;
+  Kernel& operator=(Kernel&&) noexcept;
+
+  // Compiles (or loads from the cache) the fused kernel now instead of at the first call.
+  // Throws if it cannot be compiled.
+  void compile();
+  // Compiles (or loads) the unfused fallback epilogue now; returns its library path.
+  std::string compile_fallback();
+  // Runs on `stream`. Returns the path taken (fused, or fallback with the reason logged once).
+  ExecutionPath run(const Arguments& args, cudaStream_t stream = nullptr) const;
+  // Why a problem of this size would not be fused; empty if it would be.
+  std::string fallback_reason(int64_t m, int64_t n, int64_t k) const;
+
+  const Graph& graph() const;  // after the pass pipeline
+  const KernelSignature& signature() const;
+  const CompileOptions& options() const;
+  // Path of the compiled fused library (empty before compile()).
+  std::string library_path() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace evtc

@@ -1,0 +1,219 @@
+#include "backends/cuda/fallback_emitter.hpp"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <map>
+
+#include "evtc/error.hpp"
+#include "evtc/ir_text.hpp"
+
+namespace evtc::cuda {
+namespace {
+
+std::string storage_type(DType t) {
+  switch (t) {
+    case DType::f32: return "float";
+    case DType::f16: return "__half";
+    case DType::bf16: return "__nv_bfloat16";
+    case DType::f8e4m3: return "__nv_fp8_e4m3";
+    case DType::f8e5m2: return "__nv_fp8_e5m2";
+  }
+  return "?";
+}
+
+std::string literal(double v) {
+  if (std::isnan(v)) return "__int_as_float(0x7fffffff)";
+  if (std::isinf(v)) return v > 0 ? "__int_as_float(0x7f800000)" : "__int_as_float(0xff800000)";
+  return fmt::format("{}f", v == std::floor(v) && std::fabs(v) < 1e15 ? fmt::format("{:.1f}", v)
+                                                                      : fmt::format("{}", v));
+}
+
+}  // namespace
+
+std::string emit_fallback_kernel(const Graph& g, const KernelSignature& sig) {
+  std::map<std::string, size_t> ptr_slot, scalar_slot;
+  for (size_t i = 0; i < sig.pointers.size(); ++i) ptr_slot[sig.pointers[i].name] = i;
+  for (size_t i = 0; i < sig.scalars.size(); ++i) scalar_slot[sig.scalars[i].name] = i;
+  const auto order = canonical_order(g);
+
+  std::string body;
+  std::string init;
+  for (NodeId id : order) {
+    const Node& n = g.node(id);
+    const std::string v = fmt::format("v{}", id);
+    auto in = [&](size_t k) { return fmt::format("v{}", n.inputs[k]); };
+    switch (n.kind) {
+      case NodeKind::accum: body += fmt::format("  const float {} = acc[i * n + j];\n", v); break;
+      case NodeKind::source:
+        body += fmt::format("  const float {} = to_float(static_cast<const {}*>(a.c)[i * a.ldc + j]);\n", v,
+                            storage_type(n.dtype));
+        break;
+      case NodeKind::scalar:
+        if (n.scalar_kind == ScalarKind::constant)
+          body += fmt::format("  const float {} = {};\n", v, literal(n.value));
+        else if (n.scalar_kind == ScalarKind::value)
+          body += fmt::format("  const float {} = float(a.scalars[{}]);\n", v, scalar_slot.at(n.name));
+        else
+          body += fmt::format("  const float {} = to_float(*static_cast<const {}*>(a.ptrs[{}]));\n", v,
+                              storage_type(n.dtype), ptr_slot.at(n.name));
+        break;
+      case NodeKind::row_vec:
+      case NodeKind::col_vec:
+        body += fmt::format("  const float {} = to_float(static_cast<const {}*>(a.ptrs[{}])[{}]);\n", v,
+                            storage_type(n.dtype), ptr_slot.at(n.name),
+                            n.kind == NodeKind::row_vec ? "j" : "i");
+        break;
+      case NodeKind::aux:
+        body += fmt::format("  const float {} = to_float(static_cast<const {}*>(a.ptrs[{}])[{}]);\n", v,
+                            storage_type(n.dtype), ptr_slot.at(n.name),
+                            n.layout == Layout::row_major ? "i * n + j" : "j * m + i");
+        break;
+      case NodeKind::compute: {
+        const OpInfo& info = op_info(n.op);
+        std::string args;
+        for (size_t k = 0; k < n.inputs.size(); ++k) args += (k ? ", " : "") + in(k);
+        for (int k = 0; k < info.num_attrs; ++k) args += ", " + literal(n.attrs[k]);
+        body += fmt::format("  const float {} = evtc::device::{}Fn{{}}({});\n", v, info.cuda_functor, args);
+        break;
+      }
+      case NodeKind::cast:
+        body += fmt::format("  const float {} = to_float(from_float<{}>({}));\n", v, storage_type(n.dtype), in(0));
+        break;
+      case NodeKind::reduce: break;  // done by its store
+      case NodeKind::store: {
+        const Node& src = g.node(n.inputs[0]);
+        if (src.kind == NodeKind::reduce) {
+          const size_t slot = ptr_slot.at(n.name);
+          const std::string x = fmt::format("v{}", src.inputs[0]);
+          const std::string val = src.reduce_op == ReduceOp::amax ? "fabsf(" + x + ")" : x;
+          const std::string idx = src.axis == ReduceAxis::row ? "i" : src.axis == ReduceAxis::col ? "j" : "0";
+          const std::string fn = src.reduce_op == ReduceOp::sum   ? "atomicAdd"
+                                 : src.reduce_op == ReduceOp::min ? "atomic_min_float"
+                                                                  : "atomic_max_float";
+          body += fmt::format("  {}(static_cast<float*>(a.ptrs[{}]) + {}, {});\n", fn, slot, idx, val);
+          const std::string count = src.axis == ReduceAxis::row ? "m" : src.axis == ReduceAxis::col ? "n" : "1";
+          const std::string identity = src.reduce_op == ReduceOp::sum || src.reduce_op == ReduceOp::amax ? "0.0f"
+                                       : src.reduce_op == ReduceOp::max ? "__int_as_float(0xff800000)"
+                                                                        : "__int_as_float(0x7f800000)";
+          init += fmt::format("  for (int64_t t = tid; t < {}; t += stride) static_cast<float*>(a.ptrs[{}])[t] = {};\n",
+                              count, slot, identity);
+        } else if (n.name == sig.d_name) {
+          body += fmt::format("  static_cast<{0}*>(a.d)[i * a.ldd + j] = from_float<{0}>(v{1});\n",
+                              storage_type(n.dtype), n.inputs[0]);
+        } else {
+          body += fmt::format("  static_cast<{0}*>(a.ptrs[{1}])[{2}] = from_float<{0}>(v{3});\n",
+                              storage_type(n.dtype), ptr_slot.at(n.name),
+                              n.layout == Layout::row_major ? "i * n + j" : "j * m + i", n.inputs[0]);
+        }
+        break;
+      }
+    }
+  }
+
+  std::string json = sig.to_json();
+  std::string escaped;
+  for (char c : json) {
+    if (c == '"' || c == '\\') escaped += '\\';
+    escaped += c;
+  }
+  std::string s = fmt::format("// Generated by evtc {}: plain CUDA epilogue (fallback path).\n// Graph hash {}.\n",
+                              EVTC_VERSION, graph_hash_hex(g));
+  s += fmt::format("#define HAS_REDUCTIONS {}\n", init.empty() ? 0 : 1);
+  s += "#pragma nv_diag_suppress 177  // helpers this graph does not use\n";
+  s += R"(#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include "evtc/device/abi.h"
+#include "evtc/device/math.cuh"
+
+namespace {
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(__nv_fp8_e4m3 x) { return float(x); }
+__device__ __forceinline__ float to_float(__nv_fp8_e5m2 x) { return float(x); }
+
+template <class T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+// fp8 conversions saturate to the largest finite value, like the fused kernels.
+template <> __device__ __forceinline__ __nv_fp8_e4m3 from_float<__nv_fp8_e4m3>(float x) {
+  __nv_fp8_e4m3 r; r.__x = __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3); return r;
+}
+template <> __device__ __forceinline__ __nv_fp8_e5m2 from_float<__nv_fp8_e5m2>(float x) {
+  __nv_fp8_e5m2 r; r.__x = __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E5M2); return r;
+}
+
+__device__ __forceinline__ void atomic_max_float(float* p, float v) {
+  if (!signbit(v)) atomicMax(reinterpret_cast<int*>(p), __float_as_int(v));
+  else atomicMin(reinterpret_cast<unsigned int*>(p), __float_as_uint(v));
+}
+__device__ __forceinline__ void atomic_min_float(float* p, float v) {
+  if (!signbit(v)) atomicMin(reinterpret_cast<int*>(p), __float_as_int(v));
+  else atomicMax(reinterpret_cast<unsigned int*>(p), __float_as_uint(v));
+}
+
+__global__ void init_reductions(evtc_gemm_args a) {
+  const int64_t m = a.m, n = a.n;
+  (void)m; (void)n;
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+)";
+  s += init;
+  s += R"(}
+
+__global__ void epilogue(evtc_gemm_args a, const float* __restrict__ acc) {
+  const int64_t m = a.m, n = a.n;
+  const int64_t total = m * n;
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t i = e / n, j = e % n;
+    (void)i; (void)j;
+)";
+  // Indent the body one more level.
+  std::string indented;
+  size_t b = 0;
+  while (b < body.size()) {
+    size_t e = body.find('\n', b);
+    indented += "  " + body.substr(b, e - b) + "\n";
+    b = e + 1;
+  }
+  s += indented;
+  s += R"(  }
+}
+
+}  // namespace
+
+extern "C" {
+
+int evtc_abi_version(void) { return EVTC_ABI_VERSION; }
+
+)";
+  s += fmt::format("const char* evtc_kernel_signature(void) {{ return \"{}\"; }}\n", escaped);
+  s += R"(
+int evtc_fallback_run(const evtc_gemm_args* a, const float* acc, void* stream) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  int device = 0, sms = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  const int threads = 256;
+  if (HAS_REDUCTIONS) init_reductions<<<sms, threads, 0, s>>>(*a);
+  const int64_t total = a->m * a->n;
+  int64_t blocks = (total + threads - 1) / threads;
+  if (blocks > int64_t(sms) * 32) blocks = int64_t(sms) * 32;
+  if (blocks < 1) blocks = 1;
+  epilogue<<<int(blocks), threads, 0, s>>>(*a, acc);
+  return cudaGetLastError() == cudaSuccess ? EVTC_OK : EVTC_ERROR_LAUNCH;
+}
+
+}  // extern "C"
+)";
+  return s;
+}
+
+}  // namespace evtc::cuda

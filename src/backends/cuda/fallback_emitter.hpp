@@ -1,0 +1,19 @@
+// Emits the plain CUDA epilogue used when fusion is not possible: one thread per output
+// element reads the fp32 product (computed by cuBLASLt) and evaluates the whole graph;
+// reductions use atomics into fp32 outputs set to their identity by an init kernel first.
+// No CUTLASS: it compiles in seconds.
+#pragma once
+#include <string>
+
+#include "evtc/graph.hpp"
+#include "evtc/kernel.hpp"
+
+namespace evtc::cuda {
+
+// The library exports, besides evtc_abi_version and evtc_kernel_signature:
+//   int evtc_fallback_run(const evtc_gemm_args* a, const float* acc, void* stream)
+// where acc is the m×n row-major fp32 product and a->d, a->c, a->ptrs, a->scalars are as
+// for the fused kernel (a->a, a->b unused).
+std::string emit_fallback_kernel(const Graph& g, const KernelSignature& sig);
+
+}  // namespace evtc::cuda

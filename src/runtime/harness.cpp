@@ -1,0 +1,211 @@
+#include "runtime/harness.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "evtc/error.hpp"
+#include "runtime/host_convert.hpp"
+
+namespace evtc::runtime {
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw RuntimeError(fmt::format("{}: {}", what, cudaGetErrorString(e)));
+}
+
+bool uses_fast_math(const Graph& g) {
+  for (const Node& n : g.nodes()) {
+    if (n.kind != NodeKind::compute) continue;
+    switch (n.op) {
+      case Op::sigmoid: case Op::silu: case Op::gelu_tanh: case Op::quick_gelu: case Op::tanh:
+      case Op::exp: case Op::log: case Op::softplus: case Op::mish: case Op::div:
+      case Op::reciprocal: case Op::rsqrt: case Op::pow: case Op::gelu: case Op::erf:
+        return true;
+      default: break;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
+  check(cudaMalloc(&ptr_, std::max<size_t>(bytes, 16)), "cudaMalloc");
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  if (ptr_) cudaFree(ptr_);
+}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    if (ptr_) cudaFree(ptr_);
+    ptr_ = o.ptr_;
+    bytes_ = o.bytes_;
+    o.ptr_ = nullptr;
+  }
+  return *this;
+}
+
+DeviceProblem::DeviceProblem(const Kernel& kernel, const ReferenceInputs& in) : kernel_(kernel) {
+  const GemmDesc& gemm = kernel.options().gemm;
+  const KernelSignature& sig = kernel.signature();
+  const int64_t m = in.m, n = in.n, k = in.k;
+  auto upload = [&](const std::string& key, DType t, const std::vector<double>& values) {
+    auto bytes = encode(t, values);
+    DeviceBuffer buf(bytes.size());
+    check(cudaMemcpy(buf.get(), bytes.data(), bytes.size(), cudaMemcpyHostToDevice), "upload");
+    void* p = buf.get();
+    buffers_[key] = std::move(buf);
+    return p;
+  };
+  // A: m×k row-major values; stored transposed for a column-major kernel.
+  std::vector<double> a = in.a, b = in.b;
+  if (gemm.a_layout == Layout::col_major) {
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t l = 0; l < k; ++l) a[l * m + i] = in.a[i * k + l];
+    args_.a(TensorRef{upload("A", gemm.a_dtype, a), gemm.a_dtype, m, k, 1, m});
+  } else {
+    args_.a(TensorRef::matrix(upload("A", gemm.a_dtype, a), gemm.a_dtype, m, k));
+  }
+  if (gemm.b_layout == Layout::col_major) {  // stored as N×K row-major
+    for (int64_t l = 0; l < k; ++l)
+      for (int64_t j = 0; j < n; ++j) b[j * k + l] = in.b[l * n + j];
+    args_.b(TensorRef::matrix(upload("B", gemm.b_dtype, b), gemm.b_dtype, n, k).transposed());
+  } else {
+    args_.b(TensorRef::matrix(upload("B", gemm.b_dtype, b), gemm.b_dtype, k, n));
+  }
+  if (sig.reads_c) args_.c(TensorRef::matrix(upload("C", sig.c_dtype, in.c), sig.c_dtype, m, n));
+  for (const OperandSlot& s : sig.pointers) {
+    if (s.is_output) {
+      const size_t count = s.shape == Shape::full ? size_t(m * n)
+                           : s.shape == Shape::row ? size_t(n)
+                           : s.shape == Shape::col ? size_t(m)
+                                                   : 1;
+      DeviceBuffer buf(count * dtype_bytes(s.dtype));
+      void* p = buf.get();
+      buffers_[s.name] = std::move(buf);
+      outputs_[s.name] = {s.dtype, count};
+      if (s.shape == Shape::full)
+        args_.set(s.name, s.layout == Layout::row_major
+                              ? TensorRef::matrix(p, s.dtype, m, n)
+                              : TensorRef::matrix(p, s.dtype, n, m).transposed());
+      else
+        args_.set(s.name, TensorRef::vector(p, s.dtype, count));
+      continue;
+    }
+    auto it = in.operands.find(s.name);
+    if (it == in.operands.end())
+      throw UserError(fmt::format("no input values for operand '{}'", s.name));
+    std::vector<double> values = it->second;
+    if (s.shape == Shape::full && s.layout == Layout::col_major) {
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) values[j * m + i] = it->second[i * n + j];
+      args_.set(s.name, TensorRef::matrix(upload(s.name, s.dtype, values), s.dtype, n, m).transposed());
+    } else if (s.shape == Shape::full) {
+      args_.set(s.name, TensorRef::matrix(upload(s.name, s.dtype, values), s.dtype, m, n));
+    } else {
+      args_.set(s.name, TensorRef::vector(upload(s.name, s.dtype, values), s.dtype,
+                                          static_cast<int64_t>(values.size())));
+    }
+  }
+  for (const OperandSlot& s : sig.scalars) {
+    auto it = in.operands.find(s.name);
+    if (it == in.operands.end() || it->second.empty())
+      throw UserError(fmt::format("no value for scalar parameter '{}'", s.name));
+    args_.set(s.name, it->second[0]);
+  }
+  if (!sig.d_name.empty()) {
+    DeviceBuffer buf(size_t(m * n) * dtype_bytes(sig.d_dtype));
+    void* p = buf.get();
+    buffers_[sig.d_name] = std::move(buf);
+    outputs_[sig.d_name] = {sig.d_dtype, size_t(m * n)};
+    args_.set(sig.d_name, TensorRef::matrix(p, sig.d_dtype, m, n));
+  }
+}
+
+void DeviceProblem::poison_outputs(cudaStream_t stream) const {
+  for (const auto& [name, info] : outputs_) {
+    const DeviceBuffer& buf = buffers_.at(name);
+    check(cudaMemsetAsync(buf.get(), 0xFF, buf.bytes(), stream), "poisoning outputs");
+  }
+}
+
+ReferenceOutputs DeviceProblem::read_outputs(cudaStream_t stream) const {
+  check(cudaStreamSynchronize(stream), "kernel execution");
+  ReferenceOutputs out;
+  for (const auto& [name, info] : outputs_) {
+    const auto [dtype, count] = info;
+    std::vector<uint8_t> host(count * dtype_bytes(dtype));
+    check(cudaMemcpy(host.data(), buffers_.at(name).get(), host.size(), cudaMemcpyDeviceToHost),
+          "download");
+    std::vector<double> values = decode(dtype, host.data(), count);
+    // Column-major outputs come back transposed: present them row-major like the reference.
+    for (const auto& s : kernel_.signature().pointers)
+      if (s.name == name && s.shape == Shape::full && s.layout == Layout::col_major) {
+        const int64_t m = args_.a()->rows, n = args_.b()->cols;
+        std::vector<double> rm(values.size());
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < n; ++j) rm[i * n + j] = values[j * m + i];
+        values = std::move(rm);
+      }
+    out[name] = std::move(values);
+  }
+  return out;
+}
+
+Tolerance output_tolerance(const Kernel& kernel, const std::string& output) {
+  const Graph& g = kernel.graph();
+  for (NodeId id : g.outputs()) {
+    const Node& s = g.node(id);
+    if (s.name != output) continue;
+    Tolerance t = tolerance_for(s.dtype);
+    const bool fast = !kernel.options().precise_math && uses_fast_math(g);
+    if (fast) {
+      t.rtol = std::max(t.rtol, std::ldexp(1.0, -9));
+      t.max_rel_l2 = std::max(t.max_rel_l2, std::ldexp(1.0, -10));
+    }
+    const Node& in = g.node(s.inputs[0]);
+    if (in.kind == NodeKind::reduce && in.reduce_op == ReduceOp::sum) {
+      t.rtol = std::max(t.rtol, 2e-3);
+      t.max_rel_l2 = std::max(t.max_rel_l2, 1e-3);
+    }
+    return t;
+  }
+  throw UserError(fmt::format("'{}' is not an output", output));
+}
+
+std::vector<OutputCheck> check_outputs(const Kernel& kernel, const ReferenceOutputs& got,
+                                       const ReferenceOutputs& want) {
+  std::vector<OutputCheck> checks;
+  for (const auto& [name, ref] : want) {
+    auto it = got.find(name);
+    if (it == got.end()) throw InternalError(fmt::format("output '{}' was not read back", name));
+    checks.push_back({name, compare_outputs(it->second, ref, output_tolerance(kernel, name))});
+  }
+  return checks;
+}
+
+double median_ms(const std::function<void()>& launch, cudaStream_t stream, int warmup,
+                 int iterations) {
+  for (int i = 0; i < warmup; ++i) launch();
+  check(cudaStreamSynchronize(stream), "warm-up");
+  std::vector<cudaEvent_t> events(2 * iterations);
+  for (auto& e : events) check(cudaEventCreate(&e), "cudaEventCreate");
+  for (int i = 0; i < iterations; ++i) {
+    check(cudaEventRecord(events[2 * i], stream), "cudaEventRecord");
+    launch();
+    check(cudaEventRecord(events[2 * i + 1], stream), "cudaEventRecord");
+  }
+  check(cudaStreamSynchronize(stream), "timed runs");
+  std::vector<float> ms(iterations);
+  for (int i = 0; i < iterations; ++i)
+    check(cudaEventElapsedTime(&ms[i], events[2 * i], events[2 * i + 1]), "cudaEventElapsedTime");
+  for (auto& e : events) cudaEventDestroy(e);
+  std::nth_element(ms.begin(), ms.begin() + iterations / 2, ms.end());
+  return ms[iterations / 2];
+}
+
+}  // namespace evtc::runtime

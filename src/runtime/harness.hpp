@@ -1,0 +1,73 @@
+// Device-side harness shared by `evtc run` and the GPU tests: uploads a problem's inputs,
+// poisons the outputs, runs a Kernel, reads the outputs back and compares them with the fp64
+// reference interpreter.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "evtc/reference.hpp"
+#include "evtc/runtime.hpp"
+
+namespace evtc::runtime {
+
+// An owned device buffer.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t bytes);
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  void* get() const { return ptr_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+class DeviceProblem {
+ public:
+  // Uploads A (in the kernel's A layout), B (in its B layout), C and every operand of
+  // `inputs`, and allocates every output of the kernel's signature.
+  DeviceProblem(const Kernel& kernel, const ReferenceInputs& inputs);
+  // Arguments for Kernel::run over these buffers.
+  const Arguments& arguments() const { return args_; }
+  // Fills every output with all-ones bytes (NaN in every float dtype), so an element the
+  // kernel does not write shows up in the comparison.
+  void poison_outputs(cudaStream_t stream) const;
+  // Copies the outputs back (synchronises `stream`).
+  ReferenceOutputs read_outputs(cudaStream_t stream) const;
+
+ private:
+  const Kernel& kernel_;
+  std::map<std::string, DeviceBuffer> buffers_;
+  std::map<std::string, std::pair<DType, size_t>> outputs_;  // dtype, element count
+  Arguments args_;
+};
+
+// How closely a device output must match the reference: the dtype's tolerance (see
+// reference.hpp), widened for f32 outputs when the epilogue uses the fast hardware math
+// forms (relative error up to about 2^-11), and for reductions (fp32 accumulation in a
+// different order over many values, atomics included): rtol 2e-3 for sums.
+Tolerance output_tolerance(const Kernel& kernel, const std::string& output);
+
+struct OutputCheck {
+  std::string name;
+  Comparison comparison;
+};
+// Compares every output with the reference; pass when all pass.
+std::vector<OutputCheck> check_outputs(const Kernel& kernel, const ReferenceOutputs& got,
+                                       const ReferenceOutputs& want);
+
+// Median time in milliseconds of `launch` on `stream`, each launch timed with its own pair
+// of CUDA events after `warmup` untimed launches.
+double median_ms(const std::function<void()>& launch, cudaStream_t stream, int warmup = 10,
+                 int iterations = 50);
+
+}  // namespace evtc::runtime

@@ -1,0 +1,70 @@
+// evtc compile: emit the fused kernel for an expression and compile it with nvcc (no GPU
+// needed). --emit writes the generated source; --fallback also builds the unfused path.
+#include <fmt/format.h>
+
+#include <chrono>
+#include <fstream>
+
+#include "backends/sm90/sm90_emitter.hpp"
+#include "cli.hpp"
+#include "evtc/error.hpp"
+#include "evtc/expression.hpp"
+#include "evtc/runtime.hpp"
+
+namespace evtc::cli {
+
+Command add_compile_command(CLI::App& app) {
+  struct Args {
+    std::string expr, dtype = "bf16", layout_a = "r", layout_b = "r", config, emit;
+    bool emit_only = false, fallback = false, precise = false;
+  };
+  auto a = std::make_shared<Args>();
+  CLI::App* sub = app.add_subcommand("compile", "Generate and compile the fused kernel (no GPU needed)");
+  sub->add_option("expr", a->expr, "Expression, or a file holding one")->required();
+  sub->add_option("--dtype", a->dtype, "A/B dtype")->capture_default_str();
+  sub->add_option("--layout-a", a->layout_a, "r or c")->capture_default_str();
+  sub->add_option("--layout-b", a->layout_b, "r or c")->capture_default_str();
+  sub->add_option("--config", a->config, "Kernel config name");
+  sub->add_option("--emit", a->emit, "Write the generated CUDA source to this file");
+  sub->add_flag("--emit-only", a->emit_only, "Only write the source (with --emit), do not compile");
+  sub->add_flag("--fallback", a->fallback, "Also compile the unfused fallback epilogue");
+  sub->add_flag("--precise", a->precise, "Full-precision transcendental math");
+  return {sub, [a] {
+            const auto dt = parse_dtype(a->dtype);
+            if (!dt) throw UserError(fmt::format("--dtype: unknown dtype '{}'", a->dtype));
+            ParseOptions popts;
+            popts.operand_dtype = is_fp8(*dt) ? DType::f32 : *dt;
+            popts.output_dtype = is_fp8(*dt) ? DType::bf16 : *dt;
+            CompileOptions opts;
+            opts.gemm.a_dtype = opts.gemm.b_dtype = *dt;
+            opts.gemm.a_layout = a->layout_a == "c" ? Layout::col_major : Layout::row_major;
+            opts.gemm.b_layout = a->layout_b == "c" ? Layout::col_major : Layout::row_major;
+            opts.precise_math = a->precise;
+            if (!a->config.empty()) {
+              opts.config = KernelConfig::parse(a->config);
+              if (!opts.config) throw UserError(fmt::format("--config: '{}' is not a kernel config name", a->config));
+            }
+            Kernel kernel(parse_expression(read_expression_arg(a->expr), popts), opts);
+            if (!a->emit.empty()) {
+              std::ofstream f(a->emit);
+              KernelConfig cfg = opts.config.value_or(KernelConfig{});
+              cfg.precise_math = a->precise;
+              f << sm90::emit_kernel(kernel.graph(), opts.gemm, cfg).source;
+              fmt::print("wrote {}\n", a->emit);
+              if (a->emit_only) return kExitOk;
+            }
+            auto t0 = std::chrono::steady_clock::now();
+            kernel.compile();
+            fmt::print("fused kernel: {} ({:.1f} s)\n", kernel.library_path(),
+                       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+            if (a->fallback) {
+              t0 = std::chrono::steady_clock::now();
+              const std::string path = kernel.compile_fallback();
+              fmt::print("fallback epilogue: {} ({:.1f} s)\n", path,
+                         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+            }
+            return kExitOk;
+          }};
+}
+
+}  // namespace evtc::cli
