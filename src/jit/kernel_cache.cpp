@@ -192,7 +192,8 @@ std::string cache_dir() {
 std::string cache_key(const CompileRequest& req) {
   const Toolchain& tc = toolchain(req.needs_cutlass);
   std::string material = req.source;
-  for (const auto& f : kernel_flags(req.sm, req.needs_cutlass)) material += "\n" + f;
+  for (const auto& f : kernel_flags(req.sm, req.needs_cutlass))
+    if (f.rfind("-L", 0) != 0) material += "\n" + f;  // install paths do not change the result
   material += "\nnvcc " + tc.nvcc_version + "\ncutlass " + tc.cutlass_version +
               "\ndevice headers " + device_headers_digest(tc.evtc_include);
   return fmt::format("{:016x}", XXH3_64bits(material.data(), material.size()));

@@ -129,6 +129,13 @@ std::vector<std::string> kernel_flags(int sm, bool need_cutlass) {
                                 "-Xcompiler=-fPIC", "-shared", "-lineinfo"};
   const std::string arch = sm == 90 && need_cutlass ? "90a" : std::to_string(sm);
   f.push_back(fmt::format("-gencode=arch=compute_{0},code=sm_{0}", arch));
+  if (need_cutlass) {
+    // CUTLASS builds TMA descriptors through the driver API: link the driver (its stub at
+    // build time) so the library resolves those symbols itself when it is loaded.
+    const fs::path stubs = fs::path(toolchain(false).nvcc).parent_path().parent_path() / "lib64" / "stubs";
+    if (fs::exists(stubs / "libcuda.so")) f.push_back("-L" + stubs.string());
+    f.push_back("-lcuda");
+  }
   return f;
 }
 
