@@ -1,5 +1,7 @@
-// The epilogue pass pipeline (src/passes/pipeline.cpp lists the passes in order).
+// The epilogue pass pipeline (src/passes/pipeline.cpp lists the passes in order; docs/passes.md
+// describes each one).
 #pragma once
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <optional>
@@ -26,12 +28,16 @@ struct OperandView {
   int64_t row_stride = 0, col_stride = 0;
 };
 
+struct Legality;
+
 struct PipelineOptions {
   CastMode cast_mode = CastMode::eager;
   // The GEMM the epilogue belongs to; legality checks what is known of it.
   GemmDesc gemm;
   // Views of full (aux) operands, by name, for classify_loads.
   std::map<std::string, OperandView> views;
+  // If set, the legality pass writes its verdict on the final graph here.
+  Legality* legality = nullptr;
 };
 
 struct PassInfo {
@@ -45,7 +51,7 @@ std::span<const PassInfo> pipeline_passes();
 const PassInfo* find_pass(std::string_view name);
 
 // Runs the whole pipeline. `observer` (if given) sees the graph after every pass and
-// whether the pass changed it.
+// whether the pass changed it (its canonical print differs).
 using PassObserver = std::function<void(const PassInfo& pass, const Graph& after, bool changed)>;
 Graph run_pipeline(const Graph& g, const PipelineOptions& options = {},
                    const PassObserver& observer = {});
@@ -56,5 +62,32 @@ struct Legality {
   std::vector<std::string> reasons;  // e.g. "K=1001 is not a multiple of 8 (bf16 A needs 16-byte rows)"
 };
 Legality check_legality(const Graph& g, const GemmDesc& gemm);
+// The same, and also refuses aux operands whose bound view classify_view cannot place.
+Legality check_legality(const Graph& g, const GemmDesc& gemm,
+                        const std::map<std::string, OperandView>& views);
+
+// How an M×N operand view is read by a fused kernel (see classify_view).
+enum class LoadClass {
+  scalar,         // strides (0,0): one value, read by pointer
+  row_vec,        // (0,1) or shape 1×N: length N, broadcast over M
+  col_vec,        // (1,0) or shape M×1: length M, broadcast over N
+  aux_row_major,  // (N,1): a full M×N operand
+  aux_col_major,  // (1,M): a full M×N operand, column-major
+  not_fusable,    // anything else; `why` says what is wrong
+};
+std::string_view load_class_name(LoadClass c);
+
+// Classifies a view of an operand of an M×N epilogue. m or n may be 0 (unknown): the view's
+// own rows or cols stand in for it. A view dimension of size 1 is broadcast whatever its
+// stride. For not_fusable, *why (if given) receives a sentence saying why.
+LoadClass classify_view(const OperandView& view, int64_t m, int64_t n, std::string* why);
+
+// How the backend lowers nodes that have more than one use (a DAG, where EVT is a tree).
+struct DagPlan {
+  // Indexed by NodeId: true when the node is computed once and its value shared by all its
+  // uses (a CUTLASS topological visitor); false when each use re-emits it (a tree node).
+  std::vector<bool> shared;
+};
+DagPlan plan_dag(const Graph& g);
 
 }  // namespace evtc

@@ -1,9 +1,66 @@
-// Placeholder until the passes land: an empty pipeline.
+// The pass pipeline: one list, in order. Why this order:
+//  verify first, so every later pass may assume a well-formed epilogue;
+//  fold_constants before CSE, so constants that fold to the same value merge;
+//  CSE before activation folding, whose patterns need `x` to be one node;
+//  DCE before activation folding, whose folds need intermediates used only by the pattern;
+//  normalize_casts before activation folding: removing no-op casts (and, in fast mode, all
+//    casts) exposes patterns such as x*sigmoid(x) that a cast between the two hid, while
+//    the casts eager mode keeps still stop a fold across a rounding;
+//  classify_loads late, so its vectors and scalars are what the backend sees;
+//  legality last, on the graph the backend receives.
+#include <fmt/format.h>
+
+#include "evtc/ir_text.hpp"
 #include "evtc/passes.hpp"
+#include "passes/classify_loads.h"
+#include "passes/eliminate_common_subexpressions.h"
+#include "passes/eliminate_dead_code.h"
+#include "passes/fold_activations.h"
+#include "passes/fold_constants.h"
+#include "passes/legality.h"
+#include "passes/normalize_casts.h"
+#include "passes/verify.h"
 
 namespace evtc {
-std::span<const PassInfo> pipeline_passes() { return {}; }
-const PassInfo* find_pass(std::string_view) { return nullptr; }
-Graph run_pipeline(const Graph& g, const PipelineOptions&, const PassObserver&) { return g; }
-Legality check_legality(const Graph&, const GemmDesc&) { return {}; }
+namespace {
+
+constexpr PassInfo kPipeline[] = {
+    {"verify", "the graph is a well-formed epilogue: one accumulator, outputs computed from it",
+     passes::verify},
+    {"fold_constants", "no constant subtrees and no x*1, x+0, x-0, x/1, --x identities",
+     passes::fold_constants},
+    {"eliminate_common_subexpressions", "every distinct value is computed by one node",
+     passes::eliminate_common_subexpressions},
+    {"eliminate_dead_code", "every node and operand reaches an output",
+     passes::eliminate_dead_code},
+    {"normalize_casts", "casts only where the cast mode rounds (no no-op casts)",
+     passes::normalize_casts},
+    {"fold_activations", "decomposed activations are native ops (silu, gelu, clamp, ...)",
+     passes::fold_activations},
+    {"classify_loads", "aux operands with a view are read as scalar, vector or matrix loads",
+     passes::classify_loads},
+    {"legality", "unchanged; the fusion verdict is in PipelineOptions::legality",
+     passes::legality},
+};
+
+}  // namespace
+
+std::span<const PassInfo> pipeline_passes() { return kPipeline; }
+
+const PassInfo* find_pass(std::string_view name) {
+  for (const PassInfo& p : kPipeline)
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+Graph run_pipeline(const Graph& g, const PipelineOptions& options, const PassObserver& observer) {
+  Graph current = g;
+  for (const PassInfo& pass : kPipeline) {
+    Graph after = pass.run(current, options);
+    if (observer) observer(pass, after, print(current) != print(after));
+    current = std::move(after);
+  }
+  return current;
+}
+
 }  // namespace evtc

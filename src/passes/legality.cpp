@@ -1,0 +1,167 @@
+#include "passes/legality.h"
+
+#include <fmt/format.h>
+
+#include "evtc/ir_text.hpp"
+
+namespace evtc {
+namespace {
+
+constexpr int kAccessBytes = 16;  // TMA and vectorised epilogue accesses move 16 bytes
+constexpr size_t kMaxOutputs = 8;
+constexpr int kSupportedSm = 90;
+
+int elements_per_access(DType t) { return kAccessBytes / dtype_bytes(t); }
+
+bool is_tensor_core_input(DType t) {
+  return t == DType::bf16 || t == DType::f16 || is_fp8(t);
+}
+
+class LegalityChecker {
+ public:
+  LegalityChecker(const Graph& g, const GemmDesc& gemm) : g_(g), gemm_(gemm) {}
+
+  Legality run(const std::map<std::string, OperandView>& views) {
+    check_target();
+    check_operand_types();
+    check_main_loop_alignment('A', gemm_.a_dtype, gemm_.a_layout == Layout::row_major, 'M');
+    check_main_loop_alignment('B', gemm_.b_dtype, gemm_.b_layout == Layout::col_major, 'N');
+    check_epilogue(views);
+    return std::move(result_);
+  }
+
+ private:
+  void refuse(std::string reason) { result_.reasons.push_back(std::move(reason)); }
+
+  int64_t extent(char dim) const {
+    return dim == 'M' ? gemm_.m : dim == 'N' ? gemm_.n : gemm_.k;
+  }
+
+  // `dim` (unknown when 0) must hold whole 16-byte accesses of `dtype`.
+  void check_multiple(char dim, DType dtype, const std::string& needs) {
+    const int64_t size = extent(dim);
+    const int per_access = elements_per_access(dtype);
+    if (size != 0 && size % per_access != 0)
+      refuse(fmt::format("{}={} is not a multiple of {} ({})", dim, size, per_access, needs));
+  }
+
+  void check_target() {
+    if (gemm_.sm != kSupportedSm)
+      refuse(fmt::format("sm={} is not a supported target: fused kernels are generated for "
+                         "sm={} (Hopper) only",
+                         gemm_.sm, kSupportedSm));
+  }
+
+  void check_operand_types() {
+    const DType a = gemm_.a_dtype, b = gemm_.b_dtype;
+    for (auto [name, t] : {std::pair{'A', a}, std::pair{'B', b}})
+      if (!is_tensor_core_input(t))
+        refuse(fmt::format("{} is {}, which sm90 tensor cores do not take (A and B must be "
+                           "bf16, f16, f8e4m3 or f8e5m2)",
+                           name, dtype_name(t)));
+    if (!is_tensor_core_input(a) || !is_tensor_core_input(b)) return;
+    if (dtype_bits(a) != dtype_bits(b))
+      refuse(fmt::format("A is {} ({}-bit) and B is {} ({}-bit): A and B must have the same "
+                         "width",
+                         dtype_name(a), dtype_bits(a), dtype_name(b), dtype_bits(b)));
+    else if (dtype_bits(a) == 16 && a != b)
+      refuse(fmt::format("A is {} and B is {}: 16-bit A and B must be the same type",
+                         dtype_name(a), dtype_name(b)));
+    if (is_fp8(a) || is_fp8(b)) {
+      if (gemm_.a_layout != Layout::row_major)
+        refuse("fp8 A and B must both be K-major (A row-major, B column-major), but A is "
+               "column-major");
+      if (gemm_.b_layout != Layout::col_major)
+        refuse("fp8 A and B must both be K-major (A row-major, B column-major), but B is "
+               "row-major");
+    }
+  }
+
+  // A K-major operand's contiguous dimension is K; otherwise it is M (for A) or N (for B).
+  void check_main_loop_alignment(char name, DType dtype, bool k_major, char other_dim) {
+    if (!is_tensor_core_input(dtype)) return;
+    if (k_major)
+      check_multiple('K', dtype,
+                     fmt::format("{} {} needs 16-byte {}", dtype_name(dtype), name,
+                                 name == 'A' ? "rows" : "columns"));
+    else
+      check_multiple(other_dim, dtype,
+                     fmt::format("{} {} is {} and needs 16-byte {}", dtype_name(dtype), name,
+                                 name == 'A' ? "column-major" : "row-major",
+                                 name == 'A' ? "columns" : "rows"));
+  }
+
+  // A full M×N access: N must hold whole accesses for row-major, M for column-major.
+  void check_matrix_alignment(DType dtype, Layout layout, const std::string& what) {
+    if (layout == Layout::row_major)
+      check_multiple('N', dtype, fmt::format("{} {} needs 16-byte rows", dtype_name(dtype), what));
+    else
+      check_multiple('M', dtype, fmt::format("column-major {} {} needs 16-byte columns",
+                                             dtype_name(dtype), what));
+  }
+
+  void check_epilogue(const std::map<std::string, OperandView>& views) {
+    if (g_.outputs().size() > kMaxOutputs)
+      refuse(fmt::format("the epilogue has {} outputs; at most {} can be fused",
+                         g_.outputs().size(), kMaxOutputs));
+    // Canonical order, so the reasons do not depend on the order the graph was built in.
+    for (NodeId id : canonical_order(g_)) {
+      const Node& n = g_.node(id);
+      switch (n.kind) {
+        case NodeKind::store:
+          if (g_.node(n.inputs[0]).kind == NodeKind::reduce) break;
+          check_matrix_alignment(n.dtype, n.layout, fmt::format("output '{}'", n.name));
+          if (n.layout == Layout::col_major)
+            refuse(fmt::format("output '{}' is column-major, and the sm90 backend stores "
+                               "row-major outputs only",
+                               n.name));
+          break;
+        case NodeKind::row_vec:
+          check_multiple('N', n.dtype, fmt::format("{} row vector '{}' needs 16-byte alignment",
+                                                   dtype_name(n.dtype), n.name));
+          break;
+        case NodeKind::col_vec:
+          check_multiple('M', n.dtype,
+                         fmt::format("{} column vector '{}' needs 16-byte alignment",
+                                     dtype_name(n.dtype), n.name));
+          break;
+        case NodeKind::aux: {
+          check_matrix_alignment(n.dtype, n.layout, fmt::format("operand '{}'", n.name));
+          auto view = views.find(n.name);
+          std::string why;
+          if (view != views.end() &&
+              classify_view(view->second, gemm_.m, gemm_.n, &why) == LoadClass::not_fusable)
+            refuse(fmt::format("operand '{}' cannot be fused: {}", n.name, why));
+          break;
+        }
+        case NodeKind::source:
+          check_matrix_alignment(n.dtype, Layout::row_major, "source C");
+          break;
+        default: break;
+      }
+    }
+  }
+
+  const Graph& g_;
+  const GemmDesc& gemm_;
+  Legality result_;
+};
+
+}  // namespace
+
+Legality check_legality(const Graph& g, const GemmDesc& gemm,
+                        const std::map<std::string, OperandView>& views) {
+  return LegalityChecker(g, gemm).run(views);
+}
+
+Legality check_legality(const Graph& g, const GemmDesc& gemm) { return check_legality(g, gemm, {}); }
+
+namespace passes {
+
+Graph legality(const Graph& g, const PipelineOptions& options) {
+  if (options.legality) *options.legality = check_legality(g, options.gemm, options.views);
+  return g;
+}
+
+}  // namespace passes
+}  // namespace evtc

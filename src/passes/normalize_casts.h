@@ -1,0 +1,19 @@
+// normalize_casts: puts roundings where the chosen CastMode says they belong.
+//
+// Guarantees afterwards, in both modes: no cast to its operand's own dtype or to a dtype
+// that holds every value of its operand's dtype (bf16 -> f32, fp8 -> f16, ...), and no cast
+// directly before a store to the same dtype (the store rounds the same way). Such casts
+// change no value.
+//  eager (default): every other cast stays where it is written. A chain
+//         acc -> f32 -> ... -> fp8 -> ... rounds to fp8 in the middle, as written, so the
+//         fused kernel rounds where PyTorch eager materialised a lower-precision tensor.
+//  fast:  no cast is left and every compute node computes in f32: values are rounded once,
+//         at each store. Results are at least as accurate as eager's and may differ from
+//         them in the last bits of the output type.
+#pragma once
+#include "evtc/graph.hpp"
+#include "evtc/passes.hpp"
+
+namespace evtc::passes {
+Graph normalize_casts(const Graph& g, const PipelineOptions& options);
+}  // namespace evtc::passes

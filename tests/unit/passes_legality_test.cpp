@@ -1,0 +1,263 @@
+// check_legality: one test per rule, asserting the reason's exact text.
+#include <gtest/gtest.h>
+
+#include "evtc/graph.hpp"
+#include "evtc/passes.hpp"
+
+using namespace evtc;
+
+namespace {
+
+// D: bf16 = acc, on a GEMM that is fusable as it stands.
+Graph plain_graph() {
+  Graph g;
+  g.store("D", g.accum(), DType::bf16);
+  return g;
+}
+
+GemmDesc aligned_gemm() {
+  GemmDesc d;
+  d.m = 256;
+  d.n = 512;
+  d.k = 1024;
+  return d;
+}
+
+std::vector<std::string> reasons(const Graph& g, const GemmDesc& gemm,
+                                 const std::map<std::string, OperandView>& views = {}) {
+  return check_legality(g, gemm, views).reasons;
+}
+
+using Reasons = std::vector<std::string>;
+
+}  // namespace
+
+TEST(PassLegality, AlignedBf16GemmIsFusable) {
+  EXPECT_TRUE(check_legality(plain_graph(), aligned_gemm()).fusable());
+}
+
+TEST(PassLegality, UnknownSizesAreNotChecked) {
+  Graph g;
+  auto acc = g.accum();
+  g.store("D", acc + g.row_vec("bias", DType::bf16) + g.col_vec("s", DType::f32), DType::bf16);
+  EXPECT_TRUE(check_legality(g, GemmDesc{}).fusable());
+}
+
+TEST(PassLegality, SixteenBitAAndBNeedKMultipleOf8) {
+  GemmDesc d = aligned_gemm();
+  d.k = 1001;
+  EXPECT_EQ(reasons(plain_graph(), d),
+            (Reasons{"K=1001 is not a multiple of 8 (bf16 A needs 16-byte rows)",
+                     "K=1001 is not a multiple of 8 (bf16 B needs 16-byte columns)"}));
+}
+
+TEST(PassLegality, MMajorANeedsMMultipleOf8) {
+  GemmDesc d = aligned_gemm();
+  d.a_dtype = d.b_dtype = DType::f16;
+  d.a_layout = Layout::col_major;
+  d.m = 1001;
+  EXPECT_EQ(reasons(plain_graph(), d),
+            (Reasons{"M=1001 is not a multiple of 8 (f16 A is column-major and needs 16-byte "
+                     "columns)"}));
+}
+
+TEST(PassLegality, NMajorBNeedsNMultipleOf8) {
+  GemmDesc d = aligned_gemm();
+  d.b_layout = Layout::row_major;
+  d.n = 1004;
+  EXPECT_EQ(reasons(plain_graph(), d),
+            (Reasons{"N=1004 is not a multiple of 8 (bf16 B is row-major and needs 16-byte rows)",
+                     "N=1004 is not a multiple of 8 (bf16 output 'D' needs 16-byte rows)"}));
+}
+
+TEST(PassLegality, Fp8NeedsKMultipleOf16) {
+  GemmDesc d = aligned_gemm();
+  d.a_dtype = DType::f8e4m3;
+  d.b_dtype = DType::f8e5m2;
+  d.k = 1000;  // a multiple of 8, not of 16
+  EXPECT_EQ(reasons(plain_graph(), d),
+            (Reasons{"K=1000 is not a multiple of 16 (f8e4m3 A needs 16-byte rows)",
+                     "K=1000 is not a multiple of 16 (f8e5m2 B needs 16-byte columns)"}));
+}
+
+TEST(PassLegality, Fp8NeedsBothOperandsKMajor) {
+  GemmDesc d = aligned_gemm();
+  d.a_dtype = d.b_dtype = DType::f8e4m3;
+  d.a_layout = Layout::col_major;
+  d.b_layout = Layout::row_major;
+  EXPECT_EQ(reasons(plain_graph(), d),
+            (Reasons{"fp8 A and B must both be K-major (A row-major, B column-major), but A is "
+                     "column-major",
+                     "fp8 A and B must both be K-major (A row-major, B column-major), but B is "
+                     "row-major"}));
+}
+
+TEST(PassLegality, SixteenBitOperandsMayBeMNMajor) {
+  GemmDesc d = aligned_gemm();
+  d.a_layout = Layout::col_major;
+  d.b_layout = Layout::row_major;
+  EXPECT_TRUE(check_legality(plain_graph(), d).fusable());
+}
+
+TEST(PassLegality, TensorCoreInputTypes) {
+  GemmDesc d = aligned_gemm();
+  d.a_dtype = DType::f32;
+  EXPECT_EQ(reasons(plain_graph(), d),
+            (Reasons{"A is f32, which sm90 tensor cores do not take (A and B must be bf16, f16, "
+                     "f8e4m3 or f8e5m2)"}));
+}
+
+TEST(PassLegality, AAndBMustHaveTheSameWidth) {
+  GemmDesc d = aligned_gemm();
+  d.a_dtype = DType::bf16;
+  d.b_dtype = DType::f8e4m3;
+  EXPECT_EQ(reasons(plain_graph(), d),
+            (Reasons{"A is bf16 (16-bit) and B is f8e4m3 (8-bit): A and B must have the same "
+                     "width"}));
+}
+
+TEST(PassLegality, SixteenBitAAndBMustBeOneType) {
+  GemmDesc d = aligned_gemm();
+  d.a_dtype = DType::bf16;
+  d.b_dtype = DType::f16;
+  EXPECT_EQ(reasons(plain_graph(), d),
+            (Reasons{"A is bf16 and B is f16: 16-bit A and B must be the same type"}));
+}
+
+TEST(PassLegality, MixedFp8FormatsAreFine) {
+  GemmDesc d = aligned_gemm();
+  d.a_dtype = DType::f8e5m2;
+  d.b_dtype = DType::f8e4m3;
+  EXPECT_TRUE(check_legality(plain_graph(), d).fusable());
+}
+
+TEST(PassLegality, OutputRowsNeedSixteenBytes) {
+  GemmDesc d = aligned_gemm();
+  d.n = 1020;  // a multiple of 4 (f32) but not of 8 (bf16) or 16 (fp8)
+  Graph g;
+  auto acc = g.accum();
+  g.store("D", acc, DType::bf16);
+  g.store("F", acc, DType::f32);
+  g.store("Q", cast(acc, DType::f8e4m3), DType::f8e4m3);
+  EXPECT_EQ(reasons(g, d),
+            (Reasons{"N=1020 is not a multiple of 8 (bf16 output 'D' needs 16-byte rows)",
+                     "N=1020 is not a multiple of 16 (f8e4m3 output 'Q' needs 16-byte rows)"}));
+}
+
+TEST(PassLegality, Fp8OutputIsAllowed) {
+  Graph g;
+  g.store("D", g.accum(), DType::f8e4m3);
+  EXPECT_TRUE(check_legality(g, aligned_gemm()).fusable());
+}
+
+TEST(PassLegality, ColumnMajorOutputIsRefused) {
+  GemmDesc d = aligned_gemm();
+  d.m = 1001;
+  Graph g;
+  g.store("D", g.accum(), DType::bf16, Layout::col_major);
+  EXPECT_EQ(reasons(g, d),
+            (Reasons{"M=1001 is not a multiple of 8 (column-major bf16 output 'D' needs 16-byte "
+                     "columns)",
+                     "output 'D' is column-major, and the sm90 backend stores row-major outputs "
+                     "only"}));
+}
+
+TEST(PassLegality, ReductionOutputsHaveNoAlignmentRule) {
+  GemmDesc d = aligned_gemm();
+  d.m = 1001;
+  d.n = 1001;
+  d.a_layout = Layout::row_major;
+  Graph g;
+  auto acc = g.accum();
+  g.store("rows", g.reduce(ReduceAxis::row, ReduceOp::sum, acc), DType::f32);
+  g.store("cols", g.reduce(ReduceAxis::col, ReduceOp::max, acc), DType::bf16);
+  EXPECT_TRUE(check_legality(g, d).fusable());
+}
+
+TEST(PassLegality, VectorOperandsNeedAlignedLengths) {
+  GemmDesc d = aligned_gemm();
+  d.m = 1002;  // a multiple of 2, not of 4 or 8
+  d.n = 1003;
+  d.a_dtype = d.b_dtype = DType::f16;
+  d.a_layout = Layout::row_major;
+  Graph g;
+  auto acc = g.accum();
+  auto v = acc + g.row_vec("bias", DType::bf16);
+  v = v * g.col_vec("scale", DType::f32);
+  g.store("D", v, DType::f32);
+  EXPECT_EQ(reasons(g, d),
+            (Reasons{"N=1003 is not a multiple of 8 (bf16 row vector 'bias' needs 16-byte "
+                     "alignment)",
+                     "M=1002 is not a multiple of 4 (f32 column vector 'scale' needs 16-byte "
+                     "alignment)",
+                     "N=1003 is not a multiple of 4 (f32 output 'D' needs 16-byte rows)"}));
+}
+
+TEST(PassLegality, MatrixOperandsNeedAlignedRowsOrColumns) {
+  GemmDesc d = aligned_gemm();
+  d.m = 100;   // a multiple of 4, not of 8
+  d.n = 1000;  // a multiple of 8, not of 16
+  Graph g;
+  auto acc = g.accum();
+  auto v = acc + g.aux("res", DType::f8e4m3);
+  v = v + g.aux("res_t", DType::bf16, Layout::col_major);
+  v = v + g.source(DType::f8e5m2);
+  g.store("D", v, DType::bf16);
+  EXPECT_EQ(reasons(g, d),
+            (Reasons{"N=1000 is not a multiple of 16 (f8e4m3 operand 'res' needs 16-byte rows)",
+                     "M=100 is not a multiple of 8 (column-major bf16 operand 'res_t' needs "
+                     "16-byte columns)",
+                     "N=1000 is not a multiple of 16 (f8e5m2 source C needs 16-byte rows)"}));
+}
+
+TEST(PassLegality, AtMostEightOutputs) {
+  Graph g;
+  auto acc = g.accum();
+  for (int i = 0; i < 9; ++i) g.store("out" + std::to_string(i), acc * double(i), DType::bf16);
+  EXPECT_EQ(reasons(g, aligned_gemm()),
+            (Reasons{"the epilogue has 9 outputs; at most 8 can be fused"}));
+  Graph eight;
+  auto acc8 = eight.accum();
+  for (int i = 0; i < 8; ++i) eight.store("out" + std::to_string(i), acc8 * double(i), DType::bf16);
+  EXPECT_TRUE(check_legality(eight, aligned_gemm()).fusable());
+}
+
+TEST(PassLegality, UnclassifiableViewIsRefusedWithItsReason) {
+  Graph g;
+  g.store("D", g.accum() * g.aux("gate", DType::bf16), DType::bf16);
+  const GemmDesc d = aligned_gemm();
+  EXPECT_EQ(reasons(g, d, {{"gate", OperandView{256, 512, 1, 512}}}),
+            (Reasons{"operand 'gate' cannot be fused: the 256x512 view with strides (1, 512) is "
+                     "neither a contiguous row-major (512, 1) nor a contiguous column-major (1, "
+                     "256) 256x512 matrix"}));
+  // A view that classifies is no reason, and the two-argument form ignores views.
+  EXPECT_TRUE(check_legality(g, d, {{"gate", OperandView{256, 512, 512, 1}}}).fusable());
+  EXPECT_TRUE(check_legality(g, d).fusable());
+}
+
+TEST(PassLegality, OnlySm90IsATarget) {
+  GemmDesc d = aligned_gemm();
+  d.sm = 80;
+  EXPECT_EQ(reasons(plain_graph(), d),
+            (Reasons{"sm=80 is not a supported target: fused kernels are generated for sm=90 "
+                     "(Hopper) only"}));
+}
+
+TEST(PassLegality, ThePipelinePassReportsAndLeavesTheGraph) {
+  Graph g;
+  g.store("D", g.accum() * g.aux("gate", DType::bf16), DType::bf16);
+  PipelineOptions o;
+  o.gemm = aligned_gemm();
+  o.gemm.k = 1001;
+  o.views["gate"] = OperandView{256, 512, 2, 1};
+  Legality verdict;
+  o.legality = &verdict;
+  const PassInfo* pass = find_pass("legality");
+  ASSERT_NE(pass, nullptr);
+  const Graph after = pass->run(g, o);
+  EXPECT_EQ(verdict.reasons, check_legality(g, o.gemm, o.views).reasons);
+  EXPECT_EQ(verdict.reasons.size(), 3u);
+  o.legality = nullptr;
+  EXPECT_NO_THROW(pass->run(g, o));
+  EXPECT_EQ(after.size(), g.size());
+}
