@@ -1,0 +1,35 @@
+// The functions an expression can call: every op of the op table by its name, the
+// reductions (sum, max, min, amax and their row_/col_ forms) and the casts (one per dtype).
+#pragma once
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "evtc/graph.hpp"
+
+namespace evtc::frontend {
+
+// What a function name can mean. `max` and `min` are both an op (two arguments: the
+// elementwise maximum) and a reduction (one argument: the maximum over the whole matrix).
+struct Function {
+  std::optional<Op> op;
+  std::optional<ReduceAxis> reduce_axis;
+  ReduceOp reduce_op = ReduceOp::sum;
+  std::optional<DType> cast;
+};
+
+std::optional<Function> find_function(std::string_view name);
+// The expression-language name of a reduction: sum, row_max, col_amax, ...
+std::string reduction_name(ReduceAxis axis, ReduceOp op);
+// Every function name, ops first (in op-table order), then reductions, then casts.
+const std::vector<std::string>& function_names();
+
+// Optimal-string-alignment distance: insertions, deletions, substitutions and swaps of two
+// adjacent characters each cost 1 ("sliu" is 1 from "silu").
+size_t edit_distance(std::string_view a, std::string_view b);
+// The candidate nearest to `name`, if one is close enough to be a plausible typo.
+std::optional<std::string> nearest_name(std::string_view name,
+                                        const std::vector<std::string>& candidates);
+
+}  // namespace evtc::frontend

@@ -1,0 +1,129 @@
+#include "frontend/lexer.hpp"
+
+#include <fmt/format.h>
+
+#include <cctype>
+#include <charconv>
+#include <string>
+
+namespace evtc::frontend {
+namespace {
+
+bool is_ident_start(char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '_'; }
+bool is_ident_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
+bool is_digit(char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; }
+
+// The bytes of one UTF-8 character starting at `s[0]`, for "unexpected character" messages.
+std::string_view utf8_char(std::string_view s) {
+  size_t len = 1;
+  while (len < s.size() && len < 4 && (static_cast<unsigned char>(s[len]) & 0xC0) == 0x80) ++len;
+  return s.substr(0, len);
+}
+
+class Lexer {
+ public:
+  explicit Lexer(const SourceFile& source) : src_(source), text_(source.text()) {}
+
+  std::vector<Token> run() {
+    std::vector<Token> out;
+    while (true) {
+      skip_blanks_and_comment();
+      if (pos_ >= text_.size()) break;
+      out.push_back(next());
+    }
+    Token end;
+    end.kind = TokenKind::end;
+    end.loc = end.end = here();
+    out.push_back(end);
+    return out;
+  }
+
+ private:
+  Loc here() const { return {line_, static_cast<int>(pos_ - line_start_) + 1}; }
+
+  void skip_blanks_and_comment() {
+    while (pos_ < text_.size()) {
+      const char c = text_[pos_];
+      if (c == ' ' || c == '\t' || c == '\r' || c == '\f' || c == '\v') {
+        ++pos_;
+      } else if (c == '#') {
+        while (pos_ < text_.size() && text_[pos_] != '\n') ++pos_;
+      } else {
+        break;
+      }
+    }
+  }
+
+  Token next() {
+    Token t;
+    t.loc = here();
+    const size_t begin = pos_;
+    const char c = text_[pos_];
+    if (c == '\n') {
+      t.kind = TokenKind::newline;
+      ++pos_;
+      t.end = t.loc;
+      ++line_;
+      line_start_ = pos_;
+      return t;
+    }
+    if (is_ident_start(c)) {
+      while (pos_ < text_.size() && is_ident_char(text_[pos_])) ++pos_;
+      t.kind = TokenKind::identifier;
+    } else if (is_digit(c) || (c == '.' && pos_ + 1 < text_.size() && is_digit(text_[pos_ + 1]))) {
+      lex_number(t);
+    } else if (c == '*' && pos_ + 1 < text_.size() && text_[pos_ + 1] == '*') {
+      pos_ += 2;
+      t.kind = TokenKind::punct;
+    } else if (std::string_view("()[],=:;+-*/").find(c) != std::string_view::npos) {
+      ++pos_;
+      t.kind = TokenKind::punct;
+    } else if (c == '^') {
+      src_.fail(t.loc, "unexpected character '^'; write a power as x ** y");
+    } else {
+      src_.fail(t.loc, fmt::format("unexpected character '{}'", utf8_char(text_.substr(pos_))));
+    }
+    t.text = text_.substr(begin, pos_ - begin);
+    t.end = here();
+    return t;
+  }
+
+  // A number is the longest run of digits, letters, '_' and '.' (and a sign right after an
+  // exponent 'e'), which must then read as a whole decimal number: so `2x` and `1.2.3` are
+  // reported as malformed numbers rather than as two tokens.
+  void lex_number(Token& t) {
+    const size_t begin = pos_;
+    while (pos_ < text_.size()) {
+      const char c = text_[pos_];
+      if (is_ident_char(c) || c == '.') {
+        ++pos_;
+      } else if ((c == '+' || c == '-') && (text_[pos_ - 1] == 'e' || text_[pos_ - 1] == 'E')) {
+        ++pos_;
+      } else {
+        break;
+      }
+    }
+    const std::string_view s = text_.substr(begin, pos_ - begin);
+    double v = 0.0;
+    const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v,
+                                           std::chars_format::general);
+    if (ec == std::errc::result_out_of_range)
+      src_.fail(t.loc, fmt::format("the number '{}' is out of range", s));
+    if (ec != std::errc() || ptr != s.data() + s.size())
+      src_.fail(t.loc, fmt::format("malformed number '{}'", s));
+    t.kind = TokenKind::number;
+    t.number = v;
+  }
+
+  const SourceFile& src_;
+  std::string_view text_;
+  size_t pos_ = 0;
+  size_t line_start_ = 0;
+  int line_ = 1;
+};
+
+}  // namespace
+
+std::vector<Token> tokenize(const SourceFile& source) { return Lexer(source).run(); }
+
+}  // namespace evtc::frontend
