@@ -80,12 +80,14 @@ Command add_explain_command(CLI::App& app) {
   auto args = std::make_shared<ExplainArgs>();
   sub->add_option("expression", args->expression,
                   "the expression, or a file holding one (see docs/expressions.md)")
+      ->type_name("EXPR_OR_FILE")
       ->required();
   CLI::Option* json = sub->add_flag("--json", args->json, "print the graph as JSON");
   CLI::Option* passes = sub->add_flag(
       "--passes", args->passes, "run the pass pipeline, printing the IR after every pass");
   CLI::Option* pass =
-      sub->add_option("--pass", args->pass, "run the one pass NAME and print its result");
+      sub->add_option("--pass", args->pass, "run the one pass NAME and print its result")
+          ->type_name("NAME");
   sub->add_option("--dtype", args->dtype,
                   "dtype of operands and [m,n] outputs the expression does not declare")
       ->check(CLI::Validator(

@@ -43,7 +43,13 @@ struct Expr {
   BinaryOp op = BinaryOp::add;  // binary
   std::vector<Argument> args;   // call arguments; operands of unary and binary expressions
   Loc close;                    // call: the closing ')'
+  int height = 1;               // 1 + the largest height of its arguments
 };
+
+// How deep an expression may nest (parentheses, calls, operators) or its tree grow. Far
+// beyond any real epilogue; the limit keeps the recursive parser and lowering within a
+// small stack whatever the input.
+inline constexpr int kMaxExpressionDepth = 256;
 
 enum class StatementKind {
   input,   // input NAME[dims]: dtype [ptr] [col_major]

@@ -7,7 +7,7 @@
 namespace evtc::frontend {
 namespace {
 
-// Counts an open parenthesis or bracket for as long as it is open.
+// Adds one to a depth counter for as long as it lives (an open parenthesis, a recursion).
 class Nesting {
  public:
   explicit Nesting(int& depth) : depth_(depth) { ++depth_; }
@@ -25,6 +25,12 @@ std::string describe(const Token& t) {
     case TokenKind::end: return "the end of the input";
     default: return fmt::format("'{}'", t.text);
   }
+}
+
+std::string too_deep() {
+  return fmt::format("the expression nests more than {} levels deep; split it into named "
+                     "intermediates",
+                     kMaxExpressionDepth);
 }
 
 bool is_keyword(std::string_view s) { return s == "input" || s == "out"; }
@@ -213,8 +219,8 @@ ExprPtr Parser::parse_expr(const std::string& context) {
     ExprPtr rhs = parse_term(fmt::format("after '{}'", op.text));
     ExprPtr e = make(ExprKind::binary, lhs->start, op.loc);
     e->op = op.text == "+" ? BinaryOp::add : BinaryOp::sub;
-    e->args.push_back({{}, {}, std::move(lhs)});
-    e->args.push_back({{}, {}, std::move(rhs)});
+    add_arg(*e, {{}, {}, std::move(lhs)});
+    add_arg(*e, {{}, {}, std::move(rhs)});
     lhs = std::move(e);
   }
   return lhs;
@@ -227,14 +233,17 @@ ExprPtr Parser::parse_term(const std::string& context) {
     ExprPtr rhs = parse_unary(fmt::format("after '{}'", op.text));
     ExprPtr e = make(ExprKind::binary, lhs->start, op.loc);
     e->op = op.text == "*" ? BinaryOp::mul : BinaryOp::div;
-    e->args.push_back({{}, {}, std::move(lhs)});
-    e->args.push_back({{}, {}, std::move(rhs)});
+    add_arg(*e, {{}, {}, std::move(lhs)});
+    add_arg(*e, {{}, {}, std::move(rhs)});
     lhs = std::move(e);
   }
   return lhs;
 }
 
 ExprPtr Parser::parse_unary(const std::string& context) {
+  if (recursion_ >= kMaxExpressionDepth)
+    src_.fail(peek().loc, too_deep());
+  Nesting recursion(recursion_);
   if (!peek().is("-") && !peek().is("+")) return parse_power(context);
   const Token& op = advance();
   // `-7` is the constant -7, but `-2 ** 2` is -(2 ** 2): ** binds tighter than unary minus.
@@ -252,7 +261,7 @@ ExprPtr Parser::parse_unary(const std::string& context) {
     return operand;
   }
   ExprPtr e = make(ExprKind::unary, op.loc, op.loc);
-  e->args.push_back({{}, {}, std::move(operand)});
+  add_arg(*e, {{}, {}, std::move(operand)});
   return e;
 }
 
@@ -263,8 +272,8 @@ ExprPtr Parser::parse_power(const std::string& context) {
   ExprPtr exponent = parse_unary("after '**'");
   ExprPtr e = make(ExprKind::binary, base->start, op.loc);
   e->op = BinaryOp::pow;
-  e->args.push_back({{}, {}, std::move(base)});
-  e->args.push_back({{}, {}, std::move(exponent)});
+  add_arg(*e, {{}, {}, std::move(base)});
+  add_arg(*e, {{}, {}, std::move(exponent)});
   return e;
 }
 
@@ -307,6 +316,13 @@ ExprPtr Parser::parse_primary(const std::string& context) {
   expected(context.empty() ? std::string("an expression") : "an expression " + context);
 }
 
+void Parser::add_arg(Expr& e, Argument a) {
+  e.height = std::max(e.height, a.value->height + 1);
+  if (e.height > kMaxExpressionDepth)
+    src_.fail(e.loc, too_deep());
+  e.args.push_back(std::move(a));
+}
+
 ExprPtr Parser::parse_call(const Token& name) {
   advance();  // (
   Nesting nest(depth_);
@@ -324,7 +340,7 @@ ExprPtr Parser::parse_call(const Token& name) {
       a.value = parse_expr(a.keyword.empty()
                                ? fmt::format("as argument {} of {}", e->args.size() + 1, name.text)
                                : fmt::format("after '{}='", a.keyword));
-      e->args.push_back(std::move(a));
+      add_arg(*e, std::move(a));
       if (!accept(",")) break;
     }
   }

@@ -58,12 +58,15 @@ class Parser {
   ExprPtr parse_power(const std::string& context);
   ExprPtr parse_primary(const std::string& context);
   ExprPtr parse_call(const Token& name);
+  // Attaches an operand or argument to e, keeping e->height up to date and bounded.
+  void add_arg(Expr& e, Argument a);
   Shape parse_dims(std::string_view name);
 
   const SourceFile& src_;
   std::vector<Token> tokens_;
   size_t pos_ = 0;
-  int depth_ = 0;   // open parentheses and brackets: newlines inside them are skipped
+  int depth_ = 0;      // open parentheses and brackets: newlines inside them are skipped
+  int recursion_ = 0;  // nested parse_unary calls, which every recursive path goes through
   Loc last_end_;    // just past the last consumed token
   bool consumed_any_ = false;
 };

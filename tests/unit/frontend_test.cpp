@@ -178,6 +178,28 @@ TEST(Expression, NumberSpellings) {
               auto acc = g.accum();
               g.store("D", acc * 0.5 + acc * 0.5 + acc * 0.5 + acc * 0.5, DType::bf16);
             }));
+  EXPECT_EQ(parsed("out D = acc * 2. + 2.5E+4"), built([](Graph& g) {
+              g.store("D", g.accum() * 2.0 + 2.5e4, DType::bf16);
+            }));
+}
+
+// The C++ equivalent given in docs/expressions.md.
+TEST(Expression, DocumentedBuilderEquivalent) {
+  const Graph parsed_graph = parse_expression(
+      "input C: f16\n"
+      "f = alpha * acc + beta * C\n"
+      "out pre: bf16 = f\n"
+      "out D: bf16 = gelu_tanh(f)\n"
+      "out d_amax = amax(D)\n");
+  evtc::Graph g;
+  auto acc = g.accum();
+  auto f = g.param("alpha") * acc + g.param("beta") * g.source(evtc::DType::f16);
+  g.store("pre", f, evtc::DType::bf16);
+  auto d = evtc::gelu_tanh(f);
+  g.store("D", d, evtc::DType::bf16);
+  g.store("d_amax", g.reduce(evtc::ReduceAxis::all, evtc::ReduceOp::amax, d), evtc::DType::f32);
+  EXPECT_EQ(print(parsed_graph), print(g));
+  EXPECT_EQ(graph_hash(parsed_graph), graph_hash(g));
 }
 
 TEST(Expression, W7BceLoss) {
@@ -632,6 +654,31 @@ TEST(Diagnostics, NameTheFileAndCarryTheLocation) {
     EXPECT_EQ(e.column(), 15);
     EXPECT_EQ(std::string(e.what()).rfind("epilogue.evt:2:15: error: ", 0), 0u) << e.what();
   }
+}
+
+TEST(Diagnostics, DeepNestingIsRejectedNotOverflowed) {
+  const std::string parens = "out D = " + std::string(1000, '(') + "acc" + std::string(1000, ')');
+  const std::string chain = [] {
+    std::string s = "out D = acc";
+    for (int i = 0; i < 1000; ++i) s += " + acc";
+    return s;
+  }();
+  const std::string minus = "out D = " + std::string(1000, '-') + "acc";
+  for (const std::string& source : {parens, chain, minus}) {
+    try {
+      parse_expression(source);
+      ADD_FAILURE() << "accepted " << source.substr(0, 40);
+    } catch (const ParseError& e) {
+      EXPECT_NE(std::string(e.what()).find(
+                    "error: the expression nests more than 256 levels deep; split it into named "
+                    "intermediates"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  std::string ok = "out D = acc";
+  for (int i = 0; i < 200; ++i) ok += " + acc";
+  EXPECT_NO_THROW(parse_expression(ok));
 }
 
 TEST(Diagnostics, AreUserErrors) {
