@@ -33,13 +33,18 @@ Op binary_op(BinaryOp op) {
 // "leaky_relu takes 1 argument and an optional parameter (alpha)".
 std::string op_takes(const OpInfo& info, bool also_reduction) {
   if (also_reduction)
-    return fmt::format("{0} takes 1 argument (a reduction over the whole matrix) or 2 (the "
-                       "elementwise {1}imum)",
-                       info.name, info.name);
+    return fmt::format("{} takes 1 argument (a reduction over the whole matrix) or 2 (the "
+                       "elementwise {})",
+                       info.name, info.op == Op::max ? "maximum" : "minimum");
   std::string s = fmt::format("{} takes {} argument{}", info.name, info.arity,
                               info.arity == 1 ? "" : "s");
-  if (info.num_attrs == 1) s += fmt::format(" and an optional parameter ({})", info.attr_names[0]);
-  return s;
+  if (info.num_attrs == 0) return s;
+  std::string names;
+  for (int k = 0; k < info.num_attrs; ++k)
+    names += fmt::format("{}{}", k ? ", " : "", info.attr_names[k]);
+  return s + fmt::format(" and {} ({})",
+                         info.num_attrs == 1 ? "an optional parameter" : "optional parameters",
+                         names);
 }
 
 }  // namespace
