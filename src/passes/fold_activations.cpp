@@ -5,6 +5,7 @@
 #include <map>
 
 #include "evtc/error.hpp"
+#include "passes/eliminate_common_subexpressions.h"
 #include "passes/expression_pattern.h"
 #include "passes/graph_rewriter.h"
 
@@ -148,7 +149,7 @@ std::vector<ActivationRuleInfo> activation_rules() {
   return out;
 }
 
-Graph fold_activations(const Graph& g, const PipelineOptions&) {
+Graph fold_activations(const Graph& g, const PipelineOptions& options) {
   // Repeats until nothing matches, since one fold can complete another pattern
   // (max(x,0) -> relu makes relu(x)*relu(x) a relu_square). Every fold removes at least one
   // node or turns a max into a relu that no entry matches again, so this terminates.
@@ -157,7 +158,7 @@ Graph fold_activations(const Graph& g, const PipelineOptions&) {
     EVTC_INTERNAL_ASSERT(round <= g.size(), "fold_activations does not converge");
     const auto folds = find_folds(current);
     if (folds.empty()) return current;
-    current = rewrite_graph(current, [&](GraphRewriter& rw, NodeId id, Node n) {
+    const Graph folded = rewrite_graph(current, [&](GraphRewriter& rw, NodeId id, Node n) {
       auto it = folds.find(id);
       if (it == folds.end()) return rw.add(std::move(n));
       const Fold& f = it->second;
@@ -165,6 +166,10 @@ Graph fold_activations(const Graph& g, const PipelineOptions&) {
       for (int slot : f.rule->operand_slots) operands.push_back(rw.image(*f.match.captures[slot]));
       return rw.compute(f.rule->native, std::move(operands), n.dtype);
     });
+    // Two spellings of one activation over the same x fold to two equal nodes: merge them,
+    // so the output holds each value once (as CSE left the input) and the next round's
+    // patterns see one x.
+    current = eliminate_common_subexpressions(folded, options);
   }
 }
 

@@ -9,7 +9,8 @@
 // written: folding would compute that part twice. Only decompositions computed in f32 are
 // folded (in bf16 or f16 each step rounds, and eager mode keeps what the user wrote).
 // Matching is commutativity-aware and compares constants with a relative tolerance of 1e-4
-// (expression_pattern.h).
+// (expression_pattern.h). Folds that produce equal nodes (x/(1+exp(-x)) and x*sigmoid(x)
+// over one x) are merged, so the output has no common subexpressions its input lacked.
 // Values are unchanged up to the native op's own rounding, except that relu and relu_square
 // map NaN to 0 where max(x, 0) propagates it (docs/passes.md).
 #pragma once

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "passes/graph_rewriter.h"
+#include "passes/normalize_casts.h"
 
 namespace evtc::passes {
 namespace {
@@ -21,8 +22,12 @@ class ConstantFolder {
   NodeId fold(Node n) {
     if (n.kind == NodeKind::cast) {
       if (auto c = constant_value(n.inputs[0])) return folded(round_to(n.dtype, *c), n.dtype);
+      // Identities can leave casts that change no value (cast(x*1, bf16) with x bf16);
+      // removing them here too keeps the pipeline from needing normalize_casts again.
+      if (auto in = value_preserving_cast_operand(rw_.built(), n)) return *in;
       return rw_.add(std::move(n));
     }
+    if (n.kind == NodeKind::store) return rw_.add(store_without_same_rounding(rw_.built(), std::move(n)));
     if (n.kind != NodeKind::compute) return rw_.add(std::move(n));
     if (auto v = evaluate(n)) return folded(*v, n.dtype);
     if (auto x = identity_operand(n)) return *x;

@@ -1,13 +1,15 @@
 // The pass pipeline: one list, in order. Why this order:
 //  verify first, so every later pass may assume a well-formed epilogue;
+//  normalize_casts next: removing no-op casts (and, in fast mode, every cast, computing in
+//    f32 throughout) exposes constants to fold, duplicates to merge and activation patterns
+//    such as x*sigmoid(x) that a cast between the two hid, while the casts eager mode keeps
+//    still stop a fold across a rounding;
 //  fold_constants before CSE, so constants that fold to the same value merge;
 //  CSE before activation folding, whose patterns need `x` to be one node;
 //  DCE before activation folding, whose folds need intermediates used only by the pattern;
-//  normalize_casts before activation folding: removing no-op casts (and, in fast mode, all
-//    casts) exposes patterns such as x*sigmoid(x) that a cast between the two hid, while
-//    the casts eager mode keeps still stop a fold across a rounding;
 //  classify_loads late, so its vectors and scalars are what the backend sees;
 //  legality last, on the graph the backend receives.
+// No pass leaves work for an earlier one, so running the pipeline twice changes nothing.
 #include <fmt/format.h>
 
 #include "evtc/ir_text.hpp"
@@ -27,14 +29,14 @@ namespace {
 constexpr PassInfo kPipeline[] = {
     {"verify", "the graph is a well-formed epilogue: one accumulator, outputs computed from it",
      passes::verify},
+    {"normalize_casts", "casts only where the cast mode rounds (no no-op casts)",
+     passes::normalize_casts},
     {"fold_constants", "no constant subtrees and no x*1, x+0, x-0, x/1, --x identities",
      passes::fold_constants},
     {"eliminate_common_subexpressions", "every distinct value is computed by one node",
      passes::eliminate_common_subexpressions},
     {"eliminate_dead_code", "every node and operand reaches an output",
      passes::eliminate_dead_code},
-    {"normalize_casts", "casts only where the cast mode rounds (no no-op casts)",
-     passes::normalize_casts},
     {"fold_activations", "decomposed activations are native ops (silu, gelu, clamp, ...)",
      passes::fold_activations},
     {"classify_loads", "aux operands with a view are read as scalar, vector or matrix loads",

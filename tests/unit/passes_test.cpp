@@ -50,10 +50,10 @@ TEST(PassPipeline, ListsThePassesInOrder) {
     EXPECT_FALSE(p.summary.empty()) << p.name;
     EXPECT_EQ(find_pass(p.name), &p);
   }
-  EXPECT_EQ(names, (std::vector<std::string>{"verify", "fold_constants",
+  EXPECT_EQ(names, (std::vector<std::string>{"verify", "normalize_casts", "fold_constants",
                                              "eliminate_common_subexpressions",
-                                             "eliminate_dead_code", "normalize_casts",
-                                             "fold_activations", "classify_loads", "legality"}));
+                                             "eliminate_dead_code", "fold_activations",
+                                             "classify_loads", "legality"}));
   EXPECT_EQ(find_pass("no_such_pass"), nullptr);
 }
 
@@ -67,10 +67,10 @@ TEST(PassPipeline, ObserverSeesEveryPassAndWhetherItChangedTheGraph) {
     seen.emplace_back(std::string(p.name), changed);
   });
   EXPECT_EQ(seen, (std::vector<std::pair<std::string, bool>>{{"verify", false},
+                                                             {"normalize_casts", true},
                                                              {"fold_constants", true},
                                                              {"eliminate_common_subexpressions", false},
                                                              {"eliminate_dead_code", false},
-                                                             {"normalize_casts", true},
                                                              {"fold_activations", true},
                                                              {"classify_loads", false},
                                                              {"legality", false}}));
