@@ -22,8 +22,11 @@ run: build
 test: build
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
-test-gpu: setup
-	@cmake -S . -B $(BUILD)-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DEVTC_BUILD_GPU_TESTS=ON $(CMAKE_FLAGS) > $(BUILD)-gpu.configure.log 2>&1 || (cat $(BUILD)-gpu.configure.log; exit 1)
+# On a GPU machine without network access, give the CUTLASS headers by path:
+#   make test-gpu CUTLASS_DIR=/path/to/cutlass
+test-gpu:
+	@if [ -z "$(CUTLASS_DIR)" ]; then bash scripts/setup.sh; fi
+	@cmake -S . -B $(BUILD)-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DEVTC_BUILD_GPU_TESTS=ON $(if $(CUTLASS_DIR),-DCUTLASS_DIR=$(CUTLASS_DIR)) $(CMAKE_FLAGS) > $(BUILD)-gpu.configure.log 2>&1 || (cat $(BUILD)-gpu.configure.log; exit 1)
 	@cmake --build $(BUILD)-gpu -j $(JOBS)
 	@cd $(BUILD)-gpu && ctest --output-on-failure -L gpu
 

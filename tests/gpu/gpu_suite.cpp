@@ -1,0 +1,150 @@
+#include "gpu_suite.hpp"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "evtc/expression.hpp"
+
+namespace evtc::gpu_test {
+namespace {
+
+struct SuiteKernel {
+  const char* name;
+  const char* expr;
+  DType ab;
+  Layout a_layout, b_layout;
+};
+
+// Few kernels, each testing many ops through several outputs (one CUTLASS kernel takes
+// about a minute to compile). Operands are chosen so every op sees its whole domain:
+// log/sqrt/rsqrt/pow/reciprocal get |f| + c.
+const SuiteKernel kSuite[] = {
+    {"unary_a", R"(
+input s[m]: f32
+input alpha: f32 ptr
+f = acc * s[m] + bias[n]
+out D: bf16 = relu(f) + relu_square(f) * 0.25 + sigmoid(f) + silu(f)
+out u1: bf16 = gelu(f) + gelu_tanh(f) + quick_gelu(f) + tanh(f)
+out u2: f32 = exp(-abs(f)) + log(abs(f) + 1) + neg(f) * beta + sqrt(abs(f))
+out u3: bf16 = rsqrt(abs(f) + 0.5) + square(f) + reciprocal(abs(f) + 0.5) + erf(f) * alpha
+)",
+     DType::bf16, Layout::row_major, Layout::col_major},
+    {"ops_b", R"(
+input C: f16
+input res[m,n]: f16
+input bias[n]: f16
+input s[m]: f16
+f = acc + C
+out D: f16 = softplus(f) + hardswish(f) + mish(f) + leaky_relu(f, 0.2)
+out b1: f16 = max(f, res[m,n]) + min(f, 0.5) - f / (abs(res[m,n]) + 1) + pow(abs(f) + 0.5, 1.5)
+out b2: f32 = clamp(f, -1, 1) + where(relu(res[m,n]), f, -f) + fma(f, bias[n], s[m])
+)",
+     DType::f16, Layout::col_major, Layout::row_major},
+    {"w1_f32_out", "out D: f32 = silu(acc + bias[n])", DType::bf16, Layout::col_major,
+     Layout::col_major},
+    {"w1", "out D: bf16 = silu(acc + bias[n])", DType::bf16, Layout::row_major, Layout::row_major},
+    {"reductions", R"(
+input s[m]: f32
+f = acc * s[m]
+out D: bf16 = f
+out rs = row_sum(f)
+out rmx = row_max(f)
+out rmn = row_min(f)
+out ra = row_amax(f)
+out cs = col_sum(f)
+out cmx = col_max(f)
+out cmn = col_min(f)
+out ca = col_amax(f)
+out ts = sum(f)
+out tmx = max(f)
+out tmn = min(f)
+out ta = amax(f)
+)",
+     DType::bf16, Layout::row_major, Layout::row_major},
+    {"bce_loss", R"(
+f = acc + bias[n]
+out loss = sum((C - 1) * f + log(clamp(sigmoid(f), 1e-3, 0.999)))
+)",
+     DType::bf16, Layout::row_major, Layout::col_major},
+};
+
+std::map<std::string, std::unique_ptr<Kernel>>& kernels() {
+  static std::map<std::string, std::unique_ptr<Kernel>> k;
+  return k;
+}
+
+class SuiteEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0)
+      GTEST_FAIL() << "the GPU suite needs a CUDA device";
+    cudaDeviceProp prop{};
+    cudaGetDeviceProperties(&prop, 0);
+    fmt::print("device: {} (sm_{}{})\n", prop.name, prop.major, prop.minor);
+    for (const SuiteKernel& s : kSuite) {
+      CompileOptions o;
+      o.gemm.a_dtype = o.gemm.b_dtype = s.ab;
+      o.gemm.a_layout = s.a_layout;
+      o.gemm.b_layout = s.b_layout;
+      ParseOptions p;
+      p.operand_dtype = p.output_dtype = s.ab;
+      kernels()[s.name] = std::make_unique<Kernel>(parse_expression(s.expr, p), o);
+    }
+    // Compile every fused kernel at once: each is one single-threaded nvcc.
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::jthread> threads;
+    std::vector<std::string> errors(kernels().size());
+    size_t i = 0;
+    for (auto& [name, k] : kernels()) {
+      threads.emplace_back([&, idx = i, kp = k.get(), n = name] {
+        try {
+          kp->compile();
+          kp->compile_fallback();
+        } catch (const std::exception& e) {
+          errors[idx] = n + ": " + e.what();
+        }
+      });
+      ++i;
+    }
+    threads.clear();
+    fmt::print("compiled {} kernels in {:.1f} s\n", kernels().size(),
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    for (const auto& e : errors)
+      if (!e.empty()) fmt::print(stderr, "compile failure: {}\n", e);
+  }
+};
+
+const auto* const kEnvironment = ::testing::AddGlobalTestEnvironment(new SuiteEnvironment);
+
+}  // namespace
+
+Kernel& kernel(const std::string& name) { return *kernels().at(name); }
+
+void expect_matches_reference(const Kernel& k, int64_t m, int64_t n, int64_t kk, uint64_t seed,
+                              ExecutionPath expected_path, cudaStream_t stream) {
+  const GemmDesc& g = k.options().gemm;
+  const ReferenceInputs inputs = random_reference_inputs(k.graph(), m, n, kk, g.a_dtype, g.b_dtype, seed);
+  runtime::DeviceProblem problem(k, inputs);
+  problem.poison_outputs(stream);
+  const ExecutionPath path = k.run(problem.arguments(), stream);
+  EXPECT_EQ(path, expected_path) << (path == ExecutionPath::fused ? "ran fused" : "ran the fallback");
+  const ReferenceOutputs got = problem.read_outputs(stream);
+  const ReferenceOutputs want = evaluate_reference(k.graph(), inputs);
+  for (const auto& c : runtime::check_outputs(k, got, want))
+    EXPECT_TRUE(c.comparison.pass) << "output " << c.name << ": " << c.comparison.describe();
+}
+
+}  // namespace evtc::gpu_test
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
