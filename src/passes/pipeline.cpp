@@ -10,8 +10,6 @@
 //  classify_loads late, so its vectors and scalars are what the backend sees;
 //  legality last, on the graph the backend receives.
 // No pass leaves work for an earlier one, so running the pipeline twice changes nothing.
-#include <fmt/format.h>
-
 #include "evtc/ir_text.hpp"
 #include "evtc/passes.hpp"
 #include "passes/classify_loads.h"

@@ -4,12 +4,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 
 #include "evtc/error.hpp"
 #include "evtc/graph.hpp"
 #include "evtc/ir_text.hpp"
 #include "evtc/passes.hpp"
+#include "passes/fold_activations.h"
 
 using namespace evtc;
 
@@ -477,4 +480,21 @@ TEST(PassPlanDag, LoadsAreNeverSharedAndDeadUsesDoNotCount) {
   (void)(e * 2.0);  // dead: e still has one live use
   const DagPlan plan = plan_dag(g);
   for (auto v : {acc, s, c, aux, e}) EXPECT_FALSE(plan.shared[v.id]) << g.describe(v.id);
+}
+
+// --- the activation table ------------------------------------------------------------------
+
+TEST(PassFoldActivations, EveryTableEntryHasAGoldenCase) {
+  std::string expected;
+  const auto dir = std::filesystem::path(EVTC_TEST_DATA_DIR) / "golden/passes/fold_activations";
+  for (const auto& f : std::filesystem::directory_iterator(dir))
+    if (f.path().extension() == ".expected") {
+      std::ifstream in(f.path());
+      expected += std::string(std::istreambuf_iterator<char>(in), {});
+    }
+  for (const passes::ActivationRuleInfo& rule : passes::activation_rules()) {
+    const std::string op = " = " + std::string(op_info(rule.native).name) + " %";
+    EXPECT_NE(expected.find(op), std::string::npos)
+        << "no golden case folds '" << rule.spelling << "' into " << op_info(rule.native).name;
+  }
 }
