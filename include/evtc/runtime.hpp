@@ -90,8 +90,8 @@ class Kernel {
   Kernel(Kernel&&) noexcept;
   Kernel& operator=(Kernel&&) noexcept;
 
-  // Compiles (or loads from the cache) the fused kernel now instead of at the first call.
-  // Throws if it cannot be compiled.
+  // Compiles the fused kernel now (or finds it in the disk cache) instead of at the first
+  // call; needs no GPU. Throws if it cannot be compiled.
   void compile();
   // Compiles (or loads) the unfused fallback epilogue now; returns its library path.
   std::string compile_fallback();

@@ -114,12 +114,11 @@ std::string first_errors(const std::string& log, size_t max_lines) {
   return out;
 }
 
-std::shared_ptr<Library> compile_into_cache(const CompileRequest& req, const std::string& key) {
+std::string compile_into_cache(const CompileRequest& req, const std::string& key) {
   const Toolchain& tc = toolchain(req.needs_cutlass);
   const fs::path root = cache_dir();
   const fs::path final_dir = root / "kernels" / key;
-  if (fs::exists(final_dir / "kernel.so"))
-    return std::make_shared<Library>((final_dir / "kernel.so").string(), key);
+  if (fs::exists(final_dir / "kernel.so")) return (final_dir / "kernel.so").string();
 
   fs::create_directories(root / "tmp");
   std::random_device rd;
@@ -162,7 +161,7 @@ std::shared_ptr<Library> compile_into_cache(const CompileRequest& req, const std
     if (!fs::exists(final_dir / "kernel.so"))
       throw RuntimeError(fmt::format("cannot move the compiled kernel into {}", final_dir.string()));
   }
-  return std::make_shared<Library>((final_dir / "kernel.so").string(), key);
+  return (final_dir / "kernel.so").string();
 }
 
 }  // namespace
@@ -199,29 +198,39 @@ std::string cache_key(const CompileRequest& req) {
   return fmt::format("{:016x}", XXH3_64bits(material.data(), material.size()));
 }
 
-std::shared_ptr<Library> load_or_compile(const CompileRequest& req) {
+std::string compile_cached(const CompileRequest& req) {
   static std::mutex mu;
-  static std::map<std::string, std::shared_future<std::shared_ptr<Library>>> loaded;
+  static std::map<std::string, std::shared_future<std::string>> compiling;
   const std::string key = cache_key(req);
-  std::promise<std::shared_ptr<Library>> promise;
-  std::shared_future<std::shared_ptr<Library>> pending;
+  std::promise<std::string> promise;
+  std::shared_future<std::string> pending;
   {
     std::lock_guard lock(mu);
-    auto it = loaded.find(key);
-    if (it != loaded.end()) pending = it->second;
-    else loaded.emplace(key, promise.get_future().share());
+    auto it = compiling.find(key);
+    if (it != compiling.end()) pending = it->second;
+    else compiling.emplace(key, promise.get_future().share());
   }
-  if (pending.valid()) return pending.get();  // loaded, or being compiled by another thread
+  if (pending.valid()) return pending.get();  // compiled, or being compiled by another thread
   try {
-    auto lib = compile_into_cache(req, key);
-    promise.set_value(lib);
-    return lib;
+    std::string path = compile_into_cache(req, key);
+    promise.set_value(path);
+    return path;
   } catch (...) {
     promise.set_exception(std::current_exception());
     std::lock_guard lock(mu);
-    loaded.erase(key);  // a later call may try again (e.g. after fixing the environment)
+    compiling.erase(key);  // a later call may try again (e.g. after fixing the environment)
     throw;
   }
+}
+
+std::shared_ptr<Library> load_or_compile(const CompileRequest& req) {
+  const std::string path = compile_cached(req);
+  static std::mutex mu;
+  static std::map<std::string, std::shared_ptr<Library>> loaded;
+  std::lock_guard lock(mu);
+  auto& lib = loaded[path];
+  if (!lib) lib = std::make_shared<Library>(path, cache_key(req));
+  return lib;
 }
 
 CacheStats cache_stats() {

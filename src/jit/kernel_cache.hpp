@@ -40,8 +40,10 @@ struct CompileRequest {
   int sm = 90;
 };
 
-// Returns the loaded library for the request, compiling it if no cache has it.
-// Thread-safe: concurrent requests for one key compile it once.
+// Returns the path of the compiled library for the request, compiling it if the disk cache
+// does not have it. Needs no GPU. Thread-safe: concurrent requests for one key compile it once.
+std::string compile_cached(const CompileRequest& request);
+// compile_cached, then loads the library (once per process and key).
 std::shared_ptr<Library> load_or_compile(const CompileRequest& request);
 
 // The cache key a request maps to (16 hex digits).

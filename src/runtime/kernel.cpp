@@ -72,6 +72,7 @@ struct Kernel::Impl {
   KernelConfig config;
   mutable std::mutex mu;
   mutable std::shared_ptr<jit::Library> fused;
+  mutable std::string fused_path;
   mutable std::string fused_error;  // compile failure, kept so it is reported once
   mutable std::shared_ptr<jit::Library> fallback;
   mutable std::set<std::string> logged;
@@ -82,21 +83,25 @@ struct Kernel::Impl {
       fmt::print(stderr, "evtc: running unfused (cuBLASLt + plain epilogue): {}\n", reason);
   }
 
+  jit::CompileRequest fused_request() const {
+    return {sm90::emit_kernel(graph, options.gemm, config).source, config.name(), true, 90};
+  }
+
   std::shared_ptr<jit::Library> fused_library() const {
     {
       std::lock_guard lock(mu);
       if (fused) return fused;
       if (!fused_error.empty()) throw RuntimeError(fused_error);
     }
-    sm90::EmittedKernel k = sm90::emit_kernel(graph, options.gemm, config);
     try {
-      auto lib = jit::load_or_compile({k.source, config.name(), true, 90});
+      auto lib = jit::load_or_compile(fused_request());
       auto version = reinterpret_cast<evtc_abi_version_fn>(lib->symbol("evtc_abi_version"));
       if (version() != EVTC_ABI_VERSION)
         throw RuntimeError(fmt::format("{} has ABI version {}, expected {}", lib->path(), version(),
                                        EVTC_ABI_VERSION));
       std::lock_guard lock(mu);
       fused = lib;
+      fused_path = lib->path();
       return lib;
     } catch (const RuntimeError& e) {
       std::lock_guard lock(mu);
@@ -139,12 +144,19 @@ const CompileOptions& Kernel::options() const { return impl_->options; }
 
 std::string Kernel::library_path() const {
   std::lock_guard lock(impl_->mu);
-  return impl_->fused ? impl_->fused->path() : std::string();
+  return impl_->fused_path;
 }
 
-void Kernel::compile() { impl_->fused_library(); }
+void Kernel::compile() {
+  const std::string path = jit::compile_cached(impl_->fused_request());
+  std::lock_guard lock(impl_->mu);
+  impl_->fused_path = path;
+}
 
-std::string Kernel::compile_fallback() { return impl_->fallback_library()->path(); }
+std::string Kernel::compile_fallback() {
+  return jit::compile_cached({cuda::emit_fallback_kernel(impl_->graph, impl_->signature),
+                              "plain epilogue", false, 90});
+}
 
 std::string Kernel::fallback_reason(int64_t m, int64_t n, int64_t k) const {
   if (impl_->options.disable_fusion || env_flag("EVTC_DISABLE"))
