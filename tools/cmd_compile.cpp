@@ -55,7 +55,7 @@ Command add_compile_command(CLI::App& app) {
             }
             auto t0 = std::chrono::steady_clock::now();
             kernel.compile();
-            fmt::print("fused kernel: {} ({:.1f} s)\n", kernel.library_path(),
+            fmt::print("fused kernel: {} ({:.3f} s)\n", kernel.library_path(),
                        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
             if (a->fallback) {
               t0 = std::chrono::steady_clock::now();

@@ -8,7 +8,10 @@ namespace evtc {
 namespace {
 
 constexpr int kAccessBytes = 16;  // TMA and vectorised epilogue accesses move 16 bytes
-constexpr size_t kMaxOutputs = 8;
+// [m,n] outputs each stage their tiles in shared memory (TMA stores); reductions need none
+// beyond a few registers, so they are counted apart.
+constexpr size_t kMaxMatrixOutputs = 8;
+constexpr size_t kMaxReductions = 16;
 constexpr int kSupportedSm = 90;
 
 int elements_per_access(DType t) { return kAccessBytes / dtype_bytes(t); }
@@ -101,9 +104,15 @@ class LegalityChecker {
   }
 
   void check_epilogue(const std::map<std::string, OperandView>& views) {
-    if (g_.outputs().size() > kMaxOutputs)
-      refuse(fmt::format("the epilogue has {} outputs; at most {} can be fused",
-                         g_.outputs().size(), kMaxOutputs));
+    size_t matrices = 0, reductions = 0;
+    for (NodeId id : g_.outputs())
+      ++(g_.node(g_.node(id).inputs[0]).kind == NodeKind::reduce ? reductions : matrices);
+    if (matrices > kMaxMatrixOutputs)
+      refuse(fmt::format("the epilogue has {} [m,n] outputs; at most {} can be fused",
+                         matrices, kMaxMatrixOutputs));
+    if (reductions > kMaxReductions)
+      refuse(fmt::format("the epilogue has {} reduction outputs; at most {} can be fused",
+                         reductions, kMaxReductions));
     // Canonical order, so the reasons do not depend on the order the graph was built in.
     for (NodeId id : canonical_order(g_)) {
       const Node& n = g_.node(id);

@@ -210,12 +210,23 @@ TEST(PassLegality, MatrixOperandsNeedAlignedRowsOrColumns) {
                      "N=1000 is not a multiple of 16 (f8e5m2 source C needs 16-byte rows)"}));
 }
 
+TEST(PassLegality, AtMostSixteenReductions) {
+  Graph g;
+  auto acc = g.accum();
+  g.store("D", acc, DType::bf16);
+  for (int i = 0; i < 17; ++i)
+    g.store("r" + std::to_string(i), g.reduce(ReduceAxis::row, ReduceOp::sum, acc * double(i + 1)),
+            DType::f32);
+  EXPECT_EQ(reasons(g, aligned_gemm()),
+            (Reasons{"the epilogue has 17 reduction outputs; at most 16 can be fused"}));
+}
+
 TEST(PassLegality, AtMostEightOutputs) {
   Graph g;
   auto acc = g.accum();
   for (int i = 0; i < 9; ++i) g.store("out" + std::to_string(i), acc * double(i), DType::bf16);
   EXPECT_EQ(reasons(g, aligned_gemm()),
-            (Reasons{"the epilogue has 9 outputs; at most 8 can be fused"}));
+            (Reasons{"the epilogue has 9 [m,n] outputs; at most 8 can be fused"}));
   Graph eight;
   auto acc8 = eight.accum();
   for (int i = 0; i < 8; ++i) eight.store("out" + std::to_string(i), acc8 * double(i), DType::bf16);

@@ -73,11 +73,14 @@ struct Map3<F, cutlass::Array<E, N>> {
 #undef EVTC_TERNARY_FN
 
 // leaky_relu carries its slope as a kernel argument (Sm90Compute passes Arguments last).
+// One Arguments type for every T: Sm90Compute takes it from LeakyRelu<float> and passes it
+// to LeakyRelu<Array<float, N>>.
+struct LeakyReluArguments {
+  float alpha = 0.01f;
+};
 template <class T>
 struct LeakyRelu {
-  struct Arguments {
-    float alpha = 0.01f;
-  };
+  using Arguments = LeakyReluArguments;
   CUTLASS_HOST_DEVICE T operator()(T const& x, Arguments const& args) const {
     if constexpr (cutlass::platform::is_same<T, float>::value) {
       return LeakyReluFn{}(x, args.alpha);
