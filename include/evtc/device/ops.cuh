@@ -1,6 +1,5 @@
 // CUTLASS-facing device functors for evtc's ops: the scalar forms of math.cuh lifted to
-// cutlass::Array, as Sm90Compute instantiates them (T = cutlass::Array<float, N>), plus the
-// reduction helpers the generated epilogues use.
+// cutlass::Array, as Sm90Compute instantiates them (T = cutlass::Array<float, N>).
 #pragma once
 
 #include <cutlass/array.h>
@@ -94,34 +93,3 @@ struct LeakyRelu {
 };
 
 }  // namespace evtc::device
-
-// --- reductions ---------------------------------------------------------------------------
-
-namespace evtc::device {
-
-// Atomic float minimum for whole-matrix min reductions (CUTLASS ships only add and max).
-// Same ordering trick as cutlass::atomic_maximum<float>: for non-negative floats the int
-// order is the float order; for negative ones the unsigned order is reversed.
-template <class T>
-struct AtomicMinimum;
-
-template <>
-struct AtomicMinimum<float> {
-  CUTLASS_DEVICE float operator()(float* ptr, float value) const {
-#if defined(__CUDA_ARCH__)
-    return !::signbit(value) ? __int_as_float(atomicMin(reinterpret_cast<int*>(ptr), __float_as_int(value)))
-                             : __uint_as_float(atomicMax(reinterpret_cast<unsigned int*>(ptr),
-                                                         __float_as_uint(value)));
-#else
-    (void)ptr;
-    return value;
-#endif
-  }
-};
-
-}  // namespace evtc::device
-
-namespace cutlass {
-template <class T>
-struct is_atomic<evtc::device::AtomicMinimum<T>> : platform::true_type {};
-}  // namespace cutlass

@@ -185,34 +185,44 @@ class Sm90Emitter {
     return {type, fmt::format("typename {}::Arguments{{{}, {}}}", type, ptr(s.name, e, false),
                               mn_stride_value(s.layout))};
   }
-  // A reduction output. Row/column reductions reduce across CTAs through a workspace in a
-  // fixed order (deterministic); whole-matrix reductions use atomics (see docs/reductions.md).
+  // A reduction output. Every reduction is deterministic: row and column reductions combine
+  // CTAs' partial results through CUTLASS's workspace in a fixed order (no atomics), and
+  // whole-matrix ones go through row partials and a final fixed-order kernel.
   Visitor emit_reduce(const Node& r, const Node& s) {
     const std::string e = cutlass_type(s.dtype);
-    std::string reg, gmem, identity;
+    std::string reg, identity;
     switch (r.reduce_op) {
-      case ReduceOp::sum: reg = "cutlass::plus"; gmem = "cutlass::atomic_add"; identity = "0.0f"; break;
+      case ReduceOp::sum: reg = "cutlass::plus"; identity = "0.0f"; break;
       case ReduceOp::max:
-        reg = "cutlass::maximum"; gmem = "cutlass::atomic_maximum";
-        identity = "(-cutlass::platform::numeric_limits<float>::infinity())"; break;
+        reg = "cutlass::maximum";
+        identity = "(-cutlass::platform::numeric_limits<float>::infinity())";
+        break;
       case ReduceOp::min:
-        reg = "cutlass::minimum"; gmem = "evtc::device::AtomicMinimum";
-        identity = "cutlass::platform::numeric_limits<float>::infinity()"; break;
+        reg = "cutlass::minimum";
+        identity = "cutlass::platform::numeric_limits<float>::infinity()";
+        break;
       case ReduceOp::amax:
         // amax(x) = max(|x|): the |x| is its own compute node, emitted by the caller.
-        reg = "cutlass::maximum"; gmem = "cutlass::atomic_maximum"; identity = "0.0f"; break;
+        reg = "cutlass::maximum"; identity = "0.0f"; break;
     }
     std::string type;
     const std::string name = fmt::format("{}_{} -> output {}", reduce_axis_name(r.axis),
                                          reduce_op_name(r.reduce_op), s.name);
     std::string stride;
     switch (r.axis) {
-      case ReduceAxis::all:
-        type = alias(fmt::format("cutlass::epilogue::fusion::Sm90ScalarReduction<{}, {}, {}, float, {}>",
-                                 reg, gmem, e, kRound),
-                     name);
-        stride = "{}";
-        break;
+      case ReduceAxis::all: {
+        // Two stages, deterministic and free of contention on one address: the fused kernel
+        // reduces each row into a scratch vector of M fp32 partials (a column reduction, in
+        // a fixed order across CTAs), then one small kernel reduces the partials.
+        type = alias(fmt::format("cutlass::epilogue::fusion::Sm90ColReduction<{0}, {0}, {0}, 0, TileShape, "
+                                 "float, float, {1}>",
+                                 reg, kRound),
+                     name + " (row partials)");
+        const size_t index = scalar_reductions_.size();
+        scalar_reductions_.push_back({ptr_slot_.at(s.name), r.reduce_op, s.dtype});
+        return {type, fmt::format("typename {}::Arguments{{scratch_partials(a, scratch, {}), {}, {{}}}}",
+                                  type, index, identity)};
+      }
       case ReduceAxis::row:  // over N -> one value per row: CUTLASS's column reduction
         type = alias(fmt::format("cutlass::epilogue::fusion::Sm90ColReduction<{0}, {0}, {0}, 0, TileShape, "
                                  "{1}, float, {2}>",
@@ -447,6 +457,12 @@ class Sm90Emitter {
   std::vector<NodeId> terminals_;
   std::string decls_;
   int next_alias_ = 0;
+  struct ScalarReduction {
+    size_t slot;
+    ReduceOp op;
+    DType dtype;
+  };
+  std::vector<ScalarReduction> scalar_reductions_;
   DType aux_element_ = DType::bf16;
 };
 
@@ -543,11 +559,59 @@ using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
                    align_c, align_d,
                    cfg_.scheduler == TileSchedulerKind::stream_k ? "cutlass::gemm::StreamKScheduler"
                                                                  : "void");
-  s += fmt::format(R"(typename Callbacks::Arguments fusion_arguments(const evtc_gemm_args& a) {{
+  // Scratch for whole-matrix reductions: M fp32 row partials each, after CUTLASS's workspace.
+  s += fmt::format(R"(constexpr int kScalarReductions = {};
+
+size_t partials_bytes(const evtc_gemm_args& a) {{
+  return (size_t(a.m) * sizeof(float) + 255) / 256 * 256;
+}}
+
+float* scratch_partials(const evtc_gemm_args& a, char* scratch, int index) {{
+  return reinterpret_cast<float*>(scratch + index * partials_bytes(a));
+}}
+
+typename Callbacks::Arguments fusion_arguments(const evtc_gemm_args& a, char* scratch) {{
+  (void)scratch;
   return {};
 }}
 )",
-                   root.args);
+                   scalar_reductions_.size(), root.args);
+  s += R"(
+// Final stage of a whole-matrix reduction: one block reduces the M row partials in a fixed
+// order and writes the scalar output.
+template <class Op, class Out>
+__global__ void reduce_partials(const float* partials, int64_t m, Out* out, float identity) {
+  __shared__ float smem[32];
+  float v = identity;
+  for (int64_t i = threadIdx.x; i < m; i += blockDim.x) v = Op{}(v, partials[i]);
+  for (int o = 16; o > 0; o /= 2) v = Op{}(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if (threadIdx.x % 32 == 0) smem[threadIdx.x / 32] = v;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    v = threadIdx.x < blockDim.x / 32 ? smem[threadIdx.x] : identity;
+    for (int o = 16; o > 0; o /= 2) v = Op{}(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if (threadIdx.x == 0) *out = Out(v);
+  }
+}
+
+struct SumOp { __device__ float operator()(float a, float b) const { return a + b; } };
+struct MaxOp { __device__ float operator()(float a, float b) const { return evtc::device::nan_max(a, b); } };
+struct MinOp { __device__ float operator()(float a, float b) const { return evtc::device::nan_min(a, b); } };
+
+void finish_scalar_reductions(const evtc_gemm_args& a, char* scratch, cudaStream_t s) {
+  (void)a; (void)scratch; (void)s;
+)";
+  for (size_t i = 0; i < scalar_reductions_.size(); ++i) {
+    const auto& r = scalar_reductions_[i];
+    const char* op = r.op == ReduceOp::sum ? "SumOp" : r.op == ReduceOp::min ? "MinOp" : "MaxOp";
+    const char* identity = r.op == ReduceOp::sum || r.op == ReduceOp::amax ? "0.0f"
+                           : r.op == ReduceOp::max ? "-cutlass::platform::numeric_limits<float>::infinity()"
+                                                   : "cutlass::platform::numeric_limits<float>::infinity()";
+    s += fmt::format("  reduce_partials<{0}, {1}><<<1, 1024, 0, s>>>(scratch_partials(a, scratch, {2}), a.m, "
+                     "static_cast<{1}*>(a.ptrs[{3}]), {4});\n",
+                     op, cutlass_type(r.dtype), i, r.slot, identity);
+  }
+  s += "}\n";
   s += R"(
 int sm_count_of_current_device() {
   int device = 0;
@@ -561,7 +625,7 @@ int sm_count_of_current_device() {
   return cached_count;
 }
 
-typename Gemm::Arguments gemm_arguments(const evtc_gemm_args& a) {
+typename Gemm::Arguments gemm_arguments(const evtc_gemm_args& a, char* scratch) {
   using StrideA = typename Gemm::GemmKernel::StrideA;
   using StrideB = typename Gemm::GemmKernel::StrideB;
   using StrideC = typename Gemm::GemmKernel::StrideC;
@@ -585,7 +649,7 @@ typename Gemm::Arguments gemm_arguments(const evtc_gemm_args& a) {
       cutlass::gemm::GemmUniversalMode::kGemm,
       {int(a.m), int(a.n), int(a.k), 1},
       {static_cast<const ElementA*>(a.a), stride_a, static_cast<const ElementB*>(a.b), stride_b},
-      {fusion_arguments(a), static_cast<const typename Gemm::GemmKernel::ElementC*>(a.c), stride_c,
+      {fusion_arguments(a, scratch), static_cast<const typename Gemm::GemmKernel::ElementC*>(a.c), stride_c,
        static_cast<typename Gemm::GemmKernel::ElementD*>(a.d), stride_d},
       hw};
   return args;
@@ -615,7 +679,7 @@ int evtc_abi_version(void) { return EVTC_ABI_VERSION; }
   s += fmt::format("const char* evtc_kernel_signature(void) {{ return \"{}\"; }}\n", escaped);
   s += R"(
 int evtc_can_implement(const evtc_gemm_args* a, char* why, size_t why_size) {
-  auto args = gemm_arguments(*a);
+  auto args = gemm_arguments(*a, nullptr);
   cutlass::Status status = Gemm::can_implement(args);
   if (status != cutlass::Status::kSuccess) {
     set_reason(why, why_size, cutlassGetStatusString(status));
@@ -625,11 +689,14 @@ int evtc_can_implement(const evtc_gemm_args* a, char* why, size_t why_size) {
 }
 
 size_t evtc_workspace_size(const evtc_gemm_args* a) {
-  return Gemm::get_workspace_size(gemm_arguments(*a));
+  const size_t gemm_bytes = (Gemm::get_workspace_size(gemm_arguments(*a, nullptr)) + 255) / 256 * 256;
+  return gemm_bytes + kScalarReductions * partials_bytes(*a);
 }
 
 int evtc_run(const evtc_gemm_args* a, void* workspace, void* stream, char* why, size_t why_size) {
-  auto args = gemm_arguments(*a);
+  const size_t gemm_bytes = (Gemm::get_workspace_size(gemm_arguments(*a, nullptr)) + 255) / 256 * 256;
+  char* scratch = static_cast<char*>(workspace) + gemm_bytes;
+  auto args = gemm_arguments(*a, scratch);
   Gemm gemm;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   cutlass::Status status = gemm.initialize(args, workspace, s);
@@ -641,6 +708,11 @@ int evtc_run(const evtc_gemm_args* a, void* workspace, void* stream, char* why, 
   if (status != cutlass::Status::kSuccess) {
     cudaError_t err = cudaGetLastError();
     set_reason(why, why_size, err != cudaSuccess ? cudaGetErrorString(err) : cutlassGetStatusString(status));
+    return EVTC_ERROR_LAUNCH;
+  }
+  finish_scalar_reductions(*a, scratch, s);
+  if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) {
+    set_reason(why, why_size, cudaGetErrorString(err));
     return EVTC_ERROR_LAUNCH;
   }
   return EVTC_OK;
