@@ -506,6 +506,7 @@ std::string Sm90Emitter::assemble(const Visitor& root) {
 
 #include "evtc/device/abi.h"
 #include "evtc/device/ops.cuh"
+#include "evtc/device/reduce.cuh"
 
 namespace {
 
@@ -577,37 +578,18 @@ typename Callbacks::Arguments fusion_arguments(const evtc_gemm_args& a, char* sc
 )",
                    scalar_reductions_.size(), root.args);
   s += R"(
-// Final stage of a whole-matrix reduction: one block reduces the M row partials in a fixed
-// order and writes the scalar output.
-template <class Op, class Out>
-__global__ void reduce_partials(const float* partials, int64_t m, Out* out, float identity) {
-  __shared__ float smem[32];
-  float v = identity;
-  for (int64_t i = threadIdx.x; i < m; i += blockDim.x) v = Op{}(v, partials[i]);
-  for (int o = 16; o > 0; o /= 2) v = Op{}(v, __shfl_xor_sync(0xffffffffu, v, o));
-  if (threadIdx.x % 32 == 0) smem[threadIdx.x / 32] = v;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    v = threadIdx.x < blockDim.x / 32 ? smem[threadIdx.x] : identity;
-    for (int o = 16; o > 0; o /= 2) v = Op{}(v, __shfl_xor_sync(0xffffffffu, v, o));
-    if (threadIdx.x == 0) *out = Out(v);
-  }
-}
-
-struct SumOp { __device__ float operator()(float a, float b) const { return a + b; } };
-struct MaxOp { __device__ float operator()(float a, float b) const { return evtc::device::nan_max(a, b); } };
-struct MinOp { __device__ float operator()(float a, float b) const { return evtc::device::nan_min(a, b); } };
-
 void finish_scalar_reductions(const evtc_gemm_args& a, char* scratch, cudaStream_t s) {
   (void)a; (void)scratch; (void)s;
 )";
   for (size_t i = 0; i < scalar_reductions_.size(); ++i) {
     const auto& r = scalar_reductions_[i];
-    const char* op = r.op == ReduceOp::sum ? "SumOp" : r.op == ReduceOp::min ? "MinOp" : "MaxOp";
+    const char* op = r.op == ReduceOp::sum ? "evtc::device::SumOp"
+                     : r.op == ReduceOp::min ? "evtc::device::MinOp"
+                                             : "evtc::device::MaxOp";
     const char* identity = r.op == ReduceOp::sum || r.op == ReduceOp::amax ? "0.0f"
                            : r.op == ReduceOp::max ? "-cutlass::platform::numeric_limits<float>::infinity()"
                                                    : "cutlass::platform::numeric_limits<float>::infinity()";
-    s += fmt::format("  reduce_partials<{0}, {1}><<<1, 1024, 0, s>>>(scratch_partials(a, scratch, {2}), a.m, "
+    s += fmt::format("  evtc::device::reduce_partials<{0}, {1}><<<1, 1024, 0, s>>>(scratch_partials(a, scratch, {2}), a.m, "
                      "static_cast<{1}*>(a.ptrs[{3}]), {4});\n",
                      op, cutlass_type(r.dtype), i, r.slot, identity);
   }
