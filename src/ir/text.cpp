@@ -73,12 +73,17 @@ std::vector<NodeId> canonical_order(const Graph& g) {
             [&](NodeId a, NodeId b) { return g.node(a).name < g.node(b).name; });
   for (NodeId o : outs) dfs(o);
   if (order.size() < g.size()) {
+    // Nodes no output reaches: DFS from their roots (those no other node uses), roots in
+    // structural-hash order. Structurally equal roots print the same whichever goes first.
     const auto h = structural_hashes(g);
-    std::vector<NodeId> rest;
+    std::vector<char> used(g.size(), 0);
     for (NodeId i = 0; i < g.size(); ++i)
-      if (!seen[i]) rest.push_back(i);
-    std::stable_sort(rest.begin(), rest.end(), [&](NodeId a, NodeId b) { return h[a] < h[b]; });
-    for (NodeId r : rest) dfs(r);
+      for (NodeId in : g.node(i).inputs) used[in] = 1;
+    std::vector<NodeId> roots;
+    for (NodeId i = 0; i < g.size(); ++i)
+      if (!seen[i] && !used[i]) roots.push_back(i);
+    std::stable_sort(roots.begin(), roots.end(), [&](NodeId a, NodeId b) { return h[a] < h[b]; });
+    for (NodeId r : roots) dfs(r);
   }
   return order;
 }
