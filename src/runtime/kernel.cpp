@@ -130,7 +130,11 @@ Kernel::Kernel(const Graph& graph, const CompileOptions& options) : impl_(std::m
   impl_->graph = run_pipeline(graph, popts);
   impl_->options = options;
   impl_->signature = make_signature(impl_->graph);
-  impl_->config = options.config.value_or(KernelConfig{});
+  KernelConfig fallback_config;
+  // fp8 operands are half the bytes: a K tile of 128 keeps each stage's TMA loads as large
+  // as a 16-bit K tile of 64.
+  if (is_fp8(options.gemm.a_dtype)) fallback_config.tile_k = 128;
+  impl_->config = options.config.value_or(fallback_config);
   impl_->config.precise_math = options.precise_math || impl_->config.precise_math;
 }
 

@@ -31,6 +31,15 @@ TEST(FusedOps, SmallAndSkinnyProblems) {
   expect_matches_reference(kernel("w1"), 4100, 8, 520, 17, ExecutionPath::fused);
 }
 
+TEST(FusedConfigs, PingPongSchedule) {
+  expect_matches_reference(kernel("w1_pingpong"), 1000, 1016, 4096, 18, ExecutionPath::fused);
+}
+
+TEST(FusedConfigs, StreamKSchedulerWithClusterAlongN) {
+  expect_matches_reference(kernel("w1_streamk"), 1000, 1016, 4096, 19, ExecutionPath::fused);
+  expect_matches_reference(kernel("w1_streamk"), 264, 512, 8192, 20, ExecutionPath::fused);
+}
+
 TEST(FusedReductions, EveryAxisAndOpWithMainOutput) {
   expect_matches_reference(kernel("reductions"), 1000, 1016, 4096, 21, ExecutionPath::fused);
   // M=332: a non-tile multiple that keeps the f32 column vector 16-byte aligned.

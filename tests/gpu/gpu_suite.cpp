@@ -20,6 +20,7 @@ struct SuiteKernel {
   const char* expr;
   DType ab;
   Layout a_layout, b_layout;
+  const char* config = nullptr;  // KernelConfig name; the default configuration when null
 };
 
 // Few kernels, each testing many ops through several outputs (one CUTLASS kernel takes
@@ -50,6 +51,10 @@ out b2: f32 = clamp(f, -1, 1) + where(relu(res[m,n]), f, -f) + fma(f, bias[n], s
     {"w1_f32_out", "out D: f32 = silu(acc + bias[n])", DType::bf16, Layout::col_major,
      Layout::col_major},
     {"w1", "out D: bf16 = silu(acc + bias[n])", DType::bf16, Layout::row_major, Layout::row_major},
+    {"w1_pingpong", "out D: bf16 = silu(acc + bias[n])", DType::bf16, Layout::row_major,
+     Layout::col_major, "pingpong_128x128x64_c1x1_persistent"},
+    {"w1_streamk", "out D: bf16 = gelu(acc * s[m] + bias[n])", DType::bf16, Layout::row_major,
+     Layout::col_major, "coop_128x128x64_c1x2_streamk"},
     {"reductions", R"(
 input s[m]: f32
 f = acc * s[m]
@@ -94,6 +99,7 @@ class SuiteEnvironment : public ::testing::Environment {
       o.gemm.a_dtype = o.gemm.b_dtype = s.ab;
       o.gemm.a_layout = s.a_layout;
       o.gemm.b_layout = s.b_layout;
+      if (s.config) o.config = KernelConfig::parse(s.config);
       ParseOptions p;
       p.operand_dtype = p.output_dtype = s.ab;
       kernels()[s.name] = std::make_unique<Kernel>(parse_expression(s.expr, p), o);

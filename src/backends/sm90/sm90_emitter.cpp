@@ -9,6 +9,7 @@
 
 #include "evtc/error.hpp"
 #include "evtc/ir_text.hpp"
+#include "evtc/passes.hpp"
 
 namespace evtc::sm90 {
 
@@ -55,7 +56,7 @@ struct Visitor {
 class Sm90Emitter {
  public:
   Sm90Emitter(const Graph& g, const GemmDesc& gemm, const KernelConfig& cfg)
-      : g_(g), gemm_(gemm), cfg_(cfg), sig_(make_signature(g)), users_(g.users()) {
+      : g_(g), gemm_(gemm), cfg_(cfg), sig_(make_signature(g)) {
     for (size_t i = 0; i < sig_.pointers.size(); ++i) ptr_slot_[sig_.pointers[i].name] = i;
     for (size_t i = 0; i < sig_.scalars.size(); ++i) scalar_slot_[sig_.scalars[i].name] = i;
     for (NodeId id : g_.outputs()) {
@@ -316,31 +317,11 @@ class Sm90Emitter {
   }
 
   Visitor plan_and_emit_visitors() {
-    // Uses of each value by ops (with multiplicity), terminals and D included.
-    std::vector<int> uses(g_.size(), 0);
-    std::vector<NodeId> roots = terminals_;
-    for (NodeId t : terminals_)
-      for (NodeId in : op_inputs(t)) ++uses[in];
-    if (d_value_) ++uses[*d_value_];
-    // Walk values reachable from outputs.
-    std::vector<char> seen(g_.size(), 0);
-    std::vector<NodeId> stack;
-    for (NodeId t : terminals_)
-      for (NodeId in : op_inputs(t)) stack.push_back(in);
-    if (d_value_) stack.push_back(*d_value_);
-    while (!stack.empty()) {
-      NodeId v = stack.back();
-      stack.pop_back();
-      if (seen[v]) continue;
-      seen[v] = 1;
-      for (NodeId in : g_.node(v).inputs) {
-        ++uses[in];
-        stack.push_back(in);
-      }
-    }
+    // Values used more than once are computed once and shared (plan_dag: leaves are re-read).
+    const DagPlan plan = plan_dag(g_);
     std::set<NodeId> shared;
     for (NodeId v = 0; v < g_.size(); ++v)
-      if (seen[v] && !is_leaf(v) && uses[v] > 1) shared.insert(v);
+      if (plan.shared[v]) shared.insert(v);
 
     const size_t outputs = terminals_.size() + (d_value_ ? 1 : 0);
     EVTC_INTERNAL_ASSERT(outputs > 0, "graph without outputs");
@@ -451,7 +432,6 @@ class Sm90Emitter {
   GemmDesc gemm_;
   KernelConfig cfg_;
   KernelSignature sig_;
-  std::vector<std::vector<NodeId>> users_;
   std::map<std::string, size_t> ptr_slot_, scalar_slot_;
   std::optional<NodeId> d_value_;
   std::vector<NodeId> terminals_;
