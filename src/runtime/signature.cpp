@@ -33,6 +33,18 @@ std::optional<KernelConfig> KernelConfig::parse(const std::string& name) {
   return c;
 }
 
+namespace {
+OperandSlot slot_of(const Node& n) {
+  OperandSlot s;
+  s.name = n.name;
+  s.kind = n.kind;
+  s.dtype = n.dtype;
+  s.shape = n.shape;
+  s.layout = n.layout;
+  return s;
+}
+}  // namespace
+
 KernelSignature make_signature(const Graph& g) {
   KernelSignature sig;
   const auto order = canonical_order(g);
@@ -51,12 +63,7 @@ KernelSignature make_signature(const Graph& g) {
     }
   for (NodeId id : order) {
     const Node& n = g.node(id);
-    OperandSlot s;
-    s.name = n.name;
-    s.kind = n.kind;
-    s.dtype = n.dtype;
-    s.shape = n.shape;
-    s.layout = n.layout;
+    OperandSlot s = slot_of(n);
     switch (n.kind) {
       case NodeKind::source:
         sig.reads_c = true;
@@ -80,12 +87,7 @@ KernelSignature make_signature(const Graph& g) {
       sig.d_dtype = n.dtype;
       continue;
     }
-    OperandSlot s;
-    s.name = n.name;
-    s.kind = n.kind;
-    s.dtype = n.dtype;
-    s.shape = n.shape;
-    s.layout = n.layout;
+    OperandSlot s = slot_of(n);
     s.is_output = true;
     const Node& in = g.node(n.inputs[0]);
     if (in.kind == NodeKind::reduce) {

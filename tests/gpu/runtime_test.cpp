@@ -32,6 +32,19 @@ ReferenceInputs inputs_for(const Kernel& k, int64_t m, int64_t n, int64_t kk, ui
                                  k.options().gemm.b_dtype, seed);
 }
 
+// Captures one call of `k` in a CUDA graph and returns the instantiated graph; the call must
+// take `path`.
+cudaGraphExec_t capture(const Kernel& k, const Arguments& args, cudaStream_t s, ExecutionPath path) {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec = nullptr;
+  EXPECT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  EXPECT_EQ(k.run(args, s), path);
+  EXPECT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+  EXPECT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  cudaGraphDestroy(graph);
+  return exec;
+}
+
 std::string error_of(const Kernel& k, const Arguments& a) {
   try {
     k.run(a, nullptr);
@@ -48,12 +61,8 @@ TEST(CudaGraph, CapturedReductionsReplayWithoutStaleAccumulation) {
   const ReferenceInputs in = inputs_for(k, 1000, 1016, 512, 41);
   runtime::DeviceProblem p(k, in);
   Stream stream;
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  ASSERT_EQ(cudaStreamBeginCapture(stream.s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  EXPECT_EQ(k.run(p.arguments(), stream.s), ExecutionPath::fused);
-  ASSERT_EQ(cudaStreamEndCapture(stream.s, &graph), cudaSuccess);
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  cudaGraphExec_t exec = capture(k, p.arguments(), stream.s, ExecutionPath::fused);
+  ASSERT_NE(exec, nullptr);
   for (int replay = 0; replay < 3; ++replay) {
     p.poison_outputs(stream.s);
     ASSERT_EQ(cudaGraphLaunch(exec, stream.s), cudaSuccess);
@@ -61,7 +70,6 @@ TEST(CudaGraph, CapturedReductionsReplayWithoutStaleAccumulation) {
     expect_all_pass(k, p, in, stream.s);
   }
   cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
 }
 
 TEST(CudaGraph, CapturedFallbackReplays) {
@@ -69,17 +77,12 @@ TEST(CudaGraph, CapturedFallbackReplays) {
   const ReferenceInputs in = inputs_for(k, 256, 264, 1001, 42);  // K=1001: unfused
   runtime::DeviceProblem p(k, in);
   Stream stream;
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  ASSERT_EQ(cudaStreamBeginCapture(stream.s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  EXPECT_EQ(k.run(p.arguments(), stream.s), ExecutionPath::fallback);
-  ASSERT_EQ(cudaStreamEndCapture(stream.s, &graph), cudaSuccess);
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  cudaGraphExec_t exec = capture(k, p.arguments(), stream.s, ExecutionPath::fallback);
+  ASSERT_NE(exec, nullptr);
   p.poison_outputs(stream.s);
   ASSERT_EQ(cudaGraphLaunch(exec, stream.s), cudaSuccess);
   expect_all_pass(k, p, in, stream.s);
   cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
 }
 
 TEST(Streams, OneKernelOnTwoStreamsAtOnce) {
