@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Compiles the fused sm90 kernels (CUTLASS) of a few representative epilogues with nvcc,
+# through `evtc compile`, into a fresh cache: a wrong emitter fails here, on a machine
+# without a GPU. Runs JOBS compiles at a time (each takes one core for a minute or two).
+#
+#   compile_kernels.sh EVTC_CLI [JOBS]
+#
+# Needs the CUTLASS headers in EVTC_CUTLASS_DIR (CTest passes the build's CUTLASS_DIR);
+# exits 77 (skipped) without them. On failure, prints the compiler's errors and keeps the
+# generated sources.
+set -uo pipefail
+
+cli="${1:?usage: compile_kernels.sh EVTC_CLI [JOBS]}"
+jobs="${2:-2}"
+if [ ! -x "$cli" ]; then
+  echo "compile_kernels.sh: $cli is not an executable" >&2
+  exit 2
+fi
+if [ -z "${EVTC_CUTLASS_DIR:-}" ] || [ ! -f "$EVTC_CUTLASS_DIR/include/cutlass/cutlass.h" ]; then
+  echo "skipped: no CUTLASS headers in EVTC_CUTLASS_DIR='${EVTC_CUTLASS_DIR:-}' (configure with -DCUTLASS_DIR=...)"
+  exit 77
+fi
+
+work="$(mktemp -d "${TMPDIR:-/tmp}/evtc-nvcc-test-XXXXXX")"
+export EVTC_CACHE_DIR="$work/cache"
+export EVTC_QUIET=1
+
+# name | evtc compile options | expression (statements separated by ';')
+cases=(
+  "bias_silu|--layout-b c|out D: bf16 = silu(acc + bias[n])"
+  "scale_res_c|--dtype f16|input C: f16; out D = scale[m] * acc + res[m,n] + beta * C"
+  "dag_extra_output||f = alpha * acc + bias[n]; out pre: bf16 = f; out D: bf16 = gelu(f) * f"
+  "reductions||x = acc * s[m]; out D: bf16 = relu(x); out r = row_sum(x); out c: bf16 = col_amax(x); out t = sum(x); out lo = min(x)"
+)
+
+compile_one() {
+  local name="$1" options="$2" expr="$3"
+  local start=$SECONDS
+  # shellcheck disable=SC2086  # options is a list of words
+  "$cli" compile "$expr" $options --emit "$work/$name.cu" >"$work/$name.log" 2>&1
+  local rc=$?
+  echo "$rc" >"$work/$name.rc"
+  echo "$name: $([ "$rc" = 0 ] && echo ok || echo "FAILED (exit $rc)") in $((SECONDS - start)) s"
+}
+
+start=$SECONDS
+running=0
+for c in "${cases[@]}"; do
+  IFS='|' read -r name options expr <<<"$c"
+  if [ "$running" -ge "$jobs" ]; then
+    wait -n
+    running=$((running - 1))
+  fi
+  compile_one "$name" "$options" "$expr" &
+  running=$((running + 1))
+done
+wait
+
+failed=0
+for c in "${cases[@]}"; do
+  IFS='|' read -r name options expr <<<"$c"
+  if [ "$(cat "$work/$name.rc" 2>/dev/null)" != 0 ]; then
+    failed=1
+    echo
+    echo "== $name: evtc compile '$expr' $options"
+    cat "$work/$name.log"
+  fi
+done
+echo "${#cases[@]} kernels, $jobs at a time: $((SECONDS - start)) s"
+if [ "$failed" != 0 ]; then
+  echo "generated sources kept in $work"
+  exit 1
+fi
+rm -rf "$work"

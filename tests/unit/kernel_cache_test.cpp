@@ -1,0 +1,266 @@
+// Tests of the JIT disk cache (src/jit/kernel_cache). They need nvcc but no GPU: the
+// libraries compiled here are plain CUDA fallback epilogues (no CUTLASS, a few seconds each),
+// and nothing is loaded. Each test gets a fresh EVTC_CACHE_DIR, and each compiles a source
+// no other test uses, since a process remembers the keys it has compiled.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backends/cuda/fallback_emitter.hpp"
+#include "evtc/error.hpp"
+#include "evtc/expression.hpp"
+#include "evtc/kernel.hpp"
+#include "evtc/passes.hpp"
+#include "jit/kernel_cache.hpp"
+#include "jit/toolchain.hpp"
+
+namespace fs = std::filesystem;
+using namespace evtc;
+
+namespace {
+
+std::string read_file(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+size_t entries_in(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) return 0;
+  size_t n = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir)) ++n;
+  return n;
+}
+
+// Sets an environment variable for the lifetime of the object, then restores it.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::optional<std::string>& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value) setenv(name, value->c_str(), 1);
+    else unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (old_) setenv(name_, old_->c_str(), 1);
+    else unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+// The fallback epilogue of a one-op graph, made unique to `tag`.
+jit::CompileRequest fallback_request(const std::string& tag) {
+  const Graph g = run_pipeline(parse_expression("out D: bf16 = relu(acc)"));
+  jit::CompileRequest req;
+  req.source = cuda::emit_fallback_kernel(g, make_signature(g)) + "// " + tag + "\n";
+  req.label = "test " + tag;
+  req.needs_cutlass = false;
+  req.sm = 90;
+  return req;
+}
+
+class KernelCache : public testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = (fs::temp_directory_path() / "evtc-cache-test-XXXXXX").string();
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr) << "cannot create a temporary folder";
+    dir_ = pattern;
+    env_.emplace("EVTC_CACHE_DIR", dir_.string());
+    print_.emplace("EVTC_PRINT_COMPILER_COMMAND", std::nullopt);
+    keep_.emplace("EVTC_KEEP_TEMPORARIES", std::nullopt);
+  }
+  void TearDown() override {
+    keep_.reset();
+    print_.reset();
+    env_.reset();
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  fs::path entry(const std::string& key) const { return dir_ / "kernels" / key; }
+  // Every file a finished entry holds.
+  void expect_complete_entry(const jit::CompileRequest& req, const std::string& key) const {
+    for (const char* f : {"kernel.cu", "kernel.so", "compile.log", "command.txt"})
+      EXPECT_TRUE(fs::is_regular_file(entry(key) / f)) << f << " missing in " << entry(key);
+    EXPECT_EQ(read_file(entry(key) / "kernel.cu"), req.source);
+    EXPECT_GT(fs::file_size(entry(key) / "kernel.so"), 0u);
+    const std::string command = read_file(entry(key) / "command.txt");
+    EXPECT_EQ(command.rfind(jit::toolchain(false).nvcc + " ", 0), 0u) << command;
+    EXPECT_NE(command.find(" -o "), std::string::npos) << command;
+    EXPECT_NE(command.find("-gencode=arch=compute_90,code=sm_90"), std::string::npos) << command;
+    EXPECT_EQ(command.find("cutlass"), std::string::npos) << "a plain CUDA compile: " << command;
+    EXPECT_EQ(entries_in(dir_ / "tmp"), 0u) << "a compile folder was left in tmp/";
+  }
+
+  fs::path dir_;
+  std::optional<ScopedEnv> env_, print_, keep_;
+};
+
+TEST_F(KernelCache, KeyIsSixteenHexDigitsOfSourceAndTarget) {
+  const jit::CompileRequest req = fallback_request("key");
+  const std::string key = jit::cache_key(req);
+  EXPECT_EQ(key.size(), 16u);
+  EXPECT_EQ(key.find_first_not_of("0123456789abcdef"), std::string::npos) << key;
+  EXPECT_EQ(jit::cache_key(req), key) << "not stable";
+
+  jit::CompileRequest other = req;
+  other.source += " ";
+  EXPECT_NE(jit::cache_key(other), key) << "the source changed";
+  other = req;
+  other.sm = 80;
+  EXPECT_NE(jit::cache_key(other), key) << "the target changed";
+  other = req;
+  other.label = "another label";
+  EXPECT_EQ(jit::cache_key(other), key) << "the label only names the compile in messages";
+  // Keys do not depend on where the cache is.
+  ScopedEnv elsewhere("EVTC_CACHE_DIR", (dir_ / "elsewhere").string());
+  EXPECT_EQ(jit::cache_key(req), key);
+}
+
+TEST_F(KernelCache, CacheDirComesFromTheEnvironment) {
+  EXPECT_EQ(jit::cache_dir(), dir_.string());
+  ScopedEnv no_dir("EVTC_CACHE_DIR", std::nullopt);
+  {
+    ScopedEnv xdg("XDG_CACHE_HOME", "/some/xdg");
+    EXPECT_EQ(jit::cache_dir(), "/some/xdg/evtc");
+  }
+  ScopedEnv no_xdg("XDG_CACHE_HOME", std::nullopt);
+  ScopedEnv home("HOME", "/some/home");
+  EXPECT_EQ(jit::cache_dir(), "/some/home/.cache/evtc");
+}
+
+// Another process compiles; this one finds the entry on disk and runs no compiler.
+TEST_F(KernelCache, EntryCompiledByAnotherProcessIsFoundOnDisk) {
+  const jit::CompileRequest req = fallback_request("other process");
+  const std::string key = jit::cache_key(req);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    int rc = 1;
+    try {
+      rc = jit::compile_cached(req) == (entry(key) / "kernel.so").string() ? 0 : 2;
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "{}\n", e.what());
+    }
+    _exit(rc);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the compile in the child failed";
+  expect_complete_entry(req, key);
+  const auto mtime = fs::last_write_time(entry(key) / "kernel.so");
+
+  // Keep the compile folder of a second compile (were there one) and show its command.
+  ScopedEnv keep("EVTC_KEEP_TEMPORARIES", "1");
+  ScopedEnv print("EVTC_PRINT_COMPILER_COMMAND", "1");
+  testing::internal::CaptureStderr();
+  const std::string first = jit::compile_cached(req);
+  const std::string second = jit::compile_cached(req);
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(first, (entry(key) / "kernel.so").string());
+  EXPECT_EQ(second, first);
+  EXPECT_EQ(err, "") << "nvcc ran again";
+  EXPECT_EQ(fs::last_write_time(entry(key) / "kernel.so"), mtime);
+  EXPECT_EQ(entries_in(dir_ / "tmp"), 0u);
+  EXPECT_EQ(entries_in(dir_ / "kernels"), 1u);
+  const jit::CacheStats stats = jit::cache_stats();
+  EXPECT_EQ(stats.entries, 1u);
+  EXPECT_GT(stats.bytes, fs::file_size(entry(key) / "kernel.so"));
+}
+
+TEST_F(KernelCache, ConcurrentRequestsCompileOnce) {
+  const jit::CompileRequest req = fallback_request("concurrent");
+  const std::string key = jit::cache_key(req);
+  ScopedEnv print("EVTC_PRINT_COMPILER_COMMAND", "1");
+  testing::internal::CaptureStderr();
+  std::vector<std::string> paths(4);
+  std::vector<std::string> errors(4);
+  {
+    std::vector<std::jthread> threads;
+    for (size_t i = 0; i < paths.size(); ++i)
+      threads.emplace_back([&, i] {
+        try {
+          paths[i] = jit::compile_cached(req);
+        } catch (const std::exception& e) {
+          errors[i] = e.what();
+        }
+      });
+  }
+  const std::string err = testing::internal::GetCapturedStderr();
+  for (size_t i = 0; i < paths.size(); ++i) {
+    EXPECT_EQ(errors[i], "") << "thread " << i;
+    EXPECT_EQ(paths[i], (entry(key) / "kernel.so").string()) << "thread " << i;
+  }
+  expect_complete_entry(req, key);
+  EXPECT_EQ(entries_in(dir_ / "kernels"), 1u);
+  EXPECT_FALSE(fs::exists(dir_ / "failed"));
+  // EVTC_PRINT_COMPILER_COMMAND printed the one compile's command, as command.txt has it.
+  EXPECT_EQ(err, "evtc: " + read_file(entry(key) / "command.txt"));
+
+  EXPECT_EQ(jit::clear_cache(), 1u);
+  EXPECT_EQ(entries_in(dir_ / "kernels"), 0u);
+  EXPECT_EQ(jit::cache_stats().entries, 0u);
+}
+
+TEST_F(KernelCache, CompileErrorKeepsTheSourceAndNamesTheFirstError) {
+  jit::CompileRequest req = fallback_request("syntax error");
+  req.source += "int broken() { return 1 }\n";
+  const std::string key = jit::cache_key(req);
+  const fs::path failed = dir_ / "failed" / key;
+  for (int attempt = 0; attempt < 2; ++attempt) {  // a failure is not remembered: it compiles again
+    SCOPED_TRACE(attempt);
+    std::string message;
+    try {
+      jit::compile_cached(req);
+      ADD_FAILURE() << "a source with a syntax error compiled";
+    } catch (const RuntimeError& e) {
+      message = e.what();
+    }
+    EXPECT_NE(message.find((failed / "kernel.cu").string()), std::string::npos) << message;
+    EXPECT_NE(message.find((failed / "compile.log").string()), std::string::npos) << message;
+    EXPECT_NE(message.find("error: expected a \";\""), std::string::npos) << message;
+    EXPECT_NE(message.find(req.label), std::string::npos) << message;
+    EXPECT_EQ(read_file(failed / "kernel.cu"), req.source);
+    EXPECT_NE(read_file(failed / "compile.log").find("error"), std::string::npos);
+    EXPECT_TRUE(fs::is_regular_file(failed / "command.txt"));
+    EXPECT_FALSE(fs::exists(entry(key))) << "a failed compile made an entry";
+    EXPECT_EQ(entries_in(dir_ / "tmp"), 0u);
+  }
+  EXPECT_EQ(jit::cache_stats().entries, 0u);
+}
+
+TEST_F(KernelCache, ClearCacheRemovesEntriesFailuresAndTemporaries) {
+  for (const char* f : {"kernels/0000000000000001/kernel.so", "kernels/0000000000000002/kernel.so",
+                        "failed/0000000000000003/kernel.cu", "tmp/0000000000000004-1-2/kernel.cu"}) {
+    fs::create_directories((dir_ / f).parent_path());
+    std::ofstream(dir_ / f) << "x";
+  }
+  std::ofstream(dir_ / "unrelated.txt") << "kept";
+  EXPECT_EQ(jit::cache_stats().entries, 2u);
+  EXPECT_EQ(jit::clear_cache(), 2u);
+  EXPECT_FALSE(fs::exists(dir_ / "kernels" / "0000000000000001"));
+  EXPECT_FALSE(fs::exists(dir_ / "failed" / "0000000000000003"));
+  EXPECT_FALSE(fs::exists(dir_ / "tmp" / "0000000000000004-1-2"));
+  EXPECT_TRUE(fs::exists(dir_ / "unrelated.txt"));
+  EXPECT_EQ(jit::cache_stats().entries, 0u);
+  EXPECT_EQ(jit::clear_cache(), 0u);
+}
+
+}  // namespace
