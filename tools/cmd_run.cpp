@@ -77,12 +77,14 @@ int run(const RunArgs& ra) {
   report["dtype"] = ra.dtype;
   report["layout_a"] = ra.layout_a;
   report["layout_b"] = ra.layout_b;
+  report["config"] = kernel.config_for(ra.m, ra.n, ra.k).name();
 
   const std::string reason = kernel.fallback_reason(ra.m, ra.n, ra.k);
   if (reason.empty()) {
     const auto t0 = std::chrono::steady_clock::now();
-    kernel.compile();
-    fmt::print("compiled: {} ({:.2f} s)\n", kernel.library_path(), seconds_since(t0));
+    kernel.compile(ra.m, ra.n, ra.k);
+    fmt::print("compiled: {} ({}, {:.3f} s)\n", kernel.library_path(),
+               kernel.config_for(ra.m, ra.n, ra.k).name(), seconds_since(t0));
     report["compile_s"] = seconds_since(t0);
   } else {
     fmt::print("not fused: {}\n", reason);

@@ -72,7 +72,8 @@ class Arguments {
 struct CompileOptions {
   // A/B dtypes and layouts the fused kernel is built for (m, n, k are ignored).
   GemmDesc gemm;
-  // Kernel configuration; the default configuration when unset.
+  // Kernel configuration for every problem; when unset, default_config picks one per
+  // problem shape (each configuration compiles on first use).
   std::optional<KernelConfig> config;
   CastMode cast_mode = CastMode::eager;
   bool precise_math = false;
@@ -90,9 +91,13 @@ class Kernel {
   Kernel(Kernel&&) noexcept;
   Kernel& operator=(Kernel&&) noexcept;
 
-  // Compiles the fused kernel now (or finds it in the disk cache) instead of at the first
-  // call; needs no GPU. Throws if it cannot be compiled.
-  void compile();
+  // Compiles the fused kernel for problems of this size now (or finds it in the disk cache)
+  // instead of at the first call; needs no GPU. Sizes of 0 mean unknown. Throws if it cannot
+  // be compiled.
+  void compile(int64_t m = 0, int64_t n = 0, int64_t k = 0);
+  // The kernel configuration a problem of this size runs with (the options' config, else
+  // default_config's choice).
+  KernelConfig config_for(int64_t m, int64_t n, int64_t k) const;
   // Compiles (or loads) the unfused fallback epilogue now; returns its library path.
   std::string compile_fallback();
   // Runs on `stream`. Returns the path taken (fused, or fallback with the reason logged once).

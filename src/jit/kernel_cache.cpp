@@ -95,6 +95,12 @@ int run_compiler(const std::vector<std::string>& argv, const fs::path& log, cons
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+std::string replace_all(std::string s, const std::string& from, const std::string& to) {
+  for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size()))
+    s.replace(at, from.size(), to);
+  return s;
+}
+
 std::string first_errors(const std::string& log, size_t max_lines) {
   std::stringstream in(log);
   std::string line, out;
@@ -149,7 +155,7 @@ std::string compile_into_cache(const CompileRequest& req, const std::string& key
     throw RuntimeError(fmt::format(
         "nvcc failed (exit {}) compiling {}\n  source: {}\n  log: {}\nfirst errors:\n{}", rc,
         req.label, (where / "kernel.cu").string(), (where / "compile.log").string(),
-        first_errors(read_file(where / "compile.log"), 8)));
+        replace_all(first_errors(read_file(where / "compile.log"), 8), tmp.string(), where.string())));
   }
   fsync_path(tmp / "kernel.so");
   fs::create_directories(final_dir.parent_path());
@@ -210,7 +216,16 @@ std::string compile_cached(const CompileRequest& req) {
     if (it != compiling.end()) pending = it->second;
     else compiling.emplace(key, promise.get_future().share());
   }
-  if (pending.valid()) return pending.get();  // compiled, or being compiled by another thread
+  if (pending.valid()) {  // compiled, or being compiled by another thread
+    std::string path = pending.get();
+    if (fs::exists(path)) return path;
+    // The entry went away (cache cleared or moved): forget it and compile again.
+    {
+      std::lock_guard lock(mu);
+      compiling.erase(key);
+    }
+    return compile_cached(req);
+  }
   try {
     std::string path = compile_into_cache(req, key);
     promise.set_value(path);

@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <set>
 
@@ -69,11 +70,12 @@ struct Kernel::Impl {
   Graph graph;
   CompileOptions options;
   KernelSignature signature;
-  KernelConfig config;
   mutable std::mutex mu;
-  mutable std::shared_ptr<jit::Library> fused;
-  mutable std::string fused_path;
-  mutable std::string fused_error;  // compile failure, kept so it is reported once
+  // Compiled fused kernels by configuration name, and configurations that failed to compile
+  // (kept so each failure is reported once).
+  mutable std::map<std::string, std::shared_ptr<jit::Library>> fused;
+  mutable std::map<std::string, std::string> fused_errors;
+  mutable std::string fused_path;  // the latest compiled or loaded
   mutable std::shared_ptr<jit::Library> fallback;
   mutable std::set<std::string> logged;
 
@@ -83,29 +85,41 @@ struct Kernel::Impl {
       fmt::print(stderr, "evtc: running unfused (cuBLASLt + plain epilogue): {}\n", reason);
   }
 
-  jit::CompileRequest fused_request() const {
+  // The configuration for a problem: the one the options fix, else the heuristic default.
+  KernelConfig config_for(int64_t m, int64_t n, int64_t k) const {
+    GemmDesc g = options.gemm;
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    KernelConfig c = options.config.value_or(default_config(graph, g));
+    c.precise_math = c.precise_math || options.precise_math;
+    return c;
+  }
+
+  jit::CompileRequest fused_request(const KernelConfig& config) const {
     return {sm90::emit_kernel(graph, options.gemm, config).source, config.name(), true, 90};
   }
 
-  std::shared_ptr<jit::Library> fused_library() const {
+  std::shared_ptr<jit::Library> fused_library(const KernelConfig& config) const {
+    const std::string name = config.name();
     {
       std::lock_guard lock(mu);
-      if (fused) return fused;
-      if (!fused_error.empty()) throw RuntimeError(fused_error);
+      if (auto it = fused.find(name); it != fused.end()) return it->second;
+      if (auto it = fused_errors.find(name); it != fused_errors.end()) throw RuntimeError(it->second);
     }
     try {
-      auto lib = jit::load_or_compile(fused_request());
+      auto lib = jit::load_or_compile(fused_request(config));
       auto version = reinterpret_cast<evtc_abi_version_fn>(lib->symbol("evtc_abi_version"));
       if (version() != EVTC_ABI_VERSION)
         throw RuntimeError(fmt::format("{} has ABI version {}, expected {}", lib->path(), version(),
                                        EVTC_ABI_VERSION));
       std::lock_guard lock(mu);
-      fused = lib;
+      fused[name] = lib;
       fused_path = lib->path();
       return lib;
     } catch (const RuntimeError& e) {
       std::lock_guard lock(mu);
-      fused_error = e.what();
+      fused_errors[name] = e.what();
       throw;
     }
   }
@@ -130,12 +144,6 @@ Kernel::Kernel(const Graph& graph, const CompileOptions& options) : impl_(std::m
   impl_->graph = run_pipeline(graph, popts);
   impl_->options = options;
   impl_->signature = make_signature(impl_->graph);
-  KernelConfig fallback_config;
-  // fp8 operands are half the bytes: a K tile of 128 keeps each stage's TMA loads as large
-  // as a 16-bit K tile of 64.
-  if (is_fp8(options.gemm.a_dtype)) fallback_config.tile_k = 128;
-  impl_->config = options.config.value_or(fallback_config);
-  impl_->config.precise_math = options.precise_math || impl_->config.precise_math;
 }
 
 Kernel::~Kernel() = default;
@@ -151,10 +159,14 @@ std::string Kernel::library_path() const {
   return impl_->fused_path;
 }
 
-void Kernel::compile() {
-  const std::string path = jit::compile_cached(impl_->fused_request());
+void Kernel::compile(int64_t m, int64_t n, int64_t k) {
+  const std::string path = jit::compile_cached(impl_->fused_request(impl_->config_for(m, n, k)));
   std::lock_guard lock(impl_->mu);
   impl_->fused_path = path;
+}
+
+KernelConfig Kernel::config_for(int64_t m, int64_t n, int64_t k) const {
+  return impl_->config_for(m, n, k);
 }
 
 std::string Kernel::compile_fallback() {
@@ -318,7 +330,7 @@ ExecutionPath Kernel::run(const Arguments& args, cudaStream_t stream) const {
   if (reasons.empty()) {
     std::shared_ptr<jit::Library> lib;
     try {
-      lib = im.fused_library();
+      lib = im.fused_library(im.config_for(m, n, k));
     } catch (const RuntimeError& e) {
       reasons.push_back(fmt::format("the fused kernel did not compile: {}", e.what()));
     }
@@ -345,14 +357,19 @@ ExecutionPath Kernel::run(const Arguments& args, cudaStream_t stream) const {
   for (const auto& r : reasons) reason += (reason.empty() ? "" : "; ") + r;
   im.log_once(reason);
   auto lib = im.fallback_library();
+  using scratch_fn = size_t (*)(int64_t, int64_t);
+  const size_t scratch_floats =
+      reinterpret_cast<scratch_fn>(lib->symbol("evtc_fallback_scratch_floats"))(m, n);
   float* acc = nullptr;
-  cuda_check(cudaMallocAsync(reinterpret_cast<void**>(&acc), size_t(m) * n * sizeof(float), stream),
+  cuda_check(cudaMallocAsync(reinterpret_cast<void**>(&acc),
+                             (size_t(m) * n + scratch_floats) * sizeof(float), stream),
              "fallback workspace allocation");
   runtime::cublaslt_matmul({A.data, A.dtype, *la == Layout::row_major, lda},
                            {B.data, B.dtype, *lb == Layout::row_major, ldb}, acc, DType::f32, m, n, k,
                            stream);
-  using fallback_fn = int (*)(const evtc_gemm_args*, const float*, void*);
-  const int rc = reinterpret_cast<fallback_fn>(lib->symbol("evtc_fallback_run"))(&abi, acc, stream);
+  using fallback_fn = int (*)(const evtc_gemm_args*, const float*, float*, void*);
+  const int rc = reinterpret_cast<fallback_fn>(lib->symbol("evtc_fallback_run"))(
+      &abi, acc, acc + size_t(m) * n, stream);
   cudaFreeAsync(acc, stream);
   if (rc != EVTC_OK) throw RuntimeError("fallback epilogue launch failed");
   return ExecutionPath::fallback;

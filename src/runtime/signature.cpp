@@ -21,15 +21,31 @@ std::optional<KernelConfig> KernelConfig::parse(const std::string& name) {
       R"((coop|pingpong)_(\d+)x(\d+)x(\d+)_c(\d+)x(\d+)_(persistent|streamk)(_precise)?)");
   std::smatch m;
   if (!std::regex_match(name, m, re)) return std::nullopt;
+  // Sizes CUTLASS's sm90 builders take: tiles of 64, 128 or 256 rows/columns, K tiles of
+  // 32 to 256, clusters of 1, 2 or 4; stream-K with the cooperative schedule only.
+  auto one_of = [](const std::string& v, std::initializer_list<int> allowed) -> std::optional<int> {
+    if (v.size() > 4) return std::nullopt;
+    const int x = std::stoi(v);
+    for (int a : allowed)
+      if (a == x) return x;
+    return std::nullopt;
+  };
   KernelConfig c;
   c.schedule = m[1] == "coop" ? MainloopSchedule::cooperative : MainloopSchedule::pingpong;
-  c.tile_m = std::stoi(m[2]);
-  c.tile_n = std::stoi(m[3]);
-  c.tile_k = std::stoi(m[4]);
-  c.cluster_m = std::stoi(m[5]);
-  c.cluster_n = std::stoi(m[6]);
+  const auto tm = one_of(m[2], {64, 128, 256}), tn = one_of(m[3], {64, 128, 256}),
+             tk = one_of(m[4], {32, 64, 128, 256}), cm = one_of(m[5], {1, 2, 4}),
+             cn = one_of(m[6], {1, 2, 4});
+  if (!tm || !tn || !tk || !cm || !cn) return std::nullopt;
+  c.tile_m = *tm;
+  c.tile_n = *tn;
+  c.tile_k = *tk;
+  c.cluster_m = *cm;
+  c.cluster_n = *cn;
   c.scheduler = m[7] == "persistent" ? TileSchedulerKind::persistent : TileSchedulerKind::stream_k;
   c.precise_math = m[8].matched;
+  if (c.schedule == MainloopSchedule::pingpong && c.scheduler == TileSchedulerKind::stream_k)
+    return std::nullopt;  // CUTLASS's ping-pong kernel has no stream-K
+  if (c.schedule == MainloopSchedule::cooperative && c.tile_m < 128) return std::nullopt;
   return c;
 }
 
@@ -44,6 +60,24 @@ OperandSlot slot_of(const Node& n) {
   return s;
 }
 }  // namespace
+
+KernelConfig default_config(const Graph& g, const GemmDesc& gemm) {
+  KernelConfig c;
+  bool reduces = false;
+  for (const Node& n : g.nodes()) reduces |= n.kind == NodeKind::reduce;
+  if (reduces) {
+    c.tile_m = 256;
+    c.tile_n = 128;
+    c.cluster_m = 1;
+    c.cluster_n = 2;
+  } else if (gemm.k > 0 && gemm.k <= 2048) {
+    c.schedule = MainloopSchedule::pingpong;
+    c.tile_m = 128;
+    c.tile_n = 128;
+  }
+  if (is_fp8(gemm.a_dtype)) c.tile_k = 128;
+  return c;
+}
 
 KernelSignature make_signature(const Graph& g) {
   KernelSignature sig;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -54,12 +55,15 @@ std::vector<std::string> body_lines(const std::string& source) {
   return lines;
 }
 
-// The statements of the init_reductions kernel that set outputs to their identity.
-std::vector<std::string> init_lines(const std::string& source) {
+// The statements of the init_reductions kernel that set the fp32 accumulators to their
+// identity (finish=false), or of finish_reductions that write the outputs (finish=true).
+std::vector<std::string> init_lines(const std::string& source, bool finish = false) {
   std::vector<std::string> lines;
   std::istringstream in(source);
   for (std::string line; std::getline(in, line);)
-    if (line.rfind("  for (int64_t t = tid; ", 0) == 0) lines.push_back(line.substr(2));
+    if (line.rfind("  for (int64_t t = tid; ", 0) == 0 &&
+        (line.find("from_float") != std::string::npos) == finish)
+      lines.push_back(line.substr(2));
   return lines;
 }
 
@@ -116,6 +120,7 @@ TEST(FallbackEmitter, OneStatementPerNode) {
         break;
       case NodeKind::store: {
         ++expected_lines;
+        if (k.graph.node(n.inputs[0]).kind == NodeKind::reduce) break;  // see the Reductions test
         const std::string target = n.name == k.sig.d_name
                                        ? std::string("p.d)")
                                        : fmt::format("p.ptrs[{}])", slot_of(k.sig, n.name));
@@ -163,7 +168,8 @@ TEST(FallbackEmitter, LoadsReadTheirOperandWithTheRightIndex) {
   has(fmt::format("const float v{} = to_float(static_cast<const __half*>(p.ptrs[{}])[j * m + i]);",
                   node_named(g, NodeKind::aux, "r"), slot_of(k.sig, "r")));
   ASSERT_EQ(k.sig.scalars.size(), 1u);
-  has(fmt::format("const float v{} = float(p.scalars[0]);", node_named(g, NodeKind::scalar, "v")));
+  // By-value scalars are rounded to their dtype, as the fused kernel and the reference do.
+  has(fmt::format("const float v{} = to_float(from_float<float>(p.scalars[0]));", node_named(g, NodeKind::scalar, "v")));
 
   const Emitted row = emit("out D: bf16 = acc + r[m,n] * 2 + 0.5");
   const std::string row_body = joined(body_lines(row.source));
@@ -284,21 +290,45 @@ out peak = amax(x)
       {"peak", "1", zero, "atomic_max_float", "0", true},
   };
   ASSERT_EQ(inits.size(), std::size(cases)) << joined(inits);
+  const auto finishes = init_lines(k.source, true);
+  ASSERT_EQ(finishes.size(), std::size(cases)) << joined(finishes);
   const NodeId x = node_named(k.graph, NodeKind::store, "D");
   const std::string value = fmt::format("v{}", k.graph.node(x).inputs[0]);
+  std::set<std::string> accumulators;
   for (const Case& c : cases) {
     const size_t slot = slot_of(k.sig, c.name);
     EXPECT_TRUE(k.sig.pointers[slot].is_reduction) << c.name;
-    EXPECT_EQ(count_matching(inits, fmt::format("for (int64_t t = tid; t < {}; t += stride) "
-                                                "static_cast<float*>(p.ptrs[{}])[t] = {};",
-                                                c.count, slot, c.identity)),
+    // The finishing statement names the fp32 accumulator this output is reduced into.
+    const std::string head = fmt::format("for (int64_t t = tid; t < {}; t += stride) static_cast<float*>(p.ptrs[{}])[t] = "
+                                         "from_float<float>(",
+                                         c.count, slot);
+    std::string accumulator;
+    for (const auto& f : finishes)
+      if (f.rfind(head, 0) == 0) accumulator = f.substr(head.size(), f.size() - head.size() - std::string("[t]);").size());
+    ASSERT_FALSE(accumulator.empty()) << c.name << "\n" << joined(finishes);
+    EXPECT_EQ(accumulator.rfind("(p.scratch + ", 0), 0u) << accumulator;
+    EXPECT_TRUE(accumulators.insert(accumulator).second) << "two outputs share " << accumulator;
+    EXPECT_EQ(count_matching(inits, fmt::format("for (int64_t t = tid; t < {}; t += stride) {}[t] = {};", c.count,
+                                                accumulator, c.identity)),
               1u)
         << c.name << "\n" << joined(inits);
-    EXPECT_EQ(count_matching(body, fmt::format("{}(static_cast<float*>(p.ptrs[{}]) + {}, {});", c.atomic, slot,
-                                               c.index, c.abs ? "fabsf(" + value + ")" : value)),
+    EXPECT_EQ(count_matching(body, fmt::format("{}({} + {}, {});", c.atomic, accumulator, c.index,
+                                               c.abs ? "fabsf(" + value + ")" : value)),
               1u)
         << c.name << "\n" << joined(body);
   }
+  // The scratch holds every accumulator: 4 rows (m), 2 columns (n), 4 scalars.
+  const size_t at = k.source.find("#define SCRATCH_FLOATS size_t(0");
+  ASSERT_NE(at, std::string::npos);
+  const std::string sum = k.source.substr(at, k.source.find('\n', at) - at);
+  auto terms = [&](const std::string& t) {
+    size_t c = 0;
+    for (size_t p = sum.find(" + " + t); p != std::string::npos; p = sum.find(" + " + t, p + 1)) ++c;
+    return c;
+  };
+  EXPECT_EQ(terms("m"), 4u) << sum;
+  EXPECT_EQ(terms("n"), 2u) << sum;
+  EXPECT_EQ(terms("1"), 4u) << sum;
 }
 
 TEST(FallbackEmitter, NoReductionsNoInitialisation) {
@@ -327,7 +357,7 @@ TEST(FallbackEmitter, ExportsTheSignatureAndTheRunEntryPoint) {
   for (char c : k.sig.to_json()) escaped += c == '"' ? std::string("\\\"") : std::string(1, c);
   EXPECT_NE(k.source.find("const char* evtc_kernel_signature(void) { return \"" + escaped + "\"; }"),
             std::string::npos);
-  EXPECT_NE(k.source.find("int evtc_fallback_run(const evtc_gemm_args* a, const float* acc, void* stream)"),
+  EXPECT_NE(k.source.find("int evtc_fallback_run(const evtc_gemm_args* a, const float* acc, float* scratch, void* stream)"),
             std::string::npos);
   EXPECT_NE(k.source.find("// Graph hash " + graph_hash_hex(k.graph) + "."), std::string::npos);
   // Plain CUDA: no CUTLASS header.

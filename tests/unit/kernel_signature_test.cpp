@@ -238,11 +238,12 @@ TEST(SignatureKernelConfig, NameAndParseRoundTrip) {
       for (bool precise : {false, true}) {
         const int i = static_cast<int>(configs.size());
         KernelConfig c;
-        c.tile_m = 64 + 64 * i;
-        c.tile_n = 256 - 16 * i;
+        c.tile_m = schedule == MainloopSchedule::cooperative ? 128 + 128 * (i % 2) : 64 << (i % 3);
+        c.tile_n = 256 >> (i % 3);
         c.tile_k = precise ? 128 : 32;
         c.cluster_m = 1 + i % 2;
-        c.cluster_n = 1 + i % 4;
+        c.cluster_n = 1 << (i % 3);
+        if (schedule == MainloopSchedule::pingpong && scheduler == TileSchedulerKind::stream_k) continue;
         c.schedule = schedule;
         c.scheduler = scheduler;
         c.precise_math = precise;
@@ -262,6 +263,19 @@ TEST(SignatureKernelConfig, NameAndParseRoundTrip) {
   c.scheduler = TileSchedulerKind::stream_k;
   c.precise_math = true;
   EXPECT_EQ(c.name(), "pingpong_64x128x64_c1x1_streamk_precise");
+  // A name, but not a configuration CUTLASS's sm90 kernels can be built with.
+  EXPECT_FALSE(KernelConfig::parse(c.name()).has_value());
+}
+
+TEST(SignatureKernelConfig, ParseRejectsConfigurationsCutlassCannotBuild) {
+  for (const char* bad : {"pingpong_128x128x64_c1x1_streamk",     // ping-pong has no stream-K
+                          "coop_64x256x64_c1x1_persistent",       // cooperative needs 128+ rows
+                          "coop_0x0x0_c0x0_persistent", "coop_128x240x64_c1x1_persistent",
+                          "coop_128x256x64_c3x1_persistent", "coop_128x256x16_c1x1_persistent",
+                          "coop_99999999999x256x64_c2x1_persistent"})
+    EXPECT_FALSE(KernelConfig::parse(bad).has_value()) << bad;
+  EXPECT_TRUE(KernelConfig::parse("coop_128x128x64_c1x2_streamk").has_value());
+  EXPECT_TRUE(KernelConfig::parse("pingpong_64x128x64_c1x1_persistent").has_value());
 }
 
 TEST(SignatureKernelConfig, ParseRejectsWhatIsNotAName) {

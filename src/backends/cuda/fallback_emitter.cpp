@@ -39,6 +39,8 @@ std::string emit_fallback_kernel(const Graph& g, const KernelSignature& sig) {
 
   std::string body;
   std::string init;
+  std::string finish;
+  std::string scratch_offset = "0";  // where the next reduction's fp32 accumulator starts
   for (NodeId id : order) {
     const Node& n = g.node(id);
     const std::string v = fmt::format("v{}", id);
@@ -53,7 +55,8 @@ std::string emit_fallback_kernel(const Graph& g, const KernelSignature& sig) {
         if (n.scalar_kind == ScalarKind::constant)
           body += fmt::format("  const float {} = {};\n", v, literal(n.value));
         else if (n.scalar_kind == ScalarKind::value)
-          body += fmt::format("  const float {} = float(p.scalars[{}]);\n", v, scalar_slot.at(n.name));
+          body += fmt::format("  const float {} = to_float(from_float<{}>(p.scalars[{}]));\n", v,
+                              storage_type(n.dtype), scalar_slot.at(n.name));
         else
           body += fmt::format("  const float {} = to_float(*static_cast<const {}*>(p.ptrs[{}]));\n", v,
                               storage_type(n.dtype), ptr_slot.at(n.name));
@@ -91,13 +94,20 @@ std::string emit_fallback_kernel(const Graph& g, const KernelSignature& sig) {
           const std::string fn = src.reduce_op == ReduceOp::sum   ? "atomicAdd"
                                  : src.reduce_op == ReduceOp::min ? "atomic_min_float"
                                                                   : "atomic_max_float";
-          body += fmt::format("  {}(static_cast<float*>(p.ptrs[{}]) + {}, {});\n", fn, slot, idx, val);
+          // Accumulate in fp32 scratch, then write the output in its dtype.
+          const std::string acc_at = fmt::format("(p.scratch + {})", scratch_offset);
+          body += fmt::format("  {}({} + {}, {});\n", fn, acc_at, idx, val);
           const std::string count = src.axis == ReduceAxis::row ? "m" : src.axis == ReduceAxis::col ? "n" : "1";
           const std::string identity = src.reduce_op == ReduceOp::sum || src.reduce_op == ReduceOp::amax ? "0.0f"
                                        : src.reduce_op == ReduceOp::max ? "__int_as_float(0xff800000)"
                                                                         : "__int_as_float(0x7f800000)";
-          init += fmt::format("  for (int64_t t = tid; t < {}; t += stride) static_cast<float*>(p.ptrs[{}])[t] = {};\n",
-                              count, slot, identity);
+          init += fmt::format("  for (int64_t t = tid; t < {}; t += stride) {}[t] = {};\n", count, acc_at,
+                              identity);
+          finish += fmt::format(
+              "  for (int64_t t = tid; t < {0}; t += stride) static_cast<{1}*>(p.ptrs[{2}])[t] = "
+              "from_float<{1}>({3}[t]);\n",
+              count, storage_type(n.dtype), slot, acc_at);
+          scratch_offset += " + " + count;
         } else if (n.name == sig.d_name) {
           body += fmt::format("  static_cast<{0}*>(p.d)[i * p.ldd + j] = from_float<{0}>(v{1});\n",
                               storage_type(n.dtype), n.inputs[0]);
@@ -121,6 +131,7 @@ std::string emit_fallback_kernel(const Graph& g, const KernelSignature& sig) {
                               EVTC_VERSION, graph_hash_hex(g));
   s += fmt::format("#define HAS_REDUCTIONS {}\n#define NUM_PTRS {}\n#define NUM_SCALARS {}\n",
                    init.empty() ? 0 : 1, sig.pointers.size(), sig.scalars.size());
+  s += fmt::format("#define SCRATCH_FLOATS size_t({})\n", scratch_offset);
   s += "#pragma nv_diag_suppress 177  // helpers this graph does not use\n";
   s += R"(#include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -166,6 +177,7 @@ struct Params {
   const void* c;
   void* d;
   void* ptrs[NUM_PTRS > 0 ? NUM_PTRS : 1];
+  float* scratch;  // fp32 accumulators of the reductions
   float scalars[NUM_SCALARS > 0 ? NUM_SCALARS : 1];
 };
 
@@ -174,8 +186,19 @@ __global__ void init_reductions(Params p) {
   (void)m; (void)n;
   const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  (void)tid; (void)stride;
 )";
   s += init;
+  s += R"(}
+
+__global__ void finish_reductions(Params p) {
+  const int64_t m = p.m, n = p.n;
+  (void)m; (void)n;
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  (void)tid; (void)stride;
+)";
+  s += finish;
   s += R"(}
 
 __global__ void epilogue(Params p, const float* __restrict__ acc) {
@@ -207,7 +230,12 @@ int evtc_abi_version(void) { return EVTC_ABI_VERSION; }
 )";
   s += fmt::format("const char* evtc_kernel_signature(void) {{ return \"{}\"; }}\n", escaped);
   s += R"(
-int evtc_fallback_run(const evtc_gemm_args* a, const float* acc, void* stream) {
+size_t evtc_fallback_scratch_floats(int64_t m, int64_t n) {
+  (void)m; (void)n;
+  return SCRATCH_FLOATS;
+}
+
+int evtc_fallback_run(const evtc_gemm_args* a, const float* acc, float* scratch, void* stream) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   int device = 0, sms = 0;
   cudaGetDevice(&device);
@@ -222,12 +250,14 @@ int evtc_fallback_run(const evtc_gemm_args* a, const float* acc, void* stream) {
   p.d = a->d;
   for (int i = 0; i < NUM_PTRS; ++i) p.ptrs[i] = a->ptrs[i];
   for (int i = 0; i < NUM_SCALARS; ++i) p.scalars[i] = float(a->scalars[i]);
+  p.scratch = scratch;
   if (HAS_REDUCTIONS) init_reductions<<<sms, threads, 0, s>>>(p);
   const int64_t total = a->m * a->n;
   int64_t blocks = (total + threads - 1) / threads;
   if (blocks > int64_t(sms) * 32) blocks = int64_t(sms) * 32;
   if (blocks < 1) blocks = 1;
   epilogue<<<int(blocks), threads, 0, s>>>(p, acc);
+  if (HAS_REDUCTIONS) finish_reductions<<<sms, threads, 0, s>>>(p);
   return cudaGetLastError() == cudaSuccess ? EVTC_OK : EVTC_ERROR_LAUNCH;
 }
 

@@ -11,8 +11,10 @@
 namespace evtc::cuda {
 
 // The library exports, besides evtc_abi_version and evtc_kernel_signature:
-//   int evtc_fallback_run(const evtc_gemm_args* a, const float* acc, void* stream)
-// where acc is the m×n row-major fp32 product and a->d, a->c, a->ptrs, a->scalars are as
+//   size_t evtc_fallback_scratch_floats(int64_t m, int64_t n)
+//   int evtc_fallback_run(const evtc_gemm_args* a, const float* acc, float* scratch, void* stream)
+// where acc is the m×n row-major fp32 product, scratch holds evtc_fallback_scratch_floats
+// floats (the reductions' fp32 accumulators), and a->d, a->c, a->ptrs, a->scalars are as
 // for the fused kernel (a->a, a->b unused).
 std::string emit_fallback_kernel(const Graph& g, const KernelSignature& sig);
 

@@ -493,8 +493,9 @@ namespace {
 )";
   s += fmt::format("using ElementA = {};\nusing LayoutA = {};\n", elem_a, layout_tag(gemm_.a_layout));
   s += fmt::format("using ElementB = {};\nusing LayoutB = {};\n", elem_b, layout_tag(gemm_.b_layout));
-  s += fmt::format("using ElementC = {};  // void: the epilogue does not read C\n", elem_c);
-  s += fmt::format("using ElementD = {};  // void: no main output\n", elem_d);
+  s += fmt::format("using ElementC = {};{}\n", elem_c,
+                   sig_.reads_c ? "" : "  // void: the epilogue does not read C");
+  s += fmt::format("using ElementD = {};{}\n", elem_d, sig_.d_name.empty() ? "  // void: no main output" : "");
   s += fmt::format("using TileShape = cute::Shape<cute::_{}, cute::_{}, cute::_{}>;\n", cfg_.tile_m,
                    cfg_.tile_n, cfg_.tile_k);
   s += fmt::format("using ClusterShape = cute::Shape<cute::_{}, cute::_{}, cute::_1>;\n",
