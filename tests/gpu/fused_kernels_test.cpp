@@ -3,6 +3,7 @@
 // tile multiples, and the fallback path.
 #include <gtest/gtest.h>
 
+#include "evtc/expression.hpp"
 #include "gpu_suite.hpp"
 
 using evtc::ExecutionPath;
@@ -55,6 +56,18 @@ TEST(Fallback, KNotMultipleOf8RunsUnfusedAndMatches) {
                 "K=1001 is not a multiple of 8 (bf16 A needs 16-byte rows)", 0),
             0u);
   expect_matches_reference(kernel("unary_a"), 1000, 1016, 1001, 31, ExecutionPath::fallback);
+}
+
+TEST(Fallback, ReductionOutputsInNarrowDtypes) {
+  evtc::CompileOptions o;
+  o.disable_fusion = true;
+  evtc::ParseOptions p;
+  evtc::Kernel k(evtc::parse_expression("input s: bf16\nf = acc * s\nout D: bf16 = f\n"
+                                        "out r: bf16 = row_max(f)\nout c: f16 = col_sum(f)\n"
+                                        "out t: bf16 = amax(f)",
+                                        p),
+                 o);
+  expect_matches_reference(k, 1000, 1016, 256, 33, ExecutionPath::fallback);
 }
 
 TEST(Fallback, EveryOpAndReductionUnfused) {
