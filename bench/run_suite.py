@@ -33,6 +33,7 @@ def main():
     raw.mkdir(parents=True, exist_ok=True)
     for f in raw.glob("*.json"):
         f.unlink()
+    # `run_suite.py EVTC ID...` runs only those workloads (results go to raw/ and the report).
     todo = [w for w in workloads() if not only or w[0] in only]
 
     # Cold compile of one kernel alone (a fair single-kernel figure), then the rest at once.
