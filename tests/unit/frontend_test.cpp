@@ -3,6 +3,8 @@
 // diagnostic it gives.
 #include <gtest/gtest.h>
 
+#include "cli_runner.hpp"
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -750,22 +752,8 @@ TEST(Examples, EveryExampleParses) {
 
 namespace {
 
-struct CliResult {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr together
-};
-
-CliResult run_cli(const std::string& args) {
-  CliResult r;
-  FILE* p = popen((std::string(EVTC_CLI_PATH) + " " + args + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using evtc::test::CliResult;
+using evtc::test::run_cli;
 
 // Writes `text` to a fresh file under the temporary directory and returns its path.
 std::string temp_file(const std::string& name, const std::string& text) {
