@@ -181,27 +181,23 @@ struct Params {
   float scalars[NUM_SCALARS > 0 ? NUM_SCALARS : 1];
 };
 
-__global__ void init_reductions(Params p) {
+)";
+  // The two small reduction kernels: a grid-stride loop over each reduction's elements.
+  auto grid_stride_kernel = [](const char* name, const std::string& statements) {
+    return fmt::format(R"(__global__ void {}(Params p) {{
   const int64_t m = p.m, n = p.n;
   (void)m; (void)n;
   const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   (void)tid; (void)stride;
-)";
-  s += init;
-  s += R"(}
+{}}}
 
-__global__ void finish_reductions(Params p) {
-  const int64_t m = p.m, n = p.n;
-  (void)m; (void)n;
-  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  (void)tid; (void)stride;
-)";
-  s += finish;
-  s += R"(}
-
-__global__ void epilogue(Params p, const float* __restrict__ acc) {
+)",
+                       name, statements);
+  };
+  s += grid_stride_kernel("init_reductions", init);
+  s += grid_stride_kernel("finish_reductions", finish);
+  s += R"(__global__ void epilogue(Params p, const float* __restrict__ acc) {
   const int64_t m = p.m, n = p.n;
   const int64_t total = m * n;
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
