@@ -4,6 +4,8 @@
 // a deliberate change, and review the diff.
 #include <gtest/gtest.h>
 
+#include "golden_files.hpp"
+
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
@@ -31,12 +33,7 @@ std::vector<std::string> golden_names() {
   return names;
 }
 
-std::string read_file(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using evtc::test::read_file;
 
 // What a golden file is compared against.
 std::string explain(const std::string& name) {
@@ -54,15 +51,7 @@ class Golden : public testing::TestWithParam<std::string> {};
 TEST_P(Golden, MatchesExpected) {
   const std::string name = GetParam();
   const std::string actual = explain(name);
-  const fs::path expected_path = kGoldenDir / (name + ".expected");
-  const char* update = std::getenv("EVTC_UPDATE_GOLDEN");
-  if (update && std::string(update) == "1") {
-    std::ofstream(expected_path, std::ios::binary) << actual;
-    return;
-  }
-  ASSERT_TRUE(fs::exists(expected_path))
-      << expected_path << " is missing: run the tests with EVTC_UPDATE_GOLDEN=1 to create it";
-  EXPECT_EQ(actual, read_file(expected_path)) << "for " << name << ".evt";
+  evtc::test::expect_matches_golden(kGoldenDir / (name + ".expected"), actual, name + ".evt");
 }
 
 TEST_P(Golden, CanonicalFormRoundTrips) {

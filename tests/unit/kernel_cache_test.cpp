@@ -4,6 +4,8 @@
 // no other test uses, since a process remembers the keys it has compiled.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+
+#include "golden_files.hpp"
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -30,12 +32,7 @@ using namespace evtc;
 
 namespace {
 
-std::string read_file(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using evtc::test::read_file;
 
 size_t entries_in(const fs::path& dir) {
   std::error_code ec;

@@ -10,6 +10,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "golden_files.hpp"
+
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
@@ -49,12 +51,7 @@ std::vector<GoldenCase> discover_cases() {
   return cases;
 }
 
-std::string read_file(const fs::path& p) {
-  std::ifstream f(p);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using evtc::test::read_file;
 
 Layout parse_layout(const std::string& s) {
   if (s == "row_major") return Layout::row_major;
@@ -160,14 +157,7 @@ TEST_P(PassGolden, MatchesExpectedOutput) {
   const auto [got, result] = run_case(c, input, options);
   fs::path expected_path = c.input;
   expected_path.replace_extension(".expected");
-  const char* update = std::getenv("EVTC_UPDATE_GOLDEN");
-  if (update && std::string(update) == "1") {
-    std::ofstream(expected_path) << got;
-  } else {
-    ASSERT_TRUE(fs::exists(expected_path))
-        << expected_path << " is missing: run with EVTC_UPDATE_GOLDEN=1 to create it";
-    EXPECT_EQ(got, read_file(expected_path)) << "for " << c.input;
-  }
+  evtc::test::expect_matches_golden(expected_path, got, c.input.string());
 
   // Idempotence: running the same step on its own output changes nothing.
   const auto [again, twice] = run_case(c, result, options);

@@ -16,6 +16,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "golden_files.hpp"
+
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
@@ -40,12 +42,7 @@ namespace {
 const fs::path kGoldenDir = fs::path(EVTC_TEST_DATA_DIR) / "golden" / "sm90";
 const fs::path kIncludeDir = fs::path(EVTC_TEST_DATA_DIR).parent_path() / "include";
 
-std::string read_file(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using evtc::test::read_file;
 
 size_t count(const std::string& text, const std::string& what) {
   size_t n = 0;
@@ -145,15 +142,7 @@ TEST_P(Sm90Golden, MatchesExpected) {
   const Graph g = pipeline(parse_expression(in.source, {}, name + ".evt"), in.gemm, &legality);
   ASSERT_TRUE(legality.fusable()) << name << ".evt is not fusable: " << legality.reasons.front();
   const std::string actual = visitor_part(sm90::emit_kernel(g, in.gemm, in.config).source);
-  const fs::path expected_path = kGoldenDir / (name + ".expected");
-  const char* update = std::getenv("EVTC_UPDATE_GOLDEN");
-  if (update && std::string(update) == "1") {
-    std::ofstream(expected_path, std::ios::binary) << actual;
-    return;
-  }
-  ASSERT_TRUE(fs::exists(expected_path))
-      << expected_path << " is missing: run the tests with EVTC_UPDATE_GOLDEN=1 to create it";
-  EXPECT_EQ(actual, read_file(expected_path)) << "for " << name << ".evt";
+  evtc::test::expect_matches_golden(kGoldenDir / (name + ".expected"), actual, name + ".evt");
 }
 
 INSTANTIATE_TEST_SUITE_P(Sm90, Sm90Golden, testing::ValuesIn(golden_names()),
