@@ -56,6 +56,9 @@ struct KernelSignature {
   DType d_dtype = DType::bf16;
 
   std::string to_json() const;
+  // The C definition every generated library exports:
+  //   const char* evtc_kernel_signature(void) { return "<to_json(), escaped>"; }
+  std::string c_export() const;
 };
 
 KernelSignature make_signature(const Graph& g);

@@ -25,12 +25,7 @@ Node GraphRewriter::translated(NodeId id) const {
 }
 
 NodeId GraphRewriter::constant(double value, DType dtype) {
-  Node n;
-  n.kind = NodeKind::scalar;
-  n.scalar_kind = ScalarKind::constant;
-  n.value = value;
-  n.dtype = dtype;
-  return add(std::move(n));
+  return built_.constant(value, dtype).id;
 }
 
 NodeId GraphRewriter::compute(Op op, std::vector<NodeId> inputs, DType dtype,

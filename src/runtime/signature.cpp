@@ -157,4 +157,13 @@ std::string KernelSignature::to_json() const {
   return j.dump();
 }
 
+std::string KernelSignature::c_export() const {
+  std::string escaped;
+  for (char c : to_json()) {
+    if (c == '"' || c == '\\') escaped += '\\';
+    escaped += c;
+  }
+  return fmt::format("const char* evtc_kernel_signature(void) {{ return \"{}\"; }}\n", escaped);
+}
+
 }  // namespace evtc

@@ -632,14 +632,7 @@ extern "C" {
 int evtc_abi_version(void) { return EVTC_ABI_VERSION; }
 
 )";
-  // Escape the signature JSON for a C string literal.
-  std::string json = sig_.to_json();
-  std::string escaped;
-  for (char c : json) {
-    if (c == '"' || c == '\\') escaped += '\\';
-    escaped += c;
-  }
-  s += fmt::format("const char* evtc_kernel_signature(void) {{ return \"{}\"; }}\n", escaped);
+  s += sig_.c_export();
   s += R"(
 int evtc_can_implement(const evtc_gemm_args* a, char* why, size_t why_size) {
   auto args = gemm_arguments(*a, nullptr);
