@@ -7,6 +7,8 @@
 #include <functional>
 #include <string>
 
+#include "evtc/runtime.hpp"
+
 namespace evtc::cli {
 
 inline constexpr int kExitOk = 0;
@@ -20,5 +22,12 @@ struct Command {
 
 // An argument that is either an expression or the path of a file holding one.
 std::string read_expression_arg(const std::string& arg);
+
+// A --layout-a/--layout-b value: r (row) or c (col); UserError naming the option otherwise.
+Layout parse_layout(const std::string& s, const char* which);
+
+// Prints progress of long work ("compiling 3/8"): on a terminal one line rewritten in place,
+// otherwise a line per step.
+ProgressFn progress_printer(const std::string& what);
 
 }  // namespace evtc::cli

@@ -1,5 +1,7 @@
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -23,12 +25,27 @@ std::string read_expression_arg(const std::string& arg) {
   return arg;
 }
 
+Layout parse_layout(const std::string& s, const char* which) {
+  if (s == "r" || s == "row") return Layout::row_major;
+  if (s == "c" || s == "col") return Layout::col_major;
+  throw UserError(fmt::format("--layout-{}: expected r or c, got '{}'", which, s));
+}
+
+ProgressFn progress_printer(const std::string& what) {
+  const bool tty = isatty(fileno(stderr));
+  return [what, tty](const std::string& stage, int done, int total) {
+    fmt::print(stderr, "{}{}: {} {}/{}{}", tty ? "\r" : "", what, stage, done, total,
+               tty && done < total ? "   " : "\n");
+  };
+}
+
 // One per tools/cmd_*.cpp.
 Command add_explain_command(CLI::App& app);
 Command add_ref_command(CLI::App& app);
 Command add_run_command(CLI::App& app);
 Command add_compile_command(CLI::App& app);
 Command add_cache_command(CLI::App& app);
+Command add_tune_command(CLI::App& app);
 
 }  // namespace evtc::cli
 
@@ -39,7 +56,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("evtc ") + EVTC_CLI_VERSION);
   const std::vector<Command> commands = {
       add_explain_command(app), add_ref_command(app), add_run_command(app),
-      add_compile_command(app), add_cache_command(app)};
+      add_compile_command(app), add_cache_command(app), add_tune_command(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -15,11 +15,13 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <variant>
+#include <vector>
 
 #include "evtc/gemm.hpp"
 #include "evtc/graph.hpp"
@@ -69,6 +71,15 @@ class Arguments {
   std::map<std::string, double> scalars_;
 };
 
+// When the autotuner picks a problem's kernel configuration (docs/backend.md, "Autotuning").
+enum class TuneMode : uint8_t {
+  off,         // the heuristic default only (default_config); tuned choices are ignored
+  first_call,  // a shape with no tuned choice is tuned at its first call, then persisted
+  ahead,       // tuned choices (`evtc tune`, Kernel::tune) are used; never tunes during a call
+};
+const char* tune_mode_name(TuneMode m);  // "off", "first-call", "ahead"
+std::optional<TuneMode> parse_tune_mode(const std::string& name);
+
 struct CompileOptions {
   // A/B dtypes and layouts the fused kernel is built for (m, n, k are ignored).
   GemmDesc gemm;
@@ -79,6 +90,36 @@ struct CompileOptions {
   bool precise_math = false;
   // Never fuse: always run cuBLASLt + the plain epilogue (also EVTC_DISABLE=1).
   bool disable_fusion = false;
+  // How configurations are chosen when `config` is unset; EVTC_TUNE=off|first-call|ahead
+  // overrides it.
+  TuneMode tune_mode = TuneMode::ahead;
+  // Most candidates compiled and timed per problem (0: every candidate that survives pruning);
+  // EVTC_TUNE_MAX_CANDIDATES overrides it.
+  int tune_max_candidates = 6;
+};
+
+// Where a problem's configuration came from.
+struct ConfigChoice {
+  KernelConfig config;
+  enum class Source { fixed, tuned, nearest_tuned, heuristic } source = Source::heuristic;
+  int64_t tuned_m = 0, tuned_n = 0, tuned_k = 0;  // the tuned shape it came from
+  std::string describe() const;  // e.g. "tuned for 4096x4096x4096", "heuristic default"
+};
+
+// Progress of long work: stage ("compiling", "timing"), items done, items in all.
+using ProgressFn = std::function<void(const std::string& stage, int done, int total)>;
+
+struct TuneResult {
+  int64_t m = 0, n = 0, k = 0;
+  KernelConfig best;
+  double best_ms = 0;
+  struct Candidate {
+    KernelConfig config;
+    double median_ms = -1;  // < 0 when it failed
+    std::string error;
+  };
+  std::vector<Candidate> candidates;  // in the order they were timed
+  std::string record_path;            // the persisted choice
 };
 
 // Which path a call took.
@@ -95,9 +136,24 @@ class Kernel {
   // instead of at the first call; needs no GPU. Sizes of 0 mean unknown. Throws if it cannot
   // be compiled.
   void compile(int64_t m = 0, int64_t n = 0, int64_t k = 0);
-  // The kernel configuration a problem of this size runs with (the options' config, else
-  // default_config's choice).
+  // The kernel configuration a problem of this size runs with: the options' config; else,
+  // unless tuning is off, the choice tuned for this shape on the current GPU, or the nearest
+  // tuned shape's; else default_config's choice.
   KernelConfig config_for(int64_t m, int64_t n, int64_t k) const;
+  ConfigChoice config_choice(int64_t m, int64_t n, int64_t k) const;
+
+  // Autotuning (src/runtime/autotuner.hpp). The pruned candidate configurations of a problem.
+  std::vector<KernelConfig> tuning_candidates(int64_t m, int64_t n, int64_t k) const;
+  // Compiles configurations in parallel (one nvcc per core, or EVTC_COMPILE_JOBS); returns
+  // the error of each one that failed, by config name. Needs no GPU.
+  std::map<std::string, std::string> compile_configs(const std::vector<KernelConfig>& configs,
+                                                     const ProgressFn& progress = {});
+  // Tunes the problem of `args` on the current GPU: compiles the candidates, times each on
+  // these operands (median of CUDA-event timings after warm-up) writing every output to
+  // scratch buffers (the arguments' outputs are not touched), persists the winner in the
+  // cache folder and uses it from now on. Throws UserError for invalid arguments, and
+  // RuntimeError when no candidate ran.
+  TuneResult tune(const Arguments& args, cudaStream_t stream = nullptr, const ProgressFn& progress = {});
   // Compiles (or loads) the unfused fallback epilogue now; returns its library path.
   std::string compile_fallback();
   // Runs on `stream`. Returns the path taken (fused, or fallback with the reason logged once).

@@ -35,6 +35,22 @@ cublasLtHandle_t handle() {
 
 }  // namespace
 
+void require_runnable_fp8(DType a_dtype, DType b_dtype, bool a_row_major, bool b_row_major,
+                          int64_t k, int64_t lda, int64_t ldb) {
+  if (!is_fp8(a_dtype) && !is_fp8(b_dtype)) return;
+  std::string why;
+  if (!a_row_major) why += "; A is column-major: pass A as a row-major M×K matrix";
+  if (b_row_major)
+    why += "; B is row-major K×N: pass B column-major, i.e. the N×K matrix transposed (for a "
+           "PyTorch weight w of shape (N, K), w.t())";
+  for (auto [what, v] : {std::pair{"K", k}, std::pair{"the leading dimension of A", lda},
+                         std::pair{"the leading dimension of B", ldb}})
+    if (v != 0 && v % 16 != 0) why += fmt::format("; {} is {}, not a multiple of 16", what, v);
+  if (!why.empty())
+    throw UserError("fp8 A and B must both be K-major with 16-byte rows (Hopper's fp8 tensor "
+                    "cores and cuBLASLt's fp8 GEMM read only that)" + why);
+}
+
 void cublaslt_matmul(const MatrixOperand& a, const MatrixOperand& b, void* d, DType d_dtype,
                      int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
   // Row-major acc (m×n) is column-major acc^T (n×m) = B^T (n×k) · A^T (k×m): pass B first.

@@ -9,16 +9,16 @@
 namespace evtc {
 
 std::string KernelConfig::name() const {
-  return fmt::format("{}_{}x{}x{}_c{}x{}_{}{}",
+  return fmt::format("{}_{}x{}x{}_c{}x{}_{}{}{}",
                      schedule == MainloopSchedule::cooperative ? "coop" : "pingpong", tile_m,
                      tile_n, tile_k, cluster_m, cluster_n,
                      scheduler == TileSchedulerKind::persistent ? "persistent" : "streamk",
-                     precise_math ? "_precise" : "");
+                     fp8_fast_accum ? "_fastacc" : "", precise_math ? "_precise" : "");
 }
 
 std::optional<KernelConfig> KernelConfig::parse(const std::string& name) {
   static const std::regex re(
-      R"((coop|pingpong)_(\d+)x(\d+)x(\d+)_c(\d+)x(\d+)_(persistent|streamk)(_precise)?)");
+      R"((coop|pingpong)_(\d+)x(\d+)x(\d+)_c(\d+)x(\d+)_(persistent|streamk)(_fastacc)?(_precise)?)");
   std::smatch m;
   if (!std::regex_match(name, m, re)) return std::nullopt;
   // Sizes CUTLASS's sm90 builders take: tiles of 64, 128 or 256 rows/columns, K tiles of
@@ -42,7 +42,8 @@ std::optional<KernelConfig> KernelConfig::parse(const std::string& name) {
   c.cluster_m = *cm;
   c.cluster_n = *cn;
   c.scheduler = m[7] == "persistent" ? TileSchedulerKind::persistent : TileSchedulerKind::stream_k;
-  c.precise_math = m[8].matched;
+  c.fp8_fast_accum = m[8].matched;
+  c.precise_math = m[9].matched;
   if (c.schedule == MainloopSchedule::pingpong && c.scheduler == TileSchedulerKind::stream_k)
     return std::nullopt;  // CUTLASS's ping-pong kernel has no stream-K
   if (c.schedule == MainloopSchedule::cooperative && c.tile_m < 128) return std::nullopt;

@@ -1,0 +1,298 @@
+#include "runtime/autotuner.hpp"
+
+#include <fmt/format.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <tuple>
+
+#include "evtc/error.hpp"
+
+namespace fs = std::filesystem;
+
+namespace evtc::tuning {
+namespace {
+
+constexpr int kRecordFormat = 1;
+
+bool has_reduction(const Graph& g) {
+  for (const Node& n : g.nodes())
+    if (n.kind == NodeKind::reduce) return true;
+  return false;
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Problem sizes of 0 (unknown) are treated as one large square problem.
+int64_t size_or(int64_t v) { return v > 0 ? v : 4096; }
+
+// Fraction of the padded tile grid that lies inside the problem.
+double padding_efficiency(const KernelConfig& c, const GemmDesc& g) {
+  const int64_t m = size_or(g.m), n = size_or(g.n);
+  return double(m) / double(ceil_div(m, c.tile_m) * c.tile_m) *
+         (double(n) / double(ceil_div(n, c.tile_n) * c.tile_n));
+}
+
+// Tiles per wave the persistent grid runs: whole clusters on the multiprocessors.
+int64_t tiles_per_wave(const KernelConfig& c, const DeviceLimits& d) {
+  const int cluster = c.cluster_m * c.cluster_n;
+  return std::max<int64_t>(cluster, d.sm_count / cluster * cluster);
+}
+
+// Fraction of the waves' tile slots doing work, tiles rounded up to whole clusters.
+double wave_efficiency(const KernelConfig& c, const GemmDesc& g, const DeviceLimits& d) {
+  const int64_t tm = ceil_div(ceil_div(size_or(g.m), c.tile_m), c.cluster_m) * c.cluster_m;
+  const int64_t tn = ceil_div(ceil_div(size_or(g.n), c.tile_n), c.cluster_n) * c.cluster_n;
+  const int64_t useful = ceil_div(size_or(g.m), c.tile_m) * ceil_div(size_or(g.n), c.tile_n);
+  const int64_t slots = ceil_div(tm * tn, tiles_per_wave(c, d)) * tiles_per_wave(c, d);
+  return double(useful) / double(slots);
+}
+
+// Main-loop stages that fit in shared memory beside the epilogue's buffers (CUTLASS's
+// StageCountAutoCarveout does the same subtraction; 32 KiB covers its epilogue tiles).
+int mainloop_stages(const KernelConfig& c, DType ab, const DeviceLimits& d) {
+  const int64_t per_stage = int64_t(c.tile_m + c.tile_n) * c.tile_k * dtype_bytes(ab);
+  return int((d.smem_bytes_per_block - 32 * 1024) / per_stage);
+}
+
+std::vector<KernelConfig> whole_space(const GemmDesc& gemm) {
+  static const int kTiles[][2] = {{128, 128}, {128, 256}, {256, 128}, {64, 128}, {64, 256}};
+  static const int kClusters[][2] = {{1, 1}, {2, 1}, {1, 2}};
+  const int tile_k = is_fp8(gemm.a_dtype) ? 128 : 64;
+  std::vector<KernelConfig> out;
+  for (auto sched : {MainloopSchedule::cooperative, MainloopSchedule::pingpong})
+    for (auto scheduler : {TileSchedulerKind::persistent, TileSchedulerKind::stream_k})
+      for (const auto& t : kTiles)
+        for (const auto& cl : kClusters) {
+          KernelConfig c;
+          c.schedule = sched;
+          c.scheduler = scheduler;
+          c.tile_m = t[0];
+          c.tile_n = t[1];
+          c.tile_k = tile_k;
+          c.cluster_m = cl[0];
+          c.cluster_n = cl[1];
+          out.push_back(c);
+        }
+  return out;
+}
+
+}  // namespace
+
+std::string prune_reason(const KernelConfig& c, const Graph& g, const GemmDesc& gemm,
+                         const DeviceLimits& device) {
+  if (!KernelConfig::parse(c.name())) return "not a configuration CUTLASS's sm90 kernels build";
+  const int threads = c.schedule == MainloopSchedule::pingpong ? 128 : 256;
+  // fp32 accumulators per thread of the warp groups sharing a tile (ping-pong: one warp
+  // group per tile); above 128 the kernel spills.
+  if (int64_t(c.tile_m) * c.tile_n / threads > 128)
+    return fmt::format("{} accumulators per thread do not fit in registers",
+                       int64_t(c.tile_m) * c.tile_n / threads);
+  if (mainloop_stages(c, gemm.a_dtype, device) < 3)
+    return "fewer than 3 main-loop stages fit in shared memory";
+  const int64_t tiles_m = ceil_div(size_or(gemm.m), c.tile_m);
+  const int64_t tiles_n = ceil_div(size_or(gemm.n), c.tile_n);
+  if (tiles_m < c.cluster_m || tiles_n < c.cluster_n)
+    return fmt::format("cluster {}x{} is wider than the {}x{} tile grid", c.cluster_m, c.cluster_n,
+                       tiles_m, tiles_n);
+  if (padding_efficiency(c, gemm) < 0.5) return "more than half of the tile grid is padding";
+  if (has_reduction(g)) {
+    if (c.schedule != MainloopSchedule::cooperative || c.scheduler != TileSchedulerKind::persistent)
+      return "reductions run with cooperative persistent kernels only";
+  }
+  if (c.scheduler == TileSchedulerKind::stream_k) {
+    KernelConfig persistent = c;
+    persistent.scheduler = TileSchedulerKind::persistent;
+    if (wave_efficiency(persistent, gemm, device) >= 0.85)
+      return "the persistent grid already fills its waves (stream-K would only add fix-up)";
+    if (size_or(gemm.k) < 8 * c.tile_k) return "K is too short to split";
+  }
+  return {};
+}
+
+double heuristic_score(const KernelConfig& c, const GemmDesc& gemm, const DeviceLimits& device) {
+  // Arithmetic intensity of a tile (MN / (M+N)), relative to the largest tile's.
+  const double intensity =
+      (double(c.tile_m) * c.tile_n / (c.tile_m + c.tile_n)) / (256.0 * 128.0 / 384.0);
+  const double waves = c.scheduler == TileSchedulerKind::stream_k ? 0.95  // balanced, minus fix-up
+                                                                  : wave_efficiency(c, gemm, device);
+  // Orderings measured on an H100 (bench/results/*-config-sweep.txt): a 2×1 cluster shares
+  // B's tiles by multicast; ping-pong pays off when the main loop is short.
+  const double cluster = c.cluster_m == 2 && c.cluster_n == 1 ? 1.0 : c.cluster_m * c.cluster_n == 1 ? 0.97 : 0.98;
+  const double sched = c.schedule == MainloopSchedule::pingpong && size_or(gemm.k) > 2048 ? 0.97 : 1.0;
+  return waves * padding_efficiency(c, gemm) * std::sqrt(intensity) * cluster * sched;
+}
+
+std::vector<KernelConfig> candidate_configs(const Graph& g, const GemmDesc& gemm,
+                                            const DeviceLimits& device, size_t max_candidates) {
+  std::vector<std::pair<double, KernelConfig>> scored;
+  for (const KernelConfig& c : whole_space(gemm))
+    if (prune_reason(c, g, gemm, device).empty()) scored.emplace_back(heuristic_score(c, gemm, device), c);
+  std::stable_sort(scored.begin(), scored.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  // The heuristic default always competes, so tuning never picks something worse than it.
+  std::vector<KernelConfig> out{default_config(g, gemm)};
+  for (const auto& [score, c] : scored) {
+    if (max_candidates && out.size() >= max_candidates) break;
+    if (std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
+  }
+  return out;
+}
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+std::string problem_key(const ProblemIdentity& id) {
+  const std::string material =
+      fmt::format("graph={};a={}/{};b={}/{};precise={};arch=sm{};device={}", id.graph_hash,
+                  dtype_name(id.gemm.a_dtype), id.gemm.a_layout == Layout::row_major ? "r" : "c",
+                  dtype_name(id.gemm.b_dtype), id.gemm.b_layout == Layout::row_major ? "r" : "c",
+                  id.precise_math, id.arch, id.device_name);
+  return fmt::format("{:016x}", XXH3_64bits(material.data(), material.size()));
+}
+
+std::string TuningRecord::to_json() const {
+  nlohmann::json j;
+  j["format"] = kRecordFormat;
+  j["m"] = m;
+  j["n"] = n;
+  j["k"] = k;
+  j["config"] = best.name();
+  j["median_ms"] = best_ms;
+  j["graph_hash"] = identity.graph_hash;
+  j["a"] = {{"dtype", dtype_name(identity.gemm.a_dtype)},
+            {"layout", identity.gemm.a_layout == Layout::row_major ? "row" : "col"}};
+  j["b"] = {{"dtype", dtype_name(identity.gemm.b_dtype)},
+            {"layout", identity.gemm.b_layout == Layout::row_major ? "row" : "col"}};
+  j["precise_math"] = identity.precise_math;
+  j["arch"] = fmt::format("sm_{}a", identity.arch);
+  j["device"] = identity.device_name;
+  j["tuned_at"] = tuned_at;
+  j["candidates"] = nlohmann::json::array();
+  for (const auto& c : candidates) {
+    nlohmann::json e{{"config", c.config}};
+    if (c.median_ms >= 0) e["median_ms"] = c.median_ms;
+    else e["error"] = c.error;
+    j["candidates"].push_back(e);
+  }
+  return j.dump(2) + "\n";
+}
+
+TuningRecord TuningRecord::from_json(const std::string& text) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw RuntimeError(fmt::format("tuning record is not JSON: {}", e.what()));
+  }
+  if (j.value("format", 0) != kRecordFormat)
+    throw RuntimeError(fmt::format("tuning record has format {}, expected {}", j.value("format", 0),
+                                   kRecordFormat));
+  TuningRecord r;
+  try {
+    r.m = j.at("m").get<int64_t>();
+    r.n = j.at("n").get<int64_t>();
+    r.k = j.at("k").get<int64_t>();
+    const std::string name = j.at("config").get<std::string>();
+    const auto cfg = KernelConfig::parse(name);
+    if (!cfg) throw RuntimeError(fmt::format("tuning record names an unknown config '{}'", name));
+    r.best = *cfg;
+    r.best_ms = j.at("median_ms").get<double>();
+    r.identity.graph_hash = j.at("graph_hash").get<std::string>();
+    r.identity.device_name = j.at("device").get<std::string>();
+    r.identity.precise_math = j.value("precise_math", false);
+    r.tuned_at = j.value("tuned_at", "");
+    for (const auto& e : j.value("candidates", nlohmann::json::array())) {
+      CandidateTiming t;
+      t.config = e.at("config").get<std::string>();
+      t.median_ms = e.value("median_ms", -1.0);
+      t.error = e.value("error", "");
+      r.candidates.push_back(t);
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw RuntimeError(fmt::format("tuning record: {}", e.what()));
+  }
+  return r;
+}
+
+TuningStore::TuningStore(std::string cache_dir, const ProblemIdentity& id)
+    : folder_((fs::path(cache_dir) / "tuning" / problem_key(id)).string()) {}
+
+std::string TuningStore::save(const TuningRecord& r) const {
+  fs::create_directories(folder_);
+  const fs::path final_path = fs::path(folder_) / fmt::format("{}x{}x{}.json", r.m, r.n, r.k);
+  std::random_device rd;
+  const fs::path tmp = fs::path(folder_) / fmt::format(".{}.{}.{:x}.tmp", final_path.filename().string(),
+                                                       ::getpid(), rd());
+  {
+    std::ofstream f(tmp, std::ios::binary);
+    f << r.to_json();
+    f.flush();
+    if (!f) throw RuntimeError(fmt::format("cannot write the tuning record {}", tmp.string()));
+  }
+  fs::rename(tmp, final_path);  // atomic: readers see the old record or the new one
+  return final_path.string();
+}
+
+std::optional<TuningRecord> TuningStore::find(int64_t m, int64_t n, int64_t k) const {
+  std::ifstream f(fs::path(folder_) / fmt::format("{}x{}x{}.json", m, n, k));
+  if (!f) return std::nullopt;
+  std::stringstream ss;
+  ss << f.rdbuf();
+  try {
+    return TuningRecord::from_json(ss.str());
+  } catch (const RuntimeError&) {
+    return std::nullopt;  // a record from another evtc version: tune again
+  }
+}
+
+std::vector<TuningRecord> TuningStore::all() const {
+  std::vector<TuningRecord> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(folder_, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.empty() || name[0] == '.' || e.path().extension() != ".json") continue;
+    std::ifstream f(e.path());
+    std::stringstream ss;
+    ss << f.rdbuf();
+    try {
+      out.push_back(TuningRecord::from_json(ss.str()));
+    } catch (const RuntimeError&) {
+    }
+  }
+  return out;
+}
+
+std::optional<TuningRecord> nearest(const std::vector<TuningRecord>& records, int64_t m, int64_t n,
+                                    int64_t k) {
+  auto dist = [&](const TuningRecord& r) {
+    auto d = [](int64_t a, int64_t b) { return std::abs(std::log(double(size_or(a)) / double(size_or(b)))); };
+    return d(r.m, m) + d(r.n, n) + d(r.k, k);
+  };
+  // Ties go to the smaller shape, so the choice does not depend on the folder's order.
+  auto before = [&](const TuningRecord& a, const TuningRecord& b) {
+    return std::tuple(dist(a), a.m, a.n, a.k) < std::tuple(dist(b), b.m, b.n, b.k);
+  };
+  const TuningRecord* best = nullptr;
+  for (const auto& r : records)
+    if (!best || before(r, *best)) best = &r;
+  if (!best) return std::nullopt;
+  return *best;
+}
+
+}  // namespace evtc::tuning

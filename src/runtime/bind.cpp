@@ -1,0 +1,208 @@
+#include "runtime/bind.hpp"
+
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+
+#include <tuple>
+
+#include "evtc/error.hpp"
+
+namespace evtc::runtime {
+namespace {
+
+// Layout of an M×N (or M×K ...) view: row-major if its columns are contiguous.
+std::optional<Layout> layout_of(const TensorRef& t) {
+  if (t.col_stride == 1 && (t.rows <= 1 || t.row_stride >= t.cols)) return Layout::row_major;
+  if (t.row_stride == 1 && (t.cols <= 1 || t.col_stride >= t.rows)) return Layout::col_major;
+  return std::nullopt;
+}
+
+const char* layout_text(Layout l) { return l == Layout::row_major ? "row-major" : "column-major"; }
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// The C source or the D output: an M×N row-major matrix of the compiled dtype.
+template <typename What>
+void check_mn_matrix(const TensorRef& t, DType want, int64_t m, int64_t n, const What& what,
+                     PointerChecks& pointers, std::vector<std::string>& reasons) {
+  if (t.dtype != want)
+    throw UserError(fmt::format("{}: dtype {} given, the kernel was compiled for {}", what(),
+                                dtype_name(t.dtype), dtype_name(want)));
+  if (t.rows != m || t.cols != n)
+    throw UserError(fmt::format("{}: shape {}×{} given, expected M×N = {}×{}", what(), t.rows,
+                                t.cols, m, n));
+  if (t.col_stride != 1 || t.row_stride < n)
+    throw UserError(fmt::format("{}: strides ({}, {}) given, expected a row-major matrix with "
+                                "strides ({}, 1)",
+                                what(), t.row_stride, t.col_stride, n));
+  pointers.check(t.data, what);
+  if (!aligned16(t.data) || (t.row_stride * dtype_bytes(t.dtype)) % 16 != 0)
+    reasons.push_back(fmt::format("{} is not 16-byte aligned (TMA needs aligned rows)", what()));
+}
+
+// An operand or extra output of the signature's pointer table.
+void check_slot(const OperandSlot& s, const TensorRef& t, int64_t m, int64_t n, PointerChecks& pointers,
+                std::vector<std::string>& reasons) {
+  auto what = [&] { return fmt::format("{} '{}'", s.is_output ? "output" : "operand", s.name); };
+  if (t.dtype != s.dtype)
+    throw UserError(fmt::format("{}: dtype {} given, the kernel was compiled for {}", what(),
+                                dtype_name(t.dtype), dtype_name(s.dtype)));
+  if (s.shape == Shape::full) {
+    const bool row = s.layout == Layout::row_major;
+    if (t.rows != m || t.cols != n)
+      throw UserError(fmt::format("{}: shape {}×{} given, expected M×N = {}×{}", what(), t.rows, t.cols, m, n));
+    if (row ? (t.col_stride != 1 || t.row_stride != n) : (t.row_stride != 1 || t.col_stride != m))
+      throw UserError(fmt::format("{}: strides ({}, {}) given, expected a contiguous {} matrix "
+                                  "with strides {}",
+                                  what(), t.row_stride, t.col_stride, layout_text(s.layout),
+                                  row ? fmt::format("({}, 1)", n) : fmt::format("(1, {})", m)));
+    if (!aligned16(t.data)) reasons.push_back(fmt::format("{} is not 16-byte aligned", what()));
+  } else {
+    const int64_t want = s.shape == Shape::row ? n : s.shape == Shape::col ? m : 1;
+    const char* dim = s.shape == Shape::row ? " (N)" : s.shape == Shape::col ? " (M)" : "";
+    if (t.rows * t.cols != want || (t.rows != 1 && t.cols != 1))
+      throw UserError(fmt::format("{}: {}×{} given, expected a vector of {} elements{}", what(),
+                                  t.rows, t.cols, want, dim));
+    const int64_t step = t.rows == 1 ? t.col_stride : t.row_stride;
+    if (want > 1 && step != 1)
+      throw UserError(fmt::format("{}: elements are {} apart, expected contiguous", what(), step));
+    if (s.shape != Shape::scalar && !aligned16(t.data))
+      reasons.push_back(fmt::format("{} is not 16-byte aligned", what()));
+  }
+  pointers.check(t.data, what);
+}
+
+}  // namespace
+
+bool PointerChecks::known(const void* p, int device) {
+  std::lock_guard lock(mu_);
+  for (const auto& [q, d] : seen_)
+    if (q == p && d == device) return true;
+  return false;
+}
+
+void PointerChecks::query(const void* p, int device, const std::string& what) {
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess || attr.type == cudaMemoryTypeHost ||
+      attr.type == cudaMemoryTypeUnregistered) {
+    cudaGetLastError();
+    throw UserError(fmt::format("{}: pointer {} is not device memory", what, p));
+  }
+  if (attr.type == cudaMemoryTypeDevice && attr.device != device)
+    throw UserError(fmt::format("{}: lives on device {} but the current device is {}", what,
+                                attr.device, device));
+  std::lock_guard lock(mu_);
+  seen_[next_] = {p, device};
+  next_ = (next_ + 1) % seen_.size();
+}
+
+void PointerChecks::fail_null(const std::string& what) {
+  throw UserError(fmt::format("{}: no data (null pointer)", what));
+}
+
+evtc_gemm_args BoundCall::abi() const {
+  evtc_gemm_args a{};
+  a.m = m;
+  a.n = n;
+  a.k = k;
+  a.a = this->a;
+  a.b = this->b;
+  a.c = c;
+  a.d = d;
+  a.lda = lda;
+  a.ldb = ldb;
+  a.ldc = ldc;
+  a.ldd = ldd;
+  a.ptrs = ptrs.data();
+  a.scalars = scalars.data();
+  a.sm_count = 0;
+  return a;
+}
+
+BoundCall bind_arguments(const KernelSignature& sig, const GemmDesc& gemm, const Arguments& args,
+                         PointerChecks& pointers) {
+  BoundCall call;
+  // --- A and B -------------------------------------------------------------------------
+  if (!args.a()) throw UserError("operand A was not given");
+  if (!args.b()) throw UserError("operand B was not given");
+  const TensorRef& A = *args.a();
+  const TensorRef& B = *args.b();
+  const int64_t m = A.rows, k = A.cols, n = B.cols;
+  if (B.rows != k)
+    throw UserError(fmt::format("operand B is {}×{} but A is {}×{}: B must have K={} rows", B.rows,
+                                B.cols, m, k, k));
+  if (m <= 0 || n <= 0 || k <= 0)
+    throw UserError(fmt::format("empty problem: M={}, N={}, K={}", m, n, k));
+  for (auto [name, t, want] : {std::tuple{"A", &A, gemm.a_dtype}, std::tuple{"B", &B, gemm.b_dtype}})
+    if (t->dtype != want)
+      throw UserError(fmt::format("operand {} is {} but the kernel was compiled for {}", name,
+                                  dtype_name(t->dtype), dtype_name(want)));
+  const auto la = layout_of(A), lb = layout_of(B);
+  if (!la) throw UserError("operand A: neither its rows nor its columns are contiguous");
+  if (!lb) throw UserError("operand B: neither its rows nor its columns are contiguous");
+  pointers.check(A.data, [] { return std::string("operand A"); });
+  pointers.check(B.data, [] { return std::string("operand B"); });
+  call.m = m;
+  call.n = n;
+  call.k = k;
+  call.a_layout = *la;
+  call.b_layout = *lb;
+  call.a = A.data;
+  call.b = B.data;
+  call.lda = *la == Layout::row_major ? A.row_stride : A.col_stride;
+  call.ldb = *lb == Layout::row_major ? B.row_stride : B.col_stride;
+  if (*la != gemm.a_layout)
+    call.reasons.push_back(fmt::format("A is {} but the kernel was built for {} A", layout_text(*la),
+                                       layout_text(gemm.a_layout)));
+  if (*lb != gemm.b_layout)
+    call.reasons.push_back(fmt::format("B is {} but the kernel was built for {} B", layout_text(*lb),
+                                       layout_text(gemm.b_layout)));
+
+  // --- C and D -------------------------------------------------------------------------
+  call.ldc = n;
+  if (sig.reads_c) {
+    if (!args.c()) throw UserError("the source matrix C was not given (the epilogue reads C)");
+    check_mn_matrix(*args.c(), sig.c_dtype, m, n, [] { return std::string("source matrix C"); },
+                    pointers, call.reasons);
+    call.c = args.c()->data;
+    call.ldc = args.c()->row_stride;
+  }
+  call.ldd = n;
+  if (!sig.d_name.empty()) {
+    auto it = args.tensors().find(sig.d_name);
+    if (it == args.tensors().end())
+      throw UserError(fmt::format("output '{}' ({}[m,n]) was not given", sig.d_name, dtype_name(sig.d_dtype)));
+    check_mn_matrix(it->second, sig.d_dtype, m, n,
+                    [&] { return fmt::format("output '{}'", sig.d_name); }, pointers, call.reasons);
+    call.d = it->second.data;
+    call.ldd = it->second.row_stride;
+  }
+
+  // --- operands and extra outputs -------------------------------------------------------
+  call.ptrs.reserve(sig.pointers.size());
+  for (const OperandSlot& s : sig.pointers) {
+    auto it = args.tensors().find(s.name);
+    if (it == args.tensors().end())
+      throw UserError(fmt::format("{} '{}' ({}{}) was not given", s.is_output ? "output" : "operand",
+                                  s.name, dtype_name(s.dtype), shape_name(s.shape)));
+    check_slot(s, it->second, m, n, pointers, call.reasons);
+    call.ptrs.push_back(it->second.data);
+  }
+  call.scalars.reserve(sig.scalars.size());
+  for (const OperandSlot& s : sig.scalars) {
+    auto it = args.scalars().find(s.name);
+    if (it == args.scalars().end())
+      throw UserError(fmt::format("scalar parameter '{}' was not given", s.name));
+    call.scalars.push_back(it->second);
+  }
+  if (args.tensors().size() != sig.pointers.size() + (sig.d_name.empty() ? 0 : 1)) {
+    for (const auto& [name, t] : args.tensors()) {
+      bool known = name == sig.d_name;
+      for (const auto& s : sig.pointers) known |= s.name == name;
+      if (!known) throw UserError(fmt::format("'{}' is not an operand or output of this epilogue", name));
+    }
+  }
+  return call;
+}
+
+}  // namespace evtc::runtime

@@ -1,0 +1,63 @@
+// Binding one call's Arguments to a kernel's signature: validates every operand (device,
+// dtype, shape, strides) and fills the C ABI's flat tables. Reasons the call cannot take the
+// fused path (a layout other than the one compiled, unaligned data) are collected rather
+// than thrown: such a call runs the fallback.
+#pragma once
+#include <array>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "evtc/device/abi.h"
+#include "evtc/runtime.hpp"
+
+namespace evtc::runtime {
+
+// Device pointers already checked with cudaPointerGetAttributes, so that a caller reusing
+// its buffers pays for the query once rather than per operand per call. A pointer is
+// remembered with the device it lives on; a pointer seen on another current device is
+// checked again. Thread-safe.
+class PointerChecks {
+ public:
+  // Throws UserError (named by `what()`) unless p is device memory of the current device.
+  template <typename What>
+  void check(const void* p, const What& what) {
+    if (!p) fail_null(what());
+    int device = 0;
+    cudaGetDevice(&device);
+    if (known(p, device)) return;
+    query(p, device, what());
+  }
+
+ private:
+  bool known(const void* p, int device);
+  void query(const void* p, int device, const std::string& what);
+  [[noreturn]] static void fail_null(const std::string& what);
+
+  std::mutex mu_;
+  std::array<std::pair<const void*, int>, 32> seen_{};
+  size_t next_ = 0;
+};
+
+struct BoundCall {
+  int64_t m = 0, n = 0, k = 0;
+  Layout a_layout = Layout::row_major, b_layout = Layout::row_major;
+  const void* a = nullptr;
+  const void* b = nullptr;
+  const void* c = nullptr;
+  void* d = nullptr;
+  int64_t lda = 0, ldb = 0, ldc = 0, ldd = 0;
+  std::vector<void*> ptrs;      // in signature order
+  std::vector<double> scalars;  // in signature order
+  // Why this call cannot take the fused path; empty if it can.
+  std::vector<std::string> reasons;
+
+  // The ABI arguments; they point into this object's tables.
+  evtc_gemm_args abi() const;
+};
+
+BoundCall bind_arguments(const KernelSignature& sig, const GemmDesc& gemm, const Arguments& args,
+                         PointerChecks& pointers);
+
+}  // namespace evtc::runtime

@@ -1,0 +1,76 @@
+#include "runtime/dispatch_timing.hpp"
+
+#include <dlfcn.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <vector>
+
+#include "evtc/device/abi.h"
+#include "evtc/error.hpp"
+#include "runtime/bind.hpp"
+#include "runtime/cublaslt_gemm.hpp"
+#include "runtime/harness.hpp"
+
+namespace evtc::runtime {
+namespace {
+
+// Median host time of `call` in microseconds. The stream is drained every 50 calls (outside
+// the timed region) so that a full launch queue never blocks a timed call.
+double median_host_us(const std::function<void()>& call, cudaStream_t stream) {
+  constexpr int kWarmup = 20, kCalls = 200;
+  for (int i = 0; i < kWarmup; ++i) call();
+  cudaStreamSynchronize(stream);
+  std::vector<double> us;
+  us.reserve(kCalls);
+  for (int i = 0; i < kCalls; ++i) {
+    if (i % 50 == 0) cudaStreamSynchronize(stream);
+    const auto t0 = std::chrono::steady_clock::now();
+    call();
+    us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+  }
+  cudaStreamSynchronize(stream);
+  std::nth_element(us.begin(), us.begin() + kCalls / 2, us.end());
+  return us[kCalls / 2];
+}
+
+// The library's own entry point, opened again (dlopen shares the loaded copy).
+struct LibraryEntry {
+  void* handle = nullptr;
+  evtc_run_fn run = nullptr;
+  evtc_workspace_size_fn workspace_size = nullptr;
+  explicit LibraryEntry(const std::string& path) {
+    handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!handle) throw RuntimeError(fmt::format("cannot open {}: {}", path, dlerror()));
+    run = reinterpret_cast<evtc_run_fn>(dlsym(handle, "evtc_run"));
+    workspace_size = reinterpret_cast<evtc_workspace_size_fn>(dlsym(handle, "evtc_workspace_size"));
+    if (!run || !workspace_size) throw RuntimeError(fmt::format("{} lacks evtc_run", path));
+  }
+  ~LibraryEntry() { dlclose(handle); }
+};
+
+}  // namespace
+
+DispatchTimes measure_dispatch(const Kernel& kernel, const Arguments& args, cudaStream_t stream) {
+  DispatchTimes t;
+  t.run_us = median_host_us([&] { kernel.run(args, stream); }, stream);
+
+  PointerChecks checks;
+  const BoundCall call = bind_arguments(kernel.signature(), kernel.options().gemm, args, checks);
+  const evtc_gemm_args abi = call.abi();
+  LibraryEntry lib(kernel.library_path());
+  DeviceBuffer workspace(lib.workspace_size(&abi));
+  char why[256];
+  t.library_us = median_host_us([&] { lib.run(&abi, workspace.get(), stream, why, sizeof why); }, stream);
+
+  DeviceBuffer d(size_t(call.m) * call.n * 4);
+  const MatrixOperand a{call.a, args.a()->dtype, call.a_layout == Layout::row_major, call.lda};
+  const MatrixOperand b{call.b, args.b()->dtype, call.b_layout == Layout::row_major, call.ldb};
+  t.cublas_us = median_host_us(
+      [&] { cublaslt_matmul(a, b, d.get(), DType::bf16, call.m, call.n, call.k, stream); }, stream);
+  return t;
+}
+
+}  // namespace evtc::runtime

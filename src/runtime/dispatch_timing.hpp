@@ -1,0 +1,20 @@
+// Host-side cost of launching: how long a call takes on the CPU before it returns (the GPU
+// work is queued, not waited for). Used by `evtc run --bench` and the benchmark suite.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include "evtc/runtime.hpp"
+
+namespace evtc::runtime {
+
+struct DispatchTimes {
+  double run_us = 0;      // Kernel::run: validation, plan lookup, the library's evtc_run
+  double library_us = 0;  // the compiled library's evtc_run alone (CUTLASS set-up + launch)
+  double cublas_us = 0;   // a cuBLASLt matmul of the same problem, for scale
+};
+
+// Medians over 200 calls each, after warm-up. `kernel` must take the fused path for `args`
+// and have its library loaded (one run() before).
+DispatchTimes measure_dispatch(const Kernel& kernel, const Arguments& args, cudaStream_t stream);
+
+}  // namespace evtc::runtime

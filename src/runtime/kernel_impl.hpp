@@ -1,0 +1,73 @@
+// Kernel's state, shared by kernel.cpp (construction, the run path) and kernel_tune.cpp
+// (configuration choice and autotuning).
+#pragma once
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "evtc/runtime.hpp"
+#include "jit/kernel_cache.hpp"
+#include "runtime/autotuner.hpp"
+#include "runtime/bind.hpp"
+
+namespace evtc {
+
+// What the run path remembers about one problem shape and stride set, so that a repeated
+// call does not re-run legality checks, configuration lookup or CUTLASS's can_implement.
+struct LaunchPlan {
+  std::string fallback_reason;  // non-empty: this shape never takes the fused path
+  std::shared_ptr<jit::Library> library;
+  evtc_run_fn run = nullptr;
+  size_t workspace_bytes = 0;
+};
+using PlanKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
+
+struct Kernel::Impl {
+  Graph graph;
+  CompileOptions options;
+  KernelSignature signature;
+  TuneMode tune_mode = TuneMode::ahead;
+  size_t tune_max_candidates = 6;
+  bool fusion_disabled = false;
+
+  mutable std::mutex mu;
+  // Compiled fused kernels by configuration name, and configurations that failed to compile
+  // (kept so each failure is reported once).
+  mutable std::map<std::string, std::shared_ptr<jit::Library>> fused;
+  mutable std::map<std::string, std::string> fused_errors;
+  mutable std::string fused_path;  // the latest compiled or loaded
+  mutable std::shared_ptr<jit::Library> fallback;
+  mutable std::set<std::string> logged;
+  mutable std::map<PlanKey, LaunchPlan> plans;
+  mutable std::map<std::tuple<int64_t, int64_t, int64_t>, ConfigChoice> choices;
+  // Tuned records of this graph on the current device, read once (nullopt: not yet read).
+  mutable std::optional<std::vector<tuning::TuningRecord>> records;
+  mutable runtime::PointerChecks pointer_checks;
+
+  void log_once(const std::string& reason) const;
+  KernelConfig heuristic_config(int64_t m, int64_t n, int64_t k) const;
+  ConfigChoice choose_config(int64_t m, int64_t n, int64_t k) const;
+  // The identity tuned choices are stored under; nullopt without a usable GPU.
+  std::optional<tuning::ProblemIdentity> identity() const;
+  jit::CompileRequest fused_request(const KernelConfig& config) const;
+  std::shared_ptr<jit::Library> fused_library(const KernelConfig& config) const;
+  std::shared_ptr<jit::Library> fallback_library() const;
+  std::string fallback_reason(int64_t m, int64_t n, int64_t k) const;
+  LaunchPlan plan_for(const runtime::BoundCall& call) const;
+  TuneResult tune(const runtime::BoundCall& call, cudaStream_t stream, const ProgressFn& progress) const;
+  std::map<std::string, std::string> compile_configs(const std::vector<KernelConfig>& configs,
+                                                     const ProgressFn& progress) const;
+  // In first-call mode: tunes the call's shape unless it has a tuned choice (not during
+  // CUDA-graph capture, which cannot synchronise).
+  void tune_on_first_call(const runtime::BoundCall& call, cudaStream_t stream) const;
+  // Forgets the configuration choices and launch plans made so far (after a shape was
+  // tuned: it, and shapes that borrowed a nearest tuned choice, may choose differently).
+  void forget_choices() const;
+};
+
+}  // namespace evtc

@@ -1,0 +1,344 @@
+// Kernel's configuration choice and autotuning: which configuration a problem runs with,
+// compiling candidates in parallel, timing them on scratch outputs, persisting the winner.
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <thread>
+
+#include "evtc/error.hpp"
+#include "evtc/ir_text.hpp"
+#include "runtime/harness.hpp"
+#include "runtime/kernel_impl.hpp"
+
+namespace evtc {
+namespace {
+
+struct DeviceInfo {
+  std::string name;
+  int arch = 0;  // 90 for sm_90
+  int sm_count = 0;
+};
+
+// The current device's name, arch and multiprocessor count (queried once per device);
+// nullopt without a usable device.
+std::optional<DeviceInfo> current_device() {
+  static std::mutex mu;
+  static std::map<int, std::optional<DeviceInfo>> known;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return std::nullopt;
+  }
+  std::lock_guard lock(mu);
+  if (auto it = known.find(device); it != known.end()) return it->second;
+  cudaDeviceProp p{};
+  std::optional<DeviceInfo> info;
+  if (cudaGetDeviceProperties(&p, device) == cudaSuccess)
+    info = DeviceInfo{p.name, p.major * 10 + p.minor, p.multiProcessorCount};
+  else
+    cudaGetLastError();
+  known[device] = info;
+  return info;
+}
+
+size_t compile_jobs() {
+  if (const char* v = std::getenv("EVTC_COMPILE_JOBS"); v && std::atoi(v) > 0) return size_t(std::atoi(v));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+bool quiet() {
+  const char* v = std::getenv("EVTC_QUIET");
+  return v && *v && std::string(v) != "0";
+}
+
+size_t output_bytes(const OperandSlot& s, int64_t m, int64_t n) {
+  const size_t count = s.shape == Shape::full ? size_t(m) * n
+                       : s.shape == Shape::row ? size_t(n)
+                       : s.shape == Shape::col ? size_t(m)
+                                               : 1;
+  return count * dtype_bytes(s.dtype);
+}
+
+}  // namespace
+
+const char* tune_mode_name(TuneMode m) {
+  switch (m) {
+    case TuneMode::off: return "off";
+    case TuneMode::first_call: return "first-call";
+    case TuneMode::ahead: return "ahead";
+  }
+  return "?";
+}
+
+std::optional<TuneMode> parse_tune_mode(const std::string& name) {
+  for (auto m : {TuneMode::off, TuneMode::first_call, TuneMode::ahead})
+    if (name == tune_mode_name(m)) return m;
+  return std::nullopt;
+}
+
+std::string ConfigChoice::describe() const {
+  switch (source) {
+    case Source::fixed: return "given";
+    case Source::tuned: return fmt::format("tuned for {}x{}x{}", tuned_m, tuned_n, tuned_k);
+    case Source::nearest_tuned:
+      return fmt::format("nearest tuned shape, {}x{}x{}", tuned_m, tuned_n, tuned_k);
+    case Source::heuristic: return "heuristic default";
+  }
+  return "?";
+}
+
+KernelConfig Kernel::Impl::heuristic_config(int64_t m, int64_t n, int64_t k) const {
+  GemmDesc g = options.gemm;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  return default_config(graph, g);
+}
+
+std::optional<tuning::ProblemIdentity> Kernel::Impl::identity() const {
+  const auto dev = current_device();
+  if (!dev || dev->arch != 90) return std::nullopt;  // the sm90 backend's kernels only
+  tuning::ProblemIdentity id;
+  id.graph_hash = graph_hash_hex(graph);
+  id.gemm = options.gemm;
+  id.gemm.m = id.gemm.n = id.gemm.k = 0;
+  id.precise_math = options.precise_math;
+  id.arch = 90;
+  id.device_name = dev->name;
+  return id;
+}
+
+ConfigChoice Kernel::Impl::choose_config(int64_t m, int64_t n, int64_t k) const {
+  ConfigChoice choice;
+  if (options.config) {
+    choice.config = *options.config;
+    choice.source = ConfigChoice::Source::fixed;
+  } else {
+    {
+      std::lock_guard lock(mu);
+      if (auto it = choices.find({m, n, k}); it != choices.end()) return it->second;
+    }
+    choice.config = heuristic_config(m, n, k);
+    // Unknown sizes (0) have no nearest shape: they take the heuristic default.
+    const bool sized = m > 0 && n > 0 && k > 0;
+    const auto id = tune_mode == TuneMode::off || !sized ? std::nullopt : identity();
+    if (id) {
+      std::lock_guard lock(mu);
+      if (!records) records = tuning::TuningStore(jit::cache_dir(), *id).all();
+      GemmDesc g = options.gemm;
+      g.m = m;
+      g.n = n;
+      g.k = k;
+      // The nearest tuned shape's choice, when it suits this shape too.
+      if (auto r = tuning::nearest(*records, m, n, k);
+          r && tuning::prune_reason(r->best, graph, g).empty()) {
+        choice.config = r->best;
+        choice.source = r->m == m && r->n == n && r->k == k ? ConfigChoice::Source::tuned
+                                                            : ConfigChoice::Source::nearest_tuned;
+        choice.tuned_m = r->m;
+        choice.tuned_n = r->n;
+        choice.tuned_k = r->k;
+      }
+    }
+  }
+  choice.config.precise_math = choice.config.precise_math || options.precise_math;
+  if (!options.config) {
+    std::lock_guard lock(mu);
+    choices[{m, n, k}] = choice;
+  }
+  return choice;
+}
+
+std::map<std::string, std::string> Kernel::Impl::compile_configs(
+    const std::vector<KernelConfig>& configs, const ProgressFn& progress) const {
+  std::map<std::string, std::string> errors;
+  std::mutex progress_mu;
+  std::atomic<size_t> next{0};
+  int done = 0;
+  const int total = int(configs.size());
+  if (progress) progress("compiling", 0, total);
+  {
+    std::vector<std::jthread> workers;
+    for (size_t w = 0; w < std::min(compile_jobs(), configs.size()); ++w)
+      workers.emplace_back([&] {
+        for (size_t i; (i = next++) < configs.size();) {
+          std::string error;
+          try {
+            jit::compile_cached(fused_request(configs[i]));
+          } catch (const Error& e) {
+            error = e.what();
+          }
+          std::lock_guard lock(progress_mu);
+          if (!error.empty()) errors[configs[i].name()] = error;
+          ++done;
+          if (progress) progress("compiling", done, total);
+        }
+      });
+  }  // the jthreads join here
+  return errors;
+}
+
+TuneResult Kernel::Impl::tune(const runtime::BoundCall& call, cudaStream_t stream,
+                              const ProgressFn& progress) const {
+  const auto id = identity();
+  if (!id) throw RuntimeError("autotuning needs a Hopper (sm_90) GPU as the current device");
+  const int64_t m = call.m, n = call.n, k = call.k;
+  GemmDesc g = options.gemm;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  tuning::DeviceLimits limits;
+  limits.sm_count = current_device()->sm_count;
+  std::vector<KernelConfig> candidates = tuning::candidate_configs(graph, g, limits, tune_max_candidates);
+  for (auto& c : candidates) c.precise_math = c.precise_math || options.precise_math;
+  const auto compile_errors = compile_configs(candidates, progress);
+
+  // Scratch outputs: the candidates write there, never to the caller's buffers.
+  runtime::BoundCall scratch = call;
+  std::vector<runtime::DeviceBuffer> buffers;
+  if (scratch.d) {
+    buffers.emplace_back(size_t(m) * scratch.ldd * dtype_bytes(signature.d_dtype));
+    scratch.d = buffers.back().get();
+  }
+  for (size_t i = 0; i < signature.pointers.size(); ++i)
+    if (signature.pointers[i].is_output) {
+      buffers.emplace_back(output_bytes(signature.pointers[i], m, n));
+      scratch.ptrs[i] = buffers.back().get();
+    }
+  const evtc_gemm_args abi = scratch.abi();
+
+  TuneResult result;
+  result.m = m;
+  result.n = n;
+  result.k = k;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    if (progress) progress("timing", int(i), int(candidates.size()));
+    TuneResult::Candidate cand{candidates[i], -1, {}};
+    if (auto it = compile_errors.find(candidates[i].name()); it != compile_errors.end()) {
+      cand.error = "did not compile: " + it->second.substr(0, 300);
+    } else {
+      try {
+        auto lib = fused_library(candidates[i]);
+        char why[256] = {0};
+        if (reinterpret_cast<evtc_can_implement_fn>(lib->symbol("evtc_can_implement"))(&abi, why, sizeof why) != EVTC_OK)
+          throw RuntimeError(fmt::format("CUTLASS cannot implement it: {}", why));
+        const size_t ws_bytes =
+            reinterpret_cast<evtc_workspace_size_fn>(lib->symbol("evtc_workspace_size"))(&abi);
+        runtime::DeviceBuffer workspace(ws_bytes);
+        auto run = reinterpret_cast<evtc_run_fn>(lib->symbol("evtc_run"));
+        cand.median_ms = runtime::median_ms(
+            [&] {
+              if (run(&abi, workspace.get(), stream, why, sizeof why) != EVTC_OK)
+                throw RuntimeError(fmt::format("launch failed: {}", why));
+            },
+            stream, 5, 20);
+      } catch (const Error& e) {
+        cand.error = e.what();
+      }
+    }
+    result.candidates.push_back(cand);
+  }
+  if (progress) progress("timing", int(candidates.size()), int(candidates.size()));
+
+  const TuneResult::Candidate* best = nullptr;
+  for (const auto& c : result.candidates)
+    if (c.median_ms >= 0 && (!best || c.median_ms < best->median_ms)) best = &c;
+  if (!best) {
+    std::string why;
+    for (const auto& c : result.candidates) why += fmt::format("\n  {}: {}", c.config.name(), c.error);
+    throw RuntimeError(fmt::format("autotuning {}x{}x{}: no candidate ran:{}", m, n, k, why));
+  }
+  result.best = best->config;
+  result.best_ms = best->median_ms;
+  {
+    std::lock_guard lock(mu);
+    if (auto it = fused.find(result.best.name()); it != fused.end()) fused_path = it->second->path();
+  }
+
+  tuning::TuningRecord record;
+  record.m = m;
+  record.n = n;
+  record.k = k;
+  record.best = result.best;
+  record.best_ms = result.best_ms;
+  record.identity = *id;
+  record.tuned_at = tuning::utc_now();
+  for (const auto& c : result.candidates)
+    record.candidates.push_back({c.config.name(), c.median_ms, c.error});
+  result.record_path = tuning::TuningStore(jit::cache_dir(), *id).save(record);
+  {
+    std::lock_guard lock(mu);
+    if (records) {
+      std::erase_if(*records, [&](const auto& r) { return r.m == m && r.n == n && r.k == k; });
+      records->push_back(record);
+    }
+  }
+  forget_choices();
+  return result;
+}
+
+void Kernel::Impl::tune_on_first_call(const runtime::BoundCall& call, cudaStream_t stream) const {
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capturing) != cudaSuccess) cudaGetLastError();
+  if (capturing != cudaStreamCaptureStatusNone) return;
+  if (choose_config(call.m, call.n, call.k).source == ConfigChoice::Source::tuned) return;
+  if (!fallback_reason(call.m, call.n, call.k).empty()) return;
+  {
+    std::lock_guard lock(mu);
+    // One attempt per shape and Kernel, even when it fails or another thread is at it.
+    if (!logged.insert(fmt::format("tune {}x{}x{}", call.m, call.n, call.k)).second) return;
+  }
+  const bool show = !quiet();
+  ProgressFn progress;
+  if (show)
+    progress = [&](const std::string& stage, int done, int total) {
+      fmt::print(stderr, "\revtc: tuning {}x{}x{}: {} {}/{}   ", call.m, call.n, call.k, stage, done, total);
+      if (stage == "timing" && done == total) fmt::print(stderr, "\n");
+    };
+  try {
+    const TuneResult r = tune(call, stream, progress);
+    if (show) fmt::print(stderr, "evtc: tuned {}x{}x{}: {} ({:.4f} ms)\n", r.m, r.n, r.k, r.best.name(), r.best_ms);
+  } catch (const RuntimeError& e) {
+    if (show) fmt::print(stderr, "\nevtc: tuning failed, keeping the current configuration: {}\n", e.what());
+  }
+}
+
+KernelConfig Kernel::config_for(int64_t m, int64_t n, int64_t k) const {
+  return impl_->choose_config(m, n, k).config;
+}
+
+ConfigChoice Kernel::config_choice(int64_t m, int64_t n, int64_t k) const {
+  return impl_->choose_config(m, n, k);
+}
+
+std::vector<KernelConfig> Kernel::tuning_candidates(int64_t m, int64_t n, int64_t k) const {
+  GemmDesc g = impl_->options.gemm;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  tuning::DeviceLimits limits;
+  if (const auto dev = current_device(); dev && dev->sm_count > 0) limits.sm_count = dev->sm_count;
+  auto out = tuning::candidate_configs(impl_->graph, g, limits, impl_->tune_max_candidates);
+  for (auto& c : out) c.precise_math = c.precise_math || impl_->options.precise_math;
+  return out;
+}
+
+std::map<std::string, std::string> Kernel::compile_configs(const std::vector<KernelConfig>& configs,
+                                                           const ProgressFn& progress) {
+  return impl_->compile_configs(configs, progress);
+}
+
+TuneResult Kernel::tune(const Arguments& args, cudaStream_t stream, const ProgressFn& progress) {
+  const runtime::BoundCall call =
+      runtime::bind_arguments(impl_->signature, impl_->options.gemm, args, impl_->pointer_checks);
+  std::string reason;
+  for (const auto& r : call.reasons) reason += (reason.empty() ? "" : "; ") + r;
+  if (reason.empty()) reason = impl_->fallback_reason(call.m, call.n, call.k);
+  if (!reason.empty())
+    throw UserError(fmt::format("cannot tune: this problem does not take the fused path: {}", reason));
+  return impl_->tune(call, stream, progress);
+}
+
+}  // namespace evtc

@@ -1,0 +1,153 @@
+// evtc tune: autotunes an epilogue ahead of time for a list of problem shapes. The candidates
+// of every shape are compiled at once, in parallel; then each shape is timed on random
+// inputs on the GPU and its winner is persisted in the cache folder, where every later
+// process running this epilogue on this kind of GPU finds it.
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+
+#include "cli.hpp"
+#include "evtc/error.hpp"
+#include "evtc/expression.hpp"
+#include "evtc/reference.hpp"
+#include "evtc/runtime.hpp"
+#include "runtime/harness.hpp"
+
+namespace evtc::cli {
+namespace {
+
+struct TuneArgs {
+  std::string expr;
+  std::vector<std::string> shapes;
+  std::string dtype = "bf16";
+  std::string layout_a = "r", layout_b = "r";
+  bool precise = false;
+  int max_candidates = -1;
+  std::string json;
+};
+
+struct Shape3 {
+  int64_t m, n, k;
+};
+
+std::vector<Shape3> parse_shapes(const std::vector<std::string>& items) {
+  static const std::regex re(R"((\d+)x(\d+)x(\d+))");
+  std::vector<Shape3> out;
+  for (const auto& item : items) {
+    std::smatch m;
+    if (!std::regex_match(item, m, re) || m[1].length() > 9 || m[2].length() > 9 || m[3].length() > 9)
+      throw UserError(fmt::format("--shape: '{}' is not MxNxK (e.g. 4096x4096x1024)", item));
+    Shape3 s{std::stoll(m[1]), std::stoll(m[2]), std::stoll(m[3])};
+    if (s.m <= 0 || s.n <= 0 || s.k <= 0)
+      throw UserError(fmt::format("--shape: '{}' has an empty dimension", item));
+    out.push_back(s);
+  }
+  if (out.empty()) throw UserError("no shape to tune: give --shape MxNxK (one or more)");
+  return out;
+}
+
+nlohmann::json result_json(const TuneResult& r) {
+  nlohmann::json j{{"m", r.m}, {"n", r.n}, {"k", r.k}, {"best", r.best.name()},
+                   {"best_ms", r.best_ms}, {"record", r.record_path}};
+  j["candidates"] = nlohmann::json::array();
+  for (const auto& c : r.candidates) {
+    nlohmann::json e{{"config", c.config.name()}};
+    if (c.median_ms >= 0) e["median_ms"] = c.median_ms;
+    else e["error"] = c.error;
+    j["candidates"].push_back(e);
+  }
+  return j;
+}
+
+void print_result(const TuneResult& r) {
+  fmt::print("{}x{}x{}: best {} ({:.4f} ms)\n", r.m, r.n, r.k, r.best.name(), r.best_ms);
+  for (const auto& c : r.candidates) {
+    if (c.median_ms >= 0)
+      fmt::print("  {:<42} {:.4f} ms{}\n", c.config.name(), c.median_ms,
+                 c.config == r.best ? "  <- best" : "");
+    else
+      fmt::print("  {:<42} failed: {}\n", c.config.name(), c.error.substr(0, 160));
+  }
+  fmt::print("  saved: {}\n", r.record_path);
+}
+
+int tune(const TuneArgs& ta) {
+  const auto dt = parse_dtype(ta.dtype);
+  if (!dt) throw UserError(fmt::format("--dtype: unknown dtype '{}'", ta.dtype));
+  const std::vector<Shape3> shapes = parse_shapes(ta.shapes);
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    cudaGetLastError();
+    fmt::print(stderr, "evtc tune: no CUDA device is available (candidates are timed on the GPU)\n");
+    return kExitFailed;
+  }
+  ParseOptions popts;
+  popts.operand_dtype = is_fp8(*dt) ? DType::f32 : *dt;
+  popts.output_dtype = is_fp8(*dt) ? DType::bf16 : *dt;
+  CompileOptions opts;
+  opts.gemm.a_dtype = opts.gemm.b_dtype = *dt;
+  opts.gemm.a_layout = parse_layout(ta.layout_a, "a");
+  opts.gemm.b_layout = parse_layout(ta.layout_b, "b");
+  opts.precise_math = ta.precise;
+  if (ta.max_candidates >= 0) opts.tune_max_candidates = ta.max_candidates;
+  Kernel kernel(parse_expression(read_expression_arg(ta.expr), popts), opts);
+
+  // Every shape's candidates, compiled at once.
+  std::vector<KernelConfig> all;
+  for (const Shape3& s : shapes) {
+    if (const std::string r = kernel.fallback_reason(s.m, s.n, s.k); !r.empty())
+      throw UserError(fmt::format("{}x{}x{} cannot be fused, so there is nothing to tune: {}", s.m,
+                                  s.n, s.k, r));
+    for (const KernelConfig& c : kernel.tuning_candidates(s.m, s.n, s.k))
+      if (std::find(all.begin(), all.end(), c) == all.end()) all.push_back(c);
+  }
+  fmt::print("{} shape(s), {} distinct candidate configuration(s)\n", shapes.size(), all.size());
+  const auto errors = kernel.compile_configs(all, progress_printer("evtc tune"));
+  for (const auto& [name, e] : errors) fmt::print(stderr, "{} did not compile: {}\n", name, e.substr(0, 300));
+
+  cudaStream_t stream;
+  cudaStreamCreate(&stream);
+  nlohmann::json report = nlohmann::json::array();
+  for (const Shape3& s : shapes) {
+    const ReferenceInputs inputs = random_reference_inputs(kernel.graph(), s.m, s.n, s.k, *dt, *dt, 1);
+    runtime::DeviceProblem problem(kernel, inputs);
+    const TuneResult r = kernel.tune(problem.arguments(), stream,
+                                     progress_printer(fmt::format("evtc tune {}x{}x{}", s.m, s.n, s.k)));
+    print_result(r);
+    report.push_back(result_json(r));
+  }
+  cudaStreamDestroy(stream);
+  if (!ta.json.empty()) {
+    std::ofstream f(ta.json);
+    f << report.dump(2) << "\n";
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+Command add_tune_command(CLI::App& app) {
+  auto ta = std::make_shared<TuneArgs>();
+  CLI::App* sub = app.add_subcommand(
+      "tune", "Autotune an epilogue's kernel configuration for problem shapes and persist the choices");
+  sub->add_option("expr", ta->expr, "Expression, or a file holding one")->required();
+  sub->add_option("--shape,-s", ta->shapes, "Problem shape MxNxK (repeat, or comma-separated)")
+      ->delimiter(',')
+      ->required();
+  sub->add_option("--dtype", ta->dtype, "A/B dtype, and default operand/output dtype")->capture_default_str();
+  sub->add_option("--layout-a", ta->layout_a, "A layout: r (row-major M×K) or c")->capture_default_str();
+  sub->add_option("--layout-b", ta->layout_b, "B layout: r (row-major K×N) or c (N×K, K-major)")
+      ->capture_default_str();
+  sub->add_flag("--precise", ta->precise, "Full-precision transcendental math");
+  sub->add_option("--max-candidates", ta->max_candidates,
+                  "Most candidates per shape (0: all that survive pruning; default 6)")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--json", ta->json, "Write every shape's timings as JSON to this file");
+  return {sub, [ta] { return tune(*ta); }};
+}
+
+}  // namespace evtc::cli
