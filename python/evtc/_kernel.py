@@ -1,0 +1,230 @@
+"""evtc.compile and Kernel: one compiled epilogue, called on DLPack arrays."""
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+from . import _evtc
+
+# dtype names evtc uses -> torch dtype attribute names.
+_TORCH_DTYPES = {
+    "f32": "float32",
+    "f16": "float16",
+    "bf16": "bfloat16",
+    "f8e4m3": "float8_e4m3fn",
+    "f8e5m2": "float8_e5m2",
+}
+
+
+@dataclass(frozen=True)
+class Operand:
+    """One input or output of a kernel.
+
+    ``shape`` is ``"full"`` (M×N), ``"row"`` (length N), ``"col"`` (length M) or ``"scalar"``;
+    ``kind`` is the IR node kind (``aux``, ``row_vec``, ``col_vec``, ``scalar``,
+    ``scalar_value`` for by-value parameters, ``source`` for C; ``store``/``reduction`` for
+    outputs).
+    """
+
+    name: str
+    dtype: str
+    shape: str
+    layout: str
+    output: bool
+    kind: str
+
+    def size(self, m: int, n: int) -> tuple[int, ...]:
+        return {"full": (m, n), "row": (n,), "col": (m,), "scalar": ()}[self.shape]
+
+
+_compile_pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
+_compile_pool_lock = threading.Lock()
+
+
+def _pool() -> concurrent.futures.ThreadPoolExecutor:
+    """Threads for background nvcc compiles (EVTC_COMPILE_THREADS, default: the CPU count)."""
+    global _compile_pool
+    with _compile_pool_lock:
+        if _compile_pool is None:
+            workers = int(os.environ.get("EVTC_COMPILE_THREADS", "0")) or (os.cpu_count() or 4)
+            _compile_pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="evtc-nvcc")
+        return _compile_pool
+
+
+def _is_torch_tensor(x: Any) -> bool:
+    return type(x).__module__.startswith("torch") and hasattr(x, "data_ptr")
+
+
+class Kernel:
+    """A fused GEMM + epilogue. Call it as ``kernel(a, b, **operands)``.
+
+    ``a`` is M×K and ``b`` is K×N (any DLPack CUDA arrays; pass ``w.t()`` for an nn.Linear
+    weight ``w``). Keyword arguments bind the epilogue's operands by name: arrays for vectors,
+    matrices and pointer scalars, Python numbers for by-value scalars, ``C=`` for the source
+    matrix. Outputs are allocated when the inputs are torch tensors (else pass them in
+    ``out={name: array}``); the call returns the single output, or a dict of them by name when
+    there are several. Torch inputs run on torch's current stream; other arrays on
+    ``stream=`` (a ``cudaStream_t`` as an int, default the legacy default stream).
+    """
+
+    def __init__(self, expr: str, options: _evtc.KernelOptions):
+        self.expr = expr
+        self._native = _evtc.Kernel(expr, options)
+        self._options = options
+        self._futures: dict[tuple[int, int, int], concurrent.futures.Future] = {}
+        self._futures_lock = threading.Lock()
+        self.last_path: Optional[str] = None
+        self.signature = [Operand(**d) for d in self._native.signature]
+
+    # --- what the kernel is ------------------------------------------------------------------
+    @property
+    def ir(self) -> str:
+        """The canonical IR after the pass pipeline."""
+        return self._native.ir
+
+    @property
+    def hash(self) -> str:
+        """The graph hash (the graph part of the kernel cache key)."""
+        return self._native.hash
+
+    @property
+    def inputs(self) -> list[Operand]:
+        return [s for s in self.signature if not s.output]
+
+    @property
+    def outputs(self) -> list[Operand]:
+        return [s for s in self.signature if s.output]
+
+    @property
+    def library_path(self) -> str:
+        return self._native.library_path
+
+    def config_for(self, m: int, n: int, k: int) -> str:
+        """The kernel configuration a problem of this size runs with."""
+        return self._native.config_for(m, n, k)
+
+    def fallback_reason(self, m: int, n: int, k: int) -> str:
+        """Why a problem of this size would run unfused; empty when it would be fused."""
+        return self._native.fallback_reason(m, n, k)
+
+    # --- compiling ---------------------------------------------------------------------------
+    def compile(self, m: int = 0, n: int = 0, k: int = 0) -> str:
+        """Compiles the fused kernel for problems of this size (or finds it in the disk cache).
+
+        Needs nvcc and the CUTLASS headers, not a GPU. Returns the library path."""
+        self.compile_async(m, n, k).result()
+        return self._native.library_path
+
+    def compile_async(self, m: int = 0, n: int = 0, k: int = 0) -> concurrent.futures.Future:
+        """Starts compiling in a background thread (nvcc runs without the GIL); calls of this
+        kernel wait for it. Several kernels compile in parallel."""
+        key = (m, n, k)
+        with self._futures_lock:
+            fut = self._futures.get(key)
+            if fut is None:
+                fut = _pool().submit(self._native.compile, m, n, k)
+                self._futures[key] = fut
+            return fut
+
+    def _wait_for_compiles(self) -> None:
+        with self._futures_lock:
+            futures = list(self._futures.values())
+        for f in futures:
+            f.result()
+
+    # --- running -----------------------------------------------------------------------------
+    def __call__(self, a: Any, b: Any, *, out: Optional[dict[str, Any]] = None,
+                 stream: Optional[int] = None, **operands: Any) -> Union[Any, dict[str, Any]]:
+        self._wait_for_compiles()
+        torch_inputs = _is_torch_tensor(a)
+        if torch_inputs:
+            return self._call_torch(a, b, out or {}, stream, operands)
+        outputs = dict(out or {})
+        for o in self.outputs:
+            if o.name not in outputs:
+                raise _evtc.UserError(f"output '{o.name}' ({o.dtype}[{o.shape}]) was not given: pass "
+                                      f"out={{'{o.name}': array}} (outputs are allocated only for torch tensors)")
+        tensors, scalars = _split_operands(operands)
+        tensors.update(outputs)
+        self.last_path = self._native.run(a, b, tensors, {}, scalars, int(stream or 0))
+        return _result(self.outputs, outputs)
+
+    def _call_torch(self, a, b, out, stream, operands):
+        import torch
+
+        m, n = int(a.shape[0]), int(b.shape[-1])
+        outputs = dict(out)
+        for o in self.outputs:
+            if o.name not in outputs:
+                outputs[o.name] = torch.empty(o.size(m, n), dtype=getattr(torch, _TORCH_DTYPES[o.dtype]),
+                                              device=a.device)
+        tensors, scalars = _split_operands(operands)
+        tensors.update(outputs)
+        dtypes: dict[str, str] = {}
+        arrays = {}
+        for name, t in [("A", a), ("B", b), *tensors.items()]:
+            arrays[name] = _torch_dlpack(t, name, dtypes)
+        if stream is None:
+            stream = torch.cuda.current_stream(a.device).cuda_stream
+        with torch.cuda.device(a.device):
+            a_arr, b_arr = arrays.pop("A"), arrays.pop("B")
+            self.last_path = self._native.run(a_arr, b_arr, arrays, dtypes, scalars, int(stream))
+        return _result(self.outputs, outputs)
+
+    def __repr__(self) -> str:
+        outs = ", ".join(f"{o.name}: {o.dtype}" for o in self.outputs)
+        return f"<evtc.Kernel {self.hash} -> {outs}>"
+
+
+def _split_operands(operands: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float]]:
+    tensors, scalars = {}, {}
+    for name, v in operands.items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            scalars[name] = float(v)
+        else:
+            tensors[name] = v
+    return tensors, scalars
+
+
+def _torch_dlpack(t, name: str, dtypes: dict[str, str]):
+    """A DLPack capsule of a torch tensor (no copy, no stream synchronisation: the kernel runs
+    on the stream torch would use). fp8 tensors travel as bytes with their dtype beside."""
+    import torch
+    from torch.utils.dlpack import to_dlpack
+
+    if not isinstance(t, torch.Tensor):
+        raise _evtc.UserError(f"'{name}' is a {type(t).__name__}; expected a torch tensor like A")
+    if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        dtypes[name] = "f8e4m3" if t.dtype == torch.float8_e4m3fn else "f8e5m2"
+        t = t.view(torch.uint8)
+    return to_dlpack(t)
+
+
+def _result(outputs: list[Operand], values: dict[str, Any]):
+    if len(outputs) == 1:
+        return values[outputs[0].name]
+    return {o.name: values[o.name] for o in outputs}
+
+
+def compile(expr: str, *, a_dtype: str = "bf16", b_dtype: str = "bf16", a_layout: str = "row",
+            b_layout: str = "col", cast_mode: str = "eager", precise_math: bool = False,
+            disable_fusion: bool = False, config: Optional[str] = None,
+            operand_dtype: str = "bf16", output_dtype: str = "bf16") -> Kernel:
+    """Parses ``expr``, runs the pass pipeline and returns a :class:`Kernel`.
+
+    ``a_dtype``/``b_dtype`` and ``a_layout``/``b_layout`` (``"row"`` or ``"col"``) describe the
+    GEMM's operands the fused kernel is built for (other layouts run unfused); ``cast_mode``
+    is ``"eager"`` (round where PyTorch eager would) or ``"fast"``; ``config`` fixes a kernel
+    configuration (e.g. ``"coop_128x256x64_c2x1_persistent"``); ``operand_dtype`` and
+    ``output_dtype`` are the dtypes of operands and [m,n] outputs the expression does not
+    declare. Errors in the expression raise :class:`evtc.ParseError`; bad options
+    :class:`evtc.UserError`.
+    """
+    o = _evtc.KernelOptions()
+    o.a_dtype, o.b_dtype, o.a_layout, o.b_layout = a_dtype, b_dtype, a_layout, b_layout
+    o.cast_mode, o.precise_math, o.disable_fusion, o.config = cast_mode, precise_math, disable_fusion, config
+    o.operand_dtype, o.output_dtype = operand_dtype, output_dtype
+    return Kernel(expr, o)

@@ -1,0 +1,238 @@
+// The evtc Python extension (evtc._evtc): the expression parser, explain, and Kernel.
+// The Python package (python/evtc) wraps these in a friendlier API; this module stays a thin
+// layer over include/evtc.
+#include <fmt/format.h>
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "evtc/error.hpp"
+#include "evtc/expression.hpp"
+#include "evtc/ir_text.hpp"
+#include "evtc/passes.hpp"
+#include "evtc/runtime.hpp"
+#include "tensor_args.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace evtc::python {
+namespace {
+
+DType dtype_arg(const std::string& name, const char* what) {
+  if (auto d = parse_dtype(name)) return *d;
+  throw UserError(fmt::format("{}: unknown dtype '{}' (expected f32, f16, bf16, f8e4m3 or f8e5m2)",
+                              what, name));
+}
+
+Layout layout_arg(const std::string& name, const char* what) {
+  if (name == "row" || name == "row_major") return Layout::row_major;
+  if (name == "col" || name == "col_major") return Layout::col_major;
+  throw UserError(fmt::format("{}: unknown layout '{}' (expected 'row' or 'col')", what, name));
+}
+
+std::string_view shape_word(Shape s) {
+  switch (s) {
+    case Shape::scalar: return "scalar";
+    case Shape::row: return "row";
+    case Shape::col: return "col";
+    case Shape::full: return "full";
+  }
+  return "?";
+}
+
+Graph parse(const std::string& expr, const std::string& operand_dtype,
+            const std::string& output_dtype) {
+  ParseOptions po;
+  po.operand_dtype = dtype_arg(operand_dtype, "operand_dtype");
+  po.output_dtype = dtype_arg(output_dtype, "output_dtype");
+  return parse_expression(expr, po);
+}
+
+struct KernelOptions {
+  std::string a_dtype = "bf16", b_dtype = "bf16";
+  std::string a_layout = "row", b_layout = "col";
+  std::string cast_mode = "eager";
+  bool precise_math = false;
+  bool disable_fusion = false;
+  std::optional<std::string> config;
+  std::string operand_dtype = "bf16", output_dtype = "bf16";
+};
+
+CompileOptions compile_options(const KernelOptions& o) {
+  CompileOptions c;
+  c.gemm.a_dtype = dtype_arg(o.a_dtype, "a_dtype");
+  c.gemm.b_dtype = dtype_arg(o.b_dtype, "b_dtype");
+  c.gemm.a_layout = layout_arg(o.a_layout, "a_layout");
+  c.gemm.b_layout = layout_arg(o.b_layout, "b_layout");
+  if (o.cast_mode == "eager") c.cast_mode = CastMode::eager;
+  else if (o.cast_mode == "fast") c.cast_mode = CastMode::fast;
+  else throw UserError(fmt::format("cast_mode: unknown mode '{}' (expected 'eager' or 'fast')", o.cast_mode));
+  c.precise_math = o.precise_math;
+  c.disable_fusion = o.disable_fusion;
+  if (o.config) {
+    c.config = KernelConfig::parse(*o.config);
+    if (!c.config)
+      throw UserError(fmt::format("config: '{}' is not a kernel configuration name (e.g. "
+                                  "coop_128x256x64_c2x1_persistent)",
+                                  *o.config));
+  }
+  return c;
+}
+
+// One slot of the kernel's signature, D included, as a Python dict.
+nb::dict slot_dict(const std::string& name, DType dtype, Shape shape, Layout layout, bool output,
+                   std::string_view kind) {
+  nb::dict d;
+  d["name"] = name;
+  d["dtype"] = std::string(dtype_name(dtype));
+  d["shape"] = std::string(shape_word(shape));
+  d["layout"] = layout == Layout::row_major ? "row" : "col";
+  d["output"] = output;
+  d["kind"] = std::string(kind);
+  return d;
+}
+
+nb::list signature_list(const KernelSignature& sig) {
+  nb::list out;
+  if (sig.reads_c) out.append(slot_dict("C", sig.c_dtype, Shape::full, Layout::row_major, false, "source"));
+  for (const OperandSlot& s : sig.pointers)
+    out.append(slot_dict(s.name, s.dtype, s.shape, s.layout, s.is_output,
+                         s.is_output ? (s.is_reduction ? "reduction" : "store") : node_kind_name(s.kind)));
+  for (const OperandSlot& s : sig.scalars)
+    out.append(slot_dict(s.name, s.dtype, Shape::scalar, Layout::row_major, false, "scalar_value"));
+  if (!sig.d_name.empty())
+    out.append(slot_dict(sig.d_name, sig.d_dtype, Shape::full, Layout::row_major, true, "store"));
+  return out;
+}
+
+// Runs the kernel. `tensors` maps operand and output names (and "C") to arrays; `dtypes`
+// gives the dtype of fp8 arrays passed as uint8; `scalars` holds by-value parameters.
+std::string run_kernel(const Kernel& kernel, const nb::ndarray<>& a, const nb::ndarray<>& b,
+                       const std::map<std::string, nb::ndarray<>>& tensors,
+                       const std::map<std::string, std::string>& dtypes,
+                       const std::map<std::string, double>& scalars, uintptr_t stream) {
+  auto override_of = [&](const std::string& name) -> std::optional<std::string> {
+    auto it = dtypes.find(name);
+    return it == dtypes.end() ? std::nullopt : std::optional(it->second);
+  };
+  Arguments args;
+  args.a(tensor_ref(a, "operand A", override_of("A")));
+  args.b(tensor_ref(b, "operand B", override_of("B")));
+  for (const auto& [name, array] : tensors) {
+    const TensorRef t = tensor_ref(array, fmt::format("'{}'", name), override_of(name));
+    if (name == "C") args.c(t);
+    else args.set(name, t);
+  }
+  for (const auto& [name, value] : scalars) args.set(name, value);
+  nb::gil_scoped_release release;  // a first call may compile for a minute
+  const ExecutionPath path = kernel.run(args, reinterpret_cast<cudaStream_t>(stream));
+  return path == ExecutionPath::fused ? "fused" : "fallback";
+}
+
+nb::dict explain(const std::string& expr, const std::string& dtype, bool passes) {
+  Graph g = parse(expr, dtype, dtype);
+  nb::dict out;
+  out["parsed"] = print(g);
+  nb::list steps;
+  if (passes) {
+    g = run_pipeline(g, PipelineOptions{}, [&](const PassInfo& pass, const Graph& after, bool changed) {
+      nb::dict step;
+      step["name"] = std::string(pass.name);
+      step["summary"] = std::string(pass.summary);
+      step["changed"] = changed;
+      step["ir"] = print(after);
+      steps.append(step);
+    });
+  }
+  const Legality legality = check_legality(g, GemmDesc{});
+  out["ir"] = print(g);
+  out["hash"] = graph_hash_hex(g);
+  out["passes"] = steps;
+  out["fusable"] = legality.fusable();
+  out["reasons"] = legality.reasons;
+  return out;
+}
+
+// ParseError keeps its line and column as attributes of the Python exception.
+void register_exceptions(nb::module_& m) {
+  static nb::exception<Error> error(m, "Error", PyExc_RuntimeError);
+  static nb::exception<RuntimeError> runtime_error(m, "EvtcRuntimeError", error.ptr());
+  static nb::exception<InternalError> internal_error(m, "InternalError", error.ptr());
+  static nb::exception<UserError> user_error(m, "UserError", error.ptr());
+  static nb::object parse_error_type = [&] {
+    nb::object type = nb::steal(PyErr_NewException("evtc._evtc.ParseError", user_error.ptr(), nullptr));
+    m.attr("ParseError") = type;
+    return type;
+  }();
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const ParseError& e) {
+      nb::object exc = parse_error_type(nb::str(e.what()));
+      exc.attr("line") = e.line();
+      exc.attr("column") = e.column();
+      PyErr_SetObject(parse_error_type.ptr(), exc.ptr());
+    }
+  });
+}
+
+}  // namespace
+}  // namespace evtc::python
+
+NB_MODULE(_evtc, m) {
+  using namespace evtc;
+  using namespace evtc::python;
+  m.doc() = "evtc: fused GEMM epilogues for Hopper GPUs (native module)";
+  register_exceptions(m);
+
+  nb::class_<KernelOptions>(m, "KernelOptions")
+      .def(nb::init<>())
+      .def_rw("a_dtype", &KernelOptions::a_dtype)
+      .def_rw("b_dtype", &KernelOptions::b_dtype)
+      .def_rw("a_layout", &KernelOptions::a_layout)
+      .def_rw("b_layout", &KernelOptions::b_layout)
+      .def_rw("cast_mode", &KernelOptions::cast_mode)
+      .def_rw("precise_math", &KernelOptions::precise_math)
+      .def_rw("disable_fusion", &KernelOptions::disable_fusion)
+      .def_rw("config", &KernelOptions::config, nb::arg().none())
+      .def_rw("operand_dtype", &KernelOptions::operand_dtype)
+      .def_rw("output_dtype", &KernelOptions::output_dtype);
+
+  nb::class_<Kernel>(m, "Kernel")
+      .def("__init__",
+           [](Kernel* self, const std::string& expr, const KernelOptions& o) {
+             new (self) Kernel(parse(expr, o.operand_dtype, o.output_dtype), compile_options(o));
+           },
+           "expr"_a, "options"_a)
+      .def_prop_ro("ir", [](const Kernel& k) { return print(k.graph()); })
+      .def_prop_ro("hash", [](const Kernel& k) { return graph_hash_hex(k.graph()); })
+      .def_prop_ro("signature", [](const Kernel& k) { return signature_list(k.signature()); })
+      .def_prop_ro("library_path", &Kernel::library_path)
+      .def("compile", &Kernel::compile, "m"_a = 0, "n"_a = 0, "k"_a = 0,
+           nb::call_guard<nb::gil_scoped_release>())
+      .def("compile_fallback", &Kernel::compile_fallback, nb::call_guard<nb::gil_scoped_release>())
+      .def("config_for", [](const Kernel& k, int64_t m, int64_t n, int64_t kk) {
+             return k.config_for(m, n, kk).name();
+           }, "m"_a, "n"_a, "k"_a)
+      .def("fallback_reason", &Kernel::fallback_reason, "m"_a, "n"_a, "k"_a)
+      .def("run", &run_kernel, "a"_a, "b"_a, "tensors"_a, "dtypes"_a, "scalars"_a, "stream"_a);
+
+  m.def("parse", [](const std::string& expr, const std::string& dtype) {
+          return print(parse(expr, dtype, dtype));
+        }, "expr"_a, "dtype"_a = "bf16");
+  m.def("explain", &explain, "expr"_a, "dtype"_a = "bf16", "passes"_a = false);
+  m.def("pass_names", [] {
+    std::vector<std::string> names;
+    for (const PassInfo& p : pipeline_passes()) names.emplace_back(p.name);
+    return names;
+  });
+}

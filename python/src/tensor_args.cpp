@@ -1,0 +1,91 @@
+#include "tensor_args.hpp"
+
+#include <fmt/format.h>
+
+#include "evtc/error.hpp"
+
+namespace nb = nanobind;
+
+namespace evtc::python {
+namespace {
+
+std::string dlpack_dtype_name(nb::dlpack::dtype t) {
+  return fmt::format("DLPack type code {} with {} bits", int(t.code), int(t.bits));
+}
+
+// The evtc dtype of a DLPack element type, if evtc has one.
+std::optional<DType> evtc_dtype(nb::dlpack::dtype t) {
+  using code = nb::dlpack::dtype_code;
+  if (t.lanes != 1) return std::nullopt;
+  switch (static_cast<code>(t.code)) {
+    case code::Float:
+      if (t.bits == 32) return DType::f32;
+      if (t.bits == 16) return DType::f16;
+      return std::nullopt;
+    case code::Bfloat:
+      return t.bits == 16 ? std::optional(DType::bf16) : std::nullopt;
+    case code::Float8_E4M3FN:
+      return DType::f8e4m3;
+    case code::Float8_E5M2:
+      return DType::f8e5m2;
+    default:
+      return std::nullopt;
+  }
+}
+
+DType element_type(const nb::ndarray<>& array, const std::string& what,
+                   const std::optional<std::string>& dtype_override) {
+  const nb::dlpack::dtype t = array.dtype();
+  const bool bytes = t.code == uint8_t(nb::dlpack::dtype_code::UInt) && t.bits == 8 && t.lanes == 1;
+  if (dtype_override) {
+    const auto d = parse_dtype(*dtype_override);
+    if (!d) throw UserError(fmt::format("{}: unknown dtype '{}'", what, *dtype_override));
+    if (bytes && is_fp8(*d)) return *d;
+    if (auto own = evtc_dtype(t); own && *own == *d) return *d;
+    throw UserError(fmt::format("{}: dtype {} was given for an array of {}; only a uint8 array "
+                                "can stand for fp8 values",
+                                what, *dtype_override, dlpack_dtype_name(t)));
+  }
+  if (auto d = evtc_dtype(t)) return *d;
+  throw UserError(fmt::format("{}: {} is not an evtc element type (f32, f16, bf16, f8e4m3, f8e5m2)",
+                              what, dlpack_dtype_name(t)));
+}
+
+}  // namespace
+
+TensorRef tensor_ref(const nb::ndarray<>& array, const std::string& what,
+                     const std::optional<std::string>& dtype_override) {
+  if (array.device_type() != nb::device::cuda::value)
+    throw UserError(fmt::format("{} is not on a CUDA device (DLPack device type {}): evtc runs "
+                                "on CUDA tensors",
+                                what, int(array.device_type())));
+  TensorRef t;
+  t.data = array.data();
+  t.dtype = element_type(array, what, dtype_override);
+  // Strides are in elements, as evtc's TensorRef wants them.
+  switch (array.ndim()) {
+    case 0:
+      t.rows = t.cols = 1;
+      t.row_stride = t.col_stride = 1;
+      break;
+    case 1:
+      t.rows = 1;
+      t.cols = int64_t(array.shape(0));
+      t.col_stride = array.stride(0);
+      t.row_stride = t.cols * t.col_stride;
+      break;
+    case 2:
+      t.rows = int64_t(array.shape(0));
+      t.cols = int64_t(array.shape(1));
+      t.row_stride = array.stride(0);
+      t.col_stride = array.stride(1);
+      break;
+    default:
+      throw UserError(fmt::format("{} has {} dimensions; evtc takes matrices, vectors and scalars "
+                                  "(flatten leading batch dimensions first)",
+                                  what, array.ndim()));
+  }
+  return t;
+}
+
+}  // namespace evtc::python

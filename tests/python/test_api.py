@@ -1,0 +1,120 @@
+"""The evtc Python module without a GPU: parsing, explain, Kernel construction, errors."""
+import pytest
+
+import evtc
+
+W1 = "out D: bf16 = silu(acc + bias[n])"
+
+
+def test_compile_builds_a_kernel_with_its_signature():
+    k = evtc.compile(W1)
+    assert [(o.name, o.dtype, o.shape, o.output) for o in k.signature] == [
+        ("bias", "bf16", "row", False),
+        ("D", "bf16", "full", True),
+    ]
+    assert [o.name for o in k.inputs] == ["bias"]
+    assert [o.name for o in k.outputs] == ["D"]
+    assert "silu" in k.ir
+    assert len(k.hash) == 16
+    assert repr(k) == f"<evtc.Kernel {k.hash} -> D: bf16>"
+
+
+def test_same_graph_same_hash():
+    assert evtc.compile(W1).hash == evtc.compile("f = acc + bias[n]  # comment\nout D: bf16 = silu(f)").hash
+    assert evtc.compile(W1).hash != evtc.compile("out D: bf16 = gelu(acc + bias[n])").hash
+
+
+def test_multiple_outputs_and_operand_kinds():
+    k = evtc.compile("input s: f32 ptr\nf = acc * sa[m] + r[m,n] * s * alpha\nout pre: f32 = f\nout D = relu(f)")
+    by_name = {o.name: o for o in k.signature}
+    assert by_name["sa"].shape == "col"
+    assert by_name["r"].shape == "full"
+    assert by_name["s"].shape == "scalar" and by_name["s"].kind == "scalar"
+    assert by_name["alpha"].kind == "scalar_value"
+    assert by_name["pre"].output and by_name["pre"].dtype == "f32"
+    assert by_name["D"].output and by_name["D"].dtype == "bf16"
+    assert by_name["pre"].size(3, 5) == (3, 5)
+    assert by_name["sa"].size(3, 5) == (3,)
+
+
+def test_config_and_fallback_reason():
+    k = evtc.compile(W1)
+    assert k.config_for(4096, 4096, 4096).startswith("coop_")
+    assert k.config_for(4096, 4096, 1024).startswith("pingpong_")
+    assert k.fallback_reason(4096, 4096, 4096) == ""
+    assert "K=1001" in k.fallback_reason(4096, 4096, 1001)
+    fixed = evtc.compile(W1, config="pingpong_128x128x64_c2x1_persistent")
+    assert fixed.config_for(4096, 4096, 4096) == "pingpong_128x128x64_c2x1_persistent"
+    assert "disabled" in evtc.compile(W1, disable_fusion=True).fallback_reason(4096, 4096, 4096)
+
+
+def test_parse_error_carries_location_and_the_cpp_message():
+    with pytest.raises(evtc.ParseError) as e:
+        evtc.compile("out D = sigmod(acc)")
+    assert (e.value.line, e.value.column) == (1, 9)
+    assert "unknown function 'sigmod'; did you mean 'sigmoid'?" in str(e.value)
+    assert isinstance(e.value, evtc.UserError) and isinstance(e.value, evtc.Error)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"a_dtype": "f64"}, "a_dtype: unknown dtype 'f64'"),
+    ({"b_layout": "diagonal"}, "b_layout: unknown layout 'diagonal'"),
+    ({"cast_mode": "slow"}, "cast_mode: unknown mode 'slow'"),
+    ({"config": "big_tiles"}, "config: 'big_tiles' is not a kernel configuration name"),
+    ({"operand_dtype": "int8"}, "operand_dtype: unknown dtype 'int8'"),
+])
+def test_bad_options_raise_user_errors_naming_the_option(kwargs, message):
+    with pytest.raises(evtc.UserError, match=message):
+        evtc.compile(W1, **kwargs)
+
+
+def test_graph_errors_from_the_builder_are_user_errors():
+    with pytest.raises(evtc.UserError, match="operand 'bias' is used as row_vec"):
+        evtc.compile("out D = acc + bias[n] + bias[m]")
+
+
+def test_explain_shows_each_pass_and_the_verdict():
+    x = evtc.explain("out D = silu(acc * 2 * 3)")
+    assert [p.name for p in x.passes] == evtc.pass_names()
+    assert x.fusable and x.reasons == []
+    assert "mul" in x.parsed and "6" in x.ir
+    text = str(x)
+    assert text.startswith("== parsed ==")
+    assert f"hash: {x.hash}" in text
+    assert "(unchanged)" in text
+    short = evtc.explain("out D = silu(acc)", passes=False)
+    assert short.passes == [] and str(short).endswith(f"hash: {short.hash}")
+
+
+def test_explain_reports_reasons_when_not_fusable():
+    x = evtc.explain("input r[m,n]: f8e4m3\nout D: f32 = acc + r")
+    assert isinstance(x.fusable, bool)
+    assert x.fusable == (x.reasons == [])
+
+
+def test_parse_returns_canonical_text():
+    assert evtc.parse("out D = acc").splitlines()[0] == "%0 = accum : f32[m,n]"
+
+
+def test_host_arrays_are_refused_with_the_operand_named():
+    np = pytest.importorskip("numpy")
+    k = evtc.compile(W1)
+    a = np.ones((16, 32), np.float32)
+    b = np.ones((32, 8), np.float32)
+    with pytest.raises(evtc.UserError, match="operand A is not on a CUDA device"):
+        k(a, b, bias=np.ones(8, np.float32), out={"D": np.empty((16, 8), np.float32)})
+
+
+def test_outputs_must_be_given_for_non_torch_arrays():
+    np = pytest.importorskip("numpy")
+    k = evtc.compile(W1)
+    a = np.ones((16, 32), np.float32)
+    with pytest.raises(evtc.UserError, match="output 'D' .* was not given"):
+        k(a, a.T, bias=np.ones(16, np.float32))
+
+
+def test_native_error_types_are_exported():
+    assert issubclass(evtc.UserError, evtc.Error)
+    assert issubclass(evtc.EvtcRuntimeError, evtc.Error)
+    assert issubclass(evtc.InternalError, evtc.Error)
+    assert issubclass(evtc.Error, RuntimeError)
