@@ -1,0 +1,285 @@
+"""Translating an ATen GEMM and its pointwise consumers into an evtc epilogue expression.
+
+A chain starts at a GEMM node (mm, addmm, _scaled_mm) and takes in, in graph order, every
+node that reads a value of the chain and that evtc can compute in the epilogue: arithmetic,
+activations, clamps, dtype conversions and reshapes that keep the last (N) dimension. Tensors
+from outside the chain become operands, classified by how they broadcast against the M×N
+result (row vector, column vector, scalar, full matrix). Every chain value that is used
+outside the chain becomes an output of the fused op.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+from torch import fx
+
+from ._op import AUX, AUX_COL, COL, ROW, SCALAR
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+# torch dtype -> evtc dtype name.
+EVTC_DTYPES = {
+    torch.float32: "f32",
+    torch.float16: "f16",
+    torch.bfloat16: "bf16",
+    torch.float8_e4m3fn: "f8e4m3",
+    torch.float8_e5m2: "f8e5m2",
+}
+GEMM_OPERAND_DTYPES = (torch.bfloat16, torch.float16)
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+class Refused(Exception):
+    """The chain cannot be fused; the message says why."""
+
+
+def val(node: Any) -> Optional[torch.Tensor]:
+    v = node.meta.get("val") if isinstance(node, fx.Node) else None
+    return v if isinstance(v, torch.Tensor) else None
+
+
+def const(x: Any) -> str:
+    """An expression constant for a Python number (evtc constants are f32)."""
+    if isinstance(x, bool):
+        x = float(x)
+    x = float(x)
+    if math.isinf(x):
+        x = math.copysign(3.4028234663852886e38, x)  # largest f32, as a clamp bound
+    if math.isnan(x):
+        raise Refused("a NaN constant")
+    text = repr(x)
+    return f"({text})" if x < 0 else text
+
+
+@dataclass
+class Chain:
+    gemm: fx.Node
+    a: fx.Node
+    b: fx.Node
+    options: dict
+    full_shape: tuple  # shape of the chain's M×N values (N last; leading dims flatten to M)
+    nodes: list[fx.Node] = field(default_factory=list)  # absorbed, gemm first
+    exprs: dict[fx.Node, str] = field(default_factory=dict)  # node -> expression name
+    lines: list[str] = field(default_factory=list)  # statements defining the names
+    operands: dict[fx.Node, tuple[str, str]] = field(default_factory=dict)  # node -> (name, class)
+    declarations: list[str] = field(default_factory=list)
+
+    def define(self, node: fx.Node, expr: str) -> None:
+        name = f"v{len(self.exprs)}"
+        self.lines.append(f"{name} = {expr}")
+        self.exprs[node] = name
+
+
+def cast_to(dtype: torch.dtype, expr: str) -> str:
+    """The expression rounded as eager rounds a tensor of ``dtype`` (f32 needs no rounding)."""
+    if dtype == torch.float32:
+        return expr
+    if dtype not in EVTC_DTYPES:
+        raise Refused(f"dtype {dtype} is not one evtc computes in")
+    return f"{EVTC_DTYPES[dtype]}({expr})"
+
+
+# --- operands from outside the chain -----------------------------------------------------------
+
+def classify(t: torch.Tensor, full_shape: tuple) -> str:
+    """How an outside tensor broadcasts against the chain's M×N values."""
+    shape = tuple(t.shape)
+    if len(shape) > len(full_shape):
+        raise Refused(f"an operand of shape {list(shape)} has more dimensions than the result")
+    try:
+        e = t.expand(full_shape)
+    except RuntimeError as err:
+        raise Refused(f"an operand of shape {list(shape)} does not broadcast to {list(full_shape)}") from err
+    strides = e.stride()
+    lead = strides[:-1]
+    if all(s == 0 for s in strides):
+        return SCALAR
+    if all(s == 0 for s in lead):
+        return ROW
+    if strides[-1] == 0:
+        # Varies over the leading dimensions only: a column vector if it varies over all of them.
+        padded = (1,) * (len(full_shape) - len(shape)) + shape
+        if all(p == f for p, f in zip(padded[:-1], full_shape[:-1])):
+            return COL
+        raise Refused(f"an operand of shape {list(shape)} broadcasts over part of the rows")
+    if len(full_shape) == 2 and tuple(t.shape) == tuple(full_shape) and t.stride() == (1, full_shape[0]):
+        return AUX_COL
+    return AUX
+
+
+def operand(chain: Chain, node: fx.Node) -> str:
+    """The expression name of an outside tensor, declared on first use."""
+    if node in chain.operands:
+        return chain.operands[node][0]
+    t = val(node)
+    if t is None:
+        raise Refused(f"operand {node.name} has no tensor metadata")
+    if t.dtype not in EVTC_DTYPES:
+        raise Refused(f"operand {node.name} has dtype {t.dtype}")
+    if t.device.type != "cuda":
+        raise Refused(f"operand {node.name} is on {t.device}, not a CUDA device")
+    cls = classify(t, chain.full_shape)
+    name = f"x{len(chain.operands)}"
+    dt = EVTC_DTYPES[t.dtype]
+    decl = {ROW: f"input {name}[n]: {dt}", COL: f"input {name}[m]: {dt}", SCALAR: f"input {name}: {dt} ptr",
+            AUX: f"input {name}[m,n]: {dt}", AUX_COL: f"input {name}[m,n]: {dt} col_major"}[cls]
+    chain.declarations.append(decl)
+    chain.operands[node] = (name, cls)
+    return name
+
+
+def arg_expr(chain: Chain, x: Any) -> str:
+    if isinstance(x, fx.Node):
+        return chain.exprs[x] if x in chain.exprs else operand(chain, x)
+    if isinstance(x, (int, float, bool)):
+        return const(x)
+    raise Refused(f"argument {x!r} is neither a tensor nor a number")
+
+
+# --- the pointwise ops evtc computes ----------------------------------------------------------
+
+def _scaled(chain, y, alpha):
+    return arg_expr(chain, y) if alpha == 1 else f"({const(alpha)} * {arg_expr(chain, y)})"
+
+
+def _add(chain, n):
+    x, y = n.args[:2]
+    return f"{arg_expr(chain, x)} + {_scaled(chain, y, n.kwargs.get('alpha', 1))}"
+
+
+def _sub(chain, n):
+    x, y = n.args[:2]
+    return f"{arg_expr(chain, x)} - {_scaled(chain, y, n.kwargs.get('alpha', 1))}"
+
+
+def _rsub(chain, n):
+    x, y = n.args[:2]
+    return f"{_scaled(chain, y, 1)} - {_scaled(chain, x, n.kwargs.get('alpha', 1))}"
+
+
+def _div(chain, n):
+    if n.kwargs.get("rounding_mode") is not None:
+        raise Refused(f"div with rounding_mode={n.kwargs['rounding_mode']}")
+    return f"{arg_expr(chain, n.args[0])} / {arg_expr(chain, n.args[1])}"
+
+
+def _binary(op):
+    return lambda chain, n: f"{arg_expr(chain, n.args[0])} {op} {arg_expr(chain, n.args[1])}"
+
+
+def _call(fn, arity=1):
+    return lambda chain, n: f"{fn}({', '.join(arg_expr(chain, a) for a in n.args[:arity])})"
+
+
+def _gelu(chain, n):
+    approximate = n.kwargs.get("approximate", n.args[1] if len(n.args) > 1 else "none")
+    fn = {"none": "gelu", "tanh": "gelu_tanh"}.get(approximate)
+    if fn is None:
+        raise Refused(f"gelu with approximate={approximate!r}")
+    return f"{fn}({arg_expr(chain, n.args[0])})"
+
+
+def _pow(chain, n):
+    x, e = n.args[:2]
+    if e == 2:
+        return f"square({arg_expr(chain, x)})"
+    if e == 0.5:
+        return f"sqrt({arg_expr(chain, x)})"
+    return f"{arg_expr(chain, x)} ** {arg_expr(chain, e)}"
+
+
+def _clamp(chain, n):
+    x = arg_expr(chain, n.args[0])
+    lo = n.kwargs.get("min", n.args[1] if len(n.args) > 1 else None)
+    hi = n.kwargs.get("max", n.args[2] if len(n.args) > 2 else None)
+    if lo is not None:
+        x = f"max({x}, {arg_expr(chain, lo)})"
+    if hi is not None:
+        x = f"min({x}, {arg_expr(chain, hi)})"
+    return x
+
+
+def _where(chain, n):
+    cond = n.args[0]
+    if not isinstance(cond, fx.Node) or cond in chain.exprs:
+        raise Refused("where with a condition computed in the chain (evtc has no comparison ops)")
+    raise Refused("where with a boolean condition tensor (evtc operands are floating point)")
+
+
+def _identity(chain, n):
+    return chain.exprs[n.args[0]] if n.args[0] in chain.exprs else arg_expr(chain, n.args[0])
+
+
+POINTWISE: dict[Any, Callable[[Chain, fx.Node], str]] = {
+    aten.add.Tensor: _add, aten.add.Scalar: _add,
+    aten.sub.Tensor: _sub, aten.sub.Scalar: _sub,
+    aten.rsub.Scalar: _rsub, aten.rsub.Tensor: _rsub,
+    aten.mul.Tensor: _binary("*"), aten.mul.Scalar: _binary("*"),
+    aten.div.Tensor: _div, aten.div.Scalar: _div,
+    aten.neg.default: _call("neg"),
+    aten.relu.default: _call("relu"),
+    aten.sigmoid.default: _call("sigmoid"),
+    aten.silu.default: _call("silu"),
+    aten.tanh.default: _call("tanh"),
+    aten.exp.default: _call("exp"),
+    aten.log.default: _call("log"),
+    aten.abs.default: _call("abs"),
+    aten.sqrt.default: _call("sqrt"),
+    aten.rsqrt.default: _call("rsqrt"),
+    aten.reciprocal.default: _call("reciprocal"),
+    aten.erf.default: _call("erf"),
+    aten.gelu.default: _gelu,
+    aten.pow.Tensor_Scalar: _pow,
+    aten.clamp.default: _clamp, aten.clamp.Tensor: _clamp,
+    aten.clamp_min.default: lambda c, n: f"max({arg_expr(c, n.args[0])}, {arg_expr(c, n.args[1])})",
+    aten.clamp_max.default: lambda c, n: f"min({arg_expr(c, n.args[0])}, {arg_expr(c, n.args[1])})",
+    aten.maximum.default: _call("max", 2), aten.minimum.default: _call("min", 2),
+    aten.where.self: _where,
+    prims.convert_element_type.default: _identity,
+    aten._to_copy.default: _identity,
+}
+
+# Reshapes of a chain value that keep its last dimension (N): the values are the same M×N
+# matrix with the leading dimensions grouped differently.
+RESHAPES = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
+
+
+def absorbable(chain: Chain, n: fx.Node) -> Optional[str]:
+    """Why ``n`` cannot join the chain, or None if it can (its chain inputs are in the chain)."""
+    if n.op != "call_function":
+        return f"{n.op} {n.name}"
+    t = val(n)
+    if t is None or t.dtype not in EVTC_DTYPES:
+        return f"{n.target} produces {getattr(t, 'dtype', 'no tensor')}"
+    if n.target in RESHAPES:
+        src = val(n.args[0])
+        if n.args[0] not in chain.exprs or src is None or t.shape[-1] != src.shape[-1] or not t.is_contiguous():
+            return f"reshape {n.name} changes the last dimension"
+        return None
+    if n.target not in POINTWISE:
+        return f"{n.target} is not an epilogue op"
+    if n.target is aten._to_copy.default and (set(n.kwargs) - {"dtype"}):
+        return f"_to_copy with {sorted(set(n.kwargs) - {'dtype'})}"
+    if tuple(t.shape) != tuple(chain.full_shape) and math.prod(t.shape) != math.prod(chain.full_shape):
+        return f"{n.name} has shape {list(t.shape)}, not the GEMM's result shape"
+    return None
+
+
+def absorb(chain: Chain, n: fx.Node) -> None:
+    """Adds ``n`` to the chain (raises Refused, leaving the chain unchanged, if it cannot)."""
+    t = val(n)
+    saved = (dict(chain.operands), list(chain.declarations))
+    try:
+        if n.target in RESHAPES:
+            chain.exprs[n] = chain.exprs[n.args[0]]
+            chain.full_shape = tuple(t.shape)
+        else:
+            chain.define(n, cast_to(t.dtype, POINTWISE[n.target](chain, n)))
+    except Refused:
+        chain.operands, chain.declarations = saved
+        raise
+    chain.nodes.append(n)

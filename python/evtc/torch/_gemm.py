@@ -1,0 +1,94 @@
+"""The GEMM a chain starts from: mm, addmm and _scaled_mm, as the root of an epilogue."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import fx
+
+from ._chain import EVTC_DTYPES, FP8_DTYPES, GEMM_OPERAND_DTYPES, Chain, Refused, arg_expr, cast_to, const, val
+
+aten = torch.ops.aten
+
+GEMMS = (aten.mm.default, aten.addmm.default, aten._scaled_mm.default)
+# GEMMs evtc recognises but has no kernel for yet.
+UNSUPPORTED_GEMMS = {
+    aten.bmm.default: "batched GEMM (bmm) has no evtc kernel yet",
+    aten.baddbmm.default: "batched GEMM (baddbmm) has no evtc kernel yet",
+}
+
+
+def layout(t: torch.Tensor, what: str) -> str:
+    """'row' or 'col' for a 2-D operand whose rows or columns are contiguous."""
+    r, c = t.shape
+    s0, s1 = t.stride()
+    if s1 == 1 and (r <= 1 or s0 >= c):
+        return "row"
+    if s0 == 1 and (c <= 1 or s1 >= r):
+        return "col"
+    raise Refused(f"{what} has strides ({s0}, {s1}): neither its rows nor its columns are contiguous")
+
+
+def _operands(gemm: fx.Node, fp8: bool) -> tuple[fx.Node, fx.Node, torch.Tensor, torch.Tensor]:
+    a, b = (gemm.args[1], gemm.args[2]) if gemm.target is aten.addmm.default else gemm.args[:2]
+    ta, tb = val(a), val(b)
+    if ta is None or tb is None or ta.dim() != 2 or tb.dim() != 2:
+        raise Refused("A and B must be 2-D tensors with metadata")
+    allowed = FP8_DTYPES if fp8 else GEMM_OPERAND_DTYPES
+    if ta.dtype not in allowed or tb.dtype != ta.dtype:
+        raise Refused(f"{ta.dtype} x {tb.dtype} GEMM: evtc kernels take bf16, f16 or fp8 (via _scaled_mm) operands")
+    if ta.device.type != "cuda":
+        raise Refused(f"the GEMM runs on {ta.device}")
+    return a, b, ta, tb
+
+
+def start_chain(gemm: fx.Node) -> Chain:
+    """The chain holding just the GEMM: its expression is the GEMM's result as eager rounds it."""
+    if gemm.target in UNSUPPORTED_GEMMS:
+        raise Refused(UNSUPPORTED_GEMMS[gemm.target])
+    fp8 = gemm.target is aten._scaled_mm.default
+    a, b, ta, tb = _operands(gemm, fp8)
+    out = val(gemm)
+    options = {"a_dtype": EVTC_DTYPES[ta.dtype], "b_dtype": EVTC_DTYPES[tb.dtype],
+               "a_layout": layout(ta, "A"), "b_layout": layout(tb, "B")}
+    if fp8 and (options["a_layout"], options["b_layout"]) != ("row", "col"):
+        raise Refused("_scaled_mm needs row-major A and column-major B")
+    chain = Chain(gemm=gemm, a=a, b=b, options=options, full_shape=tuple(out.shape))
+    chain.nodes.append(gemm)
+    chain.define(gemm, cast_to(out.dtype, _root_expr(chain, gemm)))
+    return chain
+
+
+def _root_expr(chain: Chain, gemm: fx.Node) -> str:
+    if gemm.target is aten.mm.default:
+        return "acc"
+    if gemm.target is aten.addmm.default:
+        beta = gemm.kwargs.get("beta", 1)
+        alpha = gemm.kwargs.get("alpha", 1)
+        acc = "acc" if alpha == 1 else f"{const(alpha)} * acc"
+        bias = arg_expr(chain, gemm.args[0])
+        return f"{acc} + {bias}" if beta == 1 else f"{acc} + {const(beta)} * {bias}"
+    return _scaled_mm_expr(chain, gemm)
+
+
+def _arg(gemm: fx.Node, index: int, name: str, default=None):
+    if name in gemm.kwargs:
+        return gemm.kwargs[name]
+    return gemm.args[index] if len(gemm.args) > index else default
+
+
+def _scaled_mm_expr(chain: Chain, gemm: fx.Node) -> str:
+    scale_a, scale_b = _arg(gemm, 2, "scale_a"), _arg(gemm, 3, "scale_b")
+    bias: Optional[fx.Node] = _arg(gemm, 4, "bias")
+    if _arg(gemm, 5, "scale_result") is not None:
+        raise Refused("_scaled_mm with scale_result")
+    for s, what in ((scale_a, "scale_a"), (scale_b, "scale_b")):
+        t = val(s)
+        if t is None or t.dtype != torch.float32:
+            raise Refused(f"_scaled_mm {what} must be an f32 tensor")
+    # Rowwise scales are (M, 1) and (1, N), tensorwise ones have one element: both broadcast
+    # against the M×N result as the epilogue reads them.
+    expr = f"acc * {arg_expr(chain, scale_a)} * {arg_expr(chain, scale_b)}"
+    if bias is not None:
+        expr = f"{expr} + {arg_expr(chain, bias)}"
+    return expr

@@ -1,0 +1,84 @@
+"""The PyTorch programs the GPU tests compile: each with its inputs, how many GEMMs evtc must
+fuse in it, and the tolerance of its comparison with eager."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+# Sizes that are not tile multiples (tiles are 128 or 256 wide); N and K keep 16-byte rows.
+M, N, K = 1000, 1032, 520
+
+
+@dataclass
+class Case:
+    name: str
+    fn: Callable
+    make_inputs: Callable[[], tuple]
+    fused: int  # GEMMs evtc must fuse (0: a negative case)
+    rtol: float = 2e-2
+    inductor_config: dict = field(default_factory=dict)
+
+
+def randn(*shape, dtype=torch.bfloat16, scale=1.0):
+    return (torch.randn(*shape, device="cuda") * scale).to(dtype)
+
+
+def x_w(dtype=torch.bfloat16, k=K):
+    # Weights scaled by 1/sqrt(K) keep the GEMM's outputs O(1), where activations matter.
+    return randn(M, k, dtype=dtype), randn(N, k, dtype=dtype, scale=k ** -0.5)
+
+
+def activation(f):
+    return lambda x, w: f(x @ w.t())
+
+
+def scaled_mm_inputs():
+    m, n, k = 1000, 1040, 528
+    a = randn(m, k).to(torch.float8_e4m3fn)
+    b = randn(n, k, scale=k ** -0.5).to(torch.float8_e4m3fn).t()
+    scale_a = torch.rand(m, 1, device="cuda") + 0.5
+    scale_b = torch.rand(1, n, device="cuda") + 0.5
+    return a, b, scale_a, scale_b, randn(n)
+
+
+def scaled_mm_gelu(a, b, scale_a, scale_b, bias):
+    y = torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, bias=bias, out_dtype=torch.bfloat16)
+    return F.gelu(y)
+
+
+def escaping(x, w, bias):
+    h = x @ w.t() + bias
+    return F.gelu(h), h.float().sum(dim=0)
+
+
+CASES = [
+    Case("silu", activation(F.silu), x_w, 1),
+    Case("sigmoid", activation(torch.sigmoid), x_w, 1),
+    Case("gelu", activation(F.gelu), x_w, 1),
+    Case("gelu_tanh", activation(lambda h: F.gelu(h, approximate="tanh")), x_w, 1),
+    Case("quick_gelu", activation(lambda h: h * torch.sigmoid(1.702 * h)), x_w, 1),
+    Case("relu", activation(torch.relu), x_w, 1),
+    Case("relu_square", activation(lambda h: torch.relu(h) ** 2), x_w, 1),
+    Case("scalar_arithmetic", activation(lambda h: ((h + 1.5) * 0.75 - 0.25) / 3.0), x_w, 1),
+    Case("addmm_bias", lambda x, w, b: F.linear(x, w, b), lambda: (*x_w(), randn(N)), 1),
+    Case("mm_plus_bias_silu", lambda x, w, b: F.silu(x @ w.t() + b), lambda: (*x_w(), randn(N)), 1),
+    Case("aux_gate", lambda x, w, g: (x @ w.t()) * g, lambda: (*x_w(), randn(M, N)), 1),
+    Case("bf16_via_fp32", activation(lambda h: F.silu(h.float()).to(torch.bfloat16)), x_w, 1),
+    Case("fp32_output", activation(lambda h: F.silu(h.float())), x_w, 1),
+    Case("bf16_to_fp16", activation(lambda h: F.silu(h).to(torch.float16)), x_w, 1),
+    Case("pure_fp16", activation(F.silu), lambda: x_w(torch.float16), 1),
+    Case("scaled_mm_rowwise_bias_gelu", scaled_mm_gelu, scaled_mm_inputs, 1, rtol=4e-2),
+    Case("llama_mlp", lambda x, w1, w3: F.silu(x @ w1.t()) * (x @ w3.t()),
+         lambda: (*x_w(), randn(N, K, scale=K ** -0.5)), 1),
+    Case("escaping_intermediate", escaping, lambda: (*x_w(), randn(N)), 1),
+    # Negative cases: nothing fused, results still right.
+    Case("bare_mm", lambda x, w: x @ w.t(), x_w, 0),
+    Case("k_not_multiple_of_8", activation(F.silu), lambda: x_w(k=516), 0,
+         inductor_config={"shape_padding": False}),
+    Case("fp32_mm", activation(F.silu), lambda: x_w(torch.float32), 0, rtol=1e-3),
+    Case("unsupported_b_strides", lambda x, w: F.silu(x @ w[:, ::2]),
+         lambda: (randn(M, K), randn(K, 2 * N, scale=K ** -0.5)), 0),
+]
