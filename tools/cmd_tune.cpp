@@ -25,7 +25,7 @@ struct TuneArgs {
   std::vector<std::string> shapes;
   std::string dtype = "bf16";
   std::string layout_a = "r", layout_b = "r";
-  bool precise = false;
+  bool precise = false, list = false;
   int max_candidates = -1;
   std::string json;
 };
@@ -79,12 +79,6 @@ int tune(const TuneArgs& ta) {
   const auto dt = parse_dtype(ta.dtype);
   if (!dt) throw UserError(fmt::format("--dtype: unknown dtype '{}'", ta.dtype));
   const std::vector<Shape3> shapes = parse_shapes(ta.shapes);
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    cudaGetLastError();
-    fmt::print(stderr, "evtc tune: no CUDA device is available (candidates are timed on the GPU)\n");
-    return kExitFailed;
-  }
   ParseOptions popts;
   popts.operand_dtype = is_fp8(*dt) ? DType::f32 : *dt;
   popts.output_dtype = is_fp8(*dt) ? DType::bf16 : *dt;
@@ -104,6 +98,16 @@ int tune(const TuneArgs& ta) {
                                   s.n, s.k, r));
     for (const KernelConfig& c : kernel.tuning_candidates(s.m, s.n, s.k))
       if (std::find(all.begin(), all.end(), c) == all.end()) all.push_back(c);
+  }
+  if (ta.list) {  // the candidates alone: no compiling, no GPU
+    for (const KernelConfig& c : all) fmt::print("{}\n", c.name());
+    return kExitOk;
+  }
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    cudaGetLastError();
+    fmt::print(stderr, "evtc tune: no CUDA device is available (candidates are timed on the GPU)\n");
+    return kExitFailed;
   }
   fmt::print("{} shape(s), {} distinct candidate configuration(s)\n", shapes.size(), all.size());
   const auto errors = kernel.compile_configs(all, progress_printer("evtc tune"));
@@ -146,6 +150,8 @@ Command add_tune_command(CLI::App& app) {
   sub->add_option("--max-candidates", ta->max_candidates,
                   "Most candidates per shape (0: all that survive pruning; default 6)")
       ->check(CLI::NonNegativeNumber);
+  sub->add_flag("--list-candidates", ta->list,
+                "Print the shapes' candidate configurations after pruning, one per line, and stop");
   sub->add_option("--json", ta->json, "Write every shape's timings as JSON to this file");
   return {sub, [ta] { return tune(*ta); }};
 }

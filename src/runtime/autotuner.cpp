@@ -140,12 +140,30 @@ std::vector<KernelConfig> candidate_configs(const Graph& g, const GemmDesc& gemm
   std::stable_sort(scored.begin(), scored.end(),
                    [](const auto& a, const auto& b) { return a.first > b.first; });
   // The heuristic default always competes, so tuning never picks something worse than it.
+  // Then the best of each (schedule, tile, tile scheduler) family, best family first, so a
+  // small budget spans the kinds of kernel rather than one tile's cluster shapes; then the
+  // families' next-best, and so on.
   std::vector<KernelConfig> out{default_config(g, gemm)};
+  std::vector<std::vector<KernelConfig>> families;
   for (const auto& [score, c] : scored) {
-    if (max_candidates && out.size() >= max_candidates) break;
-    if (std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
+    auto same = [&](const std::vector<KernelConfig>& f) {
+      return f[0].schedule == c.schedule && f[0].tile_m == c.tile_m && f[0].tile_n == c.tile_n &&
+             f[0].scheduler == c.scheduler;
+    };
+    auto it = std::find_if(families.begin(), families.end(), same);
+    if (it == families.end()) families.push_back({c});
+    else it->push_back(c);
   }
-  return out;
+  for (size_t rank = 0;; ++rank) {
+    bool any = false;
+    for (const auto& f : families) {
+      if (rank >= f.size()) continue;
+      any = true;
+      if (max_candidates && out.size() >= max_candidates) return out;
+      if (std::find(out.begin(), out.end(), f[rank]) == out.end()) out.push_back(f[rank]);
+    }
+    if (!any) return out;
+  }
 }
 
 std::string utc_now() {

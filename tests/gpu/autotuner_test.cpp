@@ -1,0 +1,104 @@
+// Autotuning on the GPU: candidates compiled and timed on scratch outputs (the caller's
+// outputs stay untouched), the winner persisted and reused by later Kernels, nearest-shape
+// reuse, first-call tuning, and correct results (reductions included) after tuning.
+// Its own executable: it tunes in a fresh cache folder, apart from the main GPU suite.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+
+#include "evtc/expression.hpp"
+#include "evtc/reference.hpp"
+#include "evtc/runtime.hpp"
+#include "runtime/harness.hpp"
+
+using namespace evtc;
+
+namespace {
+
+// Bias, activation, an extra output and a row reduction: tuning must leave all of them right.
+constexpr const char* kEpilogue = R"(
+f = acc + bias[n]
+out D: bf16 = silu(f)
+out rows = row_sum(f)
+)";
+
+class AutotunerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    cache_ = std::filesystem::temp_directory_path() / ("evtc-tuner-test-" + std::to_string(getpid()));
+    setenv("EVTC_CACHE_DIR", cache_.c_str(), 1);
+    unsetenv("EVTC_TUNE");
+    unsetenv("EVTC_TUNE_MAX_CANDIDATES");
+  }
+  static void TearDownTestSuite() { std::filesystem::remove_all(cache_); }
+
+  static CompileOptions options(TuneMode mode) {
+    CompileOptions o;
+    o.tune_mode = mode;
+    o.tune_max_candidates = 2;
+    return o;
+  }
+
+  static void expect_matches_reference(const Kernel& k, const runtime::DeviceProblem& p,
+                                       const ReferenceInputs& in) {
+    const ReferenceOutputs got = p.read_outputs(nullptr);
+    for (const auto& c : runtime::check_outputs(k, got, evaluate_reference(k.graph(), in)))
+      EXPECT_TRUE(c.comparison.pass) << "output " << c.name << ": " << c.comparison.describe();
+  }
+
+  static inline std::filesystem::path cache_;
+};
+
+TEST_F(AutotunerTest, TimesOnScratchPersistsAndRunsCorrectly) {
+  const Graph g = parse_expression(kEpilogue);
+  Kernel kernel(g, options(TuneMode::ahead));
+  const int64_t m = 1000, n = 1016, kk = 520;  // not tile multiples
+  const ReferenceInputs in = random_reference_inputs(kernel.graph(), m, n, kk, DType::bf16, DType::bf16, 7);
+  runtime::DeviceProblem problem(kernel, in);
+  problem.poison_outputs(nullptr);
+
+  const TuneResult r = kernel.tune(problem.arguments());
+  ASSERT_EQ(r.candidates.size(), 2u);
+  EXPECT_GT(r.best_ms, 0);
+  for (const auto& c : r.candidates) EXPECT_GE(c.median_ms, 0) << c.config.name() << ": " << c.error;
+  EXPECT_TRUE(std::filesystem::exists(r.record_path));
+
+  // Tuning wrote only to scratch: every output still holds the poison (NaN).
+  for (const auto& [name, values] : problem.read_outputs(nullptr))
+    for (double v : values) ASSERT_TRUE(std::isnan(v)) << name << " was written during tuning";
+
+  const ConfigChoice choice = kernel.config_choice(m, n, kk);
+  EXPECT_EQ(choice.source, ConfigChoice::Source::tuned);
+  EXPECT_EQ(choice.config, r.best);
+  EXPECT_EQ(kernel.run(problem.arguments()), ExecutionPath::fused);
+  expect_matches_reference(kernel, problem, in);
+
+  // A new Kernel of the same epilogue finds the persisted choice; a near shape borrows it.
+  Kernel again(g, options(TuneMode::ahead));
+  EXPECT_EQ(again.config_choice(m, n, kk).source, ConfigChoice::Source::tuned);
+  EXPECT_EQ(again.config_choice(m, n, kk).config, r.best);
+  const ConfigChoice near = again.config_choice(m, n, 1040);
+  EXPECT_EQ(near.source, ConfigChoice::Source::nearest_tuned);
+  EXPECT_EQ(near.tuned_k, kk);
+  // Tuning off ignores it.
+  Kernel off(g, options(TuneMode::off));
+  EXPECT_EQ(off.config_choice(m, n, kk).source, ConfigChoice::Source::heuristic);
+}
+
+TEST_F(AutotunerTest, FirstCallModeTunesAnUnseenShapeThenRunsIt) {
+  Kernel kernel(parse_expression(kEpilogue), options(TuneMode::first_call));
+  const int64_t m = 777, n = 1032, kk = 264;
+  ASSERT_NE(kernel.config_choice(m, n, kk).source, ConfigChoice::Source::tuned);
+  const ReferenceInputs in = random_reference_inputs(kernel.graph(), m, n, kk, DType::bf16, DType::bf16, 8);
+  runtime::DeviceProblem problem(kernel, in);
+  problem.poison_outputs(nullptr);
+  EXPECT_EQ(kernel.run(problem.arguments()), ExecutionPath::fused);
+  EXPECT_EQ(kernel.config_choice(m, n, kk).source, ConfigChoice::Source::tuned);
+  expect_matches_reference(kernel, problem, in);
+}
+
+}  // namespace

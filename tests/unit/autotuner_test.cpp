@@ -1,0 +1,231 @@
+// The autotuner's CPU side (src/runtime/autotuner.hpp): candidate generation and pruning,
+// the persisted record format, the store, nearest-shape lookup, and Kernel's choice of
+// configuration without a GPU.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+#include "evtc/error.hpp"
+#include "evtc/expression.hpp"
+#include "evtc/passes.hpp"
+#include "evtc/runtime.hpp"
+#include "runtime/autotuner.hpp"
+
+using namespace evtc;
+using namespace evtc::tuning;
+
+namespace {
+
+Graph lowered(const std::string& expr) { return run_pipeline(parse_expression(expr)); }
+
+GemmDesc problem(int64_t m, int64_t n, int64_t k, DType ab = DType::bf16) {
+  GemmDesc g;
+  g.a_dtype = g.b_dtype = ab;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  return g;
+}
+
+KernelConfig config(const std::string& name) {
+  auto c = KernelConfig::parse(name);
+  EXPECT_TRUE(c) << name;
+  return c.value_or(KernelConfig{});
+}
+
+const char* kBiasSilu = "out D: bf16 = silu(acc + bias[n])";
+const char* kLoss = "f = acc + bias[n]; out loss = sum(f * f)";
+
+TEST(TuningCandidates, StartWithTheDefaultAndAreAllBuildableAndUnpruned) {
+  const Graph g = lowered(kBiasSilu);
+  for (auto p : {problem(4096, 4096, 4096), problem(8192, 8192, 1024), problem(1000, 3000, 520)}) {
+    const auto cands = candidate_configs(g, p);
+    ASSERT_FALSE(cands.empty());
+    EXPECT_EQ(cands[0], default_config(g, p));
+    for (const auto& c : cands) {
+      EXPECT_TRUE(KernelConfig::parse(c.name())) << c.name();
+      EXPECT_EQ(prune_reason(c, g, p), "") << c.name();
+      EXPECT_EQ(std::count(cands.begin(), cands.end(), c), 1) << c.name() << " twice";
+    }
+  }
+}
+
+TEST(TuningCandidates, BudgetSpansScheduleAndTileFamilies) {
+  const Graph g = lowered(kBiasSilu);
+  const auto cands = candidate_configs(g, problem(4096, 4096, 4096), {}, 4);
+  ASSERT_EQ(cands.size(), 4u);
+  bool pingpong = false;
+  for (const auto& c : cands) pingpong |= c.schedule == MainloopSchedule::pingpong;
+  EXPECT_TRUE(pingpong) << "a budget of 4 should include a ping-pong kernel";
+  EXPECT_GT(candidate_configs(g, problem(4096, 4096, 4096)).size(), 4u);
+  EXPECT_LT(candidate_configs(g, problem(4096, 4096, 4096), {}, 4).size(),
+            candidate_configs(g, problem(4096, 4096, 4096), {}, 0).size());
+}
+
+TEST(TuningCandidates, ReductionsOnlyGetCooperativePersistentKernels) {
+  const Graph g = lowered(kLoss);
+  const auto cands = candidate_configs(g, problem(8192, 8192, 1024), {}, 0);
+  ASSERT_GE(cands.size(), 2u);
+  for (const auto& c : cands) {
+    EXPECT_EQ(c.schedule, MainloopSchedule::cooperative) << c.name();
+    EXPECT_EQ(c.scheduler, TileSchedulerKind::persistent) << c.name();
+  }
+}
+
+TEST(TuningCandidates, SkinnyProblemsGetSmallMTiles) {
+  const Graph g = lowered(kBiasSilu);
+  const auto cands = candidate_configs(g, problem(64, 8192, 4096), {}, 0);
+  bool small_m = false;
+  for (const auto& c : cands) {
+    small_m |= c.tile_m == 64;
+    EXPECT_NE(c.tile_m, 256) << c.name() << ": three quarters of a 256-row tile would be padding";
+  }
+  EXPECT_TRUE(small_m);
+}
+
+TEST(TuningPruning, NamesWhyAConfigurationIsDropped) {
+  const Graph g = lowered(kBiasSilu);
+  const GemmDesc big = problem(8192, 8192, 8192);
+  EXPECT_NE(prune_reason(config("pingpong_128x256x64_c1x1_persistent"), g, big).find("registers"),
+            std::string::npos);
+  EXPECT_NE(prune_reason(config("coop_256x128x64_c2x1_persistent"), g, problem(200, 8192, 4096)).find("cluster"),
+            std::string::npos);
+  // 132 tiles of 128x256 fill the H100's 132 multiprocessors exactly: stream-K adds nothing.
+  EXPECT_NE(prune_reason(config("coop_128x256x64_c1x1_streamk"), g, problem(128 * 11, 256 * 12, 8192)).find("stream-K"),
+            std::string::npos);
+  EXPECT_NE(prune_reason(config("coop_128x256x64_c1x1_streamk"), lowered(kLoss), big).find("reductions"),
+            std::string::npos);
+  EXPECT_EQ(prune_reason(config("coop_128x256x64_c2x1_persistent"), g, big), "");
+  // A K tile of 128 on 16-bit operands leaves too few stages in shared memory.
+  EXPECT_NE(prune_reason(config("coop_256x128x128_c1x1_persistent"), g, big).find("shared memory"),
+            std::string::npos);
+}
+
+TEST(TuningPruning, StreamKIsKeptWhenTheLastWaveIsMostlyEmpty) {
+  const Graph g = lowered(kBiasSilu);
+  // 133 tiles: two waves, the second with one tile.
+  EXPECT_EQ(prune_reason(config("coop_128x256x64_c1x1_streamk"), g, problem(128 * 7, 256 * 19, 8192)), "");
+  EXPECT_LT(heuristic_score(config("coop_128x256x64_c1x1_persistent"), problem(128 * 7, 256 * 19, 8192)),
+            heuristic_score(config("coop_128x256x64_c1x1_streamk"), problem(128 * 7, 256 * 19, 8192)));
+}
+
+ProblemIdentity identity(const std::string& device = "NVIDIA H100 80GB HBM3") {
+  ProblemIdentity id;
+  id.graph_hash = "0123456789abcdef";
+  id.device_name = device;
+  return id;
+}
+
+TuningRecord record(int64_t m, int64_t n, int64_t k, const std::string& best) {
+  TuningRecord r;
+  r.m = m;
+  r.n = n;
+  r.k = k;
+  r.best = config(best);
+  r.best_ms = 0.25;
+  r.identity = identity();
+  r.tuned_at = "2026-01-01T00:00:00Z";
+  r.candidates = {{best, 0.25, ""}, {"coop_128x128x64_c1x1_persistent", -1, "did not compile: x"}};
+  return r;
+}
+
+TEST(TuningRecord, RoundTripsThroughJson) {
+  const TuningRecord r = record(4096, 2048, 1024, "pingpong_128x128x64_c2x1_persistent");
+  const TuningRecord back = TuningRecord::from_json(r.to_json());
+  EXPECT_EQ(back.m, 4096);
+  EXPECT_EQ(back.n, 2048);
+  EXPECT_EQ(back.k, 1024);
+  EXPECT_EQ(back.best, r.best);
+  EXPECT_DOUBLE_EQ(back.best_ms, 0.25);
+  EXPECT_EQ(back.identity.device_name, r.identity.device_name);
+  ASSERT_EQ(back.candidates.size(), 2u);
+  EXPECT_LT(back.candidates[1].median_ms, 0);
+  EXPECT_EQ(back.candidates[1].error, "did not compile: x");
+}
+
+TEST(TuningRecord, RejectsOtherFormatsAndUnknownConfigs) {
+  EXPECT_THROW(TuningRecord::from_json("not json"), RuntimeError);
+  EXPECT_THROW(TuningRecord::from_json(R"({"format": 99})"), RuntimeError);
+  std::string text = record(1, 2, 3, "coop_128x256x64_c2x1_persistent").to_json();
+  for (size_t at; (at = text.find("coop_128x256x64_c2x1_persistent")) != std::string::npos;)
+    text.replace(at, 31, "coop_100x256x64_c2x1_persistent");
+  EXPECT_THROW(TuningRecord::from_json(text), RuntimeError);
+}
+
+TEST(TuningStore, KeysSeparateDevicesLayoutsAndGraphs) {
+  ProblemIdentity a = identity(), b = identity("NVIDIA H200"), c = identity(), d = identity();
+  c.gemm.b_layout = c.gemm.b_layout == Layout::row_major ? Layout::col_major : Layout::row_major;
+  d.graph_hash = "fedcba9876543210";
+  EXPECT_NE(problem_key(a), problem_key(b));
+  EXPECT_NE(problem_key(a), problem_key(c));
+  EXPECT_NE(problem_key(a), problem_key(d));
+  EXPECT_EQ(problem_key(a), problem_key(identity()));
+}
+
+TEST(TuningStore, SavesFindsAndListsRecords) {
+  const auto dir = std::filesystem::temp_directory_path() / ("evtc-store-test-" + std::to_string(getpid()));
+  const TuningStore store(dir.string(), identity());
+  EXPECT_FALSE(store.find(4096, 4096, 4096));
+  store.save(record(4096, 4096, 4096, "coop_128x256x64_c2x1_persistent"));
+  store.save(record(8192, 8192, 1024, "pingpong_128x128x64_c2x1_persistent"));
+  store.save(record(4096, 4096, 4096, "coop_256x128x64_c1x2_persistent"));  // replaces the first
+  const auto found = store.find(4096, 4096, 4096);
+  ASSERT_TRUE(found);
+  EXPECT_EQ(found->best.name(), "coop_256x128x64_c1x2_persistent");
+  EXPECT_EQ(store.all().size(), 2u);
+  // A damaged file is skipped, not fatal.
+  std::ofstream(std::filesystem::path(store.folder()) / "1x1x1.json") << "{";
+  EXPECT_EQ(store.all().size(), 2u);
+  EXPECT_FALSE(store.find(1, 1, 1));
+  // Another device's folder is empty.
+  EXPECT_TRUE(TuningStore(dir.string(), identity("NVIDIA H200")).all().empty());
+  std::filesystem::remove_all(dir);
+}
+
+TEST(TuningNearest, PicksTheClosestShapeInLogSpace) {
+  const std::vector<TuningRecord> rs = {record(4096, 4096, 4096, "coop_128x256x64_c2x1_persistent"),
+                                        record(8192, 8192, 1024, "pingpong_128x128x64_c2x1_persistent"),
+                                        record(8192, 8192, 8192, "coop_256x128x64_c2x1_persistent")};
+  EXPECT_FALSE(nearest({}, 1, 2, 3));
+  EXPECT_EQ(nearest(rs, 8192, 8192, 1024)->k, 1024);    // exact
+  EXPECT_EQ(nearest(rs, 8192, 8192, 1536)->k, 1024);    // 1.5x from 1024, 5.3x from 8192
+  EXPECT_EQ(nearest(rs, 5000, 5000, 5000)->m, 4096);
+  EXPECT_EQ(nearest(rs, 6000, 6000, 6000)->m, 8192);
+  EXPECT_EQ(nearest(rs, 16384, 16384, 8192)->m, 8192);
+  // Equal distances: the smaller shape, whatever the order.
+  const std::vector<TuningRecord> tie = {record(2048, 1, 1, "coop_128x256x64_c2x1_persistent"),
+                                         record(512, 1, 1, "coop_256x128x64_c2x1_persistent")};
+  EXPECT_EQ(nearest(tie, 1024, 1, 1)->m, 512);
+  EXPECT_EQ(nearest({tie[1], tie[0]}, 1024, 1, 1)->m, 512);
+}
+
+TEST(TuneMode, NamesParseBack) {
+  for (auto m : {TuneMode::off, TuneMode::first_call, TuneMode::ahead})
+    EXPECT_EQ(parse_tune_mode(tune_mode_name(m)), m);
+  EXPECT_FALSE(parse_tune_mode("always"));
+}
+
+TEST(KernelConfigChoice, FixedConfigsWinAndUnknownSizesTakeTheHeuristic) {
+  CompileOptions o;
+  o.config = config("coop_256x128x64_c1x2_persistent");
+  Kernel fixed(parse_expression(kBiasSilu), o);
+  EXPECT_EQ(fixed.config_choice(4096, 4096, 4096).source, ConfigChoice::Source::fixed);
+  EXPECT_EQ(fixed.config_for(4096, 4096, 4096), *o.config);
+  Kernel k(parse_expression(kBiasSilu));
+  EXPECT_EQ(k.config_choice(0, 0, 0).source, ConfigChoice::Source::heuristic);
+  EXPECT_EQ(k.config_for(8192, 8192, 1024), default_config(k.graph(), problem(8192, 8192, 1024)));
+}
+
+TEST(KernelConfigChoice, BadTuneEnvironmentIsAUserError) {
+  setenv("EVTC_TUNE", "sometimes", 1);
+  EXPECT_THROW(Kernel(parse_expression(kBiasSilu)), UserError);
+  unsetenv("EVTC_TUNE");
+  setenv("EVTC_TUNE_MAX_CANDIDATES", "-3", 1);
+  EXPECT_THROW(Kernel(parse_expression(kBiasSilu)), UserError);
+  unsetenv("EVTC_TUNE_MAX_CANDIDATES");
+}
+
+}  // namespace
