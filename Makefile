@@ -21,6 +21,7 @@ run: build
 
 test: build
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	@bash tests/python/run_cpu_tests.sh
 
 # On a GPU machine without network access, give the CUTLASS headers by path:
 #   make test-gpu CUTLASS_DIR=/path/to/cutlass

@@ -9,7 +9,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CUTLASS_VERSION="4.2.0.0"
 
 need_pkgs=()
-for p in cmake g++ make ninja-build libfmt-dev libcli11-dev nlohmann-json3-dev libxxhash-dev libgtest-dev python3-pip unzip; do
+for p in cmake g++ make ninja-build libfmt-dev libcli11-dev nlohmann-json3-dev libxxhash-dev libgtest-dev python3-pip python3-venv unzip; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need_pkgs+=("$p")
 done
 if ((${#need_pkgs[@]})); then
@@ -37,4 +37,13 @@ else
   mv "$tmp/cutlass_library/source/include" "$dest/include"
   mv "$tmp/cutlass_library/source/tools/util/include" "$dest/util-include"
   echo "$CUTLASS_VERSION" > "$stamp"
+fi
+
+# The Python package's build tools and test runner (PyPI: scikit-build-core, nanobind, pytest, numpy;
+# never torch) in a virtual environment, build-venv (git-ignored).
+venv="$root/build-venv"
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+if ! "$venv/bin/python" -c "import scikit_build_core, nanobind, pytest, numpy" 2>/dev/null; then
+  echo "[setup] installing scikit-build-core, nanobind, pytest and numpy into build-venv (PyPI)"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check scikit-build-core nanobind pytest numpy
 fi
