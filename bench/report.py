@@ -129,23 +129,23 @@ def table(rows, result):
                      f"{b['fused_over_cublas']:.3f}× | {target} | {vs} |")
     lines.append("")
     if s["geomean_speedup_over_autotune"]:
-        lines.append(f"Geometric-mean speedup over `torch.compile(mode=\"max-autotune-no-cudagraphs\")`: "
+        lines.append(f"- Geometric-mean speedup over `torch.compile(mode=\"max-autotune-no-cudagraphs\")`: "
                      f"{s['geomean_speedup_over_autotune']:.3f}× over {', '.join(s['autotune_workloads'])} "
                      f"(target ≥ {GEOMEAN_TARGET}×); over `torch.compile`: "
                      f"{s['geomean_speedup_over_compile']:.3f}× over every workload with a PyTorch reference.")
     c = result["compile"]
     if c:
-        lines.append(f"Cold compile of one kernel: {c.get('cold_compile_s', 0):.1f} s; finding it in the disk "
+        lines.append(f"- Cold compile of one kernel: {c.get('cold_compile_s', 0):.1f} s; finding it in the disk "
                      f"cache (`evtc compile`, new process): {1000 * c.get('warm_load_s', 0):.1f} ms; every "
                      f"tuning candidate of the suite compiled in {c.get('all_candidates_compile_s', 0):.0f} s; "
                      f"timing them took {c.get('tuning_timing_s', 0):.0f} s.")
     first = next((r for r in rows if "cache_hit_ms" in r), None)
     if first:
-        lines.append(f"Disk-cache hit in a new process ({first['id']}: Kernel construction, library lookup and "
+        lines.append(f"- Disk-cache hit in a new process ({first['id']}: Kernel construction, library lookup and "
                      f"load, first call to completion): {first['cache_hit_ms']:.1f} ms.")
     d = next((r["dispatch"] for r in rows if "dispatch" in r), None)
     if d:
-        lines.append(f"Host dispatch per call (median of 200): `Kernel::run` {d['run_us']:.2f} µs, of which the "
+        lines.append(f"- Host dispatch per call (median of 200): `Kernel::run` {d['run_us']:.2f} µs, of which the "
                      f"kernel library's `evtc_run` {d['library_us']:.2f} µs; a cuBLASLt matmul "
                      f"{d['cublas_us']:.2f} µs.")
     return "\n".join(lines)
