@@ -21,8 +21,14 @@ struct KernelConfig {
   TileSchedulerKind scheduler = TileSchedulerKind::persistent;
   // Full-precision transcendental math instead of the fast hardware forms.
   bool precise_math = false;
+  // fp8 A/B only: CUTLASS's fast-accumulation main loop (the tensor cores' own fp8
+  // accumulation throughout) instead of the default two-level accumulation, which promotes
+  // the tensor-core partial sums into fp32 registers every few K blocks (more accurate for
+  // long K, somewhat slower). Ignored for 16-bit A/B.
+  bool fp8_fast_accum = false;
 
-  // A short stable name, e.g. "coop_128x256x64_c2x1_persistent" (part of cache keys).
+  // A short stable name, e.g. "coop_128x256x64_c2x1_persistent" (part of cache keys);
+  // suffixes "_fastacc" (fp8_fast_accum) and "_precise" (precise_math) follow.
   std::string name() const;
   // Parses name(); nullopt if it is not one.
   static std::optional<KernelConfig> parse(const std::string& name);
