@@ -97,10 +97,13 @@ def main():
     ap.add_argument("evtc", help="path of the evtc binary")
     ap.add_argument("--sizes", default="4096,8192")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument("--default-config", default="",
+                    help="kernel config of the two-level-accumulation kernels (evtc's default)")
+    ap.add_argument("--fastacc-config", default="coop_128x256x128_c2x1_persistent_fastacc")
     opts = ap.parse_args()
     torch.manual_seed(0)
     dev = torch.cuda.get_device_name()
-    configs = {"default": None, "fastacc": "coop_128x256x128_c2x1_persistent_fastacc"}
+    configs = {"default": opts.default_config or None, "fastacc": opts.fastacc_config}
     # Compile every kernel first, in parallel (one nvcc each).
     jobs = {}
     from concurrent.futures import ThreadPoolExecutor

@@ -70,13 +70,14 @@ struct KernelSignature {
 KernelSignature make_signature(const Graph& g);
 
 // The configuration evtc uses for a problem when none is given (sizes of 0: unknown).
-// Measured on an H100 (bench/sweep_configs.sh):
-//  - epilogues with row/column/whole-matrix reductions: cooperative 256×128×64, cluster 1×2
-//    (CUTLASS's reductions pay per tile: fewer, taller tiles cost least);
-//  - K ≤ 2048: ping-pong 128×128×64, cluster 2×1 (a short main loop; one warp group's
-//    epilogue overlaps the other's main loop);
-//  - otherwise: cooperative 128×256×64, cluster 2×1.
-// fp8 operands use a K tile of 128 (the same bytes per stage as a 16-bit K tile of 64).
-KernelConfig default_config(const Graph& g, const GemmDesc& gemm);
+// Measured on an H100 (bench/sweep_configs.sh, bench/results/*-config-sweep.txt):
+//  - fp8 A/B: a K tile of 128 (the bytes per stage of a 16-bit K tile of 64); cooperative
+//    128×128 with the default two-level accumulation (its second accumulator would spill
+//    from 128×256 tiles: 3× slower), 128×256 with fast accumulation;
+//  - K ≤ 2048 and no reduction over M: ping-pong 128×128×64, cluster 2×1 (a short main loop;
+//    one warp group's epilogue overlaps the other's main loop);
+//  - otherwise (column and whole-matrix reductions included): cooperative 128×256×64,
+//    cluster 2×1.
+KernelConfig default_config(const Graph& g, const GemmDesc& gemm, bool fp8_fast_accum = false);
 
 }  // namespace evtc

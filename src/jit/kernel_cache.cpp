@@ -54,7 +54,8 @@ void fsync_path(const fs::path& p) {
 
 std::string device_headers_digest(const std::string& include) {
   std::string all;
-  for (const char* f : {"ops.cuh", "math.cuh", "op_list.inc", "abi.h", "reduce.cuh"})
+  for (const char* f : {"ops.cuh", "math.cuh", "op_list.inc", "abi.h", "reduce.cuh",
+                        "sm90_scalar_partials.cuh"})
     all += read_file(fs::path(include) / "evtc" / "device" / f);
   return fmt::format("{:016x}", XXH3_64bits(all.data(), all.size()));
 }

@@ -54,7 +54,9 @@ class DeviceProblem {
 // How closely a device output must match the reference: the dtype's tolerance (see
 // reference.hpp), widened for f32 outputs when the epilogue uses the fast hardware math
 // forms (relative error up to about 2^-11), and for reductions (fp32 accumulation in a
-// different order over many values, atomics included): rtol 2e-3 for sums.
+// different order over many values, atomics included): rtol 2e-3 for sums; and for fp8 A/B,
+// whose products the tensor cores add with fewer bits than fp32: rtol 2^-11, or 2^-6 with
+// the fast-accumulation main loop.
 Tolerance output_tolerance(const Kernel& kernel, const std::string& output);
 
 struct OutputCheck {

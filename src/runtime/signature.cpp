@@ -62,21 +62,21 @@ OperandSlot slot_of(const Node& n) {
 }
 }  // namespace
 
-KernelConfig default_config(const Graph& g, const GemmDesc& gemm) {
-  KernelConfig c;
-  bool reduces = false;
-  for (const Node& n : g.nodes()) reduces |= n.kind == NodeKind::reduce;
-  if (reduces) {
-    c.tile_m = 256;
-    c.tile_n = 128;
-    c.cluster_m = 1;
-    c.cluster_n = 2;
-  } else if (gemm.k > 0 && gemm.k <= 2048) {
+KernelConfig default_config(const Graph& g, const GemmDesc& gemm, bool fp8_fast_accum) {
+  KernelConfig c;  // cooperative 128×256×64, cluster 2×1
+  bool reduces_over_m = false;  // a column or whole-matrix reduction
+  for (const Node& n : g.nodes())
+    reduces_over_m |= n.kind == NodeKind::reduce && n.axis != ReduceAxis::row;
+  if (is_fp8(gemm.a_dtype) || is_fp8(gemm.b_dtype)) {
+    c.tile_k = 128;
+    c.fp8_fast_accum = fp8_fast_accum;
+    // The two-level accumulation keeps a second accumulator in registers: a warp group
+    // holding 64×256 of them twice would spill, so it gets 128×128 tiles.
+    if (!fp8_fast_accum) c.tile_n = 128;
+  } else if (!reduces_over_m && gemm.k > 0 && gemm.k <= 2048) {
     c.schedule = MainloopSchedule::pingpong;
-    c.tile_m = 128;
     c.tile_n = 128;
   }
-  if (is_fp8(gemm.a_dtype)) c.tile_k = 128;
   return c;
 }
 

@@ -3,6 +3,10 @@
 // tile multiples, and the fallback path.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+
+#include "evtc/error.hpp"
 #include "evtc/expression.hpp"
 #include "gpu_suite.hpp"
 
@@ -77,5 +81,62 @@ TEST(Fallback, EveryOpAndReductionUnfused) {
     evtc::Kernel unfused(kernel(name).graph(), o);
     SCOPED_TRACE(name);
     expect_matches_reference(unfused, 1000, 1016, 256, 32, ExecutionPath::fallback);
+  }
+}
+
+// --- fp8 A/B ---------------------------------------------------------------------------
+// M and N are not tile multiples; N stays a multiple of 16 for the fp8 outputs' 16-byte rows.
+
+TEST(FusedFp8, RowwiseColwiseScalesBiasGeluFp8OutputAndAmax) {
+  expect_matches_reference(kernel("fp8_rowwise"), 1000, 1008, 2048, 41, ExecutionPath::fused);
+  expect_matches_reference(kernel("fp8_rowwise"), 264, 4096, 4096, 42, ExecutionPath::fused);
+}
+
+TEST(FusedFp8, E4m3TimesE5m2Fp8MainOutputWithTensorScaleFromDevice) {
+  expect_matches_reference(kernel("fp8_out_e5m2"), 1000, 1008, 2048, 43, ExecutionPath::fused);
+}
+
+TEST(FusedFp8, FastAccumulationPingPong) {
+  expect_matches_reference(kernel("fp8_fastacc"), 1000, 1008, 2048, 44, ExecutionPath::fused);
+}
+
+// The fp8 output is scaled past e4m3's range: it must saturate to ±448 (never inf or NaN),
+// and amax(y) must equal the largest |y| among the kernel's own f32 copy of y, exactly.
+TEST(FusedFp8, SaturatesAndAmaxIsExactOverTheKernelsOwnValues) {
+  const evtc::Kernel& k = kernel("fp8_rowwise");
+  const auto inputs = evtc::random_reference_inputs(k.graph(), 1000, 1008, 2048,
+                                                    evtc::DType::f8e4m3, evtc::DType::f8e4m3, 45);
+  evtc::runtime::DeviceProblem problem(k, inputs);
+  problem.poison_outputs(nullptr);
+  ASSERT_EQ(k.run(problem.arguments(), nullptr), ExecutionPath::fused);
+  const auto got = problem.read_outputs(nullptr);
+  double largest_q = 0, largest_y = 0;
+  size_t saturated = 0;
+  for (double q : got.at("q")) {
+    ASSERT_TRUE(std::isfinite(q)) << "an fp8 output is " << q;
+    largest_q = std::max(largest_q, std::abs(q));
+    saturated += std::abs(q) == 448.0;
+  }
+  for (double y : got.at("y32")) largest_y = std::max(largest_y, std::abs(y));
+  EXPECT_EQ(largest_q, 448.0);
+  EXPECT_GT(saturated, 100u) << "the test should drive many values past the e4m3 range";
+  ASSERT_EQ(got.at("ay").size(), 1u);
+  EXPECT_EQ(got.at("ay")[0], largest_y);
+}
+
+TEST(FusedFp8, RefusalsNameTheReason) {
+  // K must hold whole 16-byte rows of fp8 A and B.
+  EXPECT_NE(kernel("fp8_fastacc").fallback_reason(1000, 1008, 1000).find(
+                "K=1000 is not a multiple of 16 (f8e4m3 A needs 16-byte rows)"),
+            std::string::npos);
+  // fp8 A and B must both be K-major.
+  evtc::CompileOptions o = kernel("fp8_fastacc").options();
+  o.gemm.b_layout = evtc::Layout::row_major;
+  try {
+    evtc::Kernel bad(kernel("fp8_fastacc").graph(), o);
+    FAIL() << "a row-major fp8 B was accepted";
+  } catch (const evtc::UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("fp8 A and B must both be K-major"), std::string::npos)
+        << e.what();
   }
 }

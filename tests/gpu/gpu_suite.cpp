@@ -7,6 +7,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -21,6 +22,7 @@ struct SuiteKernel {
   DType ab;
   Layout a_layout, b_layout;
   const char* config = nullptr;  // KernelConfig name; the default configuration when null
+  std::optional<DType> b_dtype;  // B's dtype when it differs from A's
 };
 
 // Few kernels, each testing many ops through several outputs (one CUTLASS kernel takes
@@ -78,6 +80,41 @@ f = acc + bias[n]
 out loss = sum((C - 1) * f + log(clamp(sigmoid(f), 1e-3, 0.999)))
 )",
      DType::bf16, Layout::row_major, Layout::col_major},
+    // fp8 (A row-major, B column-major: both K-major). Row-wise and column-wise scales, then
+    // a bias + gelu, an f32 copy, an fp8 output scaled past the e4m3 range (so it must
+    // saturate) and the amax of the pre-scale value.
+    {"fp8_rowwise", R"(
+input sa[m]: f32
+input sb[n]: f32
+input bias[n]: bf16
+y = acc * sa[m] * sb[n]
+out D: bf16 = y
+out g: bf16 = gelu(y + bias[n])
+out y32: f32 = y
+out q: f8e4m3 = y * 100
+out ay = amax(y)
+)",
+     DType::f8e4m3, Layout::row_major, Layout::col_major},
+    // e4m3 x e5m2 with an fp8 main output scaled by a tensor-wise scale read from device
+    // memory, and the amax of the unscaled product for delayed scaling.
+    {"fp8_out_e5m2", R"(
+input sa[m]: f32
+input st: f32 ptr
+y = acc * sa[m]
+out D: f8e4m3 = y * st
+out amax_y = amax(y)
+out rmax: bf16 = row_amax(y)
+)",
+     DType::f8e4m3, Layout::row_major, Layout::col_major, nullptr, DType::f8e5m2},
+    // The fast-accumulation main loop, ping-pong, with W3's bias + gelu epilogue.
+    {"fp8_fastacc", R"(
+input sa[m]: f32
+input sb[n]: f32
+input bias[n]: bf16
+out D: bf16 = gelu(acc * sa[m] * sb[n] + bias[n])
+)",
+     DType::f8e4m3, Layout::row_major, Layout::col_major,
+     "pingpong_128x128x128_c2x1_persistent_fastacc"},
 };
 
 std::map<std::string, std::unique_ptr<Kernel>>& kernels() {
@@ -96,12 +133,13 @@ class SuiteEnvironment : public ::testing::Environment {
     fmt::print("device: {} (sm_{}{})\n", prop.name, prop.major, prop.minor);
     for (const SuiteKernel& s : kSuite) {
       CompileOptions o;
-      o.gemm.a_dtype = o.gemm.b_dtype = s.ab;
+      o.gemm.a_dtype = s.ab;
+      o.gemm.b_dtype = s.b_dtype.value_or(s.ab);
       o.gemm.a_layout = s.a_layout;
       o.gemm.b_layout = s.b_layout;
       if (s.config) o.config = KernelConfig::parse(s.config);
       ParseOptions p;
-      p.operand_dtype = p.output_dtype = s.ab;
+      p.operand_dtype = p.output_dtype = is_fp8(s.ab) ? DType::bf16 : s.ab;
       kernels()[s.name] = std::make_unique<Kernel>(parse_expression(s.expr, p), o);
     }
     // Compile every fused kernel at once: each is one single-threaded nvcc.

@@ -5,7 +5,7 @@
 //   - the type aliases, from `using ElementA` up to (not including) `using CollectiveEpilogue`
 //     (element types, layouts, tile shapes and the visitor tree);
 //   - `fusion_arguments` (which pointer and scalar slot feeds which node, op parameters);
-//   - `finish_scalar_reductions` (the final stage of whole-matrix reductions).
+//   - `finish_reductions` (the fixed-order final stage of every reduction).
 // The rest of the file is boilerplate that the nvcc test (tests/nvcc) compiles.
 // Leading comment lines of an .evt may set the GEMM and the kernel configuration:
 //   # gemm: DTYPE LAYOUT_A LAYOUT_B     (A/B dtype; layouts `row` or `col`; default bf16 row col)
@@ -65,7 +65,7 @@ std::string section(const std::string& source, const std::string& first, const s
 std::string visitor_part(const std::string& source) {
   return section(source, "using ElementA", "using CollectiveEpilogue", false) +
          section(source, "typename Callbacks::Arguments fusion_arguments", "}", true) + "\n" +
-         section(source, "void finish_scalar_reductions", "}", true);
+         section(source, "void finish_reductions", "}", true);
 }
 
 Graph pipeline(const Graph& parsed, const GemmDesc& gemm, Legality* legality = nullptr) {
@@ -227,10 +227,16 @@ TEST(Sm90Emitter, ReductionOpsUseTheirCutlassOperatorAndIdentity) {
     EXPECT_NE(s.find(std::string("Sm90ColReduction<") + c.op + ", " + c.op + ", " + c.op),
               std::string::npos)
         << c.expr;
+    // Partials go to evtc's scratch; the final kernel folds them into the output slot.
     const std::string args = section(s, "typename Callbacks::Arguments fusion_arguments", "}", true);
-    EXPECT_NE(args.find(std::string("static_cast<float*>(a.ptrs[0]), ") + c.identity + ", {}"),
+    EXPECT_NE(args.find(std::string("scratch_partials(a, scratch, 0), ") + c.identity + ", {}"),
               std::string::npos)
         << c.expr << ":\n" << args;
+    const std::string final_stage = section(s, "void finish_reductions", "}", true);
+    EXPECT_NE(final_stage.find("reduce_partial_rows<"), std::string::npos) << final_stage;
+    EXPECT_NE(final_stage.find(std::string("static_cast<float*>(a.ptrs[0]), ") + c.identity + ");"),
+              std::string::npos)
+        << c.expr << ":\n" << final_stage;
   }
 }
 
@@ -279,6 +285,7 @@ TEST(Sm90Emitter, AmaxIsAbsInFrontOfAMaxReduction) {
     ASSERT_NE(abs, "") << expr << ": no Abs compute\n" << types;
     std::string red = alias_of(s, "cutlass::epilogue::fusion::Sm90ColReduction<cutlass::maximum");
     if (red.empty()) red = alias_of(s, "cutlass::epilogue::fusion::Sm90RowReduction<cutlass::maximum");
+    if (red.empty()) red = alias_of(s, "evtc::device::Sm90ScalarPartials<evtc::device::MaxOp");
     ASSERT_NE(red, "") << expr << ": no max reduction\n" << types;
     EXPECT_EQ(count(s, "evtc::device::Abs,"), 1u) << expr;
     // The reduction's operand is the abs: a tree EVT<reduction, EVT<abs, ...>>, or in a
@@ -302,24 +309,53 @@ TEST(Sm90Emitter, MaxReductionHasNoAbs) {
   EXPECT_EQ(emit("out r = row_max(acc)").source.find("evtc::device::Abs"), std::string::npos);
 }
 
-TEST(Sm90Emitter, WholeMatrixReductionGoesThroughRowPartialsAndAFinalKernel) {
+TEST(Sm90Emitter, WholeMatrixReductionGoesThroughPerWarpPartialsAndAFinalKernel) {
   const std::string s = emit("out lo = min(acc)\nout hi: bf16 = max(acc)").source;
-  EXPECT_NE(s.find("constexpr int kScalarReductions = 2;"), std::string::npos);
-  EXPECT_EQ(count(s, "(row partials)"), 2u);
+  EXPECT_NE(s.find("constexpr char kReductionAxes[] = \"aa\";"), std::string::npos);
+  EXPECT_EQ(count(s, "evtc::device::Sm90ScalarPartials<"), 2u);
+  EXPECT_EQ(s.find("Sm90ColReduction"), std::string::npos);
   EXPECT_EQ(count(s, "scratch_partials(a, scratch, 0)"), 2u);  // fusion args + final kernel
   EXPECT_EQ(count(s, "scratch_partials(a, scratch, 1)"), 2u);
   // The final kernels write the outputs' slots (hi is slot 0, lo slot 1: outputs are in
   // canonical order, by name) with the identity of their operation.
+  const std::string final_stage = section(s, "void finish_reductions", "}", true);
   EXPECT_NE(s.find("reduce_partials<evtc::device::MaxOp, cutlass::bfloat16_t><<<1, 1024, 0, s>>>("
-                   "scratch_partials(a, scratch, 0), a.m, static_cast<cutlass::bfloat16_t*>(a.ptrs[0]), "
-                   "-cutlass::platform::numeric_limits<float>::infinity());"),
+                   "scratch_partials(a, scratch, 0), int64_t(partial_floats(a, 'a')), "
+                   "static_cast<cutlass::bfloat16_t*>(a.ptrs[0]), "
+                   "(-cutlass::platform::numeric_limits<float>::infinity()));"),
             std::string::npos)
-      << section(s, "void finish_scalar_reductions", "}", true);
+      << final_stage;
   EXPECT_NE(s.find("reduce_partials<evtc::device::MinOp, float><<<1, 1024, 0, s>>>("
-                   "scratch_partials(a, scratch, 1), a.m, static_cast<float*>(a.ptrs[1]), "
+                   "scratch_partials(a, scratch, 1), int64_t(partial_floats(a, 'a')), "
+                   "static_cast<float*>(a.ptrs[1]), "
                    "cutlass::platform::numeric_limits<float>::infinity());"),
             std::string::npos)
-      << section(s, "void finish_scalar_reductions", "}", true);
+      << final_stage;
+}
+
+TEST(Sm90Emitter, RowAndColumnReductionsSkipCutlasssFinalStageAndFoldPartialRows) {
+  const std::string s = emit("out r = row_sum(acc)\nout c: bf16 = col_max(acc)").source;
+  // CUTLASS's reductions with FinalReduction = false (the trailing `true, false`).
+  EXPECT_NE(s.find("Sm90ColReduction<cutlass::plus, cutlass::plus, cutlass::plus, 0, TileShape, "
+                   "float, float, cutlass::FloatRoundStyle::round_to_nearest, "
+                   "cute::Stride<cute::_1, cute::_0, cute::_0>, 4, true, false>"),
+            std::string::npos);
+  EXPECT_NE(s.find("Sm90RowReduction<cutlass::maximum, cutlass::maximum, cutlass::maximum, 0, "
+                   "TileShape, float, float, cutlass::FloatRoundStyle::round_to_nearest, "
+                   "cute::Stride<cute::_0, cute::_1, cute::_0>, 4, true, false>"),
+            std::string::npos);
+  const std::string final_stage = section(s, "void finish_reductions", "}", true);
+  // c (slot 0): tiles_m rows of the padded N; r (slot 1): tiles_n rows of the padded M.
+  EXPECT_NE(final_stage.find("reduce_partial_rows<evtc::device::MaxOp, cutlass::bfloat16_t>"
+                             "<<<int((a.n + 255) / 256), 256, 0, s>>>(scratch_partials(a, "
+                             "scratch, 0), a.n, tiles_n(a) * kTileN, tiles_m(a), "),
+            std::string::npos)
+      << final_stage;
+  EXPECT_NE(final_stage.find("reduce_partial_rows<evtc::device::SumOp, float>"
+                             "<<<int((a.m + 255) / 256), 256, 0, s>>>(scratch_partials(a, "
+                             "scratch, 1), a.m, tiles_m(a) * kTileM, tiles_n(a), "),
+            std::string::npos)
+      << final_stage;
 }
 
 // --- the main output -------------------------------------------------------------------

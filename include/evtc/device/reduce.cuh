@@ -1,6 +1,6 @@
-// The final stage of a whole-matrix reduction in a fused kernel: the epilogue reduced each
-// row into M fp32 partials; one block reduces those in a fixed order (so the result is the
-// same bits on every run) and writes the scalar output.
+// Final stages of the fused reductions. The fused kernel writes partial results to a
+// workspace, each slot by exactly one warp or CTA; these kernels fold the partials in a fixed
+// order, so a reduction gives the same bits on every run.
 #pragma once
 
 #include <cstdint>
@@ -19,12 +19,13 @@ struct MinOp {
   __device__ float operator()(float a, float b) const { return nan_min(a, b); }
 };
 
-// Launch with one block of a multiple of 32 threads (at most 1024).
+// Whole-matrix reductions: folds `count` partials into one output. Launch with one block of a
+// multiple of 32 threads (at most 1024).
 template <class Op, class Out>
-__global__ void reduce_partials(const float* partials, int64_t m, Out* out, float identity) {
+__global__ void reduce_partials(const float* partials, int64_t count, Out* out, float identity) {
   __shared__ float warp_results[32];
   float v = identity;
-  for (int64_t i = threadIdx.x; i < m; i += blockDim.x) v = Op{}(v, partials[i]);
+  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) v = Op{}(v, partials[i]);
   for (int o = 16; o > 0; o /= 2) v = Op{}(v, __shfl_xor_sync(0xffffffffu, v, o));
   if (threadIdx.x % 32 == 0) warp_results[threadIdx.x / 32] = v;
   __syncthreads();
@@ -33,6 +34,20 @@ __global__ void reduce_partials(const float* partials, int64_t m, Out* out, floa
     for (int o = 16; o > 0; o /= 2) v = Op{}(v, __shfl_xor_sync(0xffffffffu, v, o));
     if (threadIdx.x == 0) *out = Out(v);
   }
+}
+
+// Row and column reductions: the fused kernel wrote `parts` rows of partial results, row p
+// at partials + p * stride (CUTLASS's per-tile reduction buffers: one row of the padded M
+// per tile column for a row reduction, one row of the padded N per tile row for a column
+// reduction). out[i] folds partials[p * stride + i] in the order p = 0, 1, ...
+template <class Op, class Out>
+__global__ void reduce_partial_rows(const float* partials, int64_t length, int64_t stride,
+                                    int64_t parts, Out* out, float identity) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= length) return;
+  float v = identity;
+  for (int64_t p = 0; p < parts; ++p) v = Op{}(v, partials[p * stride + i]);
+  out[i] = Out(v);
 }
 
 }  // namespace evtc::device

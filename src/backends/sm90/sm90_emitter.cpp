@@ -186,11 +186,13 @@ class Sm90Emitter {
     return {type, fmt::format("typename {}::Arguments{{{}, {}}}", type, ptr(s.name, e, false),
                               mn_stride_value(s.layout))};
   }
-  // A reduction output. Every reduction is deterministic: row and column reductions combine
-  // CTAs' partial results through CUTLASS's workspace in a fixed order (no atomics), and
-  // whole-matrix ones go through row partials and a final fixed-order kernel.
+  // A reduction output. Every reduction is deterministic and free of atomics: the fused
+  // kernel writes partial results to evtc's scratch (each slot by one warp or one CTA) and a
+  // small kernel after it folds them in a fixed order (finish_reductions):
+  //  - whole-matrix: evtc's Sm90ScalarPartials, one partial per warp and tile;
+  //  - row (over N) / column (over M): CUTLASS's Sm90ColReduction / Sm90RowReduction without
+  //    their final stage (which serialises on a tile counter), one partial per CTA tile.
   Visitor emit_reduce(const Node& r, const Node& s) {
-    const std::string e = cutlass_type(s.dtype);
     std::string reg, identity;
     switch (r.reduce_op) {
       case ReduceOp::sum: reg = "cutlass::plus"; identity = "0.0f"; break;
@@ -206,41 +208,40 @@ class Sm90Emitter {
         // amax(x) = max(|x|): the |x| is its own compute node, emitted by the caller.
         reg = "cutlass::maximum"; identity = "0.0f"; break;
     }
-    std::string type;
     const std::string name = fmt::format("{}_{} -> output {}", reduce_axis_name(r.axis),
                                          reduce_op_name(r.reduce_op), s.name);
-    std::string stride;
+    const size_t index = reductions_.size();
+    reductions_.push_back({ptr_slot_.at(s.name), r.axis, r.reduce_op, s.dtype, identity});
+    std::string type;
     switch (r.axis) {
-      case ReduceAxis::all: {
-        // Two stages, deterministic and free of contention on one address: the fused kernel
-        // reduces each row into a scratch vector of M fp32 partials (a column reduction, in
-        // a fixed order across CTAs), then one small kernel reduces the partials.
-        type = alias(fmt::format("cutlass::epilogue::fusion::Sm90ColReduction<{0}, {0}, {0}, 0, TileShape, "
-                                 "float, float, {1}>",
-                                 reg, kRound),
-                     name + " (row partials)");
-        const size_t index = scalar_reductions_.size();
-        scalar_reductions_.push_back({ptr_slot_.at(s.name), r.reduce_op, s.dtype});
-        return {type, fmt::format("typename {}::Arguments{{scratch_partials(a, scratch, {}), {}, {{}}}}",
+      case ReduceAxis::all:
+        type = alias(fmt::format("evtc::device::Sm90ScalarPartials<{}, TileShape>",
+                                 device_reduce_op(r.reduce_op)),
+                     name + " (per-warp partials)");
+        return {type, fmt::format("typename {}::Arguments{{scratch_partials(a, scratch, {}), {}}}",
                                   type, index, identity)};
-      }
       case ReduceAxis::row:  // over N -> one value per row: CUTLASS's column reduction
-        type = alias(fmt::format("cutlass::epilogue::fusion::Sm90ColReduction<{0}, {0}, {0}, 0, TileShape, "
-                                 "{1}, float, {2}>",
-                                 reg, e, kRound),
-                     name);
-        stride = "{}";
+        type = alias(fmt::format("cutlass::epilogue::fusion::Sm90ColReduction<{0}, {0}, {0}, 0, "
+                                 "TileShape, float, float, {1}, cute::Stride<cute::_1, cute::_0, "
+                                 "cute::_0>, 4, true, false>",
+                                 reg, kRound),
+                     name + " (per-tile partials)");
         break;
       case ReduceAxis::col:  // over M -> one value per column: CUTLASS's row reduction
-        type = alias(fmt::format("cutlass::epilogue::fusion::Sm90RowReduction<{0}, {0}, {0}, 0, TileShape, "
-                                 "{1}, float, {2}>",
-                                 reg, e, kRound),
-                     name);
-        stride = "{}";
+        type = alias(fmt::format("cutlass::epilogue::fusion::Sm90RowReduction<{0}, {0}, {0}, 0, "
+                                 "TileShape, float, float, {1}, cute::Stride<cute::_0, cute::_1, "
+                                 "cute::_0>, 4, true, false>",
+                                 reg, kRound),
+                     name + " (per-tile partials)");
         break;
     }
-    return {type, fmt::format("typename {}::Arguments{{{}, {}, {}}}", type,
-                              ptr(s.name, e, false), identity, stride)};
+    return {type, fmt::format("typename {}::Arguments{{scratch_partials(a, scratch, {}), {}, {{}}}}",
+                              type, index, identity)};
+  }
+  static const char* device_reduce_op(ReduceOp op) {
+    return op == ReduceOp::sum ? "evtc::device::SumOp"
+           : op == ReduceOp::min ? "evtc::device::MinOp"
+                                 : "evtc::device::MaxOp";
   }
 
   Visitor emit_node(NodeId id) {
@@ -437,12 +438,14 @@ class Sm90Emitter {
   std::vector<NodeId> terminals_;
   std::string decls_;
   int next_alias_ = 0;
-  struct ScalarReduction {
-    size_t slot;
+  struct Reduction {
+    size_t slot;  // the output's pointer slot
+    ReduceAxis axis;
     ReduceOp op;
     DType dtype;
+    std::string identity;  // of the operation, as a float expression
   };
-  std::vector<ScalarReduction> scalar_reductions_;
+  std::vector<Reduction> reductions_;
   DType aux_element_ = DType::bf16;
 };
 
@@ -487,6 +490,7 @@ std::string Sm90Emitter::assemble(const Visitor& root) {
 #include "evtc/device/abi.h"
 #include "evtc/device/ops.cuh"
 #include "evtc/device/reduce.cuh"
+#include "evtc/device/sm90_scalar_partials.cuh"
 
 namespace {
 
@@ -500,8 +504,12 @@ namespace {
                    cfg_.tile_n, cfg_.tile_k);
   s += fmt::format("using ClusterShape = cute::Shape<cute::_{}, cute::_{}, cute::_1>;\n",
                    cfg_.cluster_m, cfg_.cluster_n);
-  s += fmt::format("using KernelSchedule = cutlass::gemm::{};\n",
-                   coop ? "KernelTmaWarpSpecializedCooperative" : "KernelTmaWarpSpecializedPingpong");
+  // fp8: the default main loop promotes the tensor cores' partial sums into fp32 registers
+  // every few K blocks; the FP8FastAccum kernels accumulate in the tensor cores throughout.
+  const bool fast_accum = cfg_.fp8_fast_accum && (is_fp8(gemm_.a_dtype) || is_fp8(gemm_.b_dtype));
+  s += fmt::format("using KernelSchedule = cutlass::gemm::{}{};\n",
+                   coop ? "KernelTmaWarpSpecializedCooperative" : "KernelTmaWarpSpecializedPingpong",
+                   fast_accum ? "FP8FastAccum" : "");
   s += fmt::format("using EpilogueSchedule = cutlass::epilogue::{};\n",
                    coop ? "TmaWarpSpecializedCooperative" : "TmaWarpSpecialized");
   s += "using EpilogueTile = cutlass::epilogue::collective::EpilogueTileAuto;\n";
@@ -541,15 +549,42 @@ using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
                    align_c, align_d,
                    cfg_.scheduler == TileSchedulerKind::stream_k ? "cutlass::gemm::StreamKScheduler"
                                                                  : "void");
-  // Scratch for whole-matrix reductions: M fp32 row partials each, after CUTLASS's workspace.
-  s += fmt::format(R"(constexpr int kScalarReductions = {};
+  // Scratch for the reductions' partial results, after CUTLASS's workspace (see emit_reduce).
+  std::string axes;
+  for (const Reduction& r : reductions_)
+    axes += r.axis == ReduceAxis::all ? 'a' : r.axis == ReduceAxis::row ? 'r' : 'c';
+  s += fmt::format(R"(// The reductions' axes in slot order: a(ll), r(ow, over N), c(olumn, over M).
+constexpr char kReductionAxes[] = "{}";
+constexpr int kReductions = sizeof(kReductionAxes) - 1;
+constexpr int kTileM = cute::size<0>(TileShape{{}});
+constexpr int kTileN = cute::size<1>(TileShape{{}});
+constexpr int kEpilogueWarps = decltype(cute::size(typename CollectiveMainloop::TiledMma{{}}))::value / 32;
 
-size_t partials_bytes(const evtc_gemm_args& a) {{
-  return (size_t(a.m) * sizeof(float) + 255) / 256 * 256;
+int64_t tiles_m(const evtc_gemm_args& a) {{ return (a.m + kTileM - 1) / kTileM; }}
+int64_t tiles_n(const evtc_gemm_args& a) {{ return (a.n + kTileN - 1) / kTileN; }}
+
+// Partials of one reduction: one per warp and tile (whole matrix); tiles_n rows of the
+// padded M (row reductions); tiles_m rows of the padded N (column reductions).
+size_t partial_floats(const evtc_gemm_args& a, char axis) {{
+  if (axis == 'a') return size_t(tiles_m(a) * tiles_n(a) * kEpilogueWarps);
+  return size_t(tiles_m(a) * tiles_n(a)) * (axis == 'r' ? kTileM : kTileN);
+}}
+
+size_t partial_bytes(const evtc_gemm_args& a, char axis) {{
+  return (partial_floats(a, axis) * sizeof(float) + 255) / 256 * 256;
+}}
+
+size_t scratch_bytes(const evtc_gemm_args& a) {{
+  size_t bytes = 0;
+  for (int i = 0; i < kReductions; ++i) bytes += partial_bytes(a, kReductionAxes[i]);
+  return bytes;
 }}
 
 float* scratch_partials(const evtc_gemm_args& a, char* scratch, int index) {{
-  return reinterpret_cast<float*>(scratch + index * partials_bytes(a));
+  if (!scratch) return nullptr;  // sizing and can_implement only
+  size_t offset = 0;
+  for (int i = 0; i < index; ++i) offset += partial_bytes(a, kReductionAxes[i]);
+  return reinterpret_cast<float*>(scratch + offset);
 }}
 
 typename Callbacks::Arguments fusion_arguments(const evtc_gemm_args& a, char* scratch) {{
@@ -557,22 +592,32 @@ typename Callbacks::Arguments fusion_arguments(const evtc_gemm_args& a, char* sc
   return {};
 }}
 )",
-                   scalar_reductions_.size(), root.args);
+                   axes, root.args);
   s += R"(
-void finish_scalar_reductions(const evtc_gemm_args& a, char* scratch, cudaStream_t s) {
+// The fixed-order final stage of every reduction (evtc/device/reduce.cuh).
+void finish_reductions(const evtc_gemm_args& a, char* scratch, cudaStream_t s) {
   (void)a; (void)scratch; (void)s;
 )";
-  for (size_t i = 0; i < scalar_reductions_.size(); ++i) {
-    const auto& r = scalar_reductions_[i];
-    const char* op = r.op == ReduceOp::sum ? "evtc::device::SumOp"
-                     : r.op == ReduceOp::min ? "evtc::device::MinOp"
-                                             : "evtc::device::MaxOp";
-    const char* identity = r.op == ReduceOp::sum || r.op == ReduceOp::amax ? "0.0f"
-                           : r.op == ReduceOp::max ? "-cutlass::platform::numeric_limits<float>::infinity()"
-                                                   : "cutlass::platform::numeric_limits<float>::infinity()";
-    s += fmt::format("  evtc::device::reduce_partials<{0}, {1}><<<1, 1024, 0, s>>>(scratch_partials(a, scratch, {2}), a.m, "
-                     "static_cast<{1}*>(a.ptrs[{3}]), {4});\n",
-                     op, cutlass_type(r.dtype), i, r.slot, identity);
+  for (size_t i = 0; i < reductions_.size(); ++i) {
+    const Reduction& r = reductions_[i];
+    const std::string& identity = r.identity;
+    const std::string out = fmt::format("static_cast<{}*>(a.ptrs[{}])", cutlass_type(r.dtype), r.slot);
+    const std::string partials = fmt::format("scratch_partials(a, scratch, {})", i);
+    const char* op = device_reduce_op(r.op);
+    const std::string kernel = fmt::format("evtc::device::{}<{}, {}>",
+                                           r.axis == ReduceAxis::all ? "reduce_partials" : "reduce_partial_rows",
+                                           op, cutlass_type(r.dtype));
+    if (r.axis == ReduceAxis::all)
+      s += fmt::format("  {}<<<1, 1024, 0, s>>>({}, int64_t(partial_floats(a, 'a')), {}, {});\n",
+                       kernel, partials, out, identity);
+    else if (r.axis == ReduceAxis::row)  // rows of the padded M, one per tile column
+      s += fmt::format("  {}<<<int((a.m + 255) / 256), 256, 0, s>>>({}, a.m, tiles_m(a) * kTileM, "
+                       "tiles_n(a), {}, {});\n",
+                       kernel, partials, out, identity);
+    else  // rows of the padded N, one per tile row
+      s += fmt::format("  {}<<<int((a.n + 255) / 256), 256, 0, s>>>({}, a.n, tiles_n(a) * kTileN, "
+                       "tiles_m(a), {}, {});\n",
+                       kernel, partials, out, identity);
   }
   s += "}\n";
   s += R"(
@@ -646,7 +691,7 @@ int evtc_can_implement(const evtc_gemm_args* a, char* why, size_t why_size) {
 
 size_t evtc_workspace_size(const evtc_gemm_args* a) {
   const size_t gemm_bytes = (Gemm::get_workspace_size(gemm_arguments(*a, nullptr)) + 255) / 256 * 256;
-  return gemm_bytes + kScalarReductions * partials_bytes(*a);
+  return gemm_bytes + scratch_bytes(*a);
 }
 
 int evtc_run(const evtc_gemm_args* a, void* workspace, void* stream, char* why, size_t why_size) {
@@ -666,7 +711,7 @@ int evtc_run(const evtc_gemm_args* a, void* workspace, void* stream, char* why, 
     set_reason(why, why_size, err != cudaSuccess ? cudaGetErrorString(err) : cutlassGetStatusString(status));
     return EVTC_ERROR_LAUNCH;
   }
-  finish_scalar_reductions(*a, scratch, s);
+  finish_reductions(*a, scratch, s);
   if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) {
     set_reason(why, why_size, cudaGetErrorString(err));
     return EVTC_ERROR_LAUNCH;
