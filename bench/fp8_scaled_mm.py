@@ -42,9 +42,11 @@ class GemmArgs(ctypes.Structure):
                 ("scalars", ctypes.POINTER(ctypes.c_double)), ("sm_count", ctypes.c_int)]
 
 
-def compile_kernel(evtc, expr, config):
+def compile_kernel(evtc, expr, config, fast_accum):
     """Compiles with the evtc CLI; returns the kernel library's path."""
     cmd = [evtc, "compile", expr, "--dtype", "f8e4m3", "--layout-b", "c"]
+    if fast_accum:
+        cmd += ["--fast-accum"]
     if config:
         cmd += ["--config", config]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
@@ -98,8 +100,10 @@ def main():
     ap.add_argument("--sizes", default="4096,8192")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     ap.add_argument("--default-config", default="",
-                    help="kernel config of the two-level-accumulation kernels (evtc's default)")
-    ap.add_argument("--fastacc-config", default="coop_128x256x128_c2x1_persistent_fastacc")
+                    help="kernel config of the two-level-accumulation kernels (default: evtc's "
+                         "per-shape default)")
+    ap.add_argument("--fastacc-config", default="",
+                    help="kernel config of the fast-accumulation kernels (default: evtc's)")
     opts = ap.parse_args()
     torch.manual_seed(0)
     dev = torch.cuda.get_device_name()
@@ -110,7 +114,7 @@ def main():
     with ThreadPoolExecutor(max_workers=len(EXPRESSIONS) * len(configs)) as pool:
         for w, expr in EXPRESSIONS.items():
             for c, cfg in configs.items():
-                jobs[(w, c)] = pool.submit(compile_kernel, opts.evtc, expr, cfg)
+                jobs[(w, c)] = pool.submit(compile_kernel, opts.evtc, expr, cfg, c == "fastacc")
     kernels = {key: FusedKernel(f.result()) for key, f in jobs.items()}
 
     rows = []

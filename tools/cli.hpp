@@ -7,6 +7,7 @@
 #include <functional>
 #include <string>
 
+#include "evtc/expression.hpp"
 #include "evtc/runtime.hpp"
 
 namespace evtc::cli {
@@ -25,6 +26,20 @@ std::string read_expression_arg(const std::string& arg);
 
 // A --layout-a/--layout-b value: r (row) or c (col); UserError naming the option otherwise.
 Layout parse_layout(const std::string& s, const char* which);
+
+// The GEMM options run, compile and tune share: --dtype (A's, and B's unless --dtype-b),
+// --dtype-b, --layout-a, --layout-b and --fast-accum (fp8 only).
+struct GemmFlags {
+  std::string dtype = "bf16", dtype_b, layout_a = "r", layout_b = "r";
+  bool fast_accum = false;
+
+  void add_to(CLI::App* sub);
+  // Checked values; UserError naming the option otherwise.
+  GemmDesc desc() const;
+  // Operand and output dtypes for names the expression does not declare: A's dtype, or for
+  // fp8 A/B f32 operands and bf16 outputs.
+  ParseOptions parse_options() const;
+};
 
 // Prints progress of long work ("compiling 3/8"): on a terminal one line rewritten in place,
 // otherwise a line per step.

@@ -15,30 +15,23 @@ namespace evtc::cli {
 
 Command add_compile_command(CLI::App& app) {
   struct Args {
-    std::string expr, dtype = "bf16", layout_a = "r", layout_b = "r", config, emit;
+    std::string expr, config, emit;
+    GemmFlags gemm;
     bool emit_only = false, fallback = false, precise = false;
   };
   auto a = std::make_shared<Args>();
   CLI::App* sub = app.add_subcommand("compile", "Generate and compile the fused kernel (no GPU needed)");
   sub->add_option("expr", a->expr, "Expression, or a file holding one")->required();
-  sub->add_option("--dtype", a->dtype, "A/B dtype")->capture_default_str();
-  sub->add_option("--layout-a", a->layout_a, "r or c")->capture_default_str();
-  sub->add_option("--layout-b", a->layout_b, "r or c")->capture_default_str();
+  a->gemm.add_to(sub);
   sub->add_option("--config", a->config, "Kernel config name");
   sub->add_option("--emit", a->emit, "Write the generated CUDA source to this file");
   sub->add_flag("--emit-only", a->emit_only, "Only write the source (with --emit), do not compile");
   sub->add_flag("--fallback", a->fallback, "Also compile the unfused fallback epilogue");
   sub->add_flag("--precise", a->precise, "Full-precision transcendental math");
   return {sub, [a] {
-            const auto dt = parse_dtype(a->dtype);
-            if (!dt) throw UserError(fmt::format("--dtype: unknown dtype '{}'", a->dtype));
-            ParseOptions popts;
-            popts.operand_dtype = is_fp8(*dt) ? DType::f32 : *dt;
-            popts.output_dtype = is_fp8(*dt) ? DType::bf16 : *dt;
+            const ParseOptions popts = a->gemm.parse_options();
             CompileOptions opts;
-            opts.gemm.a_dtype = opts.gemm.b_dtype = *dt;
-            opts.gemm.a_layout = a->layout_a == "c" ? Layout::col_major : Layout::row_major;
-            opts.gemm.b_layout = a->layout_b == "c" ? Layout::col_major : Layout::row_major;
+            opts.gemm = a->gemm.desc();
             opts.precise_math = a->precise;
             if (!a->config.empty()) {
               opts.config = KernelConfig::parse(a->config);
@@ -47,9 +40,7 @@ Command add_compile_command(CLI::App& app) {
             Kernel kernel(parse_expression(read_expression_arg(a->expr), popts), opts);
             if (!a->emit.empty()) {
               std::ofstream f(a->emit);
-              KernelConfig cfg = opts.config.value_or(KernelConfig{});
-              cfg.precise_math = a->precise;
-              f << sm90::emit_kernel(kernel.graph(), opts.gemm, cfg).source;
+              f << sm90::emit_kernel(kernel.graph(), opts.gemm, kernel.config_for(0, 0, 0)).source;
               fmt::print("wrote {}\n", a->emit);
               if (a->emit_only) return kExitOk;
             }

@@ -22,8 +22,7 @@ namespace {
 struct RunArgs {
   std::string expr;
   int64_t m = 0, n = 0, k = 0;
-  std::string dtype = "bf16";
-  std::string layout_a = "r", layout_b = "r";
+  GemmFlags gemm;
   bool check = false, bench = false, precise = false, tune = false;
   std::string config;
   std::string cast_mode = "eager";
@@ -36,8 +35,7 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 }
 
 int run(const RunArgs& ra) {
-  const auto dt = parse_dtype(ra.dtype);
-  if (!dt) throw UserError(fmt::format("--dtype: unknown dtype '{}'", ra.dtype));
+  const GemmDesc gemm = ra.gemm.desc();
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     cudaGetLastError();
@@ -45,14 +43,9 @@ int run(const RunArgs& ra) {
                        "kernel without running it)\n");
     return kExitFailed;
   }
-  ParseOptions popts;
-  popts.operand_dtype = is_fp8(*dt) ? DType::f32 : *dt;
-  popts.output_dtype = is_fp8(*dt) ? DType::bf16 : *dt;
-  const Graph g = parse_expression(read_expression_arg(ra.expr), popts);
+  const Graph g = parse_expression(read_expression_arg(ra.expr), ra.gemm.parse_options());
   CompileOptions opts;
-  opts.gemm.a_dtype = opts.gemm.b_dtype = *dt;
-  opts.gemm.a_layout = parse_layout(ra.layout_a, "a");
-  opts.gemm.b_layout = parse_layout(ra.layout_b, "b");
+  opts.gemm = gemm;
   opts.precise_math = ra.precise;
   if (ra.cast_mode == "fast") opts.cast_mode = CastMode::fast;
   else if (ra.cast_mode != "eager") throw UserError("--cast-mode: expected eager or fast");
@@ -74,9 +67,11 @@ int run(const RunArgs& ra) {
   report["m"] = ra.m;
   report["n"] = ra.n;
   report["k"] = ra.k;
-  report["dtype"] = ra.dtype;
-  report["layout_a"] = ra.layout_a;
-  report["layout_b"] = ra.layout_b;
+  report["dtype"] = dtype_name(gemm.a_dtype);
+  report["dtype_b"] = dtype_name(gemm.b_dtype);
+  report["layout_a"] = ra.gemm.layout_a;
+  report["layout_b"] = ra.gemm.layout_b;
+  report["fp8_fast_accum"] = gemm.fp8_fast_accum;
 
   const std::string reason = kernel.fallback_reason(ra.m, ra.n, ra.k);
   double compile_s = 0;
@@ -95,7 +90,7 @@ int run(const RunArgs& ra) {
   cudaStream_t stream;
   cudaStreamCreate(&stream);
   const ReferenceInputs inputs =
-      random_reference_inputs(kernel.graph(), ra.m, ra.n, ra.k, *dt, *dt, ra.seed);
+      random_reference_inputs(kernel.graph(), ra.m, ra.n, ra.k, gemm.a_dtype, gemm.b_dtype, ra.seed);
   runtime::DeviceProblem problem(kernel, inputs);
   if (ra.tune) {
     if (!reason.empty()) throw UserError(fmt::format("--tune: this problem is not fused: {}", reason));
@@ -191,10 +186,7 @@ Command add_run_command(CLI::App& app) {
   sub->add_option("-m", ra->m, "M (rows of A and D)")->required()->check(CLI::PositiveNumber);
   sub->add_option("-n", ra->n, "N (columns of B and D)")->required()->check(CLI::PositiveNumber);
   sub->add_option("-k", ra->k, "K (columns of A, rows of B)")->required()->check(CLI::PositiveNumber);
-  sub->add_option("--dtype", ra->dtype, "A/B dtype, and default operand/output dtype")->capture_default_str();
-  sub->add_option("--layout-a", ra->layout_a, "A layout: r (row-major M×K) or c")->capture_default_str();
-  sub->add_option("--layout-b", ra->layout_b, "B layout: r (row-major K×N) or c (N×K, K-major)")
-      ->capture_default_str();
+  ra->gemm.add_to(sub);
   sub->add_flag("--check", ra->check, "Compare every output with the fp64 reference");
   sub->add_flag("--bench", ra->bench, "Time fused vs plain cuBLAS vs unfused (median of 50)");
   sub->add_flag("--precise", ra->precise, "Full-precision transcendental math");

@@ -23,8 +23,7 @@ namespace {
 struct TuneArgs {
   std::string expr;
   std::vector<std::string> shapes;
-  std::string dtype = "bf16";
-  std::string layout_a = "r", layout_b = "r";
+  GemmFlags gemm;
   bool precise = false, list = false;
   int max_candidates = -1;
   std::string json;
@@ -76,16 +75,10 @@ void print_result(const TuneResult& r) {
 }
 
 int tune(const TuneArgs& ta) {
-  const auto dt = parse_dtype(ta.dtype);
-  if (!dt) throw UserError(fmt::format("--dtype: unknown dtype '{}'", ta.dtype));
   const std::vector<Shape3> shapes = parse_shapes(ta.shapes);
-  ParseOptions popts;
-  popts.operand_dtype = is_fp8(*dt) ? DType::f32 : *dt;
-  popts.output_dtype = is_fp8(*dt) ? DType::bf16 : *dt;
+  const ParseOptions popts = ta.gemm.parse_options();
   CompileOptions opts;
-  opts.gemm.a_dtype = opts.gemm.b_dtype = *dt;
-  opts.gemm.a_layout = parse_layout(ta.layout_a, "a");
-  opts.gemm.b_layout = parse_layout(ta.layout_b, "b");
+  opts.gemm = ta.gemm.desc();
   opts.precise_math = ta.precise;
   if (ta.max_candidates >= 0) opts.tune_max_candidates = ta.max_candidates;
   Kernel kernel(parse_expression(read_expression_arg(ta.expr), popts), opts);
@@ -117,7 +110,8 @@ int tune(const TuneArgs& ta) {
   cudaStreamCreate(&stream);
   nlohmann::json report = nlohmann::json::array();
   for (const Shape3& s : shapes) {
-    const ReferenceInputs inputs = random_reference_inputs(kernel.graph(), s.m, s.n, s.k, *dt, *dt, 1);
+    const ReferenceInputs inputs = random_reference_inputs(kernel.graph(), s.m, s.n, s.k, opts.gemm.a_dtype,
+                                                           opts.gemm.b_dtype, 1);
     runtime::DeviceProblem problem(kernel, inputs);
     const TuneResult r = kernel.tune(problem.arguments(), stream,
                                      progress_printer(fmt::format("evtc tune {}x{}x{}", s.m, s.n, s.k)));
@@ -142,10 +136,7 @@ Command add_tune_command(CLI::App& app) {
   sub->add_option("--shape,-s", ta->shapes, "Problem shape MxNxK (repeat, or comma-separated)")
       ->delimiter(',')
       ->required();
-  sub->add_option("--dtype", ta->dtype, "A/B dtype, and default operand/output dtype")->capture_default_str();
-  sub->add_option("--layout-a", ta->layout_a, "A layout: r (row-major M×K) or c")->capture_default_str();
-  sub->add_option("--layout-b", ta->layout_b, "B layout: r (row-major K×N) or c (N×K, K-major)")
-      ->capture_default_str();
+  ta->gemm.add_to(sub);
   sub->add_flag("--precise", ta->precise, "Full-precision transcendental math");
   sub->add_option("--max-candidates", ta->max_candidates,
                   "Most candidates per shape (0: all that survive pruning; default 6)")

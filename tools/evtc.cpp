@@ -31,6 +31,42 @@ Layout parse_layout(const std::string& s, const char* which) {
   throw UserError(fmt::format("--layout-{}: expected r or c, got '{}'", which, s));
 }
 
+void GemmFlags::add_to(CLI::App* sub) {
+  sub->add_option("--dtype", dtype, "A/B dtype, and default operand/output dtype")->capture_default_str();
+  sub->add_option("--dtype-b", dtype_b, "B's dtype when it differs from A's (e.g. f8e5m2)");
+  sub->add_option("--layout-a", layout_a, "A layout: r (row-major M×K) or c")->capture_default_str();
+  sub->add_option("--layout-b", layout_b, "B layout: r (row-major K×N) or c (N×K, K-major)")
+      ->capture_default_str();
+  sub->add_flag("--fast-accum", fast_accum,
+                "fp8 A/B: accumulate in the tensor cores throughout K (faster, less accurate)");
+}
+
+GemmDesc GemmFlags::desc() const {
+  GemmDesc g;
+  const auto a = parse_dtype(dtype);
+  if (!a) throw UserError(fmt::format("--dtype: unknown dtype '{}'", dtype));
+  const auto b = dtype_b.empty() ? a : parse_dtype(dtype_b);
+  if (!b) throw UserError(fmt::format("--dtype-b: unknown dtype '{}'", dtype_b));
+  g.a_dtype = *a;
+  g.b_dtype = *b;
+  g.a_layout = parse_layout(layout_a, "a");
+  g.b_layout = parse_layout(layout_b, "b");
+  if (fast_accum && !is_fp8(*a) && !is_fp8(*b))
+    throw UserError(fmt::format("--fast-accum: only fp8 A/B have a fast-accumulation main loop, "
+                                "but A and B are {}",
+                                dtype_name(*a)));
+  g.fp8_fast_accum = fast_accum;
+  return g;
+}
+
+ParseOptions GemmFlags::parse_options() const {
+  const GemmDesc g = desc();
+  ParseOptions p;
+  p.operand_dtype = is_fp8(g.a_dtype) ? DType::f32 : g.a_dtype;
+  p.output_dtype = is_fp8(g.a_dtype) ? DType::bf16 : g.a_dtype;
+  return p;
+}
+
 ProgressFn progress_printer(const std::string& what) {
   const bool tty = isatty(fileno(stderr));
   return [what, tty](const std::string& stage, int done, int total) {

@@ -16,6 +16,11 @@ struct GemmDesc {
   DType b_dtype = DType::bf16;
   Layout a_layout = Layout::row_major;
   Layout b_layout = Layout::col_major;
+  // fp8 A/B only (ignored otherwise): accumulate in the tensor cores throughout K (CUTLASS's
+  // FP8FastAccum main loop, PyTorch's use_fast_accum=True) instead of the default two-level
+  // accumulation, which adds the tensor cores' partial sums into fp32 registers every 128 of
+  // K. Faster, and less accurate for long K.
+  bool fp8_fast_accum = false;
   int sm = 90;  // target compute capability (90 = Hopper, sm_90a)
 };
 

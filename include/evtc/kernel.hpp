@@ -71,13 +71,15 @@ KernelSignature make_signature(const Graph& g);
 
 // The configuration evtc uses for a problem when none is given (sizes of 0: unknown).
 // Measured on an H100 (bench/sweep_configs.sh, bench/results/*-config-sweep.txt):
-//  - fp8 A/B: a K tile of 128 (the bytes per stage of a 16-bit K tile of 64); cooperative
-//    128×128 with the default two-level accumulation (its second accumulator would spill
-//    from 128×256 tiles: 3× slower), 128×256 with fast accumulation;
+//  - fp8 A/B: a K tile of 128 (the bytes per stage of a 16-bit K tile of 64); with the
+//    default two-level accumulation cooperative 128×128, cluster 1×1 (its second
+//    accumulator would spill from 128×256 tiles: 3× slower); with fast accumulation
+//    (GemmDesc::fp8_fast_accum) ping-pong 128×128 up to 4096×4096 outputs, else cooperative
+//    128×256;
 //  - K ≤ 2048 and no reduction over M: ping-pong 128×128×64, cluster 2×1 (a short main loop;
 //    one warp group's epilogue overlaps the other's main loop);
 //  - otherwise (column and whole-matrix reductions included): cooperative 128×256×64,
 //    cluster 2×1.
-KernelConfig default_config(const Graph& g, const GemmDesc& gemm, bool fp8_fast_accum = false);
+KernelConfig default_config(const Graph& g, const GemmDesc& gemm);
 
 }  // namespace evtc

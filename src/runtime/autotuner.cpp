@@ -81,6 +81,7 @@ std::vector<KernelConfig> whole_space(const GemmDesc& gemm) {
           c.tile_k = tile_k;
           c.cluster_m = cl[0];
           c.cluster_n = cl[1];
+          c.fp8_fast_accum = is_fp8(gemm.a_dtype) && gemm.fp8_fast_accum;
           out.push_back(c);
         }
   return out;
@@ -93,10 +94,12 @@ std::string prune_reason(const KernelConfig& c, const Graph& g, const GemmDesc& 
   if (!KernelConfig::parse(c.name())) return "not a configuration CUTLASS's sm90 kernels build";
   const int threads = c.schedule == MainloopSchedule::pingpong ? 128 : 256;
   // fp32 accumulators per thread of the warp groups sharing a tile (ping-pong: one warp
-  // group per tile); above 128 the kernel spills.
-  if (int64_t(c.tile_m) * c.tile_n / threads > 128)
+  // group per tile), twice over for fp8's two-level accumulation; above 128 the kernel
+  // spills.
+  const int copies = is_fp8(gemm.a_dtype) && !c.fp8_fast_accum ? 2 : 1;
+  if (int64_t(c.tile_m) * c.tile_n * copies / threads > 128)
     return fmt::format("{} accumulators per thread do not fit in registers",
-                       int64_t(c.tile_m) * c.tile_n / threads);
+                       int64_t(c.tile_m) * c.tile_n * copies / threads);
   if (mainloop_stages(c, gemm.a_dtype, device) < 3)
     return "fewer than 3 main-loop stages fit in shared memory";
   const int64_t tiles_m = ceil_div(size_or(gemm.m), c.tile_m);
@@ -105,10 +108,8 @@ std::string prune_reason(const KernelConfig& c, const Graph& g, const GemmDesc& 
     return fmt::format("cluster {}x{} is wider than the {}x{} tile grid", c.cluster_m, c.cluster_n,
                        tiles_m, tiles_n);
   if (padding_efficiency(c, gemm) < 0.5) return "more than half of the tile grid is padding";
-  if (has_reduction(g)) {
-    if (c.schedule != MainloopSchedule::cooperative || c.scheduler != TileSchedulerKind::persistent)
-      return "reductions run with cooperative persistent kernels only";
-  }
+  if (has_reduction(g) && c.scheduler != TileSchedulerKind::persistent)
+    return "reductions run with persistent kernels only";
   if (c.scheduler == TileSchedulerKind::stream_k) {
     KernelConfig persistent = c;
     persistent.scheduler = TileSchedulerKind::persistent;
@@ -177,10 +178,11 @@ std::string utc_now() {
 
 std::string problem_key(const ProblemIdentity& id) {
   const std::string material =
-      fmt::format("graph={};a={}/{};b={}/{};precise={};arch=sm{};device={}", id.graph_hash,
+      fmt::format("graph={};a={}/{};b={}/{};precise={};arch=sm{};device={}{}", id.graph_hash,
                   dtype_name(id.gemm.a_dtype), id.gemm.a_layout == Layout::row_major ? "r" : "c",
                   dtype_name(id.gemm.b_dtype), id.gemm.b_layout == Layout::row_major ? "r" : "c",
-                  id.precise_math, id.arch, id.device_name);
+                  id.precise_math, id.arch, id.device_name,
+                  id.gemm.fp8_fast_accum ? ";fp8_fast_accum" : "");
   return fmt::format("{:016x}", XXH3_64bits(material.data(), material.size()));
 }
 
@@ -198,6 +200,7 @@ std::string TuningRecord::to_json() const {
   j["b"] = {{"dtype", dtype_name(identity.gemm.b_dtype)},
             {"layout", identity.gemm.b_layout == Layout::row_major ? "row" : "col"}};
   j["precise_math"] = identity.precise_math;
+  j["fp8_fast_accum"] = identity.gemm.fp8_fast_accum;
   j["arch"] = fmt::format("sm_{}a", identity.arch);
   j["device"] = identity.device_name;
   j["tuned_at"] = tuned_at;
@@ -234,6 +237,7 @@ TuningRecord TuningRecord::from_json(const std::string& text) {
     r.identity.graph_hash = j.at("graph_hash").get<std::string>();
     r.identity.device_name = j.at("device").get<std::string>();
     r.identity.precise_math = j.value("precise_math", false);
+    r.identity.gemm.fp8_fast_accum = j.value("fp8_fast_accum", false);
     r.tuned_at = j.value("tuned_at", "");
     for (const auto& e : j.value("candidates", nlohmann::json::array())) {
       CandidateTiming t;

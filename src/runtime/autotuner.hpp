@@ -32,9 +32,9 @@ struct DeviceLimits {
 // ping-pong tiles whose accumulators do not fit one warp group's registers, clusters wider
 // than the problem's tile grid, main-loop stages that do not fit shared memory, tiles mostly
 // outside the problem (M or N far below the tile), stream-K where the persistent grid
-// already fills its waves, and — for epilogues with reductions — everything but
-// cooperative persistent kernels (CUTLASS's reductions combine per-tile partials; a K-split
-// tile would be counted twice).
+// already fills its waves, and — for epilogues with reductions — stream-K (the reductions
+// combine one partial per tile and warp; a K-split tile would be counted twice). fp8's
+// two-level accumulation counts its accumulators twice.
 std::vector<KernelConfig> candidate_configs(const Graph& g, const GemmDesc& gemm,
                                             const DeviceLimits& device = {},
                                             size_t max_candidates = 0);

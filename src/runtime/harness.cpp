@@ -174,7 +174,7 @@ Tolerance output_tolerance(const Kernel& kernel, const std::string& output) {
     const GemmDesc& gemm = kernel.options().gemm;
     if (is_fp8(gemm.a_dtype) || is_fp8(gemm.b_dtype)) {
       const auto& config = kernel.options().config;
-      const bool fast_accum = config && config->fp8_fast_accum;
+      const bool fast_accum = gemm.fp8_fast_accum || (config && config->fp8_fast_accum);
       t.rtol = std::max(t.rtol, std::ldexp(1.0, fast_accum ? -6 : -11));
       t.max_rel_l2 = std::max(t.max_rel_l2, std::ldexp(1.0, fast_accum ? -8 : -12));
     }

@@ -144,6 +144,8 @@ ConfigChoice Kernel::Impl::choose_config(int64_t m, int64_t n, int64_t k) const 
     }
   }
   choice.config.precise_math = choice.config.precise_math || options.precise_math;
+  if (is_fp8(options.gemm.a_dtype) || is_fp8(options.gemm.b_dtype))
+    choice.config.fp8_fast_accum = choice.config.fp8_fast_accum || options.gemm.fp8_fast_accum;
   if (!options.config) {
     std::lock_guard lock(mu);
     choices[{m, n, k}] = choice;

@@ -62,17 +62,27 @@ OperandSlot slot_of(const Node& n) {
 }
 }  // namespace
 
-KernelConfig default_config(const Graph& g, const GemmDesc& gemm, bool fp8_fast_accum) {
+KernelConfig default_config(const Graph& g, const GemmDesc& gemm) {
   KernelConfig c;  // cooperative 128×256×64, cluster 2×1
   bool reduces_over_m = false;  // a column or whole-matrix reduction
   for (const Node& n : g.nodes())
     reduces_over_m |= n.kind == NodeKind::reduce && n.axis != ReduceAxis::row;
   if (is_fp8(gemm.a_dtype) || is_fp8(gemm.b_dtype)) {
     c.tile_k = 128;
-    c.fp8_fast_accum = fp8_fast_accum;
-    // The two-level accumulation keeps a second accumulator in registers: a warp group
-    // holding 64×256 of them twice would spill, so it gets 128×128 tiles.
-    if (!fp8_fast_accum) c.tile_n = 128;
+    c.fp8_fast_accum = gemm.fp8_fast_accum;
+    if (gemm.fp8_fast_accum) {
+      // Measured (bench/results/*-fp8.json): ping-pong 128×128 at 4096³, cooperative 128×256
+      // from 8192³ on.
+      if (gemm.m > 0 && gemm.n > 0 && gemm.m * gemm.n <= 4096 * 4096) {
+        c.schedule = MainloopSchedule::pingpong;
+        c.tile_n = 128;
+      }
+    } else {
+      // The two-level accumulation keeps a second accumulator in registers: a warp group
+      // holding 64×256 of them twice would spill (3× slower), so it gets 128×128 tiles.
+      c.tile_n = 128;
+      c.cluster_m = 1;
+    }
   } else if (!reduces_over_m && gemm.k > 0 && gemm.k <= 2048) {
     c.schedule = MainloopSchedule::pingpong;
     c.tile_n = 128;

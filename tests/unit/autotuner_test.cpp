@@ -65,14 +65,35 @@ TEST(TuningCandidates, BudgetSpansScheduleAndTileFamilies) {
             candidate_configs(g, problem(4096, 4096, 4096), {}, 0).size());
 }
 
-TEST(TuningCandidates, ReductionsOnlyGetCooperativePersistentKernels) {
+TEST(TuningCandidates, ReductionsGetPersistentKernelsOfBothSchedules) {
   const Graph g = lowered(kLoss);
   const auto cands = candidate_configs(g, problem(8192, 8192, 1024), {}, 0);
   ASSERT_GE(cands.size(), 2u);
+  bool pingpong = false;
   for (const auto& c : cands) {
-    EXPECT_EQ(c.schedule, MainloopSchedule::cooperative) << c.name();
     EXPECT_EQ(c.scheduler, TileSchedulerKind::persistent) << c.name();
+    pingpong |= c.schedule == MainloopSchedule::pingpong;
   }
+  EXPECT_TRUE(pingpong) << "per-warp partials work with ping-pong's one warp group per tile";
+}
+
+TEST(TuningCandidates, Fp8TwoLevelAccumulationKeepsBothAccumulatorsInRegisters) {
+  const Graph g = lowered(kBiasSilu);
+  GemmDesc p = problem(4096, 4096, 4096);
+  p.a_dtype = p.b_dtype = DType::f8e4m3;
+  for (const auto& c : candidate_configs(g, p, {}, 0)) {
+    EXPECT_FALSE(c.fp8_fast_accum) << c.name();
+    EXPECT_EQ(c.tile_k, 128) << c.name();
+    const int threads = c.schedule == MainloopSchedule::pingpong ? 128 : 256;
+    EXPECT_LE(2 * c.tile_m * c.tile_n / threads, 128) << c.name();
+  }
+  p.fp8_fast_accum = true;
+  bool wide = false;
+  for (const auto& c : candidate_configs(g, p, {}, 0)) {
+    EXPECT_TRUE(c.fp8_fast_accum) << c.name();
+    wide |= c.tile_m * c.tile_n == 128 * 256;
+  }
+  EXPECT_TRUE(wide) << "fast accumulation keeps one accumulator: 128x256 tiles fit";
 }
 
 TEST(TuningCandidates, SkinnyProblemsGetSmallMTiles) {

@@ -140,3 +140,26 @@ TEST(PassClassifyLoads, RewritesOnlyAuxOperandsWithViews) {
             "%8 = add %6, %7 : f32[m,n]\n"
             "%9 = store D %8 : bf16[m,n]\n");
 }
+
+TEST(PassClassifyLoads, ScaledMmRowwiseScalesBecomeBroadcastsOfAnFp8Gemm) {
+  // torch._scaled_mm(a, b, scale_a, scale_b) with row-wise scales: scale_a is (M,1) and
+  // scale_b (1,N), handed over as [m,n] operands with those views. They must become a column
+  // vector (one value per row) and a row vector, and the fp8 GEMM must stay fusable.
+  Graph g;
+  auto v = g.accum() * g.aux("scale_a", DType::f32) * g.aux("scale_b", DType::f32);
+  g.store("D", v, DType::bf16);
+  PipelineOptions o;
+  o.gemm.m = M;
+  o.gemm.n = N;
+  o.gemm.k = 512;
+  o.gemm.a_dtype = o.gemm.b_dtype = DType::f8e4m3;
+  o.views["scale_a"] = {M, 1, 1, 1};
+  o.views["scale_b"] = {1, N, N, 1};
+  Legality legal;
+  o.legality = &legal;
+  const std::string after = print(run_pipeline(g, o));
+  EXPECT_TRUE(legal.reasons.empty()) << legal.reasons.front();
+  EXPECT_NE(after.find("col_vec scale_a : f32[m]"), std::string::npos) << after;
+  EXPECT_NE(after.find("row_vec scale_b : f32[n]"), std::string::npos) << after;
+  EXPECT_EQ(after.find("aux "), std::string::npos) << after;
+}
