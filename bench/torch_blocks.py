@@ -150,25 +150,25 @@ def main() -> None:
     p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     args = p.parse_args()
 
-    results = []
-    for block in args.blocks.split(","):
-        for train in (False, True):
-            for mode in ("eager", "compile", "evtc"):
-                results.append(measure(block, mode, train, args))
-    for block in args.blocks.split(","):
-        for pass_ in ("fwd", "fwd+bwd"):
-            row = {r["mode"]: r["ms"] for r in results if r["block"] == block and r["pass"] == pass_}
-            print(f"{block} {pass_}: evtc / compile speed-up {row['compile'] / row['evtc']:.3f}x, "
-                  f"compile / eager {row['eager'] / row['compile']:.3f}x")
-
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M")
     os.makedirs(args.out, exist_ok=True)
     base = os.path.join(args.out, f"{stamp}-torch-blocks")
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "tokens": args.tokens,
             "hidden": args.hidden, "ffn": args.ffn, "warmup": args.warmup, "iters": args.iters,
             "timing": "median of CUDA-event times per call", "stamp": stamp}
-    with open(base + ".json", "w") as f:
-        json.dump({"meta": meta, "results": results}, f, indent=2)
+    results = []
+    for block in args.blocks.split(","):
+        for train in (False, True):
+            for mode in ("eager", "compile", "evtc"):
+                results.append(measure(block, mode, train, args))
+                with open(base + ".json", "w") as f:  # after every row: a cut-short run keeps its rows
+                    json.dump({"meta": meta, "results": results}, f, indent=2)
+    for block in args.blocks.split(","):
+        for pass_ in ("fwd", "fwd+bwd"):
+            row = {r["mode"]: r["ms"] for r in results if r["block"] == block and r["pass"] == pass_}
+            print(f"{block} {pass_}: evtc / compile speed-up {row['compile'] / row['evtc']:.3f}x, "
+                  f"compile / eager {row['eager'] / row['compile']:.3f}x")
+
     plot(results, base + ".png")
     print(f"wrote {base}.json and {base}.png")
 
