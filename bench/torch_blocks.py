@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from datetime import datetime, timezone
 
@@ -119,8 +120,11 @@ def plot(results: list[dict], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups = sorted({(r["block"], r["pass"]) for r in results}, key=lambda g: (g[0] != "mlp", g[1]))
     modes = ["eager", "compile", "evtc"]
+    have = {(r["block"], r["pass"], r["mode"]) for r in results}
+    # Only groups measured in every mode (a run cut short leaves some out).
+    groups = sorted({(r["block"], r["pass"]) for r in results if all((r["block"], r["pass"], m) in have for m in modes)},
+                    key=lambda g: (g[0] != "mlp", g[1]))
     fig, ax = plt.subplots(figsize=(8, 4))
     width = 0.25
     for i, mode in enumerate(modes):
@@ -174,4 +178,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) == 3 and sys.argv[1] == "--plot":  # re-plot a results file
+        with open(sys.argv[2]) as f:
+            plot(json.load(f)["results"], sys.argv[2].removesuffix(".json") + ".png")
+    else:
+        main()

@@ -129,11 +129,18 @@ class Kernel:
                 self._futures[key] = fut
             return fut
 
-    def _wait_for_compiles(self) -> None:
+    def _wait_for_compiles(self) -> list[str]:
+        """Waits for the background compiles; returns their errors. A kernel that failed to
+        compile still runs: its calls take the unfused path, with the reason logged."""
         with self._futures_lock:
             futures = list(self._futures.values())
+        errors = []
         for f in futures:
-            f.result()
+            try:
+                f.result()
+            except _evtc.Error as e:
+                errors.append(str(e))
+        return errors
 
     # --- running -----------------------------------------------------------------------------
     def __call__(self, a: Any, b: Any, *, out: Optional[dict[str, Any]] = None,

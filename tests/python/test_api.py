@@ -118,3 +118,13 @@ def test_native_error_types_are_exported():
     assert issubclass(evtc.EvtcRuntimeError, evtc.Error)
     assert issubclass(evtc.InternalError, evtc.Error)
     assert issubclass(evtc.Error, RuntimeError)
+
+
+def test_a_failed_background_compile_is_reported_not_raised(monkeypatch, tmp_path):
+    monkeypatch.setenv("EVTC_CUTLASS_DIR", str(tmp_path / "no-cutlass-here"))
+    monkeypatch.setenv("EVTC_CACHE_DIR", str(tmp_path / "cache"))
+    k = evtc.compile("out D: bf16 = relu(acc) * 3")
+    with pytest.raises(evtc.Error):
+        k.compile_async(256, 256, 256).result()
+    errors = k._wait_for_compiles()
+    assert len(errors) == 1 and errors[0]
