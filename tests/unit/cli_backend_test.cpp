@@ -44,3 +44,27 @@ TEST(CliBackend, CacheInfoNamesTheFolder) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("cache: /tmp/evtc-cli-test-cache-info"), std::string::npos) << r.output;
 }
+
+TEST(CliBackend, FastAccumulationNeedsFp8) {
+  const auto r = run_cli("compile 'out D = acc' --fast-accum --emit-only --emit /dev/null");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--fast-accum: only fp8 A/B have a fast-accumulation main loop, but A "
+                          "and B are bf16"),
+            std::string::npos)
+      << r.output;
+}
+
+TEST(CliBackend, UnknownDtypeOfBIsAUsageError) {
+  const auto r = run_cli("compile 'out D = acc' --dtype f8e4m3 --dtype-b e6m1");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--dtype-b: unknown dtype 'e6m1'"), std::string::npos) << r.output;
+}
+
+TEST(CliBackend, Fp8NeedsKMajorOperands) {
+  const auto r = run_cli("compile 'out D: bf16 = acc' --dtype f8e4m3 --layout-b r --emit-only "
+                         "--emit /dev/null");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("fp8 A and B must both be K-major with 16-byte rows"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("B is row-major K×N: pass B column-major"), std::string::npos) << r.output;
+}

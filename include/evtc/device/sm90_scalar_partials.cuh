@@ -26,7 +26,8 @@ struct Sm90ScalarPartials {
   struct SharedStorage {};
 
   struct Arguments {
-    float* partials = nullptr;  // tiles_m * tiles_n * warps_per_tile floats
+    // tiles_m * tiles_n * (MMA threads / 32) floats; the generated host code sizes it
+    float* partials = nullptr;
     float identity = 0.0f;
   };
 
@@ -36,13 +37,6 @@ struct Sm90ScalarPartials {
     int tiles_m = 0;
     int tiles_n = 0;
   };
-
-  // The number of partials a problem needs, for the host to size the workspace.
-  static int64_t partial_count(int64_t m, int64_t n, int warps_per_tile) {
-    constexpr int kTileM = cute::size<0>(CtaTileShapeMNK{});
-    constexpr int kTileN = cute::size<1>(CtaTileShapeMNK{});
-    return ((m + kTileM - 1) / kTileM) * ((n + kTileN - 1) / kTileN) * warps_per_tile;
-  }
 
   template <class ProblemShape>
   static constexpr Params to_underlying_arguments(ProblemShape const& problem_shape,
@@ -85,7 +79,7 @@ struct Sm90ScalarPartials {
     return cutlass::epilogue::fusion::EmptyProducerLoadCallbacks{};
   }
 
-  template <int WarpsPerTile, class CTensor, class ThrResidue>
+  template <class CTensor, class ThrResidue>
   struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {
     CUTLASS_DEVICE ConsumerStoreCallbacks(CTensor coords, ThrResidue residue, int slot,
                                           Params const& params)
@@ -128,7 +122,7 @@ struct Sm90ScalarPartials {
     const bool inside = tile_m < params.tiles_m && tile_n < params.tiles_n;
     const int slot =
         inside ? (tile_n * params.tiles_m + tile_m) * kWarps + args.thread_idx / 32 : -1;
-    return ConsumerStoreCallbacks<kWarps, decltype(args.tCcD), decltype(args.residue_tCcD)>(
+    return ConsumerStoreCallbacks<decltype(args.tCcD), decltype(args.residue_tCcD)>(
         args.tCcD, args.residue_tCcD, slot, params);
   }
 };
