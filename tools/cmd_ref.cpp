@@ -47,6 +47,7 @@ void check_problem_size(const RefArgs& a) {
 std::string shape_text(Shape s, int64_t m, int64_t n) {
   switch (s) {
     case Shape::full: return fmt::format("[m,n] = {}x{}", m, n);
+    case Shape::half: return fmt::format("[m,n/2] = {}x{}", m, n / 2);
     case Shape::col: return fmt::format("[m] = {}", m);
     case Shape::row: return fmt::format("[n] = {}", n);
     case Shape::scalar: return "scalar";
@@ -59,7 +60,8 @@ std::string cell(double x) { return fmt::format(" {:>11.5g}", std::isnan(x) ? NA
 
 void print_values(const std::vector<double>& v, Shape shape, int64_t n, int show) {
   const auto shown = static_cast<int64_t>(show);
-  if (shape == Shape::full) {
+  if (shape == Shape::full || shape == Shape::half) {
+    if (shape == Shape::half) n /= 2;
     const int64_t rows = std::min<int64_t>(shown, static_cast<int64_t>(v.size()) / n);
     for (int64_t i = 0; i < rows; ++i) {
       std::string line = " ";

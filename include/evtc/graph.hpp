@@ -33,6 +33,7 @@ enum class NodeKind : uint8_t {
   source,   // the GEMM's C matrix, M×N
   compute,  // an op from the op table
   cast,     // a rounding conversion to another dtype
+  pair,     // one half of the interleaved (gate, up) column pairs of an M×N value: M×N/2
   reduce,   // a reduction of an M×N value to [m], [n] or a scalar
   store,    // an output (D, extra outputs, reduction results); has no users
 };
@@ -42,6 +43,10 @@ enum class ScalarKind : uint8_t { constant, value, pointer };
 enum class ReduceAxis : uint8_t { row, col, all };  // row: over N -> [m]; col: over M -> [n]
 enum class ReduceOp : uint8_t { sum, max, min, amax };
 enum class Layout : uint8_t { row_major, col_major };
+// Which column of each interleaved pair a pair node takes: gate = even columns (2j),
+// up = odd columns (2j+1); both give an [m,n/2] value whose column j comes from pair j.
+enum class PairPart : uint8_t { gate, up };
+std::string_view pair_part_name(PairPart p);      // "gate", "up"
 std::string_view reduce_axis_name(ReduceAxis a);  // "row", "col", "all"
 std::string_view reduce_op_name(ReduceOp o);      // "sum", "max", "min", "amax"
 
@@ -57,6 +62,7 @@ struct Node {
   std::array<double, kMaxOpAttrs> attrs{};      // compute: op parameters
   ReduceAxis axis{};                            // reduce
   ReduceOp reduce_op{};                         // reduce
+  PairPart part{};                              // pair
   Layout layout = Layout::row_major;            // aux loads and full stores
 
   bool is_load() const;  // scalar param/constant, row_vec, col_vec, aux, source
@@ -91,6 +97,10 @@ class Graph {
                 std::initializer_list<double> attrs = {}, DType dtype = DType::f32);
   Value cast(Value v, DType dtype);
   Value reduce(ReduceAxis axis, ReduceOp op, Value v);
+  // The gate (even) or up (odd) columns of an [m,n] value: an [m,n/2] value. Gated
+  // activations (SwiGLU and its family) combine the two halves elementwise and store an
+  // M×N/2 output; N must be even at run time.
+  Value pair(PairPart part, Value v);
   // Writes `v` to the output `name`, rounding to `dtype`. Returns the store node.
   Value store(std::string_view name, Value v, DType dtype,
               Layout layout = Layout::row_major);
@@ -144,5 +154,7 @@ Value max(Value a, Value b);
 Value min(Value a, Value b);
 Value clamp(Value x, double lo, double hi);
 Value cast(Value x, DType dtype);
+Value gate(Value x);  // x's even columns
+Value up(Value x);    // x's odd columns
 
 }  // namespace evtc

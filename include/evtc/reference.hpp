@@ -30,7 +30,7 @@ struct ReferenceOptions {
   bool round_compute = false;
 };
 
-// By output name: [m,n] outputs m×n row-major; row reductions m values, col reductions n,
+// By output name: [m,n] outputs m×n row-major; gated [m,n/2] outputs m×n/2 row-major; row reductions m values, col reductions n,
 // whole-matrix reductions 1. Every output is rounded to its store dtype.
 using ReferenceOutputs = std::map<std::string, std::vector<double>>;
 

@@ -25,11 +25,17 @@ bool widens_losslessly(DType from, DType to);
 
 // Which part of the M×N output a value varies over.
 //   scalar: one value; row: length N, broadcast over M (a bias[n]);
-//   col: length M, broadcast over N (a scale[m]); full: M×N.
-enum class Shape : uint8_t { scalar, row, col, full };
+//   col: length M, broadcast over N (a scale[m]); full: M×N;
+//   half: M×N/2, a gated value made from the interleaved (gate, up) column pairs of an M×N
+//   value (gate(x) takes columns 0, 2, 4, ..., up(x) columns 1, 3, 5, ...).
+enum class Shape : uint8_t { scalar, row, col, full, half };
 
-std::string_view shape_name(Shape s);  // "", "[n]", "[m]", "[m,n]"
-// Shape of an elementwise result over operands of shapes a and b (broadcasting).
+std::string_view shape_name(Shape s);  // "", "[n]", "[m]", "[m,n]", "[m,n/2]"
+// True when values of shapes a and b can meet in one elementwise op: anything broadcasts
+// with a scalar or a column vector; a half-width value does not meet [n] or [m,n] values.
+bool broadcastable(Shape a, Shape b);
+// Shape of an elementwise result over operands of shapes a and b (broadcasting; a and b
+// must be broadcastable).
 Shape broadcast(Shape a, Shape b);
 
 }  // namespace evtc

@@ -23,7 +23,7 @@ _TORCH_DTYPES = {
 class Operand:
     """One input or output of a kernel.
 
-    ``shape`` is ``"full"`` (M×N), ``"row"`` (length N), ``"col"`` (length M) or ``"scalar"``;
+    ``shape`` is ``"full"`` (M×N), ``"half"`` (M×N/2, a gated output), ``"row"`` (length N), ``"col"`` (length M) or ``"scalar"``;
     ``kind`` is the IR node kind (``aux``, ``row_vec``, ``col_vec``, ``scalar``,
     ``scalar_value`` for by-value parameters, ``source`` for C; ``store``/``reduction`` for
     outputs).
@@ -37,7 +37,7 @@ class Operand:
     kind: str
 
     def size(self, m: int, n: int) -> tuple[int, ...]:
-        return {"full": (m, n), "row": (n,), "col": (m,), "scalar": ()}[self.shape]
+        return {"full": (m, n), "half": (m, n // 2), "row": (n,), "col": (m,), "scalar": ()}[self.shape]
 
 
 _compile_pool: Optional[concurrent.futures.ThreadPoolExecutor] = None

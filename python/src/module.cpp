@@ -45,6 +45,7 @@ std::string_view shape_word(Shape s) {
     case Shape::row: return "row";
     case Shape::col: return "col";
     case Shape::full: return "full";
+    case Shape::half: return "half";
   }
   return "?";
 }

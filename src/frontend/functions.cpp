@@ -34,6 +34,28 @@ std::optional<Function> find_function(std::string_view name) {
   return f;
 }
 
+namespace {
+const std::vector<GatedFunctionInfo>& gated_functions() {
+  static const std::vector<GatedFunctionInfo> table = {
+      {GatedFunction::gate, "gate", {}},
+      {GatedFunction::up, "up", {}},
+      {GatedFunction::swiglu, "swiglu", {}},
+      {GatedFunction::geglu, "geglu", {}},
+      {GatedFunction::geglu_tanh, "geglu_tanh", {}},
+      {GatedFunction::reglu, "reglu", {}},
+      {GatedFunction::gptoss_swiglu, "gptoss_swiglu", {{"alpha", 1.702}, {"limit", 7.0}}},
+      {GatedFunction::swiglu7, "swiglu7", {}},
+  };
+  return table;
+}
+}  // namespace
+
+std::optional<GatedFunctionInfo> find_gated_function(std::string_view name) {
+  for (const GatedFunctionInfo& f : gated_functions())
+    if (f.name == name) return f;
+  return std::nullopt;
+}
+
 const std::vector<std::string>& function_names() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> out;
@@ -44,6 +66,7 @@ const std::vector<std::string>& function_names() {
         if (std::find(out.begin(), out.end(), n) == out.end()) out.push_back(n);
       }
     for (DType t : kDTypes) out.emplace_back(dtype_name(t));
+    for (const GatedFunctionInfo& f : gated_functions()) out.emplace_back(f.name);
     return out;
   }();
   return names;

@@ -20,6 +20,25 @@ struct Function {
 };
 
 std::optional<Function> find_function(std::string_view name);
+
+// Functions over the interleaved (gate, up) column pairs of an [m,n] value, giving an
+// [m,n/2] value: gate(x) and up(x) themselves, and the gated activations built from them.
+enum class GatedFunction : uint8_t {
+  gate,           // x's even columns
+  up,             // x's odd columns
+  swiglu,         // silu(gate) * up
+  geglu,          // gelu(gate) * up (erf form)
+  geglu_tanh,     // gelu_tanh(gate) * up
+  reglu,          // relu(gate) * up
+  gptoss_swiglu,  // g = min(gate, limit), u = clamp(up, -limit, limit): g*sigmoid(alpha*g)*(u+1)
+  swiglu7,        // gptoss_swiglu with alpha=1.702, limit=7
+};
+struct GatedFunctionInfo {
+  GatedFunction fn;
+  std::string_view name;
+  std::vector<std::pair<std::string_view, double>> params;  // name, default
+};
+std::optional<GatedFunctionInfo> find_gated_function(std::string_view name);
 // The expression-language name of a reduction: sum, row_max, col_amax, ...
 std::string reduction_name(ReduceAxis axis, ReduceOp op);
 // Every function name, ops first (in op-table order), then reductions, then casts.

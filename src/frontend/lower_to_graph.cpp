@@ -227,7 +227,8 @@ Value GraphLowering::load(std::string_view name, Shape shape, DType dtype, bool 
         return g_.param(name, dtype, by_pointer ? ScalarKind::pointer : ScalarKind::value);
       case Shape::row: return g_.row_vec(name, dtype);
       case Shape::col: return g_.col_vec(name, dtype);
-      case Shape::full: break;
+      case Shape::full:
+      case Shape::half: break;  // operands are never half-width: the parser gives [m,n]
     }
     return g_.aux(name, dtype, layout);
   });
@@ -253,6 +254,7 @@ void GraphLowering::arity_error(const Expr& e, const std::string& takes, size_t 
 
 Value GraphLowering::call_value(const Expr& e) {
   const std::string_view name = e.text;
+  if (auto gated = find_gated_function(name)) return gated_call(e, *gated);
   const std::optional<Function> fn = find_function(name);
   if (!fn) {
     if (values_.count(name) || declared_.count(name) || operands_.count(name) || name == "acc" ||
@@ -282,6 +284,70 @@ Value GraphLowering::call_value(const Expr& e) {
     fail(e.loc, fmt::format("{} reduces an [m,n] value, but its argument {} is {}", name,
                             g_.describe(x.id), shape_text(shape)));
   return checked(e.loc, [&] { return g_.reduce(*fn->reduce_axis, fn->reduce_op, x); });
+}
+
+Value GraphLowering::gated_call(const Expr& e, const GatedFunctionInfo& fn) {
+  // One [m,n] argument (interleaved gate/up columns), then the function's parameters.
+  std::vector<double> params;
+  std::vector<bool> given(fn.params.size(), false);
+  for (const auto& p : fn.params) params.push_back(p.second);
+  std::string takes = fmt::format("{} takes 1 argument", fn.name);
+  if (!fn.params.empty()) {
+    takes += " (an [m,n] value of interleaved gate/up columns) and the parameters";
+    for (size_t k = 0; k < fn.params.size(); ++k)
+      takes += fmt::format("{} {}={}", k ? "," : "", fn.params[k].first, fn.params[k].second);
+  }
+  const Expr* x_expr = nullptr;
+  size_t positional = 0;
+  for (const Argument& a : e.args) {
+    size_t k = 0;
+    if (a.keyword.empty()) {
+      if (positional == 0) {
+        x_expr = a.value.get();
+        ++positional;
+        continue;
+      }
+      k = positional - 1;
+      if (k >= fn.params.size()) arity_error(e, takes, 1 + fn.params.size());
+      ++positional;
+    } else {
+      while (k < fn.params.size() && fn.params[k].first != a.keyword) ++k;
+      if (k == fn.params.size())
+        fail(a.keyword_loc, fn.params.empty()
+                                ? fmt::format("{} has no parameters", fn.name)
+                                : fmt::format("{} has no parameter '{}'", fn.name, a.keyword));
+      if (given[k])
+        fail(a.keyword_loc, fmt::format("the parameter {} of {} is given twice", a.keyword, fn.name));
+    }
+    if (a.value->kind != ExprKind::number)
+      fail(a.value->start, fmt::format("the parameter {} of {} must be a number",
+                                       fn.params[k].first, fn.name));
+    params[k] = a.value->number;
+    given[k] = true;
+  }
+  if (!x_expr) arity_error(e, takes, 1);
+  const Value x = operand_of(*x_expr);
+  return checked(e.loc, [&] {
+    auto g = [&] { return gate(x); };
+    auto u = [&] { return up(x); };
+    switch (fn.fn) {
+      case GatedFunction::gate: return g();
+      case GatedFunction::up: return u();
+      case GatedFunction::swiglu: return silu(g()) * u();
+      case GatedFunction::geglu: return gelu(g()) * u();
+      case GatedFunction::geglu_tanh: return gelu_tanh(g()) * u();
+      case GatedFunction::reglu: return relu(g()) * u();
+      case GatedFunction::gptoss_swiglu:
+      case GatedFunction::swiglu7: {
+        const double alpha = fn.fn == GatedFunction::swiglu7 ? 1.702 : params[0];
+        const double limit = fn.fn == GatedFunction::swiglu7 ? 7.0 : params[1];
+        const Value gl = min(g(), g_.constant(limit));
+        const Value ul = clamp(u(), -limit, limit);
+        return gl * sigmoid(gl * alpha) * (ul + 1.0);
+      }
+    }
+    return g();
+  });
 }
 
 Value GraphLowering::op_call(const Expr& e, Op op) {

@@ -52,6 +52,7 @@ class GraphLowering {
   Value index_value(const Expr& e);
   Value call_value(const Expr& e);
   Value op_call(const Expr& e, Op op);
+  Value gated_call(const Expr& e, const GatedFunctionInfo& fn);
   [[noreturn]] void arity_error(const Expr& e, const std::string& takes, size_t max_args) const;
   Value load(std::string_view name, Shape shape, DType dtype, bool by_pointer, Layout layout,
              Loc at);

@@ -18,6 +18,7 @@ std::string_view node_kind_name(NodeKind k) {
     case NodeKind::source: return "source";
     case NodeKind::compute: return "compute";
     case NodeKind::cast: return "cast";
+    case NodeKind::pair: return "pair";
     case NodeKind::reduce: return "reduce";
     case NodeKind::store: return "store";
   }
@@ -42,6 +43,8 @@ std::string_view reduce_op_name(ReduceOp o) {
   }
   return "?";
 }
+
+std::string_view pair_part_name(PairPart p) { return p == PairPart::gate ? "gate" : "up"; }
 
 bool Node::is_load() const {
   switch (kind) {
@@ -82,6 +85,7 @@ int expected_arity(const Node& n) {
   switch (n.kind) {
     case NodeKind::compute: return op_info(n.op).arity;
     case NodeKind::cast:
+    case NodeKind::pair:
     case NodeKind::reduce:
     case NodeKind::store: return 1;
     default: return 0;
@@ -107,6 +111,7 @@ std::string Graph::describe(NodeId id) const {
     }
     std::string head = n.kind == NodeKind::compute ? std::string(op_info(n.op).name)
                        : n.kind == NodeKind::cast  ? std::string(dtype_name(n.dtype))
+                       : n.kind == NodeKind::pair  ? std::string(pair_part_name(n.part))
                                                    : fmt::format("{}_{}", reduce_axis_name(n.axis),
                                                                  reduce_op_name(n.reduce_op));
     if (depth == 0) return head + "(...)";
@@ -179,6 +184,18 @@ NodeId Graph::add(Node n) {
       Shape s = Shape::scalar;
       for (size_t k = 0; k < n.inputs.size(); ++k) {
         const Node& src = nodes_[n.inputs[k]];
+        for (size_t j = 0; j < k; ++j) {
+          const Node& other = nodes_[n.inputs[j]];
+          if (broadcastable(other.shape, src.shape)) continue;
+          const bool k_half = src.shape == Shape::half;
+          const NodeId half = k_half ? n.inputs[k] : n.inputs[j];
+          const NodeId wide = k_half ? n.inputs[j] : n.inputs[k];
+          throw UserError(fmt::format(
+              "{}: {} is a gated [m,n/2] value but {} is {}: a gated value only combines with "
+              "scalars, [m] vectors and other gated values (apply [n] and [m,n] operands "
+              "before gate()/up())",
+              info.name, describe(half), describe(wide), shape_name(nodes_[wide].shape)));
+        }
         if (!widens_losslessly(src.dtype, n.dtype))
           throw UserError(fmt::format(
               "{}: operand {} ({}) is {} but the op computes in {}; cast it explicitly to "
@@ -192,13 +209,26 @@ NodeId Graph::add(Node n) {
       break;
     }
     case NodeKind::cast: n.shape = nodes_[n.inputs[0]].shape; break;
+    case NodeKind::pair: {
+      const Node& src = nodes_[n.inputs[0]];
+      if (src.shape != Shape::full)
+        throw UserError(fmt::format(
+            "{}({}): gate() and up() take an [m,n] value whose columns are interleaved "
+            "(gate, up) pairs, but this one is {}",
+            pair_part_name(n.part), describe(n.inputs[0]),
+            src.shape == Shape::scalar ? "a scalar" : std::string(shape_name(src.shape))));
+      n.dtype = src.dtype;
+      n.shape = Shape::half;
+      break;
+    }
     case NodeKind::reduce: {
       const Node& src = nodes_[n.inputs[0]];
       if (src.shape != Shape::full)
         throw UserError(fmt::format(
-            "{}_{} of {}: a reduction takes an [m,n] value, but this one is {}",
+            "{}_{} of {}: a reduction takes an [m,n] value, but this one is {}{}",
             reduce_axis_name(n.axis), reduce_op_name(n.reduce_op), describe(n.inputs[0]),
-            src.shape == Shape::scalar ? "a scalar" : std::string(shape_name(src.shape))));
+            src.shape == Shape::scalar ? "a scalar" : std::string(shape_name(src.shape)),
+            src.shape == Shape::half ? " (reductions of gated values are not supported)" : ""));
       n.dtype = DType::f32;
       n.shape = n.axis == ReduceAxis::row ? Shape::col
                 : n.axis == ReduceAxis::col ? Shape::row
@@ -209,12 +239,16 @@ NodeId Graph::add(Node n) {
       const Node& src = nodes_[n.inputs[0]];
       if (!is_identifier(n.name))
         throw UserError(fmt::format("output name '{}' is not an identifier", n.name));
-      if (src.shape != Shape::full && src.kind != NodeKind::reduce)
+      if (src.shape != Shape::full && src.shape != Shape::half && src.kind != NodeKind::reduce)
         throw UserError(fmt::format(
-            "output '{}' would be {} ({}): an output must be an [m,n] value or a reduction",
+            "output '{}' would be {} ({}): an output must be an [m,n] value, a gated "
+            "[m,n/2] value or a reduction",
             n.name, src.shape == Shape::scalar ? "a scalar" : std::string(shape_name(src.shape)),
             describe(n.inputs[0])));
       n.shape = src.shape;
+      if (n.shape == Shape::half && n.layout != Layout::row_major)
+        throw UserError(fmt::format(
+            "output '{}' is a gated [m,n/2] value: it can only be stored row-major", n.name));
       for (const Node& other : nodes_) {
         if (other.kind == NodeKind::store && other.name == n.name)
           throw UserError(fmt::format("output '{}' is defined twice", n.name));
@@ -343,6 +377,14 @@ Value Graph::reduce(ReduceAxis axis, ReduceOp op, Value v) {
   return value(add(std::move(n)));
 }
 
+Value Graph::pair(PairPart part, Value v) {
+  Node n;
+  n.kind = NodeKind::pair;
+  n.part = part;
+  n.inputs = {v.id};
+  return value(add(std::move(n)));
+}
+
 Value Graph::store(std::string_view name, Value v, DType dtype, Layout layout) {
   Node n;
   n.kind = NodeKind::store;
@@ -398,5 +440,7 @@ Value clamp(Value x, double lo, double hi) {
   return apply(Op::clamp, {x, lift(x.graph, lo), lift(x.graph, hi)});
 }
 Value cast(Value x, DType dtype) { return x.graph->cast(x, dtype); }
+Value gate(Value x) { return x.graph->pair(PairPart::gate, x); }
+Value up(Value x) { return x.graph->pair(PairPart::up, x); }
 
 }  // namespace evtc

@@ -28,6 +28,7 @@ std::vector<uint64_t> structural_hashes(const Graph& g) {
                                   n.attrs[0], static_cast<int>(n.axis),
                                   static_cast<int>(n.reduce_op), static_cast<int>(n.layout),
                                   n.inputs.size());
+    if (n.kind == NodeKind::pair) key += fmt::format("|{}", pair_part_name(n.part));
     for (NodeId in : n.inputs) key += fmt::format("|{:016x}", self(self, in));
     done[id] = 1;
     return h[id] = XXH3_64bits(key.data(), key.size());
@@ -122,6 +123,7 @@ std::string print(const Graph& g) {
         break;
       }
       case NodeKind::cast: rhs = "cast"; break;
+      case NodeKind::pair: rhs = std::string(pair_part_name(n.part)); break;
       case NodeKind::reduce:
         rhs = fmt::format("reduce.{}.{}", reduce_axis_name(n.axis), reduce_op_name(n.reduce_op));
         break;
@@ -267,6 +269,9 @@ Graph parse_canonical(std::string_view text) {
       }
     } else if (head == "cast") {
       n.kind = NodeKind::cast;
+    } else if (head == "gate" || head == "up") {
+      n.kind = NodeKind::pair;
+      n.part = head == "gate" ? PairPart::gate : PairPart::up;
     } else if (starts_with(head, "reduce.")) {
       n.kind = NodeKind::reduce;
       const std::string_view rest = std::string_view(head).substr(7);
@@ -331,8 +336,12 @@ Graph parse_canonical(std::string_view text) {
       const std::string a = c.word("m or n");
       if (c.accept(',')) {
         const std::string b = c.word("n");
-        if (a != "m" || b != "n") c.fail("expected [m,n]");
+        if (a != "m" || b != "n") c.fail("expected [m,n] or [m,n/2]");
         shape = Shape::full;
+        if (c.accept('/')) {
+          if (c.word("2") != "2") c.fail("expected [m,n/2]");
+          shape = Shape::half;
+        }
       } else if (a == "m") {
         shape = Shape::col;
       } else if (a == "n") {
@@ -393,6 +402,7 @@ std::string to_json(const Graph& g, int indent) {
       j["op"] = info.name;
       for (int a = 0; a < info.num_attrs; ++a) j["attrs"][std::string(info.attr_names[a])] = n.attrs[a];
     }
+    if (n.kind == NodeKind::pair) j["part"] = pair_part_name(n.part);
     if (n.kind == NodeKind::reduce) {
       j["axis"] = reduce_axis_name(n.axis);
       j["op"] = reduce_op_name(n.reduce_op);

@@ -96,14 +96,22 @@ std::string_view shape_name(Shape s) {
     case Shape::row: return "[n]";
     case Shape::col: return "[m]";
     case Shape::full: return "[m,n]";
+    case Shape::half: return "[m,n/2]";
   }
   return "?";
+}
+
+bool broadcastable(Shape a, Shape b) {
+  if (a != Shape::half && b != Shape::half) return true;
+  const Shape other = a == Shape::half ? b : a;
+  return other == Shape::half || other == Shape::scalar || other == Shape::col;
 }
 
 Shape broadcast(Shape a, Shape b) {
   if (a == b) return a;
   if (a == Shape::scalar) return b;
   if (b == Shape::scalar) return a;
+  if (a == Shape::half || b == Shape::half) return Shape::half;  // with a column vector
   return Shape::full;  // row with col, or anything with full
 }
 

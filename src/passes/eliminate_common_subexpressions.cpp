@@ -12,7 +12,7 @@ namespace {
 // Everything that decides a node's value. Constants compare by bit pattern, so -0 and +0
 // stay apart and two NaN constants merge.
 using ValueKey = std::tuple<NodeKind, DType, Op, uint64_t, std::array<uint64_t, kMaxOpAttrs>,
-                            std::vector<NodeId>>;
+                            PairPart, std::vector<NodeId>>;
 
 ValueKey key_of(const Node& n) {
   std::vector<NodeId> inputs = n.inputs;
@@ -22,11 +22,12 @@ ValueKey key_of(const Node& n) {
   std::array<uint64_t, kMaxOpAttrs> attrs{};
   for (int a = 0; a < kMaxOpAttrs; ++a) attrs[a] = std::bit_cast<uint64_t>(n.attrs[a]);
   const Op op = n.kind == NodeKind::compute ? n.op : Op{};
-  return {n.kind, n.dtype, op, std::bit_cast<uint64_t>(n.value), attrs, std::move(inputs)};
+  const PairPart part = n.kind == NodeKind::pair ? n.part : PairPart{};
+  return {n.kind, n.dtype, op, std::bit_cast<uint64_t>(n.value), attrs, part, std::move(inputs)};
 }
 
 bool is_mergeable(const Node& n) {
-  return n.kind == NodeKind::compute || n.kind == NodeKind::cast ||
+  return n.kind == NodeKind::compute || n.kind == NodeKind::cast || n.kind == NodeKind::pair ||
          (n.kind == NodeKind::scalar && n.scalar_kind == ScalarKind::constant);
 }
 

@@ -119,6 +119,15 @@ class LegalityChecker {
       switch (n.kind) {
         case NodeKind::store:
           if (g_.node(n.inputs[0]).kind == NodeKind::reduce) break;
+          if (n.shape == Shape::half) {
+            // Written element by element from registers (evtc's Sm90HalfStore): no access
+            // width to align, but the (gate, up) pairs must be whole.
+            if (gemm_.n % 2 != 0)
+              refuse(fmt::format("N={} is odd, but the gated output '{}' needs whole "
+                                 "(gate, up) column pairs",
+                                 gemm_.n, n.name));
+            break;
+          }
           check_matrix_alignment(n.dtype, n.layout, fmt::format("output '{}'", n.name));
           if (n.layout == Layout::col_major)
             refuse(fmt::format("output '{}' is column-major, and the sm90 backend stores "

@@ -15,7 +15,7 @@ DagPlan plan_dag(const Graph& g) {
   plan.shared.assign(g.size(), false);
   for (NodeId i = 0; i < g.size(); ++i) {
     const NodeKind k = g.node(i).kind;
-    plan.shared[i] = uses[i] > 1 && (k == NodeKind::compute || k == NodeKind::cast);
+    plan.shared[i] = uses[i] > 1 && (k == NodeKind::compute || k == NodeKind::cast || k == NodeKind::pair);
   }
   return plan;
 }

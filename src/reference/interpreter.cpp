@@ -14,7 +14,8 @@
 namespace evtc {
 namespace {
 
-// A node's value: 1, n, m or m×n doubles (row-major) for shapes scalar, row, col, full.
+// A node's value: 1, n, m, m×n or m×n/2 doubles (row-major) for shapes scalar, row, col,
+// full, half.
 struct Array {
   Shape shape = Shape::scalar;
   std::vector<double> data;
@@ -22,8 +23,12 @@ struct Array {
 
 struct Extent {
   int64_t m, n;
-  int64_t rows(Shape s) const { return s == Shape::col || s == Shape::full ? m : 1; }
-  int64_t cols(Shape s) const { return s == Shape::row || s == Shape::full ? n : 1; }
+  int64_t rows(Shape s) const {
+    return s == Shape::col || s == Shape::full || s == Shape::half ? m : 1;
+  }
+  int64_t cols(Shape s) const {
+    return s == Shape::row || s == Shape::full ? n : s == Shape::half ? n / 2 : 1;
+  }
   size_t size(Shape s) const { return static_cast<size_t>(rows(s) * cols(s)); }
 };
 
@@ -31,8 +36,8 @@ struct Extent {
 struct Strides {
   int64_t row, col;
   Strides(Shape s, int64_t n)
-      : row(s == Shape::full ? n : s == Shape::col ? 1 : 0),
-        col(s == Shape::row || s == Shape::full ? 1 : 0) {}
+      : row(s == Shape::full ? n : s == Shape::half ? n / 2 : s == Shape::col ? 1 : 0),
+        col(s == Shape::row || s == Shape::full || s == Shape::half ? 1 : 0) {}
 };
 
 // --- input validation --------------------------------------------------------------------
@@ -47,6 +52,7 @@ std::string expected_length_text(Shape s, const Extent& e) {
     case Shape::row: return fmt::format("n={}", e.n);
     case Shape::col: return fmt::format("m={}", e.m);
     case Shape::full: return fmt::format("m*n={}", e.m * e.n);
+    case Shape::half: return fmt::format("m*n/2={}", e.m * (e.n / 2));
   }
   return "?";
 }
@@ -79,6 +85,12 @@ void check_length(std::string_view what, size_t got, size_t expected, std::strin
 void check_inputs(const Graph& g, const std::vector<char>& live, const ReferenceInputs& in) {
   if (in.m <= 0 || in.n <= 0)
     throw UserError(fmt::format("problem size m={}, n={}: m and n must be positive", in.m, in.n));
+  for (NodeId id = 0; id < g.size(); ++id)
+    if (live[id] && g.node(id).kind == NodeKind::pair && in.n % 2 != 0)
+      throw UserError(fmt::format(
+          "problem size n={} is odd, but the epilogue takes interleaved (gate, up) column "
+          "pairs ({})",
+          in.n, g.describe(id)));
   const Extent e{in.m, in.n};
   const size_t mn = e.size(Shape::full);
   for (NodeId id = 0; id < g.size(); ++id) {
@@ -163,6 +175,16 @@ Array compute(const Node& node, std::span<const Array* const> args, const Extent
   return r;
 }
 
+// The gate (even) or up (odd) columns of an m×n value.
+Array select_pairs(const Node& node, const Array& x, const Extent& e) {
+  EVTC_INTERNAL_ASSERT(x.shape == Shape::full, "gate/up of a value that is not [m,n]");
+  const int64_t half = e.n / 2, first = node.part == PairPart::gate ? 0 : 1;
+  Array r{Shape::half, std::vector<double>(static_cast<size_t>(e.m * half))};
+  for (int64_t i = 0; i < e.m; ++i)
+    for (int64_t j = 0; j < half; ++j) r.data[i * half + j] = x.data[i * e.n + 2 * j + first];
+  return r;
+}
+
 // One step of a reduction; every op lets a NaN through, so a NaN anywhere in the reduced
 // values gives NaN (a device max that dropped NaNs would hide the bug being looked for).
 double reduce_step(ReduceOp op, double acc, double x) {
@@ -238,6 +260,7 @@ ReferenceOutputs evaluate_reference(const Graph& g, const ReferenceInputs& input
         break;
       case NodeKind::cast: values[id] = rounded(args[0]->shape, args[0]->data, node.dtype); break;
       case NodeKind::reduce: values[id] = reduce(node, *args[0], e); break;
+      case NodeKind::pair: values[id] = select_pairs(node, *args[0], e); break;
       case NodeKind::store:
         outputs[node.name] = rounded(args[0]->shape, args[0]->data, node.dtype).data;
         break;

@@ -47,7 +47,21 @@ void check_slot(const OperandSlot& s, const TensorRef& t, int64_t m, int64_t n, 
   if (t.dtype != s.dtype)
     throw UserError(fmt::format("{}: dtype {} given, the kernel was compiled for {}", what(),
                                 dtype_name(t.dtype), dtype_name(s.dtype)));
-  if (s.shape == Shape::full) {
+  if (s.shape == Shape::half) {
+    // A gated output: the (gate, up) pairs of the M×N product, one column per pair.
+    if (n % 2 != 0)
+      throw UserError(fmt::format("{}: N={} is odd, but a gated output takes whole (gate, up) "
+                                  "column pairs (gate in even columns, up in odd ones)",
+                                  what(), n));
+    if (t.rows != m || t.cols != n / 2)
+      throw UserError(fmt::format("{}: shape {}×{} given, expected M×N/2 = {}×{} (a gated "
+                                  "output has one column per (gate, up) pair)",
+                                  what(), t.rows, t.cols, m, n / 2));
+    if (t.col_stride != 1 || t.row_stride != n / 2)
+      throw UserError(fmt::format("{}: strides ({}, {}) given, expected a contiguous row-major "
+                                  "matrix with strides ({}, 1)",
+                                  what(), t.row_stride, t.col_stride, n / 2));
+  } else if (s.shape == Shape::full) {
     const bool row = s.layout == Layout::row_major;
     if (t.rows != m || t.cols != n)
       throw UserError(fmt::format("{}: shape {}×{} given, expected M×N = {}×{}", what(), t.rows, t.cols, m, n));

@@ -81,6 +81,7 @@ DeviceProblem::DeviceProblem(const Kernel& kernel, const ReferenceInputs& in) : 
   for (const OperandSlot& s : sig.pointers) {
     if (s.is_output) {
       const size_t count = s.shape == Shape::full ? size_t(m * n)
+                           : s.shape == Shape::half ? size_t(m * (n / 2))
                            : s.shape == Shape::row ? size_t(n)
                            : s.shape == Shape::col ? size_t(m)
                                                    : 1;
@@ -92,6 +93,8 @@ DeviceProblem::DeviceProblem(const Kernel& kernel, const ReferenceInputs& in) : 
         args_.set(s.name, s.layout == Layout::row_major
                               ? TensorRef::matrix(p, s.dtype, m, n)
                               : TensorRef::matrix(p, s.dtype, n, m).transposed());
+      else if (s.shape == Shape::half)
+        args_.set(s.name, TensorRef::matrix(p, s.dtype, m, n / 2));
       else
         args_.set(s.name, TensorRef::vector(p, s.dtype, count));
       continue;

@@ -55,6 +55,7 @@ bool quiet() {
 
 size_t output_bytes(const OperandSlot& s, int64_t m, int64_t n) {
   const size_t count = s.shape == Shape::full ? size_t(m) * n
+                       : s.shape == Shape::half ? size_t(m) * (n / 2)
                        : s.shape == Shape::row ? size_t(n)
                        : s.shape == Shape::col ? size_t(m)
                                                : 1;

@@ -140,3 +140,30 @@ TEST(FusedFp8, RefusalsNameTheReason) {
         << e.what();
   }
 }
+
+// --- gated activations (N -> N/2) -------------------------------------------------------
+// N even but no tile multiple; the reference takes gate = even columns, up = odd ones.
+
+TEST(FusedGated, EveryGatedFormBiasPreActivationAndFp8Output) {
+  expect_matches_reference(kernel("gated"), 1000, 1016, 264, 51, ExecutionPath::fused);
+  expect_matches_reference(kernel("gated"), 129, 2 * 173, 64, 52, ExecutionPath::fused);
+}
+
+TEST(FusedGated, Swiglu7AloneAtOddTileCounts) {
+  expect_matches_reference(kernel("w4_swiglu7"), 777, 2 * 1000, 512, 53, ExecutionPath::fused);
+  expect_matches_reference(kernel("w4_swiglu7"), 256, 512, 128, 54, ExecutionPath::fused);
+}
+
+TEST(FusedGated, UnfusedPathMatchesToo) {
+  evtc::CompileOptions o = kernel("gated").options();
+  o.disable_fusion = true;
+  evtc::Kernel unfused(kernel("gated").graph(), o);
+  expect_matches_reference(unfused, 1000, 1016, 264, 55, ExecutionPath::fallback);
+}
+
+TEST(FusedGated, OddNIsRefusedNamingTheOutput) {
+  const std::string why = kernel("w4_swiglu7").fallback_reason(256, 511, 128);
+  EXPECT_NE(why.find("N=511 is odd, but the gated output 'y' needs whole (gate, up) column pairs"),
+            std::string::npos)
+      << why;
+}

@@ -115,6 +115,25 @@ out D: bf16 = gelu(acc * sa[m] * sb[n] + bias[n])
 )",
      DType::f8e4m3, Layout::row_major, Layout::col_major,
      "pingpong_128x128x128_c2x1_persistent_fastacc"},
+    // Gated activations (N -> N/2 over interleaved gate/up columns): every gated form, with
+    // parameters, a bias before the activation, the full pre-activation as the main output
+    // and an fp8 gated output with a scale.
+    {"gated", R"(
+input bias[n]: bf16
+input s[m]: f32
+h = acc + bias[n]
+out D: bf16 = h
+out sw: bf16 = swiglu(h)
+out ge: f16 = geglu(h) * s[m]
+out gt: bf16 = geglu_tanh(h)
+out re: f32 = reglu(h)
+out go: bf16 = gptoss_swiglu(h, alpha=1.5, limit=2)
+out q: f8e4m3 = swiglu7(h) * qs
+)",
+     DType::bf16, Layout::row_major, Layout::col_major},
+    // W4's kernel: swiglu7 of x @ w.T, the gated output alone (no main output).
+    {"w4_swiglu7", "out y: bf16 = swiglu7(acc)", DType::bf16, Layout::row_major,
+     Layout::col_major},
 };
 
 std::map<std::string, std::unique_ptr<Kernel>>& kernels() {

@@ -29,7 +29,7 @@ export EVTC_QUIET=1
 cases=(
   "bias_silu|--layout-b c|out D: bf16 = silu(acc + bias[n])"
   "scale_res_c|--dtype f16|input C: f16; out D = scale[m] * acc + res[m,n] + beta * C"
-  "dag_extra_output||f = alpha * acc + bias[n]; out pre: bf16 = f; out D: bf16 = gelu(f) * f"
+  "dag_extra_output_gated||f = alpha * acc + bias[n]; out pre: bf16 = f; out D: bf16 = gelu(f) * f; out y: bf16 = swiglu7(f)"
   "reductions||x = acc * s[m]; out D: bf16 = relu(x); out r = row_sum(x); out c: bf16 = col_amax(x); out t = sum(x); out lo = min(x)"
 )
 

@@ -519,7 +519,7 @@ const ErrorCase kErrorCases[] = {
          "  out s: f32 col_major = sum(acc)\n"
          "             ^"},
     {"OutputMustBeFull", "out D = bias[n] * 2",
-         "expr:1:9: error: output 'D' would be [n] ('mul(bias[n], 2)'): an output must be an [m,n] value or a reduction\n"
+         "expr:1:9: error: output 'D' would be [n] ('mul(bias[n], 2)'): an output must be an [m,n] value, a gated [m,n/2] value or a reduction\n"
          "  out D = bias[n] * 2\n"
          "          ^"},
     {"ReductionCallUsed", "out s = 2 * sum(acc)",

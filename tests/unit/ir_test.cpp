@@ -172,7 +172,7 @@ TEST(GraphErrors, BroadcastOutputRejected) {
   } catch (const UserError& e) {
     EXPECT_STREQ(e.what(),
                  "output 'D' would be [n] ('mul(bias[n], 2)'): an output must be an [m,n] "
-                 "value or a reduction");
+                 "value, a gated [m,n/2] value or a reduction");
   }
 }
 

@@ -37,19 +37,32 @@ std::string emit_fallback_kernel(const Graph& g, const KernelSignature& sig) {
   for (size_t i = 0; i < sig.scalars.size(); ++i) scalar_slot[sig.scalars[i].name] = i;
   const auto order = canonical_order(g);
 
+  // Graphs with gated values (gate()/up() of interleaved column pairs) run one thread per
+  // (gate, up) pair: [m,n] values are computed for both columns of the pair ("lanes" 0 and
+  // 1, at columns j0 and j1), [m,n/2] values once, at column jh of the half-width output.
+  bool gated = false;
+  for (const Node& n : g.nodes()) gated |= n.kind == NodeKind::pair;
+
   std::string body;
   std::string init;
   std::string finish;
   std::string scratch_offset = "0";  // where the next reduction's fp32 accumulator starts
-  for (NodeId id : order) {
+  // The variable of node `id` as seen from lane `lane` (-1: the half-width part).
+  auto var = [&](NodeId id, int lane) {
+    if (!gated) return fmt::format("v{}", id);
+    if (g.node(id).shape == Shape::half) return fmt::format("v{}", id);
+    return fmt::format("v{}_{}", id, lane < 0 ? 0 : lane);  // scalars and [m] agree in lanes
+  };
+  auto emit_node = [&](NodeId id, int lane) {
     const Node& n = g.node(id);
-    const std::string v = fmt::format("v{}", id);
-    auto in = [&](size_t k) { return fmt::format("v{}", n.inputs[k]); };
+    const std::string v = var(id, lane);
+    const std::string j = !gated ? "j" : lane == 1 ? "j1" : "j0";
+    auto in = [&](size_t k) { return var(n.inputs[k], lane); };
     switch (n.kind) {
-      case NodeKind::accum: body += fmt::format("  const float {} = acc[i * n + j];\n", v); break;
+      case NodeKind::accum: body += fmt::format("  const float {} = acc[i * n + {}];\n", v, j); break;
       case NodeKind::source:
-        body += fmt::format("  const float {} = to_float(static_cast<const {}*>(p.c)[i * p.ldc + j]);\n", v,
-                            storage_type(n.dtype));
+        body += fmt::format("  const float {} = to_float(static_cast<const {}*>(p.c)[i * p.ldc + {}]);\n", v,
+                            storage_type(n.dtype), j);
         break;
       case NodeKind::scalar:
         if (n.scalar_kind == ScalarKind::constant)
@@ -65,12 +78,12 @@ std::string emit_fallback_kernel(const Graph& g, const KernelSignature& sig) {
       case NodeKind::col_vec:
         body += fmt::format("  const float {} = to_float(static_cast<const {}*>(p.ptrs[{}])[{}]);\n", v,
                             storage_type(n.dtype), ptr_slot.at(n.name),
-                            n.kind == NodeKind::row_vec ? "j" : "i");
+                            n.kind == NodeKind::row_vec ? j : "i");
         break;
       case NodeKind::aux:
         body += fmt::format("  const float {} = to_float(static_cast<const {}*>(p.ptrs[{}])[{}]);\n", v,
                             storage_type(n.dtype), ptr_slot.at(n.name),
-                            n.layout == Layout::row_major ? "i * n + j" : "j * m + i");
+                            n.layout == Layout::row_major ? "i * n + " + j : j + " * m + i");
         break;
       case NodeKind::compute: {
         const OpInfo& info = op_info(n.op);
@@ -83,20 +96,25 @@ std::string emit_fallback_kernel(const Graph& g, const KernelSignature& sig) {
       case NodeKind::cast:
         body += fmt::format("  const float {} = to_float(from_float<{}>({}));\n", v, storage_type(n.dtype), in(0));
         break;
+      case NodeKind::pair:
+        body += fmt::format("  const float {} = {};\n", v,
+                            var(n.inputs[0], n.part == PairPart::gate ? 0 : 1));
+        break;
       case NodeKind::reduce: break;  // done by its store
       case NodeKind::store: {
         const Node& src = g.node(n.inputs[0]);
         if (src.kind == NodeKind::reduce) {
           const size_t slot = ptr_slot.at(n.name);
-          const std::string x = fmt::format("v{}", src.inputs[0]);
+          const std::string x = var(src.inputs[0], lane);
           const std::string val = src.reduce_op == ReduceOp::amax ? "fabsf(" + x + ")" : x;
-          const std::string idx = src.axis == ReduceAxis::row ? "i" : src.axis == ReduceAxis::col ? "j" : "0";
+          const std::string idx = src.axis == ReduceAxis::row ? "i" : src.axis == ReduceAxis::col ? j : "0";
           const std::string fn = src.reduce_op == ReduceOp::sum   ? "atomicAdd"
                                  : src.reduce_op == ReduceOp::min ? "atomic_min_float"
                                                                   : "atomic_max_float";
           // Accumulate in fp32 scratch, then write the output in its dtype.
           const std::string acc_at = fmt::format("(p.scratch + {})", scratch_offset);
           body += fmt::format("  {}({} + {}, {});\n", fn, acc_at, idx, val);
+          if (lane == 1) break;  // lane 0 set up the accumulator
           const std::string count = src.axis == ReduceAxis::row ? "m" : src.axis == ReduceAxis::col ? "n" : "1";
           const std::string identity = src.reduce_op == ReduceOp::sum || src.reduce_op == ReduceOp::amax ? "0.0f"
                                        : src.reduce_op == ReduceOp::max ? "__int_as_float(0xff800000)"
@@ -107,17 +125,36 @@ std::string emit_fallback_kernel(const Graph& g, const KernelSignature& sig) {
               "  for (int64_t t = tid; t < {0}; t += stride) static_cast<{1}*>(p.ptrs[{2}])[t] = "
               "from_float<{1}>({3}[t]);\n",
               count, storage_type(n.dtype), slot, acc_at);
-          scratch_offset += " + " + count;
+        } else if (n.shape == Shape::half) {
+          body += fmt::format("  static_cast<{0}*>(p.ptrs[{1}])[i * (n / 2) + jh] = from_float<{0}>({2});\n",
+                              storage_type(n.dtype), ptr_slot.at(n.name), var(n.inputs[0], -1));
         } else if (n.name == sig.d_name) {
-          body += fmt::format("  static_cast<{0}*>(p.d)[i * p.ldd + j] = from_float<{0}>(v{1});\n",
-                              storage_type(n.dtype), n.inputs[0]);
+          body += fmt::format("  static_cast<{0}*>(p.d)[i * p.ldd + {2}] = from_float<{0}>({1});\n",
+                              storage_type(n.dtype), in(0), j);
         } else {
-          body += fmt::format("  static_cast<{0}*>(p.ptrs[{1}])[{2}] = from_float<{0}>(v{3});\n",
+          body += fmt::format("  static_cast<{0}*>(p.ptrs[{1}])[{2}] = from_float<{0}>({3});\n",
                               storage_type(n.dtype), ptr_slot.at(n.name),
-                              n.layout == Layout::row_major ? "i * n + j" : "j * m + i", n.inputs[0]);
+                              n.layout == Layout::row_major ? "i * n + " + j : j + " * m + i", in(0));
         }
         break;
       }
+    }
+  };
+  for (NodeId id : order) {
+    const Node& n = g.node(id);
+    const bool half = n.shape == Shape::half;
+    if (!gated) {
+      emit_node(id, 0);
+    } else if (half) {
+      emit_node(id, -1);
+    } else {
+      emit_node(id, 0);
+      emit_node(id, 1);
+    }
+    const Node& src = n.kind == NodeKind::store ? g.node(n.inputs[0]) : n;
+    if (n.kind == NodeKind::store && src.kind == NodeKind::reduce) {
+      const std::string count = src.axis == ReduceAxis::row ? "m" : src.axis == ReduceAxis::col ? "n" : "1";
+      scratch_offset += " + " + count;
     }
   }
 
@@ -191,14 +228,16 @@ struct Params {
   };
   s += grid_stride_kernel("init_reductions", init);
   s += grid_stride_kernel("finish_reductions", finish);
-  s += R"(__global__ void epilogue(Params p, const float* __restrict__ acc) {
+  s += fmt::format(R"(__global__ void epilogue(Params p, const float* __restrict__ acc) {{
   const int64_t m = p.m, n = p.n;
-  const int64_t total = m * n;
+  const int64_t total = m * {};
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
-       e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t i = e / n, j = e % n;
-    (void)i; (void)j;
-)";
+       e += int64_t(gridDim.x) * blockDim.x) {{
+{}
+)", gated ? "(n / 2)" : "n",
+                   gated ? "    const int64_t i = e / (n / 2), jh = e % (n / 2), j0 = 2 * jh, j1 = j0 + 1;\n"
+                           "    (void)i; (void)jh; (void)j0; (void)j1;"
+                         : "    const int64_t i = e / n, j = e % n;\n    (void)i; (void)j;");
   // Indent the body one more level.
   std::string indented;
   size_t b = 0;
@@ -242,7 +281,7 @@ int evtc_fallback_run(const evtc_gemm_args* a, const float* acc, float* scratch,
   for (int i = 0; i < NUM_SCALARS; ++i) p.scalars[i] = float(a->scalars[i]);
   p.scratch = scratch;
   if (HAS_REDUCTIONS) init_reductions<<<sms, threads, 0, s>>>(p);
-  const int64_t total = a->m * a->n;
+  const int64_t total = a->m * a->n;  // (half as many threads for gated epilogues: enough)
   int64_t blocks = (total + threads - 1) / threads;
   if (blocks > int64_t(sms) * 32) blocks = int64_t(sms) * 32;
   if (blocks < 1) blocks = 1;

@@ -161,6 +161,15 @@ class Sm90Emitter {
     }
     return {type, fmt::format("typename {}::Arguments{}", type, args)};
   }
+  // gate(x) / up(x): both elements of each (gate, up) pair of x's fragment become the
+  // pair's gate (up) value (evtc/device/sm90_half_store.cuh); a half store writes one.
+  Visitor emit_pair(const Node& n) {
+    const std::string type = alias(
+        fmt::format("cutlass::epilogue::fusion::Sm90Compute<evtc::device::{}, {}, float, {}>",
+                    n.part == PairPart::gate ? "PairGate" : "PairUp", cutlass_type(n.dtype), kRound),
+        std::string(pair_part_name(n.part)));
+    return {type, fmt::format("typename {}::Arguments{{}}", type)};
+  }
   Visitor emit_cast(const Node& n) {
     // The node's output type rounds; the identity functor computes nothing.
     const std::string type = alias(
@@ -172,6 +181,12 @@ class Sm90Emitter {
   // An extra [m,n] output (the main output D is written by the collective epilogue).
   Visitor emit_store(const Node& s) {
     const std::string e = cutlass_type(s.dtype);
+    if (s.shape == Shape::half) {  // a gated [m,n/2] output, packed row-major
+      const std::string type = alias(
+          fmt::format("evtc::device::Sm90HalfStore<{}, {}>", e, kRound),
+          "gated output " + s.name + "[m,n/2]");
+      return {type, fmt::format("typename {}::Arguments{{{}, a.n / 2}}", type, ptr(s.name, e, false))};
+    }
     const std::string desc = alias(
         fmt::format("cutlass::epilogue::collective::detail::AuxStoreDescriptor<EpilogueDescriptor, "
                     "{}, {}>",
@@ -255,6 +270,7 @@ class Sm90Emitter {
       case NodeKind::aux: return emit_aux(n);
       case NodeKind::compute: return emit_compute(n);
       case NodeKind::cast: return emit_cast(n);
+      case NodeKind::pair: return emit_pair(n);
       case NodeKind::reduce:
       case NodeKind::store: break;
     }
@@ -490,6 +506,7 @@ std::string Sm90Emitter::assemble(const Visitor& root) {
 #include "evtc/device/abi.h"
 #include "evtc/device/ops.cuh"
 #include "evtc/device/reduce.cuh"
+#include "evtc/device/sm90_half_store.cuh"
 #include "evtc/device/sm90_scalar_partials.cuh"
 
 namespace {

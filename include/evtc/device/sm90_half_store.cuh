@@ -1,0 +1,147 @@
+// Gated epilogues on Sm90: the (gate, up) column pairs of the accumulator tile become one
+// output column each, so the kernel writes an M×N/2 result from an M×N product.
+//
+// The weights are laid out so that gate and up columns alternate (gate in column 2j, up in
+// column 2j+1; evtc::interleave_gate_up builds that layout from stacked [W_gate; W_up]).
+// In the Hopper wgmma accumulator layout every thread holds adjacent column pairs in
+// adjacent registers, and the epilogue visits them in fragments of an even number of
+// elements starting at a pair's first column, so both halves of a pair meet in one fragment
+// of one thread and no data moves between threads.
+//
+// Three pieces, all ordinary EVT nodes:
+//  - PairGate / PairUp (Sm90Compute functors): element i of the result is the pair's gate
+//    (resp. up) value, for both elements of the pair. Everything downstream (the gated
+//    activation, scalings, casts) is ordinary elementwise EVT compute over full-size
+//    fragments in which both elements of a pair carry the same value.
+//  - Sm90HalfStore: writes the value of each pair once, at output column n/2, straight from
+//    registers to global memory (no shared-memory staging: a half-width tile does not match
+//    the collective's TMA box), masked by the problem's residue.
+#pragma once
+
+#include <cutlass/array.h>
+#include <cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp>
+#include <cutlass/numeric_conversion.h>
+
+namespace evtc::device {
+
+template <class T>
+struct PairGate;
+template <class E, int N>
+struct PairGate<cutlass::Array<E, N>> {
+  static_assert(N % 2 == 0, "a gated epilogue needs fragments of whole (gate, up) pairs");
+  CUTLASS_HOST_DEVICE cutlass::Array<E, N> operator()(cutlass::Array<E, N> const& x) const {
+    cutlass::Array<E, N> y;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < N; ++i) y[i] = x[i & ~1];
+    return y;
+  }
+};
+
+template <class T>
+struct PairUp;
+template <class E, int N>
+struct PairUp<cutlass::Array<E, N>> {
+  static_assert(N % 2 == 0, "a gated epilogue needs fragments of whole (gate, up) pairs");
+  CUTLASS_HOST_DEVICE cutlass::Array<E, N> operator()(cutlass::Array<E, N> const& x) const {
+    cutlass::Array<E, N> y;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < N; ++i) y[i] = x[i | 1];
+    return y;
+  }
+};
+
+// Stores a gated value (equal in both elements of each pair) as a row-major M×(N/2)
+// matrix: the element at accumulator column n (even) goes to output column n/2.
+template <class ElementOutput, cutlass::FloatRoundStyle RoundStyle>
+struct Sm90HalfStore {
+  struct SharedStorage {};
+
+  struct Arguments {
+    ElementOutput* ptr = nullptr;
+    int64_t ld = 0;  // elements between output rows (N/2 for a packed output)
+  };
+  using Params = Arguments;
+
+  template <class ProblemShape>
+  static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args,
+                                                  void*) {
+    return args;
+  }
+
+  template <class ProblemShape>
+  static bool can_implement(ProblemShape const& problem_shape, Arguments const& args) {
+    auto mnkl = cute::append<4>(problem_shape, 1);
+    const int64_t n = int64_t(cute::get<1>(mnkl));
+    return n % 2 == 0 && args.ld >= n / 2;
+  }
+
+  template <class ProblemShape>
+  static size_t get_workspace_size(ProblemShape const&, Arguments const&) {
+    return 0;
+  }
+
+  template <class ProblemShape>
+  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*,
+                                              cudaStream_t, cutlass::CudaHostAdapter* = nullptr) {
+    return cutlass::Status::kSuccess;
+  }
+
+  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
+  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
+
+  CUTLASS_HOST_DEVICE Sm90HalfStore() {}
+  CUTLASS_HOST_DEVICE Sm90HalfStore(Params const& params, SharedStorage const&) : params(params) {}
+
+  Params const params;
+
+  template <class... Args>
+  CUTLASS_DEVICE auto get_producer_load_callbacks(
+      cutlass::epilogue::fusion::ProducerLoadArgs<Args...> const&) {
+    return cutlass::epilogue::fusion::EmptyProducerLoadCallbacks{};
+  }
+
+  template <class CTensor, class ThrResidue>
+  struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {
+    CUTLASS_DEVICE ConsumerStoreCallbacks(CTensor coords, ThrResidue residue, int64_t row0,
+                                          int64_t col0, Params const& params)
+        : coords(coords), residue(residue), row0(row0), col0(col0), params(params) {}
+
+    CTensor coords;      // (CPY,CPY_M,CPY_N,EPI_M,EPI_N) coordinates relative to this thread's
+                         // first element
+    ThrResidue residue;  // elements at or past it lie outside the problem
+    int64_t row0, col0;  // absolute coordinates of this thread's first element
+    Params params;
+
+    template <class ElementAccumulator, class ElementInput, int FragmentSize>
+    CUTLASS_DEVICE auto visit(cutlass::Array<ElementAccumulator, FragmentSize> const&, int epi_v,
+                              int epi_m, int epi_n,
+                              cutlass::Array<ElementInput, FragmentSize> const& input) {
+      static_assert(FragmentSize % 2 == 0, "a gated epilogue needs whole (gate, up) pairs");
+      cutlass::NumericConverter<ElementOutput, ElementInput, RoundStyle> convert;
+      auto coords_mn = coords(cute::_, cute::_, cute::_, epi_m, epi_n);
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < FragmentSize; i += 2) {
+        auto c = coords_mn(epi_v * FragmentSize + i);
+        if (!cute::elem_less(c, residue)) continue;
+        const int64_t m = row0 + int64_t(cute::get<0>(c));
+        const int64_t n = col0 + int64_t(cute::get<1>(c));
+        params.ptr[m * params.ld + n / 2] = convert(input[i]);
+      }
+      return input;
+    }
+  };
+
+  template <bool ReferenceSrc, class... Args>
+  CUTLASS_DEVICE auto get_consumer_store_callbacks(
+      cutlass::epilogue::fusion::ConsumerStoreArgs<Args...> const& args) {
+    // residue = (M, N) - (the thread's first element), so the first element is (M, N) - residue.
+    const int64_t m = int64_t(cute::get<0>(args.problem_shape_mnkl));
+    const int64_t n = int64_t(cute::get<1>(args.problem_shape_mnkl));
+    const int64_t row0 = m - int64_t(cute::get<0>(args.residue_tCcD));
+    const int64_t col0 = n - int64_t(cute::get<1>(args.residue_tCcD));
+    return ConsumerStoreCallbacks<decltype(args.tCcD), decltype(args.residue_tCcD)>(
+        args.tCcD, args.residue_tCcD, row0, col0, params);
+  }
+};
+
+}  // namespace evtc::device
