@@ -69,13 +69,15 @@ class FusedKernel:
         self.signature = json.loads(self.lib.evtc_kernel_signature())
 
     def bind(self, a, b_nk, d, tensors):
-        """Arguments for D = epilogue(a @ b_nk.T): a is M×K, b_nk N×K (B column-major)."""
+        """Arguments for D = epilogue(a @ b_nk.T): a is M×K, b_nk N×K (B column-major); d may
+        be None for a kernel without a main output (its outputs are all in `tensors`)."""
         m, k = a.shape
         n = b_nk.shape[0]
         names = [s["name"] for s in self.signature["pointers"]]
         self._ptrs = (ctypes.c_void_p * max(1, len(names)))(*[tensors[x].data_ptr() for x in names])
         self._scalars = (ctypes.c_double * 1)()
-        args = GemmArgs(m, n, k, a.data_ptr(), b_nk.data_ptr(), None, d.data_ptr(), k, k, n, n,
+        args = GemmArgs(m, n, k, a.data_ptr(), b_nk.data_ptr(), None,
+                        d.data_ptr() if d is not None else None, k, k, n, n,
                         self._ptrs, self._scalars, 0)
         workspace = torch.empty(self.lib.evtc_workspace_size(ctypes.byref(args)) + 1,
                                 dtype=torch.uint8, device="cuda")

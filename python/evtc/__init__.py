@@ -29,6 +29,7 @@ from ._evtc import (  # noqa: E402
     UserError,
 )
 from ._explain import Explanation, explain  # noqa: E402
+from ._gated import deinterleave_gate_up, interleave_gate_up  # noqa: E402
 from ._kernel import Kernel, Operand, compile  # noqa: E402
 
 __version__ = "0.1.0"
@@ -57,7 +58,9 @@ __all__ = [
     "ParseError",
     "UserError",
     "compile",
+    "deinterleave_gate_up",
     "explain",
+    "interleave_gate_up",
     "parse",
     "pass_names",
 ]

@@ -5,9 +5,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include <cuda_runtime_api.h>
 
 #include "evtc/error.hpp"
 #include "evtc/expression.hpp"
+#include "evtc/gated.hpp"
 #include "gpu_suite.hpp"
 
 using evtc::ExecutionPath;
@@ -166,4 +171,24 @@ TEST(FusedGated, OddNIsRefusedNamingTheOutput) {
   EXPECT_NE(why.find("N=511 is odd, but the gated output 'y' needs whole (gate, up) column pairs"),
             std::string::npos)
       << why;
+}
+
+TEST(FusedGated, DeviceWeightInterleavingMatchesTheHostOne) {
+  const int64_t inter = 300, k = 72;
+  std::vector<uint16_t> stacked(size_t(2 * inter * k));
+  for (size_t i = 0; i < stacked.size(); ++i) stacked[i] = uint16_t(i * 7919u);
+  for (evtc::Layout layout : {evtc::Layout::col_major, evtc::Layout::row_major}) {
+    std::vector<uint16_t> want(stacked.size()), got(stacked.size());
+    evtc::interleave_gate_up_host(stacked.data(), want.data(), inter, k, evtc::DType::bf16, layout);
+    void *d_in = nullptr, *d_out = nullptr;
+    ASSERT_EQ(cudaMalloc(&d_in, stacked.size() * 2), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&d_out, stacked.size() * 2), cudaSuccess);
+    cudaMemcpy(d_in, stacked.data(), stacked.size() * 2, cudaMemcpyHostToDevice);
+    cudaMemset(d_out, 0xff, stacked.size() * 2);
+    evtc::interleave_gate_up(d_in, d_out, inter, k, evtc::DType::bf16, layout, nullptr);
+    cudaMemcpy(got.data(), d_out, got.size() * 2, cudaMemcpyDeviceToHost);
+    cudaFree(d_in);
+    cudaFree(d_out);
+    EXPECT_EQ(got, want) << (layout == evtc::Layout::col_major ? "col_major" : "row_major");
+  }
 }

@@ -128,3 +128,29 @@ def test_a_failed_background_compile_is_reported_not_raised(monkeypatch, tmp_pat
         k.compile_async(256, 256, 256).result()
     errors = k._wait_for_compiles()
     assert len(errors) == 1 and errors[0]
+
+
+def test_gated_output_is_half_width():
+    k = evtc.compile("h = acc + bias[n]\nout pre = h\nout y: bf16 = swiglu7(h)")
+    by_name = {o.name: o for o in k.signature}
+    assert by_name["y"].shape == "half" and by_name["y"].output
+    assert by_name["pre"].shape == "full"
+    assert by_name["y"].size(6, 10) == (6, 5)
+
+
+def test_gated_value_with_row_vector_is_a_user_error():
+    with pytest.raises(evtc.UserError, match=r"is a gated \[m,n/2\] value but 'b\[n\]' is \[n\]"):
+        evtc.compile("out y = swiglu(acc) * b[n]")
+
+
+def test_interleave_gate_up_round_trips():
+    torch = pytest.importorskip("torch")
+    w = torch.arange(24.0).reshape(6, 4)  # 2I = 6 Linear features of K = 4
+    inter = evtc.interleave_gate_up(w)
+    assert inter[0].tolist() == w[0].tolist() and inter[1].tolist() == w[3].tolist()
+    assert inter[5].tolist() == w[5].tolist()
+    assert torch.equal(evtc.deinterleave_gate_up(inter), w)
+    cols = evtc.interleave_gate_up(w.t().contiguous(), dim=1)
+    assert torch.equal(cols, inter.t())
+    with pytest.raises(ValueError, match="gate and up need the same number"):
+        evtc.interleave_gate_up(torch.zeros(5, 4))

@@ -4,13 +4,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <functional>
+#include <vector>
 #include <string>
 
 #include "backends/cuda/fallback_emitter.hpp"
 #include "backends/sm90/sm90_emitter.hpp"
 #include "evtc/error.hpp"
 #include "evtc/expression.hpp"
+#include "evtc/gated.hpp"
 #include "evtc/graph.hpp"
 #include "evtc/ir_text.hpp"
 #include "evtc/kernel.hpp"
@@ -206,4 +209,24 @@ TEST(GatedEmitters, FallbackRunsOneThreadPerPair) {
   EXPECT_NE(src.find("j0 = 2 * jh, j1 = j0 + 1"), std::string::npos);
   EXPECT_NE(src.find("[i * (n / 2) + jh]"), std::string::npos);
   EXPECT_NE(src.find("const int64_t total = m * (n / 2);"), std::string::npos);
+}
+
+TEST(GatedWeights, HostInterleavingOfStackedRowsAndColumns) {
+  // I = 3 features, K = 2. col_major: a (2I)×K Linear weight, rows gate0..2 then up0..2.
+  std::vector<uint16_t> stacked(12), out(12, 0xffff);
+  for (int i = 0; i < 12; ++i) stacked[i] = static_cast<uint16_t>(i);
+  interleave_gate_up_host(stacked.data(), out.data(), 3, 2, DType::bf16, Layout::col_major);
+  // Row 2j = gate row j (elements 2j, 2j+1), row 2j+1 = up row j (elements 6+2j, 7+2j).
+  EXPECT_EQ(out, (std::vector<uint16_t>{0, 1, 6, 7, 2, 3, 8, 9, 4, 5, 10, 11}));
+  // row_major: K×(2I), each row [g0 g1 g2 u0 u1 u2] -> [g0 u0 g1 u1 g2 u2].
+  interleave_gate_up_host(stacked.data(), out.data(), 3, 2, DType::f16, Layout::row_major);
+  EXPECT_EQ(out, (std::vector<uint16_t>{0, 3, 1, 4, 2, 5, 6, 9, 7, 10, 8, 11}));
+  EXPECT_NE(error_of([&] { interleave_gate_up_host(stacked.data(), stacked.data() + 1, 3, 2,
+                                                   DType::bf16, Layout::row_major); })
+                .find("overlap"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { interleave_gate_up_host(stacked.data(), out.data(), 0, 2, DType::bf16,
+                                                   Layout::row_major); })
+                .find("inter=0 and k=2 must be positive"),
+            std::string::npos);
 }
