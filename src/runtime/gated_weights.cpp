@@ -52,10 +52,10 @@ void interleave_gate_up(const void* stacked, void* interleaved, int64_t inter, i
   // copy per half: x = the element's bytes, y = its column j, z = the row r.
   for (int half = 0; half < 2; ++half) {
     cudaMemcpy3DParms p{};
-    p.srcPtr = make_cudaPitchedPtr(const_cast<char*>(src) + half * inter * e, e, e,
-                                   static_cast<size_t>(2 * inter));
-    p.dstPtr = make_cudaPitchedPtr(dst + half * e, 2 * e, e, static_cast<size_t>(inter));
-    p.extent = make_cudaExtent(e, static_cast<size_t>(inter), static_cast<size_t>(k));
+    p.srcPtr = cudaPitchedPtr{const_cast<char*>(src) + half * inter * e, e, e,
+                              static_cast<size_t>(2 * inter)};
+    p.dstPtr = cudaPitchedPtr{dst + half * e, 2 * e, e, static_cast<size_t>(inter)};
+    p.extent = cudaExtent{e, static_cast<size_t>(inter), static_cast<size_t>(k)};
     p.kind = cudaMemcpyDeviceToDevice;
     check(cudaMemcpy3DAsync(&p, stream), half == 0 ? "copying the gate columns" : "copying the up columns");
   }
