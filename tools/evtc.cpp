@@ -82,6 +82,7 @@ Command add_run_command(CLI::App& app);
 Command add_compile_command(CLI::App& app);
 Command add_cache_command(CLI::App& app);
 Command add_tune_command(CLI::App& app);
+Command add_grouped_command(CLI::App& app);
 
 }  // namespace evtc::cli
 
@@ -92,7 +93,8 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("evtc ") + EVTC_CLI_VERSION);
   const std::vector<Command> commands = {
       add_explain_command(app), add_ref_command(app), add_run_command(app),
-      add_compile_command(app), add_cache_command(app), add_tune_command(app)};
+      add_compile_command(app), add_cache_command(app), add_tune_command(app),
+      add_grouped_command(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -30,14 +30,22 @@ cases=(
   "bias_silu|--layout-b c|out D: bf16 = silu(acc + bias[n])"
   "scale_res_c|--dtype f16|input C: f16; out D = scale[m] * acc + res[m,n] + beta * C"
   "dag_extra_output_gated||f = alpha * acc + bias[n]; out pre: bf16 = f; out D: bf16 = gelu(f) * f; out y: bf16 = swiglu7(f)"
+  "grouped_per_group|grouped|input s: f32 ptr; out D: bf16 = silu(acc + bias[n]) * s * alpha"
   "reductions||x = acc * s[m]; out D: bf16 = relu(x); out r = row_sum(x); out c: bf16 = col_amax(x); out t = sum(x); out lo = min(x)"
+  "gate_pingpong|--config pingpong_128x128x64_c2x1_persistent|out D: bf16 = acc * gate[m,n]"
+  "bias_streamk|--config coop_128x256x64_c2x1_streamk|out D: bf16 = acc + bias[n]"
+  "w3_fp8|--dtype f8e4m3 --layout-b c|input sa[m]: f32; input sb[n]: f32; out D: bf16 = acc * sa[m] * sb[n]"
 )
 
 compile_one() {
   local name="$1" options="$2" expr="$3"
   local start=$SECONDS
   # shellcheck disable=SC2086  # options is a list of words
-  "$cli" compile "$expr" $options --emit "$work/$name.cu" >"$work/$name.log" 2>&1
+  if [ "$options" = grouped ]; then  # a grouped (ptr-array) kernel: evtc grouped
+    "$cli" grouped "$expr" --compile-only --emit "$work/$name.cu" >"$work/$name.log" 2>&1
+  else
+    "$cli" compile "$expr" $options --emit "$work/$name.cu" >"$work/$name.log" 2>&1
+  fi
   local rc=$?
   echo "$rc" >"$work/$name.rc"
   echo "$name: $([ "$rc" = 0 ] && echo ok || echo "FAILED (exit $rc)") in $((SECONDS - start)) s"

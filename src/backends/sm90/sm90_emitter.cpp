@@ -55,8 +55,10 @@ struct Visitor {
 
 class Sm90Emitter {
  public:
-  Sm90Emitter(const Graph& g, const GemmDesc& gemm, const KernelConfig& cfg)
-      : g_(g), gemm_(gemm), cfg_(cfg), sig_(make_signature(g)) {
+  Sm90Emitter(const Graph& g, const GemmDesc& gemm, const KernelConfig& cfg,
+              EpilogueTarget target = EpilogueTarget::dense)
+      : g_(g), gemm_(gemm), cfg_(cfg), sig_(make_signature(g)),
+        grouped_(target == EpilogueTarget::grouped) {
     for (size_t i = 0; i < sig_.pointers.size(); ++i) ptr_slot_[sig_.pointers[i].name] = i;
     for (size_t i = 0; i < sig_.scalars.size(); ++i) scalar_slot_[sig_.scalars[i].name] = i;
     for (NodeId id : g_.outputs()) {
@@ -71,6 +73,11 @@ class Sm90Emitter {
   EmittedKernel emit() {
     const Visitor root = plan_and_emit_visitors();
     return {assemble(root), sig_};
+  }
+  // The visitor tree alone, for an assembler of another GEMM kind (the grouped one).
+  EpilogueVisitors emit_visitors() {
+    const Visitor root = plan_and_emit_visitors();
+    return {decls_, root.type, root.args, sig_};
   }
 
  private:
@@ -101,6 +108,7 @@ class Sm90Emitter {
   }
   Visitor emit_scalar(const Node& n) {
     const std::string e = n.scalar_kind == ScalarKind::constant ? "float" : cutlass_type(n.dtype);
+    if (grouped_ && n.scalar_kind == ScalarKind::pointer) return grouped_scalar(n, e);
     const std::string type =
         alias(fmt::format("cutlass::epilogue::fusion::Sm90ScalarBroadcast<{}>", e),
               n.scalar_kind == ScalarKind::constant ? fmt::format("constant {}", n.value)
@@ -116,12 +124,35 @@ class Sm90Emitter {
   }
   Visitor emit_row_vec(const Node& n) {
     const std::string e = cutlass_type(n.dtype);
+    if (grouped_) return grouped_row_vec(n, e);
     const std::string type = alias(
         fmt::format("cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, {}, float, "
                     "cute::Stride<cute::_0, cute::_1, cute::_0>>",
                     e),
         "row vector " + n.name + "[n]");
     return {type, fmt::format("typename {}::Arguments{{{}, {}(0), {{}}}}", type, ptr(n.name, e), e)};
+  }
+  // Grouped GEMMs: the tile's L coordinate is its group. A row vector or a scalar by
+  // pointer steps `a.group_strides[slot]` elements per group (0: one for all groups).
+  Visitor grouped_row_vec(const Node& n, const std::string& e) {
+    const std::string type = alias(
+        fmt::format("cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, {}, float, "
+                    "cute::Stride<cute::_0, cute::_1, int64_t>>",
+                    e),
+        "per-group row vector " + n.name + "[n]");
+    return {type, fmt::format("typename {}::Arguments{{{}, {}(0), {{cute::_0{{}}, cute::_1{{}}, "
+                              "a.group_strides[{}]}}}}",
+                              type, ptr(n.name, e), e, ptr_slot_.at(n.name))};
+  }
+  Visitor grouped_scalar(const Node& n, const std::string& e) {
+    const std::string type = alias(
+        fmt::format("cutlass::epilogue::fusion::Sm90ScalarBroadcast<{}, cute::Stride<cute::_0, "
+                    "cute::_0, int64_t>>",
+                    e),
+        "per-group scalar " + n.name);
+    return {type, fmt::format("typename {}::Arguments{{{{}}, {{{}}}, {{{{cute::_0{{}}, cute::_0{{}}, "
+                              "a.group_strides[{}]}}}}}}",
+                              type, ptr(n.name, e), ptr_slot_.at(n.name))};
   }
   Visitor emit_col_vec(const Node& n) {
     const std::string e = cutlass_type(n.dtype);
@@ -463,6 +494,7 @@ class Sm90Emitter {
   };
   std::vector<Reduction> reductions_;
   DType aux_element_ = DType::bf16;
+  bool grouped_ = false;
 };
 
 std::string Sm90Emitter::assemble(const Visitor& root) {
@@ -745,6 +777,11 @@ int evtc_run(const evtc_gemm_args* a, void* workspace, void* stream, char* why, 
 
 EmittedKernel emit_kernel(const Graph& g, const GemmDesc& gemm, const KernelConfig& config) {
   return Sm90Emitter(g, gemm, config).emit();
+}
+
+EpilogueVisitors emit_epilogue_visitors(const Graph& g, const GemmDesc& gemm,
+                                        const KernelConfig& config, EpilogueTarget target) {
+  return Sm90Emitter(g, gemm, config, target).emit_visitors();
 }
 
 }  // namespace evtc::sm90

@@ -25,6 +25,24 @@ struct EmittedKernel {
 // `g` must have been through the pass pipeline and be legal for `gemm` on sm90.
 EmittedKernel emit_kernel(const Graph& g, const GemmDesc& gemm, const KernelConfig& config);
 
+// What a visitor tree is built for: the dense GEMM, or the grouped (ptr-array) GEMM whose
+// tiles carry their group as the L coordinate (per-group row vectors and scalar pointers
+// then step by `a.group_strides[slot]` per group).
+enum class EpilogueTarget { dense, grouped };
+
+// The epilogue visitor tree of a graph without the GEMM around it: the `using Vk = ...`
+// declarations (they name TileShape and EpilogueDescriptor, which the assembler defines
+// before them), the root visitor's type and an expression of its Arguments over an ABI
+// struct `a` with fields `ptrs`, `scalars` (and `group_strides` when grouped).
+struct EpilogueVisitors {
+  std::string declarations;
+  std::string root_type;
+  std::string root_args;
+  KernelSignature signature;
+};
+EpilogueVisitors emit_epilogue_visitors(const Graph& g, const GemmDesc& gemm,
+                                        const KernelConfig& config, EpilogueTarget target);
+
 // The CUTLASS element type spelling of a dtype ("cutlass::bfloat16_t", ...).
 std::string cutlass_type(DType t);
 

@@ -1,0 +1,140 @@
+// Grouped (mixture-of-experts) GEMMs with fused epilogues: GroupedKernel runs, in one launch,
+//   Y[start_g:end_g, :] = epilogue(X[start_g:end_g, :] @ W_g^T, ...)   for every group g,
+// with the operands as torch._grouped_mm takes them: a token matrix X (sum of M_g × K,
+// row-major), the groups' END offsets on the device (int32, one per group; group g holds rows
+// [offsets[g-1], offsets[g]) with offsets[-1] = 0), the weights W as G × N × K (each group's
+// N×K, K-major, like stacked nn.Linear weights) or, when compiled for it, G × K × N, and the
+// output Y (sum of M_g × N). Empty groups are allowed.
+//
+//   evtc::GroupedKernel kernel(evtc::parse_expression("out D: bf16 = silu(acc + bias[n])"));
+//   evtc::GroupedArguments args;
+//   args.x(TensorRef::matrix(x, DType::bf16, total_m, K))
+//       .weights(BatchedTensorRef::contiguous(w, DType::bf16, G, N, K))
+//       .offsets(offsets_dev, G)
+//       .set("bias", TensorRef::matrix(bias, DType::bf16, G, N))   // one row per group
+//       .set("D", TensorRef::matrix(y, DType::bf16, total_m, N));
+//   kernel.run(args, stream);
+//
+// The epilogue is any elementwise graph over acc, row vectors [n] and scalars. A row vector
+// is bound as a G×N matrix (one row per group, any row stride) or as a length-N vector (shared
+// by all groups); a scalar by pointer (`input s: f32 ptr`) as G values (one per group) or one;
+// a scalar by value is one for all groups. The kernel builds its per-group tables on the
+// device from the offsets, so a run never synchronises with the host and can be captured in
+// a CUDA graph; replays read the offsets as they are then.
+//
+// Refused when the GroupedKernel is built, with a UserError naming the operand: [m,n]
+// operands, column vectors [m], the source C, reductions and second [m,n] outputs (CUTLASS
+// 4.2's grouped kernels have no per-group aux loads/stores and its column reduction does not
+// compile with GroupProblemShape); fp8 or mixed X/W dtypes; a column-major X.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "evtc/kernel.hpp"
+#include "evtc/passes.hpp"
+#include "evtc/reference.hpp"
+#include "evtc/runtime.hpp"
+
+namespace evtc {
+
+// A stack of `batches` matrices of rows × cols on the device. Strides are in elements.
+struct BatchedTensorRef {
+  void* data = nullptr;
+  DType dtype = DType::bf16;
+  int64_t batches = 0, rows = 0, cols = 0;
+  int64_t batch_stride = 0, row_stride = 0, col_stride = 1;
+
+  // Contiguous: batch_stride = rows × cols, row_stride = cols.
+  static BatchedTensorRef contiguous(const void* data, DType dtype, int64_t batches, int64_t rows,
+                                     int64_t cols);
+};
+
+class GroupedArguments {
+ public:
+  GroupedArguments& x(const TensorRef& t) { x_ = t; return *this; }
+  GroupedArguments& weights(const BatchedTensorRef& w) { w_ = w; return *this; }
+  // `count` int32 end offsets in device memory (count must be the number of groups).
+  GroupedArguments& offsets(const int32_t* device_offsets, int64_t count) {
+    offsets_ = device_offsets;
+    offsets_count_ = count;
+    return *this;
+  }
+  GroupedArguments& set(const std::string& name, const TensorRef& t) { tensors_[name] = t; return *this; }
+  GroupedArguments& set(const std::string& name, double value) { scalars_[name] = value; return *this; }
+
+  const std::optional<TensorRef>& x() const { return x_; }
+  const std::optional<BatchedTensorRef>& weights() const { return w_; }
+  const int32_t* offsets() const { return offsets_; }
+  int64_t offsets_count() const { return offsets_count_; }
+  const std::map<std::string, TensorRef>& tensors() const { return tensors_; }
+  const std::map<std::string, double>& scalars() const { return scalars_; }
+
+ private:
+  std::optional<TensorRef> x_;
+  std::optional<BatchedTensorRef> w_;
+  const int32_t* offsets_ = nullptr;
+  int64_t offsets_count_ = -1;
+  std::map<std::string, TensorRef> tensors_;
+  std::map<std::string, double> scalars_;
+};
+
+struct GroupedOptions {
+  // X/W dtypes (16-bit, equal) and the weights' layout: b_layout col_major = G × N × K
+  // (K-major, the default), row_major = G × K × N. a_layout must stay row-major.
+  GemmDesc gemm;
+  // The kernel configuration; default_grouped_config() when unset.
+  std::optional<KernelConfig> config;
+  CastMode cast_mode = CastMode::eager;
+  bool precise_math = false;
+};
+
+// Measured on an H100 (bench/grouped_moe.py, docs/grouped.md).
+KernelConfig default_grouped_config();
+
+class GroupedKernel {
+ public:
+  // Runs the pass pipeline; throws UserError (naming the operand) for graphs a grouped kernel
+  // cannot run.
+  explicit GroupedKernel(const Graph& graph, const GroupedOptions& options = {});
+  ~GroupedKernel();
+  GroupedKernel(GroupedKernel&&) noexcept;
+  GroupedKernel& operator=(GroupedKernel&&) noexcept;
+
+  // Compiles (or finds in the disk cache) the kernel now rather than at the first run; needs
+  // no GPU. Returns the library path.
+  std::string compile() const;
+  // Validates every operand (UserError naming it) and launches on `stream`: the table-building
+  // kernel, then the grouped GEMM. No host synchronisation.
+  void run(const GroupedArguments& args, cudaStream_t stream = nullptr) const;
+
+  // The generated CUDA source.
+  std::string source() const;
+  const Graph& graph() const;  // after the pass pipeline
+  const KernelSignature& signature() const;
+  const KernelConfig& config() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// --- the fp64 reference, group by group ---------------------------------------------------
+struct GroupedReferenceInputs {
+  int64_t n = 0, k = 0;
+  std::vector<int64_t> rows;  // M_g of each group (G entries; zeros allowed)
+  std::vector<double> x;      // sum(M_g) × K, row-major
+  std::vector<double> w;      // G × N × K (each group's N×K, row-major)
+  // By operand name: row vectors G×N (per group) or N (shared); scalars G or 1 values.
+  std::map<std::string, std::vector<double>> operands;
+};
+
+// The reference outputs of every group, stacked like Y: [m,n] outputs sum(M_g) × N.
+ReferenceOutputs evaluate_grouped_reference(const Graph& g, const GroupedReferenceInputs& inputs);
+
+}  // namespace evtc

@@ -1,0 +1,269 @@
+// GroupedKernel: grouped (MoE) GEMMs with fused epilogues (include/evtc/grouped.hpp).
+#include <fmt/format.h>
+
+#include <mutex>
+
+#include "backends/sm90/sm90_grouped_emitter.hpp"
+#include "evtc/device/abi.h"
+#include "evtc/device/grouped_abi.h"
+#include "evtc/error.hpp"
+#include "evtc/grouped.hpp"
+#include "jit/kernel_cache.hpp"
+#include "runtime/bind.hpp"
+
+namespace evtc {
+
+BatchedTensorRef BatchedTensorRef::contiguous(const void* data, DType dtype, int64_t batches,
+                                              int64_t rows, int64_t cols) {
+  return BatchedTensorRef{const_cast<void*>(data), dtype, batches, rows, cols, rows * cols, cols, 1};
+}
+
+KernelConfig default_grouped_config() {
+  KernelConfig c;  // cooperative 128×256×64
+  c.cluster_m = 1;  // a 2×1 cluster would pad every group's M tiles to an even count
+  c.cluster_n = 2;
+  return c;
+}
+
+struct GroupedKernel::Impl {
+  Graph graph;
+  GroupedOptions options;
+  KernelConfig config;
+  KernelSignature signature;
+  mutable std::mutex mu;
+  mutable std::shared_ptr<jit::Library> library;
+  mutable evtc_grouped_can_implement_fn can_implement = nullptr;
+  mutable evtc_grouped_workspace_size_fn workspace_size = nullptr;
+  mutable evtc_grouped_run_fn run = nullptr;
+  mutable runtime::PointerChecks pointer_checks;
+
+  jit::CompileRequest request() const {
+    return {sm90::emit_grouped_kernel(graph, options.gemm, config).source, "grouped " + config.name(),
+            true, 90};
+  }
+  void load() const;
+};
+
+void GroupedKernel::Impl::load() const {
+  std::lock_guard lock(mu);
+  if (library) return;
+  auto lib = jit::load_or_compile(request());
+  auto version = reinterpret_cast<evtc_abi_version_fn>(lib->symbol("evtc_abi_version"));
+  if (version() != EVTC_ABI_VERSION)
+    throw RuntimeError(fmt::format("{} has ABI version {}, expected {}", lib->path(), version(),
+                                   EVTC_ABI_VERSION));
+  can_implement = reinterpret_cast<evtc_grouped_can_implement_fn>(lib->symbol("evtc_grouped_can_implement"));
+  workspace_size = reinterpret_cast<evtc_grouped_workspace_size_fn>(lib->symbol("evtc_grouped_workspace_size"));
+  run = reinterpret_cast<evtc_grouped_run_fn>(lib->symbol("evtc_grouped_run"));
+  library = lib;
+}
+
+GroupedKernel::GroupedKernel(const Graph& graph, const GroupedOptions& options)
+    : impl_(std::make_unique<Impl>()) {
+  PipelineOptions popts;
+  popts.cast_mode = options.cast_mode;
+  popts.gemm = options.gemm;
+  impl_->graph = run_pipeline(graph, popts);
+  impl_->options = options;
+  impl_->config = options.config.value_or(default_grouped_config());
+  impl_->config.precise_math = options.precise_math;
+  impl_->config.fp8_fast_accum = false;
+  const auto refusals = sm90::grouped_refusals(impl_->graph, options.gemm);
+  if (!refusals.empty()) {
+    std::string text;
+    for (const auto& r : refusals) text += (text.empty() ? "" : "; ") + r;
+    throw UserError("cannot build a grouped kernel: " + text);
+  }
+  impl_->signature = make_signature(impl_->graph);
+}
+
+GroupedKernel::~GroupedKernel() = default;
+GroupedKernel::GroupedKernel(GroupedKernel&&) noexcept = default;
+GroupedKernel& GroupedKernel::operator=(GroupedKernel&&) noexcept = default;
+
+std::string GroupedKernel::compile() const {
+  impl_->load();
+  return impl_->library->path();
+}
+
+std::string GroupedKernel::source() const { return impl_->request().source; }
+const Graph& GroupedKernel::graph() const { return impl_->graph; }
+const KernelSignature& GroupedKernel::signature() const { return impl_->signature; }
+const KernelConfig& GroupedKernel::config() const { return impl_->config; }
+
+namespace {
+
+void cuda_check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw RuntimeError(fmt::format("{}: {}", what, cudaGetErrorString(e)));
+}
+
+// TMA reads and writes rows of 16 bytes: base addresses and leading dimensions must be
+// multiples of 16 bytes.
+void require_aligned(const std::string& what, const void* data, int64_t ld, DType dtype) {
+  const int64_t bytes = dtype_bytes(dtype);
+  if (reinterpret_cast<uintptr_t>(data) % 16 != 0)
+    throw UserError(fmt::format("{}: its data must be 16-byte aligned", what));
+  if ((ld * bytes) % 16 != 0)
+    throw UserError(fmt::format("{}: its row stride ({} elements) must be a multiple of {} elements "
+                                "(16 bytes)",
+                                what, ld, 16 / bytes));
+}
+
+}  // namespace
+
+void GroupedKernel::run(const GroupedArguments& args, cudaStream_t stream) const {
+  const Impl& im = *impl_;
+  const GemmDesc& gemm = im.options.gemm;
+  const KernelSignature& sig = im.signature;
+  // Device pointers are checked after every shape, dtype and stride (cheap checks first, and
+  // they need no GPU).
+  std::vector<std::pair<const void*, std::string>> device_ptrs;
+  // --- X, W, offsets -----------------------------------------------------------------------
+  if (!args.x()) throw UserError("grouped operand x (the token matrix) was not given");
+  if (!args.weights()) throw UserError("grouped operand weights was not given");
+  const TensorRef& X = *args.x();
+  const BatchedTensorRef& W = *args.weights();
+  const int64_t total_m = X.rows, k = X.cols;
+  if (X.dtype != gemm.a_dtype)
+    throw UserError(fmt::format("x is {} but the kernel was compiled for {}", dtype_name(X.dtype),
+                                dtype_name(gemm.a_dtype)));
+  if (W.dtype != gemm.b_dtype)
+    throw UserError(fmt::format("weights are {} but the kernel was compiled for {}", dtype_name(W.dtype),
+                                dtype_name(gemm.b_dtype)));
+  if (X.col_stride != 1 || X.row_stride < k)
+    throw UserError(fmt::format("x must be row-major (sum of M_g × K with unit column stride); got "
+                                "strides ({}, {})",
+                                X.row_stride, X.col_stride));
+  if (total_m < 0 || k <= 0) throw UserError(fmt::format("x is {}×{}: K must be positive", total_m, k));
+  const int64_t groups = W.batches;
+  if (groups <= 0) throw UserError("weights: there must be at least one group");
+  const bool k_major = gemm.b_layout == Layout::col_major;
+  const int64_t n = k_major ? W.rows : W.cols;
+  const int64_t w_k = k_major ? W.cols : W.rows;
+  const char* w_shape = k_major ? "[G, N, K]" : "[G, K, N]";
+  if (W.col_stride != 1)
+    throw UserError(fmt::format(
+        "weights must be {} with unit stride along {} ({}); got a column stride of {}{}", w_shape,
+        k_major ? "K" : "N", k_major ? "each group's N×K is K-major, like nn.Linear's weight" : "N-major",
+        W.col_stride, k_major ? " (pass W.transpose(1, 2).contiguous(), or build the kernel for G×K×N "
+                                "weights: GemmDesc::b_layout = row_major)"
+                              : ""));
+  if (w_k != k)
+    throw UserError(fmt::format("weights are {} = [{}, {}, {}] but x has K={} columns", w_shape, groups,
+                                W.rows, W.cols, k));
+  if (n <= 0) throw UserError("weights: N must be positive");
+  if (W.row_stride < W.cols || W.batch_stride < W.rows * W.row_stride)
+    throw UserError(fmt::format("weights: strides ({}, {}, 1) overlap for shape [{}, {}, {}]",
+                                W.batch_stride, W.row_stride, groups, W.rows, W.cols));
+  if (k % 8 != 0)
+    throw UserError(fmt::format("K={} is not a multiple of 8 (16-bit x and weights need 16-byte rows)", k));
+  if (n % 8 != 0)
+    throw UserError(fmt::format("N={} is not a multiple of 8 (the output's rows must be 16-byte aligned)", n));
+  if (!args.offsets()) throw UserError("offsets (the groups' int32 end offsets) were not given");
+  if (args.offsets_count() != groups)
+    throw UserError(fmt::format("offsets has {} entries but the weights have {} groups: give one end "
+                                "offset per group",
+                                args.offsets_count(), groups));
+  require_aligned("x", X.data, X.row_stride, X.dtype);
+  require_aligned("weights", W.data, W.row_stride, W.dtype);
+  if ((W.batch_stride * dtype_bytes(W.dtype)) % 16 != 0)
+    throw UserError("weights: the stride between groups must be a multiple of 16 bytes");
+  if (total_m > 0) device_ptrs.emplace_back(X.data, "x");
+  device_ptrs.emplace_back(W.data, "weights");
+  device_ptrs.emplace_back(args.offsets(), "offsets");
+
+  // --- the output ------------------------------------------------------------------------
+  auto out = args.tensors().find(sig.d_name);
+  if (out == args.tensors().end())
+    throw UserError(fmt::format("output '{}' ({}[m,n], sum of M_g × N) was not given", sig.d_name,
+                                dtype_name(sig.d_dtype)));
+  const TensorRef& Y = out->second;
+  if (Y.dtype != sig.d_dtype)
+    throw UserError(fmt::format("output '{}' is {} but the epilogue writes {}", sig.d_name,
+                                dtype_name(Y.dtype), dtype_name(sig.d_dtype)));
+  if (Y.rows != total_m || Y.cols != n || Y.col_stride != 1 || Y.row_stride < n)
+    throw UserError(fmt::format("output '{}' must be a row-major {}×{} matrix (x's rows × N); got {}×{} "
+                                "with strides ({}, {})",
+                                sig.d_name, total_m, n, Y.rows, Y.cols, Y.row_stride, Y.col_stride));
+  require_aligned(fmt::format("output '{}'", sig.d_name), Y.data, Y.row_stride, Y.dtype);
+  if (total_m > 0) device_ptrs.emplace_back(Y.data, fmt::format("output '{}'", sig.d_name));
+
+  // --- epilogue operands -----------------------------------------------------------------
+  std::vector<void*> ptrs;
+  std::vector<int64_t> group_strides;
+  for (const OperandSlot& s : sig.pointers) {
+    auto it = args.tensors().find(s.name);
+    const bool row = s.kind == NodeKind::row_vec;
+    const std::string want =
+        row ? fmt::format("a {}×{} matrix (one row per group) or a vector of {}", groups, n, n)
+            : fmt::format("{} values (one per group) or one", groups);
+    if (it == args.tensors().end())
+      throw UserError(fmt::format("operand '{}' ({}{}) was not given: expected {}", s.name,
+                                  dtype_name(s.dtype), shape_name(s.shape), want));
+    const TensorRef& t = it->second;
+    if (t.dtype != s.dtype)
+      throw UserError(fmt::format("operand '{}' is {} but the epilogue reads {}", s.name,
+                                  dtype_name(t.dtype), dtype_name(s.dtype)));
+    int64_t stride = 0;
+    if (row) {
+      if (t.cols != n || t.col_stride != 1 || !(t.rows == 1 || t.rows == groups))
+        throw UserError(fmt::format("operand '{}' is {}×{} with strides ({}, {}): expected {}", s.name,
+                                    t.rows, t.cols, t.row_stride, t.col_stride, want));
+      stride = t.rows == 1 ? 0 : t.row_stride;
+      if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0 || (stride * dtype_bytes(t.dtype)) % 16 != 0)
+        throw UserError(fmt::format("operand '{}': each group's row must start 16-byte aligned", s.name));
+    } else {  // a scalar by pointer
+      const int64_t count = t.rows * t.cols;
+      if (!(count == 1 || count == groups) || (count > 1 && t.rows != 1 && t.cols != 1))
+        throw UserError(fmt::format("operand '{}' has {}×{} values: expected {}", s.name, t.rows, t.cols, want));
+      stride = count == 1 ? 0 : (t.rows == 1 ? t.col_stride : t.row_stride);
+    }
+    device_ptrs.emplace_back(t.data, fmt::format("operand '{}'", s.name));
+    ptrs.push_back(t.data);
+    group_strides.push_back(stride);
+  }
+  std::vector<double> scalars;
+  for (const OperandSlot& s : sig.scalars) {
+    auto it = args.scalars().find(s.name);
+    if (it == args.scalars().end()) throw UserError(fmt::format("scalar parameter '{}' was not given", s.name));
+    scalars.push_back(it->second);
+  }
+  for (const auto& [name, t] : args.tensors()) {
+    bool known = name == sig.d_name;
+    for (const auto& s : sig.pointers) known |= s.name == name;
+    if (!known) throw UserError(fmt::format("'{}' is not an operand or output of this epilogue", name));
+  }
+
+  for (const auto& [p, what] : device_ptrs) im.pointer_checks.check(p, [&] { return what; });
+
+  // --- launch ----------------------------------------------------------------------------
+  im.load();
+  evtc_grouped_args a{};
+  a.groups = groups;
+  a.total_m = total_m;
+  a.n = n;
+  a.k = k;
+  a.x = X.data;
+  a.w = W.data;
+  a.offsets = args.offsets();
+  a.y = Y.data;
+  a.ldx = X.row_stride;
+  a.ldw = W.row_stride;
+  a.w_group_stride = W.batch_stride;
+  a.ldy = Y.row_stride;
+  a.ptrs = ptrs.data();
+  a.scalars = scalars.data();
+  a.group_strides = group_strides.data();
+  char why[256] = {0};
+  if (im.can_implement(&a, why, sizeof why) != EVTC_OK)
+    throw UserError(fmt::format("CUTLASS cannot implement this grouped problem (G={}, N={}, K={}): {}",
+                                groups, n, k, why));
+  const size_t bytes = im.workspace_size(&a);
+  void* workspace = nullptr;
+  cuda_check(cudaMallocAsync(&workspace, bytes, stream), "grouped workspace allocation");
+  const int rc = im.run(&a, workspace, stream, why, sizeof why);
+  cudaFreeAsync(workspace, stream);
+  if (rc != EVTC_OK) throw RuntimeError(fmt::format("grouped kernel launch failed: {}", why));
+}
+
+}  // namespace evtc

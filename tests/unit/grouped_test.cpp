@@ -1,0 +1,198 @@
+// Grouped (MoE) GEMMs on the CPU: which graphs are refused and why, the generated source, the
+// validation of a call's operands (before anything touches a GPU) and the per-group fp64
+// reference.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "backends/sm90/sm90_grouped_emitter.hpp"
+#include "evtc/error.hpp"
+#include "evtc/expression.hpp"
+#include "evtc/grouped.hpp"
+
+namespace evtc {
+namespace {
+
+// Asserts that `text` contains every one of `parts`, printing the text when it does not.
+void expect_has(const std::string& text, std::initializer_list<const char*> parts) {
+  for (const char* p : parts) EXPECT_NE(text.find(p), std::string::npos) << "'" << p << "' not in:\n" << text;
+}
+
+std::string refusal(const std::string& expr, GroupedOptions opts = {}) {
+  try {
+    GroupedKernel k(parse_expression(expr), opts);
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(GroupedRefusals, NameTheOperandAndTheReason) {
+  EXPECT_EQ(refusal("out D: bf16 = silu(acc + bias[n])"), "");
+  expect_has(refusal("out D: bf16 = acc + R[m,n]"), {"operand 'R'", "Sm90AuxLoad", "GroupProblemShape"});
+  expect_has(refusal("out D: bf16 = acc * s[m]"), {"operand 's[m]' is a column vector"});
+  expect_has(refusal("out D: bf16 = acc + C"), {"source C"});
+  expect_has(refusal("out D: bf16 = acc; out r = row_sum(acc)"), {"output 'r' is a reduction", "Sm90ColReduction"});
+  expect_has(refusal("out D: bf16 = acc; out P: bf16 = relu(acc)"), {"output 'P' is a second [m,n] output"});
+  expect_has(refusal("out loss = sum(acc)"), {"needs an [m,n] output"});
+  GroupedOptions fp8;
+  fp8.gemm.a_dtype = fp8.gemm.b_dtype = DType::f8e4m3;
+  expect_has(refusal("out D: bf16 = acc", fp8), {"bf16 or f16 X and W"});
+  // Every reason at once, in one message.
+  expect_has(refusal("out D: bf16 = acc + R[m,n] + s[m]"), {"operand 'R'", "operand 's[m]'"});
+}
+
+TEST(GroupedEmitter, PtrArrayKernelWithPerGroupOperands) {
+  GroupedKernel k(parse_expression("input s: f32 ptr; out D: bf16 = silu(acc + bias[n]) * s * alpha"));
+  EXPECT_EQ(k.config().name(), default_grouped_config().name());
+  const std::string src = k.source();
+  expect_has(src, {"cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>"});
+  expect_has(src, {"KernelPtrArrayTmaWarpSpecializedCooperative"});
+  expect_has(src, {"PtrArrayTmaWarpSpecializedCooperative"});
+  expect_has(src, {"cutlass::layout::RowMajor*"});
+  // The row vector and the scalar by pointer step by their group stride; the node emission is
+  // the dense emitter's (same functors).
+  expect_has(src, {"Sm90RowBroadcast<0, TileShape, cutlass::bfloat16_t, float, "
+                             "cute::Stride<cute::_0, cute::_1, int64_t>>"});
+  expect_has(src, {"Sm90ScalarBroadcast<float, cute::Stride<cute::_0, cute::_0, int64_t>>"});
+  expect_has(src, {"a.group_strides[0]"});
+  expect_has(src, {"a.group_strides[1]"});
+  expect_has(src, {"evtc::device::Silu"});
+  expect_has(src, {"__global__ void build_group_tables"});
+  expect_has(src, {"int evtc_grouped_run("});
+  EXPECT_EQ(src.find("int evtc_run("), std::string::npos);  // not callable as a dense kernel
+
+  GroupedOptions pp;
+  pp.config = KernelConfig::parse("pingpong_128x128x64_c1x2_persistent");
+  pp.gemm.b_layout = Layout::row_major;
+  const std::string src2 = GroupedKernel(parse_expression("out D: bf16 = acc"), pp).source();
+  expect_has(src2, {"KernelPtrArrayTmaWarpSpecializedPingpong"});
+  expect_has(src2, {"cute::get<1>(sb) = ldw;"});  // G×K×N weights: N-major B
+}
+
+// --- validation: every error names the operand; no GPU is touched before these checks ----
+
+struct Call {
+  int64_t groups = 4, total_m = 40, n = 64, k = 32;
+  void* p = reinterpret_cast<void*>(uintptr_t(0x10000));  // never dereferenced
+  GroupedArguments args() const {
+    GroupedArguments a;
+    a.x(TensorRef::matrix(p, DType::bf16, total_m, k))
+        .weights(BatchedTensorRef::contiguous(p, DType::bf16, groups, n, k))
+        .offsets(static_cast<const int32_t*>(p), groups)
+        .set("bias", TensorRef::matrix(p, DType::bf16, groups, n))
+        .set("D", TensorRef::matrix(p, DType::bf16, total_m, n));
+    return a;
+  }
+};
+
+std::string run_error(const GroupedKernel& k, const GroupedArguments& a) {
+  try {
+    k.run(a);
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(GroupedValidation, ErrorsNameTheOperand) {
+  GroupedKernel k(parse_expression("out D: bf16 = silu(acc + bias[n])"));
+  Call c;
+  {
+    auto a = c.args();
+    a.x(TensorRef::matrix(c.p, DType::f16, c.total_m, c.k));
+    expect_has(run_error(k, a), {"x is f16 but the kernel was compiled for bf16"});
+  }
+  {
+    auto a = c.args();
+    a.offsets(static_cast<const int32_t*>(c.p), c.groups - 1);
+    expect_has(run_error(k, a), {"offsets has 3 entries but the weights have 4 groups"});
+  }
+  {
+    auto a = c.args();  // G×K×N weights given to a kernel built for G×N×K
+    BatchedTensorRef w = BatchedTensorRef::contiguous(c.p, DType::bf16, c.groups, c.k, c.n);
+    std::swap(w.rows, w.cols);
+    std::swap(w.row_stride, w.col_stride);
+    a.weights(w);
+    expect_has(run_error(k, a), {"weights must be [G, N, K]", "K-major"});
+  }
+  {
+    Call odd;
+    odd.k = 36;
+    expect_has(run_error(k, odd.args()), {"K=36 is not a multiple of 8"});
+  }
+  {
+    auto a = c.args();
+    a.weights(BatchedTensorRef::contiguous(c.p, DType::bf16, c.groups, c.n, c.k + 8));
+    expect_has(run_error(k, a), {"but x has K=32 columns"});
+  }
+  {
+    auto a = c.args();
+    a.set("bias", TensorRef::matrix(c.p, DType::bf16, 3, c.n));
+    expect_has(run_error(k, a), {"operand 'bias' is 3×64", "a 4×64 matrix (one row per group) or a vector of 64"});
+  }
+  {
+    auto a = c.args();
+    a.set("bias", TensorRef::matrix(c.p, DType::f32, c.groups, c.n));
+    expect_has(run_error(k, a), {"operand 'bias' is f32 but the epilogue reads bf16"});
+  }
+  {
+    auto a = c.args();
+    a.set("D", TensorRef::matrix(c.p, DType::bf16, c.total_m - 1, c.n));
+    expect_has(run_error(k, a), {"output 'D' must be a row-major 40×64 matrix"});
+  }
+  {
+    auto a = c.args();
+    a.set("extra", TensorRef::vector(c.p, DType::bf16, c.n));
+    expect_has(run_error(k, a), {"'extra' is not an operand or output"});
+  }
+  {
+    GroupedArguments a;
+    expect_has(run_error(k, a), {"x (the token matrix) was not given"});
+  }
+  {
+    GroupedKernel ks(parse_expression("input s: f32 ptr; out D: bf16 = acc * s"));
+    auto a = c.args();
+    a.set("bias", TensorRef::vector(c.p, DType::bf16, 1));
+    expect_has(run_error(ks, a), {"operand 's' (f32) was not given: expected 4 values (one per group) or one"});
+    a.set("s", TensorRef::vector(c.p, DType::f32, 1));
+    expect_has(run_error(ks, a), {"'bias' is not an operand"});
+    GroupedArguments b;
+    b.x(TensorRef::matrix(c.p, DType::bf16, c.total_m, c.k))
+        .weights(BatchedTensorRef::contiguous(c.p, DType::bf16, c.groups, c.n, c.k))
+        .offsets(static_cast<const int32_t*>(c.p), c.groups)
+        .set("s", TensorRef::vector(c.p, DType::f32, 3))
+        .set("D", TensorRef::matrix(c.p, DType::bf16, c.total_m, c.n));
+    expect_has(run_error(ks, b), {"operand 's' has 1×3 values: expected 4 values (one per group) or one"});
+  }
+}
+
+// --- the reference, group by group ---------------------------------------------------------
+
+TEST(GroupedReference, EachGroupUsesItsOwnWeightsAndBias) {
+  const Graph g = parse_expression("input s: f32 ptr; out D: f32 = (acc + bias[n]) * s");
+  GroupedReferenceInputs in;
+  in.n = 2;
+  in.k = 2;
+  in.rows = {1, 0, 2};  // an empty group in the middle
+  in.x = {1, 2, /* group 2: */ 3, 4, 5, 6};
+  in.w = {1, 0, 0, 1,  /* group 1 (no rows) */ 9, 9, 9, 9, /* group 2 */ 1, 1, 2, -1};
+  in.operands["bias"] = {10, 20, 0, 0, 100, 200};
+  in.operands["s"] = {1, 7, 2};
+  const auto out = evaluate_grouped_reference(g, in);
+  const std::vector<double> want = {
+      (1 + 10) * 1.0, (2 + 20) * 1.0,                // x0 @ I
+      (3 + 4 + 100) * 2.0, (2 * 3 - 4 + 200) * 2.0,  // rows of group 2: w = [[1,1],[2,-1]]
+      (5 + 6 + 100) * 2.0, (2 * 5 - 6 + 200) * 2.0};
+  EXPECT_EQ(out.at("D"), want);
+
+  in.operands["bias"] = {1, 2};  // one bias for every group
+  in.operands["s"] = {3};
+  EXPECT_EQ(evaluate_grouped_reference(g, in).at("D")[0], (1 + 1) * 3.0);
+
+  in.operands["bias"] = {1, 2, 3};
+  EXPECT_THROW(evaluate_grouped_reference(g, in), UserError);
+}
+
+}  // namespace
+}  // namespace evtc
