@@ -9,7 +9,11 @@ namespace evtc::runtime {
 
 struct DispatchTimes {
   double run_us = 0;      // Kernel::run: validation, plan lookup, the library's evtc_run
-  double library_us = 0;  // the compiled library's evtc_run alone (CUTLASS set-up + launch)
+  double library_us = 0;  // the compiled library's evtc_run alone, same arguments every call
+                          // (its launch cache hits: the launch only)
+  double library_new_args_us = 0;  // evtc_run with arguments that change every call (a
+                                   // workspace pointer out of 5 in turn, more than its cache
+                                   // holds): CUTLASS's set-up, TMA descriptors, then the launch
   double cublas_us = 0;   // a cuBLASLt matmul of the same problem, for scale
 };
 

@@ -1,6 +1,7 @@
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "backends/cuda/fallback_emitter.hpp"
@@ -114,37 +115,75 @@ std::string Kernel::Impl::fallback_reason(int64_t m, int64_t n, int64_t k) const
 }
 
 // The plan of a call's shape and strides: worked out at the first call, looked up after.
-LaunchPlan Kernel::Impl::plan_for(const runtime::BoundCall& call) const {
+std::shared_ptr<const LaunchPlan> Kernel::Impl::plan_for(const runtime::BoundCall& call) const {
   const PlanKey key{call.m, call.n, call.k, call.lda, call.ldb, call.ldc, call.ldd};
   {
     std::lock_guard lock(mu);
     if (auto it = plans.find(key); it != plans.end()) return it->second;
   }
-  LaunchPlan plan;
-  plan.fallback_reason = fallback_reason(call.m, call.n, call.k);
-  if (plan.fallback_reason.empty()) {
+  auto plan = std::make_shared<LaunchPlan>();
+  plan->fallback_reason = fallback_reason(call.m, call.n, call.k);
+  if (plan->fallback_reason.empty()) {
     try {
-      plan.library = fused_library(choose_config(call.m, call.n, call.k).config);
+      plan->library = fused_library(choose_config(call.m, call.n, call.k).config);
     } catch (const RuntimeError& e) {
-      plan.fallback_reason = fmt::format("the fused kernel did not compile: {}", e.what());
+      plan->fallback_reason = fmt::format("the fused kernel did not compile: {}", e.what());
     }
   }
-  if (plan.library) {
+  if (plan->library) {
     // can_implement and the workspace size depend on the problem and its strides only.
     const evtc_gemm_args abi = call.abi();
     char why[256] = {0};
-    auto can = reinterpret_cast<evtc_can_implement_fn>(plan.library->symbol("evtc_can_implement"));
+    auto can = reinterpret_cast<evtc_can_implement_fn>(plan->library->symbol("evtc_can_implement"));
     if (can(&abi, why, sizeof why) != EVTC_OK) {
-      plan.fallback_reason = fmt::format("CUTLASS cannot implement this problem: {}", why);
-      plan.library.reset();
+      plan->fallback_reason = fmt::format("CUTLASS cannot implement this problem: {}", why);
+      plan->library.reset();
     } else {
-      plan.workspace_bytes =
-          reinterpret_cast<evtc_workspace_size_fn>(plan.library->symbol("evtc_workspace_size"))(&abi);
-      plan.run = reinterpret_cast<evtc_run_fn>(plan.library->symbol("evtc_run"));
+      plan->workspace_bytes =
+          reinterpret_cast<evtc_workspace_size_fn>(plan->library->symbol("evtc_workspace_size"))(&abi);
+      plan->run = reinterpret_cast<evtc_run_fn>(plan->library->symbol("evtc_run"));
     }
   }
   std::lock_guard lock(mu);
-  return plans.emplace(key, plan).first->second;
+  return plans.emplace(key, std::move(plan)).first->second;
+}
+
+StreamWorkspaces::~StreamWorkspaces() {
+  // cudaFree waits for the work that still uses them.
+  for (const Entry& e : entries_) cudaFree(e.ptr);
+}
+
+void* StreamWorkspaces::get(cudaStream_t stream, size_t bytes) {
+  int device = 0;
+  cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+  // 0, cudaStreamLegacy, cudaStreamPerThread: possibly a different stream in each thread.
+  const bool per_thread = reinterpret_cast<uintptr_t>(stream) <= 2;
+  const std::thread::id thread = per_thread ? std::this_thread::get_id() : std::thread::id();
+  std::lock_guard lock(mu_);
+  Entry* entry = nullptr;
+  for (Entry& e : entries_)
+    if (e.stream == stream && e.device == device && e.thread == thread) entry = &e;
+  if (!entry) {
+    if (entries_.size() >= kMaxEntries) {
+      // Drop the least recently used stream's workspace (cudaFree waits for its work).
+      auto oldest = std::min_element(entries_.begin(), entries_.end(),
+                                     [](const Entry& a, const Entry& b) { return a.last_use < b.last_use; });
+      cudaFree(oldest->ptr);
+      entries_.erase(oldest);
+    }
+    entries_.push_back({stream, device, thread, nullptr, 0, 0});
+    entry = &entries_.back();
+  }
+  entry->last_use = ++uses_;
+  if (entry->bytes < bytes) {
+    // Stream-ordered: the old buffer is released after the stream's earlier calls used it.
+    if (entry->ptr) cudaFreeAsync(entry->ptr, stream);
+    entry->ptr = nullptr;
+    entry->bytes = 0;
+    cuda_check(cudaMallocAsync(&entry->ptr, bytes, stream), "workspace allocation");
+    entry->bytes = bytes;
+  }
+  return entry->ptr;
 }
 
 void Kernel::Impl::forget_choices() const {
@@ -204,16 +243,27 @@ ExecutionPath Kernel::run(const Arguments& args, cudaStream_t stream) const {
   if (call.reasons.empty()) {
     if (im.tune_mode == TuneMode::first_call && !im.options.config)
       im.tune_on_first_call(call, stream);
-    const LaunchPlan plan = im.plan_for(call);
-    if (!plan.fallback_reason.empty()) call.reasons.push_back(plan.fallback_reason);
-    if (plan.library) {
+    const std::shared_ptr<const LaunchPlan> plan = im.plan_for(call);
+    if (!plan->fallback_reason.empty()) call.reasons.push_back(plan->fallback_reason);
+    if (plan->library) {
       const evtc_gemm_args abi = call.abi();
-      char why[256] = {0};
+      char why[256];
+      why[0] = '\0';
       void* workspace = nullptr;
-      if (plan.workspace_bytes)
-        cuda_check(cudaMallocAsync(&workspace, plan.workspace_bytes, stream), "workspace allocation");
-      const int rc = plan.run(&abi, workspace, stream, why, sizeof why);
-      if (workspace) cudaFreeAsync(workspace, stream);
+      bool graph_owned = false;
+      if (plan->workspace_bytes) {
+        // Outside capture: this stream's kept workspace (no allocation per call, and the
+        // library's launch cache sees the same arguments again). Inside: memory the graph owns.
+        cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+        cuda_check(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
+        graph_owned = capture != cudaStreamCaptureStatusNone;
+        if (graph_owned)
+          cuda_check(cudaMallocAsync(&workspace, plan->workspace_bytes, stream), "workspace allocation");
+        else
+          workspace = im.workspaces.get(stream, plan->workspace_bytes);
+      }
+      const int rc = plan->run(&abi, workspace, stream, why, sizeof why);
+      if (graph_owned) cudaFreeAsync(workspace, stream);
       if (rc != EVTC_OK) throw RuntimeError(fmt::format("fused kernel launch failed: {}", why));
       return ExecutionPath::fused;
     }

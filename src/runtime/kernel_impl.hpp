@@ -7,6 +7,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -27,6 +28,37 @@ struct LaunchPlan {
 };
 using PlanKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
 
+// Workspaces of the fused path, one per stream (and device), kept between calls so that a
+// call does not allocate: calls on one stream run in order, so they can share one; calls
+// on different streams each have their own. Streams 0, cudaStreamLegacy and
+// cudaStreamPerThread name a different stream in each thread under per-thread default
+// streams, so those are kept per thread too. Calls being captured into a CUDA graph do not
+// use these (the graph would outlive or race with them): they allocate stream-ordered
+// memory that the graph owns. Thread-safe.
+class StreamWorkspaces {
+ public:
+  StreamWorkspaces() = default;
+  StreamWorkspaces(const StreamWorkspaces&) = delete;
+  StreamWorkspaces& operator=(const StreamWorkspaces&) = delete;
+  ~StreamWorkspaces();
+  // At least `bytes` of device memory for work on `stream` of the current device.
+  void* get(cudaStream_t stream, size_t bytes);
+  static constexpr size_t kMaxEntries = 16;
+
+ private:
+  struct Entry {
+    cudaStream_t stream = nullptr;
+    int device = -1;
+    std::thread::id thread;
+    void* ptr = nullptr;
+    size_t bytes = 0;
+    uint64_t last_use = 0;
+  };
+  std::mutex mu_;
+  std::vector<Entry> entries_;
+  uint64_t uses_ = 0;
+};
+
 struct Kernel::Impl {
   Graph graph;
   CompileOptions options;
@@ -43,7 +75,9 @@ struct Kernel::Impl {
   mutable std::string fused_path;  // the latest compiled or loaded
   mutable std::shared_ptr<jit::Library> fallback;
   mutable std::set<std::string> logged;
-  mutable std::map<PlanKey, LaunchPlan> plans;
+  // Shared pointers: a call keeps its plan while forget_choices clears the map.
+  mutable std::map<PlanKey, std::shared_ptr<const LaunchPlan>> plans;
+  mutable StreamWorkspaces workspaces;
   mutable std::map<std::tuple<int64_t, int64_t, int64_t>, ConfigChoice> choices;
   // Tuned records of this graph on the current device, read once (nullopt: not yet read).
   mutable std::optional<std::vector<tuning::TuningRecord>> records;
@@ -58,7 +92,7 @@ struct Kernel::Impl {
   std::shared_ptr<jit::Library> fused_library(const KernelConfig& config) const;
   std::shared_ptr<jit::Library> fallback_library() const;
   std::string fallback_reason(int64_t m, int64_t n, int64_t k) const;
-  LaunchPlan plan_for(const runtime::BoundCall& call) const;
+  std::shared_ptr<const LaunchPlan> plan_for(const runtime::BoundCall& call) const;
   TuneResult tune(const runtime::BoundCall& call, cudaStream_t stream, const ProgressFn& progress) const;
   std::map<std::string, std::string> compile_configs(const std::vector<KernelConfig>& configs,
                                                      const ProgressFn& progress) const;

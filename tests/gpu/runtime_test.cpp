@@ -103,6 +103,32 @@ TEST(Streams, OneKernelOnTwoStreamsAtOnce) {
   }
 }
 
+// The kernel library reuses the Params of a call whose arguments it has seen (its launch
+// cache): a call that changes only a scalar, with every pointer the same, must still see the
+// new value, and going back to the first arguments must give the first results again.
+TEST(Runtime, RepeatedCallsWithAChangedScalarUseTheNewValue) {
+  const Kernel& k = kernel("unary_a");
+  const ReferenceInputs in = inputs_for(k, 256, 512, 256, 46);
+  runtime::DeviceProblem p(k, in);
+  Stream stream;
+  p.poison_outputs(stream.s);
+  ASSERT_EQ(k.run(p.arguments(), stream.s), ExecutionPath::fused);
+  expect_all_pass(k, p, in, stream.s);
+  ReferenceInputs in2 = in;
+  in2.operands["beta"] = {in.operands.at("beta").at(0) * -3.0 + 1.0};
+  Arguments changed = p.arguments();
+  changed.set("beta", in2.operands["beta"][0]);
+  for (int call = 0; call < 2; ++call) {  // the first call builds new Params, the second reuses them
+    SCOPED_TRACE(call);
+    p.poison_outputs(stream.s);
+    ASSERT_EQ(k.run(changed, stream.s), ExecutionPath::fused);
+    expect_all_pass(k, p, in2, stream.s);
+  }
+  p.poison_outputs(stream.s);
+  k.run(p.arguments(), stream.s);
+  expect_all_pass(k, p, in, stream.s);
+}
+
 TEST(Validation, OperandErrorsNameTheOperand) {
   const Kernel& k = kernel("w1");
   const ReferenceInputs in = inputs_for(k, 128, 256, 64, 45);

@@ -489,6 +489,69 @@ TEST(Sm90Emitter, OpParametersArePassedAsArguments) {
   EXPECT_NE(args.find("::Arguments{float(0.25)}"), std::string::npos) << args;
 }
 
+// The host code keeps the kernel's Params of the last calls per thread and, when a call's
+// arguments are the same (the scalar fields, the workspace, the device, and the contents of
+// the pointer and scalar tables), launches with them instead of building them again.
+TEST(Sm90Emitter, HostCodeReusesTheParamsOfARepeatedCall) {
+  const auto k = emit("out D: bf16 = acc * s[m] + beta * bias[n]; out r = row_sum(acc)");
+  const std::string& s = k.source;
+  EXPECT_NE(s.find(fmt::format("constexpr int kPointerSlots = {};", k.signature.pointers.size())),
+            std::string::npos);
+  EXPECT_NE(s.find(fmt::format("constexpr int kScalarSlots = {};", k.signature.scalars.size())),
+            std::string::npos);
+  ASSERT_EQ(k.signature.scalars.size(), 1u);
+  const std::string run = section(s, "int evtc_run(", "}", true);
+  EXPECT_NE(run.find("thread_local LaunchCache cache;"), std::string::npos) << run;
+  EXPECT_NE(run.find("same_call(c, *a, workspace, device)"), std::string::npos) << run;
+  EXPECT_NE(run.find("prepare(*e, *a, workspace, device, s)"), std::string::npos) << run;
+  EXPECT_NE(run.find("launch(*e, s)"), std::string::npos) << run;
+  // Stream-K's tile counters are set up again for every launch, cached or not.
+  EXPECT_NE(run.find("GemmKernel::initialize_workspace(e->args, workspace, s, nullptr)"), std::string::npos) << run;
+  // The comparison covers every field of evtc_gemm_args but the two table pointers, whose
+  // contents it compares instead.
+  const std::string same = section(s, "bool same_call(", "}", true);
+  for (const char* field : {"m", "n", "k", "a", "b", "c", "d", "lda", "ldb", "ldc", "ldd", "sm_count"})
+    EXPECT_NE(same.find(fmt::format("k.{0} == a.{0}", field)), std::string::npos) << field << "\n" << same;
+  EXPECT_NE(same.find("std::memcmp(e.ptrs, a.ptrs, sizeof(void*) * kPointerSlots)"), std::string::npos);
+  EXPECT_NE(same.find("std::memcmp(e.scalars, a.scalars, sizeof(double) * kScalarSlots)"), std::string::npos);
+  EXPECT_NE(same.find("e.workspace == workspace"), std::string::npos);
+  EXPECT_NE(same.find("e.device == device"), std::string::npos);
+  // Params are built once, by CUTLASS's own functions, and the launch names the cluster.
+  const std::string prepare = section(s, "cutlass::Status prepare(", "}", true);
+  EXPECT_NE(prepare.find("GemmKernel::to_underlying_arguments(e.args, workspace)"), std::string::npos);
+  EXPECT_NE(prepare.find("std::memcpy(e.ptrs, a.ptrs, sizeof(void*) * kPointerSlots)"), std::string::npos);
+  EXPECT_NE(s.find("cudaLaunchAttributeClusterDimension"), std::string::npos);
+  EXPECT_EQ(s.find("gemm.initialize("), std::string::npos);
+}
+
+// Only sm90's CUTLASS headers: no umbrella header that includes every architecture's
+// builders and kernels (they cost nvcc seconds of parsing per kernel).
+TEST(Sm90Emitter, IncludesOnlyTheSm90PartsOfCutlass) {
+  const std::string bf16 = emit("out D: bf16 = acc").source;
+  for (const char* umbrella : {"cutlass/gemm/collective/collective_builder.hpp",
+                               "cutlass/gemm/kernel/gemm_universal.hpp",
+                               "cutlass/gemm/device/gemm_universal_adapter.h"})
+    EXPECT_EQ(bf16.find(umbrella), std::string::npos) << umbrella;
+  EXPECT_NE(bf16.find("#include <cutlass/gemm/collective/builders/sm90_gmma_builder.inl>"), std::string::npos);
+  EXPECT_EQ(bf16.find("sm90_mma_tma_gmma_ss_warpspecialized_fp8.hpp"), std::string::npos);
+  KernelConfig coop;
+  coop.schedule = MainloopSchedule::cooperative;
+  KernelConfig pingpong;
+  pingpong.schedule = MainloopSchedule::pingpong;
+  pingpong.tile_n = 128;
+  const std::string c = emit("out D: bf16 = acc", {}, coop).source;
+  const std::string p = emit("out D: bf16 = acc", {}, pingpong).source;
+  EXPECT_NE(c.find("sm90_gemm_tma_warpspecialized_cooperative.hpp"), std::string::npos);
+  EXPECT_EQ(c.find("sm90_gemm_tma_warpspecialized_pingpong.hpp"), std::string::npos);
+  EXPECT_NE(p.find("sm90_gemm_tma_warpspecialized_pingpong.hpp"), std::string::npos);
+  EXPECT_EQ(p.find("sm90_gemm_tma_warpspecialized_cooperative.hpp"), std::string::npos);
+  GemmDesc fp8;
+  fp8.a_dtype = fp8.b_dtype = DType::f8e4m3;
+  fp8.b_layout = Layout::col_major;
+  EXPECT_NE(emit("out D: bf16 = acc", fp8).source.find("sm90_mma_tma_gmma_ss_warpspecialized_fp8.hpp"),
+            std::string::npos);
+}
+
 // Every functor the emitters name exists in the device headers, with the right arity: a
 // missing one would only show when nvcc compiles a kernel that uses the op.
 TEST(Sm90Emitter, EveryFunctorIsDefinedInTheDeviceHeaders) {

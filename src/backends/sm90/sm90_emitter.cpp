@@ -523,16 +523,29 @@ std::string Sm90Emitter::assemble(const Visitor& root) {
     }
   }
   if (cfg_.precise_math) s += "#define EVTC_PRECISE_MATH 1\n";
+  // Only the sm90 parts of CUTLASS: the umbrella headers (gemm/collective/collective_builder.hpp,
+  // gemm/kernel/gemm_universal.hpp, the GemmUniversalAdapter that includes it) pull in every
+  // architecture's builders, main loops and kernels, which nvcc then parses for nothing. The
+  // host code below calls the kernel's static functions directly instead of the adapter.
   s += R"(
 #include <cutlass/cutlass.h>
 #include <cute/tensor.hpp>
-#include <cutlass/gemm/collective/collective_builder.hpp>
-#include <cutlass/epilogue/collective/collective_builder.hpp>
-#include <cutlass/gemm/kernel/gemm_universal.hpp>
-#include <cutlass/gemm/device/gemm_universal_adapter.h>
+#include <cutlass/device_kernel.h>
+#include <cutlass/gemm/dispatch_policy.hpp>
+#include <cutlass/gemm/collective/collective_mma_decl.hpp>
+#include <cutlass/gemm/collective/collective_builder_decl.hpp>
+#include <cutlass/gemm/collective/builders/sm90_gmma_builder.inl>
+#include <cutlass/gemm/collective/sm90_mma_tma_gmma_ss_warpspecialized.hpp>
+)";
+  if (is_fp8(gemm_.a_dtype) || is_fp8(gemm_.b_dtype))  // two-level accumulation's main loop
+    s += "#include <cutlass/gemm/collective/sm90_mma_tma_gmma_ss_warpspecialized_fp8.hpp>\n";
+  s += R"(#include <cutlass/epilogue/collective/collective_builder.hpp>
+#include <cutlass/gemm/kernel/gemm_universal_decl.h>
 #include <cutlass/gemm/kernel/tile_scheduler.hpp>
-
-#include <cstdio>
+)";
+  s += coop ? "#include <cutlass/gemm/kernel/sm90_gemm_tma_warpspecialized_cooperative.hpp>\n"
+            : "#include <cutlass/gemm/kernel/sm90_gemm_tma_warpspecialized_pingpong.hpp>\n";
+  s += R"(
 #include <cstring>
 
 #include "evtc/device/abi.h"
@@ -592,7 +605,8 @@ using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder
 
 using GemmKernel = cutlass::gemm::kernel::GemmUniversal<
     cute::Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue, {}>;
-using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+using GemmArguments = typename GemmKernel::Arguments;
+using GemmParams = typename GemmKernel::Params;
 
 )",
                    align_c, align_d,
@@ -669,12 +683,19 @@ void finish_reductions(const evtc_gemm_args& a, char* scratch, cudaStream_t s) {
                        kernel, partials, out, identity);
   }
   s += "}\n";
+  s += fmt::format(R"(
+constexpr int kPointerSlots = {};
+constexpr int kScalarSlots = {};
+)",
+                   sig_.pointers.size(), sig_.scalars.size());
   s += R"(
+// Per thread: the device lookups below run on every cache miss only, but threads may use
+// different devices.
 int sm_count_of_current_device() {
   int device = 0;
   cudaGetDevice(&device);
-  static int cached_device = -1;
-  static int cached_count = 0;
+  thread_local int cached_device = -1;
+  thread_local int cached_count = 0;
   if (device != cached_device) {
     cached_count = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
     cached_device = device;
@@ -682,11 +703,11 @@ int sm_count_of_current_device() {
   return cached_count;
 }
 
-typename Gemm::Arguments gemm_arguments(const evtc_gemm_args& a, char* scratch) {
-  using StrideA = typename Gemm::GemmKernel::StrideA;
-  using StrideB = typename Gemm::GemmKernel::StrideB;
-  using StrideC = typename Gemm::GemmKernel::StrideC;
-  using StrideD = typename Gemm::GemmKernel::StrideD;
+GemmArguments gemm_arguments(const evtc_gemm_args& a, char* scratch) {
+  using StrideA = typename GemmKernel::StrideA;
+  using StrideB = typename GemmKernel::StrideB;
+  using StrideC = typename GemmKernel::StrideC;
+  using StrideD = typename GemmKernel::StrideD;
   StrideA stride_a{};
   StrideB stride_b{};
   StrideC stride_c{};
@@ -702,14 +723,18 @@ typename Gemm::Arguments gemm_arguments(const evtc_gemm_args& a, char* scratch) 
   cutlass::KernelHardwareInfo hw;
   cudaGetDevice(&hw.device_id);
   hw.sm_count = a.sm_count > 0 ? a.sm_count : sm_count_of_current_device();
-  typename Gemm::Arguments args{
+  GemmArguments args{
       cutlass::gemm::GemmUniversalMode::kGemm,
       {int(a.m), int(a.n), int(a.k), 1},
       {static_cast<const ElementA*>(a.a), stride_a, static_cast<const ElementB*>(a.b), stride_b},
-      {fusion_arguments(a, scratch), static_cast<const typename Gemm::GemmKernel::ElementC*>(a.c), stride_c,
-       static_cast<typename Gemm::GemmKernel::ElementD*>(a.d), stride_d},
+      {fusion_arguments(a, scratch), static_cast<const typename GemmKernel::ElementC*>(a.c), stride_c,
+       static_cast<typename GemmKernel::ElementD*>(a.d), stride_d},
       hw};
   return args;
+}
+
+size_t gemm_workspace_bytes(const GemmArguments& args) {
+  return (GemmKernel::get_workspace_size(args) + 255) / 256 * 256;
 }
 
 void set_reason(char* why, size_t size, const char* text) {
@@ -717,6 +742,98 @@ void set_reason(char* why, size_t size, const char* text) {
     std::strncpy(why, text, size - 1);
     why[size - 1] = '\0';
   }
+}
+
+// --- the launch cache ------------------------------------------------------------------
+// Building the kernel's Params (CUTLASS's to_underlying_arguments: TMA descriptors through
+// the driver, the tile scheduler's set-up) costs several microseconds; a caller repeating a
+// call with the same arguments gets the Params of its previous call and only launches.
+// Params hold no stream (they are passed to the kernel by value), so one entry serves every
+// stream. Per thread, so concurrent callers share nothing; a few entries per thread, so
+// alternating between problems (a training step's shapes, two outputs) still hits.
+constexpr int kCacheEntries = 4;
+
+struct LaunchEntry {
+  bool valid = false;
+  int device = -1;
+  evtc_gemm_args key{};  // ptrs and scalars are compared through the copies below
+  void* ptrs[kPointerSlots > 0 ? kPointerSlots : 1] = {};
+  double scalars[kScalarSlots > 0 ? kScalarSlots : 1] = {};
+  void* workspace = nullptr;
+  size_t gemm_bytes = 0;
+  GemmArguments args{};
+  GemmParams params{};
+  dim3 grid{};
+};
+
+struct LaunchCache {
+  LaunchEntry entries[kCacheEntries];
+  int next = 0;
+};
+
+bool same_call(const LaunchEntry& e, const evtc_gemm_args& a, void* workspace, int device) {
+  const evtc_gemm_args& k = e.key;
+  return e.valid && e.device == device && e.workspace == workspace && k.m == a.m && k.n == a.n &&
+         k.k == a.k && k.a == a.a && k.b == a.b && k.c == a.c && k.d == a.d && k.lda == a.lda &&
+         k.ldb == a.ldb && k.ldc == a.ldc && k.ldd == a.ldd && k.sm_count == a.sm_count &&
+         (kPointerSlots == 0 || std::memcmp(e.ptrs, a.ptrs, sizeof(void*) * kPointerSlots) == 0) &&
+         (kScalarSlots == 0 || std::memcmp(e.scalars, a.scalars, sizeof(double) * kScalarSlots) == 0);
+}
+
+// What GemmUniversalAdapter::initialize does, into a cache entry.
+cutlass::Status prepare(LaunchEntry& e, const evtc_gemm_args& a, void* workspace, int device,
+                        cudaStream_t s) {
+  e.valid = false;
+  e.args = gemm_arguments(a, nullptr);
+  e.gemm_bytes = gemm_workspace_bytes(e.args);
+  char* scratch = static_cast<char*>(workspace) + e.gemm_bytes;
+  e.args = gemm_arguments(a, scratch);
+  cutlass::Status status = GemmKernel::initialize_workspace(e.args, workspace, s, nullptr);
+  if (status != cutlass::Status::kSuccess) return status;
+  e.params = GemmKernel::to_underlying_arguments(e.args, workspace);
+  e.grid = GemmKernel::get_grid_shape(e.params);
+  const void* kernel = reinterpret_cast<const void*>(&cutlass::device_kernel<GemmKernel>);
+  constexpr int smem = GemmKernel::SharedStorageSize;
+  if (smem >= (48 << 10) &&
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) {
+    cudaGetLastError();
+    return cutlass::Status::kErrorInternal;
+  }
+  if (cute::size(ClusterShape{}) > 1 &&
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+    cudaGetLastError();
+    return cutlass::Status::kErrorInternal;
+  }
+  e.key = a;
+  e.key.ptrs = nullptr;
+  e.key.scalars = nullptr;
+  if (kPointerSlots) std::memcpy(e.ptrs, a.ptrs, sizeof(void*) * kPointerSlots);
+  if (kScalarSlots) std::memcpy(e.scalars, a.scalars, sizeof(double) * kScalarSlots);
+  e.workspace = workspace;
+  e.device = device;
+  e.valid = true;
+  return cutlass::Status::kSuccess;
+}
+
+// GemmUniversalAdapter::run for sm90: the cluster shape as a launch attribute.
+cudaError_t launch(LaunchEntry& e, cudaStream_t s) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = e.grid;
+  config.blockDim = GemmKernel::get_block_shape();
+  config.dynamicSmemBytes = GemmKernel::SharedStorageSize;
+  config.stream = s;
+  cudaLaunchAttribute cluster[1];
+  if (cute::size(ClusterShape{}) > 1) {
+    cluster[0].id = cudaLaunchAttributeClusterDimension;
+    cluster[0].val.clusterDim.x = cute::size<0>(ClusterShape{});
+    cluster[0].val.clusterDim.y = cute::size<1>(ClusterShape{});
+    cluster[0].val.clusterDim.z = 1;
+    config.attrs = cluster;
+    config.numAttrs = 1;
+  }
+  void* params[] = {&e.params};
+  return cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(&cutlass::device_kernel<GemmKernel>),
+                             params);
 }
 
 }  // namespace
@@ -729,41 +846,57 @@ int evtc_abi_version(void) { return EVTC_ABI_VERSION; }
   s += sig_.c_export();
   s += R"(
 int evtc_can_implement(const evtc_gemm_args* a, char* why, size_t why_size) {
-  auto args = gemm_arguments(*a, nullptr);
-  cutlass::Status status = Gemm::can_implement(args);
-  if (status != cutlass::Status::kSuccess) {
-    set_reason(why, why_size, cutlassGetStatusString(status));
+  if (!GemmKernel::can_implement(gemm_arguments(*a, nullptr))) {
+    set_reason(why, why_size, cutlassGetStatusString(cutlass::Status::kInvalid));
     return EVTC_ERROR_CANNOT_IMPLEMENT;
   }
   return EVTC_OK;
 }
 
 size_t evtc_workspace_size(const evtc_gemm_args* a) {
-  const size_t gemm_bytes = (Gemm::get_workspace_size(gemm_arguments(*a, nullptr)) + 255) / 256 * 256;
-  return gemm_bytes + scratch_bytes(*a);
+  return gemm_workspace_bytes(gemm_arguments(*a, nullptr)) + scratch_bytes(*a);
 }
 
 int evtc_run(const evtc_gemm_args* a, void* workspace, void* stream, char* why, size_t why_size) {
-  const size_t gemm_bytes = (Gemm::get_workspace_size(gemm_arguments(*a, nullptr)) + 255) / 256 * 256;
-  char* scratch = static_cast<char*>(workspace) + gemm_bytes;
-  auto args = gemm_arguments(*a, scratch);
-  Gemm gemm;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  cutlass::Status status = gemm.initialize(args, workspace, s);
-  if (status != cutlass::Status::kSuccess) {
-    set_reason(why, why_size, cutlassGetStatusString(status));
-    return EVTC_ERROR_CANNOT_IMPLEMENT;
+  int device = 0;
+  cudaGetDevice(&device);
+  thread_local LaunchCache cache;
+  LaunchEntry* e = nullptr;
+  for (LaunchEntry& c : cache.entries)
+    if (same_call(c, *a, workspace, device)) {
+      e = &c;
+      break;
+    }
+  if (e) {
+    // A CUTLASS workspace (stream-K's tile counters) is set up again for every launch.
+    if (e->gemm_bytes) {
+      cutlass::Status status = GemmKernel::initialize_workspace(e->args, workspace, s, nullptr);
+      if (status != cutlass::Status::kSuccess) {
+        set_reason(why, why_size, cutlassGetStatusString(status));
+        return EVTC_ERROR_CANNOT_IMPLEMENT;
+      }
+    }
+  } else {
+    e = &cache.entries[cache.next];
+    cache.next = (cache.next + 1) % kCacheEntries;
+    cutlass::Status status = prepare(*e, *a, workspace, device, s);
+    if (status != cutlass::Status::kSuccess) {
+      set_reason(why, why_size, cutlassGetStatusString(status));
+      return EVTC_ERROR_CANNOT_IMPLEMENT;
+    }
   }
-  status = gemm.run(s);
-  if (status != cutlass::Status::kSuccess) {
-    cudaError_t err = cudaGetLastError();
-    set_reason(why, why_size, err != cudaSuccess ? cudaGetErrorString(err) : cutlassGetStatusString(status));
-    return EVTC_ERROR_LAUNCH;
-  }
-  finish_reductions(*a, scratch, s);
-  if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) {
+  if (cudaError_t err = launch(*e, s); err != cudaSuccess) {
+    e->valid = false;
     set_reason(why, why_size, cudaGetErrorString(err));
     return EVTC_ERROR_LAUNCH;
+  }
+  if (kReductions > 0) {
+    finish_reductions(*a, static_cast<char*>(workspace) + e->gemm_bytes, s);
+    if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) {
+      set_reason(why, why_size, cudaGetErrorString(err));
+      return EVTC_ERROR_LAUNCH;
+    }
   }
   return EVTC_OK;
 }
