@@ -8,7 +8,12 @@ torch.bmm (equal groups only) are timed in the same process. Each time is the me
 CUDA-event timings after warm-up. Every evtc result is first checked against an fp32
 PyTorch computation of the same epilogue (rel-L2 ≤ 1e-2).
 
-Usage: python3 bench/grouped_moe.py PATH/TO/evtc --out DIR
+The gated epilogue (gptoss_swiglu, the W6 MoE layer's activation) reads the weights' rows as
+interleaved (gate, up) pairs and writes sum(M_g) × N/2; its eager PyTorch form slices the
+even and odd columns of the product.
+
+Usage: python3 bench/grouped_moe.py PATH/TO/evtc --out DIR [--epilogues bias,gptoss_swiglu]
+       [--shapes W6] [--configs ,coop_128x256x64_c2x1_persistent]
 """
 import argparse
 import ctypes
@@ -40,16 +45,21 @@ def compile_kernel(evtc, expr, config):
 
 
 class EvtcGrouped:
-    """One compiled grouped kernel, bound to one problem's tensors (bias: G×N, per group)."""
+    """One compiled grouped kernel, bound to one problem's tensors (bias: G×N, per group; y:
+    sum(M_g) × N, or × N/2 for a gated kernel, whose output is its second pointer slot)."""
 
-    def __init__(self, path, x, w, offsets, bias, y):
+    def __init__(self, path, x, w, offsets, bias, y, gated=False):
         self.lib = ctypes.CDLL(path)
         for f in ("evtc_grouped_workspace_size",):
             getattr(self.lib, f).restype = ctypes.c_size_t
         self.keep = (x, w, offsets, bias, y)
         g, n, k = w.shape
-        self.ptrs = (ctypes.c_void_p * 1)(bias.data_ptr())
-        self.strides = (ctypes.c_int64 * 1)(bias.stride(0))
+        if gated:  # pointer slots: inputs, then the gated output
+            self.ptrs = (ctypes.c_void_p * 2)(bias.data_ptr(), y.data_ptr())
+            self.strides = (ctypes.c_int64 * 2)(bias.stride(0), 0)
+        else:
+            self.ptrs = (ctypes.c_void_p * 1)(bias.data_ptr())
+            self.strides = (ctypes.c_int64 * 1)(bias.stride(0))
         self.scalars = (ctypes.c_double * 1)(0.0)
         self.args = GroupedArgs(g, x.shape[0], n, k, x.data_ptr(), w.data_ptr(), offsets.data_ptr(),
                                 y.data_ptr(), x.stride(0), w.stride(1), w.stride(0), y.stride(0),
@@ -86,10 +96,18 @@ def median_ms(fn, warmup=20, iters=100):
     return statistics.median(times)
 
 
+def gptoss_swiglu(h, alpha=1.702, limit=7.0):
+    """GPT-OSS SwiGLU over interleaved (gate, up) columns: N -> N/2."""
+    g = h[:, 0::2].clamp(max=limit)
+    u = h[:, 1::2].clamp(-limit, limit)
+    return g * torch.sigmoid(alpha * g) * (u + 1)
+
+
 EPILOGUES = {
-    # name: (evtc expression, the same in PyTorch over h = x_g @ w_g.T + bias_g)
-    "bias": ("out D: bf16 = acc + bias[n]", lambda h: h),
-    "bias_silu": ("out D: bf16 = silu(acc + bias[n])", F.silu),
+    # name: (evtc expression, the same in PyTorch over h = x_g @ w_g.T + bias_g, gated)
+    "bias": ("out D: bf16 = acc + bias[n]", lambda h: h, False),
+    "bias_silu": ("out D: bf16 = silu(acc + bias[n])", F.silu, False),
+    "gptoss_swiglu": ("out y: bf16 = gptoss_swiglu(acc + bias[n])", gptoss_swiglu, True),
 }
 
 
@@ -118,7 +136,10 @@ def main():
     ap.add_argument("evtc")
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--configs", default=",pingpong_128x128x64_c1x2_persistent,coop_128x256x64_c2x1_persistent")
+    ap.add_argument("--epilogues", default=",".join(EPILOGUES), help="comma-separated, of " + ",".join(EPILOGUES))
+    ap.add_argument("--shapes", default="", help="run only the shapes whose name starts with one of these (comma-separated)")
     opts = ap.parse_args()
+    epilogues = {e: EPILOGUES[e] for e in opts.epilogues.split(",")}
     os.makedirs(opts.out, exist_ok=True)
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(1)
@@ -131,6 +152,8 @@ def main():
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rows": []}
     configs = opts.configs.split(",")
+    if opts.shapes:
+        shapes = {name: v for name, v in shapes.items() if any(name.startswith(p) for p in opts.shapes.split(","))}
     for shape_name, (rows, n, k) in shapes.items():
         x, w, bias, offs = problem(rows, n, k, 0)
         total = sum(rows)
@@ -140,20 +163,20 @@ def main():
         if len(set(rows)) == 1:
             xb = x.view(len(rows), rows[0], k)
             base["torch.bmm"] = median_ms(lambda: torch.bmm(xb, w.transpose(1, 2)))
-        for epi, (expr, fn) in EPILOGUES.items():
+        for epi, (expr, fn, gated) in epilogues.items():
             def eager():
                 h = torch._grouped_mm(x, w.transpose(1, 2), offs=offs)
                 idx = torch.repeat_interleave(torch.arange(len(rows), device="cuda"), offs.diff(prepend=offs.new_zeros(1)),
                                               output_size=total)
                 return fn(h + bias[idx])
             row = {"shape": shape_name, "epilogue": epi, "groups": len(rows), "total_m": total, "n": n, "k": k,
-                   "baselines_ms": dict(base), "evtc": {}}
+                   "output_cols": n // 2 if gated else n, "baselines_ms": dict(base), "evtc": {}}
             row["baselines_ms"]["torch._grouped_mm + eager epilogue"] = median_ms(eager)
             want = reference(x, w, bias, offs, fn)
             for cfg in configs:
                 path, cfg_name = compile_kernel(opts.evtc, expr, cfg)
-                y = torch.full((total, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-                kern = EvtcGrouped(path, x, w, offs, bias, y)
+                y = torch.full(tuple(want.shape), float("nan"), dtype=torch.bfloat16, device="cuda")
+                kern = EvtcGrouped(path, x, w, offs, bias, y, gated)
                 kern()
                 torch.cuda.synchronize()
                 err = ((y.float() - want).norm() / want.norm()).item()

@@ -90,7 +90,7 @@ Command add_grouped_command(CLI::App& app) {
               const auto got = problem.read_output(total, nullptr);
               const auto cmp = runtime::check_grouped_output(kernel, got,
                                                              evaluate_grouped_reference(kernel.graph(), inputs));
-              fmt::print("check {}: {}\n", kernel.signature().d_name, cmp.describe());
+              fmt::print("check {}: {}\n", kernel.output_name(), cmp.describe());
               if (!cmp.pass) rc = kExitFailed;
             }
             if (a->bench) {

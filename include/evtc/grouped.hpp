@@ -6,6 +6,10 @@
 // N×K, K-major, like stacked nn.Linear weights) or, when compiled for it, G × K × N, and the
 // output Y (sum of M_g × N). Empty groups are allowed.
 //
+// Gated epilogues (docs/expressions.md) halve N: `out y: bf16 = gptoss_swiglu(acc + bias[n])`
+// over weights whose rows interleave (gate, up) (evtc::interleave_gate_up, per group) writes
+// Y as sum of M_g × N/2, group g's rows starting at row offsets[g-1], N even.
+//
 //   evtc::GroupedKernel kernel(evtc::parse_expression("out D: bf16 = silu(acc + bias[n])"));
 //   evtc::GroupedArguments args;
 //   args.x(TensorRef::matrix(x, DType::bf16, total_m, K))
@@ -23,7 +27,7 @@
 // a CUDA graph; replays read the offsets as they are then.
 //
 // Refused when the GroupedKernel is built, with a UserError naming the operand: [m,n]
-// operands, column vectors [m], the source C, reductions and second [m,n] outputs (CUTLASS
+// operands, column vectors [m], the source C, reductions and second outputs (CUTLASS
 // 4.2's grouped kernels have no per-group aux loads/stores and its column reduction does not
 // compile with GroupProblemShape); fp8 or mixed X/W dtypes; a column-major X.
 #pragma once
@@ -118,6 +122,11 @@ class GroupedKernel {
   const Graph& graph() const;  // after the pass pipeline
   const KernelSignature& signature() const;
   const KernelConfig& config() const;
+  // The one output Y: the [m,n] main output (sum of M_g × N), or for a gated epilogue its
+  // [m,n/2] output (sum of M_g × N/2).
+  const std::string& output_name() const;
+  DType output_dtype() const;
+  bool gated() const;
 
  private:
   struct Impl;
@@ -134,7 +143,8 @@ struct GroupedReferenceInputs {
   std::map<std::string, std::vector<double>> operands;
 };
 
-// The reference outputs of every group, stacked like Y: [m,n] outputs sum(M_g) × N.
+// The reference outputs of every group, stacked like Y: [m,n] outputs sum(M_g) × N, gated
+// [m,n/2] outputs sum(M_g) × N/2.
 ReferenceOutputs evaluate_grouped_reference(const Graph& g, const GroupedReferenceInputs& inputs);
 
 }  // namespace evtc

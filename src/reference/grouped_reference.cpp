@@ -1,6 +1,9 @@
 // The fp64 reference of a grouped GEMM: the ordinary reference interpreter, once per group,
-// on that group's rows of X, its weights and its row of each per-group operand.
+// on that group's rows of X, its weights and its row of each per-group operand; a gated
+// [m,n/2] output (Shape::half) is stacked with N/2 columns.
 #include <fmt/format.h>
+
+#include <map>
 
 #include "evtc/error.hpp"
 #include "evtc/grouped.hpp"
@@ -38,7 +41,14 @@ ReferenceOutputs evaluate_grouped_reference(const Graph& g, const GroupedReferen
     throw UserError(fmt::format("grouped reference: w has {} values, expected {} × {} × {}", in.w.size(),
                                 groups, n, k));
   ReferenceOutputs out;
-  for (NodeId id : g.outputs()) out[g.node(id).name].assign(total * n, 0.0);
+  std::map<std::string, size_t> cols;  // of each output
+  for (NodeId id : g.outputs()) {
+    const Node& s = g.node(id);
+    if (s.shape == Shape::half && n % 2 != 0)
+      throw UserError(fmt::format("grouped reference: output '{}' is gated: N={} must be even", s.name, n));
+    cols[s.name] = s.shape == Shape::half ? n / 2 : n;
+    out[s.name].assign(total * cols[s.name], 0.0);
+  }
   size_t row0 = 0;
   for (size_t grp = 0; grp < groups; ++grp) {
     const size_t m = size_t(in.rows[grp]);
@@ -64,9 +74,10 @@ ReferenceOutputs evaluate_grouped_reference(const Graph& g, const GroupedReferen
     const ReferenceOutputs part = evaluate_reference(g, ri);
     for (const auto& [name, values] : part) {
       auto& dst = out.at(name);
-      if (values.size() != m * n)
-        throw UserError(fmt::format("grouped reference: output '{}' is not an [m,n] output", name));
-      std::copy(values.begin(), values.end(), dst.begin() + static_cast<std::ptrdiff_t>(row0 * n));
+      const size_t c = cols.at(name);
+      if (values.size() != m * c)
+        throw UserError(fmt::format("grouped reference: output '{}' is not an [m,n] or [m,n/2] output", name));
+      std::copy(values.begin(), values.end(), dst.begin() + static_cast<std::ptrdiff_t>(row0 * c));
     }
     row0 += m;
   }

@@ -46,6 +46,7 @@ GroupedReferenceInputs random_grouped_inputs(const GroupedKernel& kernel, const 
   in.x = normals(rng, size_t(total * k), s, DType::bf16);
   in.w = normals(rng, groups * size_t(n * k), s, DType::bf16);
   for (const OperandSlot& slot : kernel.signature().pointers) {
+    if (slot.is_output) continue;  // a gated output
     const size_t per = slot.kind == NodeKind::row_vec ? size_t(n) : 1;
     in.operands[slot.name] = normals(rng, groups * per, 1.0, slot.dtype);
   }
@@ -58,7 +59,7 @@ GroupedReferenceInputs random_grouped_inputs(const GroupedKernel& kernel, const 
 
 GroupedDeviceProblem::GroupedDeviceProblem(const GroupedKernel& kernel, const GroupedReferenceInputs& in,
                                            int64_t capacity, const std::map<std::string, double>& scalar_values)
-    : kernel_(kernel), capacity_(capacity), n_(in.n) {
+    : kernel_(kernel), capacity_(capacity) {
   const size_t groups = in.rows.size();
   const int64_t total = std::accumulate(in.rows.begin(), in.rows.end(), int64_t(0));
   if (capacity < total) throw UserError("grouped problem: capacity below the rows of the groups");
@@ -78,6 +79,7 @@ GroupedDeviceProblem::GroupedDeviceProblem(const GroupedKernel& kernel, const Gr
   args_.x(TensorRef::matrix(upload("x", ab, x), ab, capacity, in.k));
   args_.weights(BatchedTensorRef::contiguous(upload("w", ab, in.w), ab, int64_t(groups), in.n, in.k));
   for (const OperandSlot& slot : kernel.signature().pointers) {
+    if (slot.is_output) continue;  // a gated output: Y below
     const auto& values = in.operands.at(slot.name);
     void* p = upload(slot.name, slot.dtype, values);
     if (slot.kind == NodeKind::row_vec)
@@ -89,10 +91,11 @@ GroupedDeviceProblem::GroupedDeviceProblem(const GroupedKernel& kernel, const Gr
     auto it = scalar_values.find(slot.name);
     args_.set(slot.name, it == scalar_values.end() ? 1.5 : it->second);
   }
-  const std::string& d = kernel.signature().d_name;
-  const DType dt = kernel.signature().d_dtype;
-  DeviceBuffer y(size_t(capacity * in.n) * size_t(dtype_bytes(dt)));
-  args_.set(d, TensorRef::matrix(y.get(), dt, capacity, in.n));
+  const std::string& d = kernel.output_name();
+  const DType dt = kernel.output_dtype();
+  y_cols_ = kernel.gated() ? in.n / 2 : in.n;
+  DeviceBuffer y(size_t(capacity * y_cols_) * size_t(dtype_bytes(dt)));
+  args_.set(d, TensorRef::matrix(y.get(), dt, capacity, y_cols_));
   buffers_["y"] = std::move(y);
   DeviceBuffer offsets(groups * sizeof(int32_t));
   args_.offsets(static_cast<const int32_t*>(offsets.get()), int64_t(groups));
@@ -118,22 +121,22 @@ void GroupedDeviceProblem::poison_output(cudaStream_t stream) const {
 }
 
 std::vector<double> GroupedDeviceProblem::read_output(int64_t rows, cudaStream_t stream) const {
-  const DType dt = kernel_.signature().d_dtype;
-  std::vector<uint8_t> bytes(size_t(rows * n_) * size_t(dtype_bytes(dt)));
+  const DType dt = kernel_.output_dtype();
+  std::vector<uint8_t> bytes(size_t(rows * y_cols_) * size_t(dtype_bytes(dt)));
   check(cudaStreamSynchronize(stream), "grouped run");
   check(cudaMemcpy(bytes.data(), buffers_.at("y").get(), bytes.size(), cudaMemcpyDeviceToHost), "download");
-  return decode(dt, bytes.data(), size_t(rows * n_));
+  return decode(dt, bytes.data(), size_t(rows * y_cols_));
 }
 
 Comparison check_grouped_output(const GroupedKernel& kernel, const std::vector<double>& got,
                                 const ReferenceOutputs& want) {
-  const KernelSignature& sig = kernel.signature();
-  Tolerance t = tolerance_for(sig.d_dtype);
-  if (sig.d_dtype == DType::f32) {  // fast device math forms (see output_tolerance)
+  const DType dt = kernel.output_dtype();
+  Tolerance t = tolerance_for(dt);
+  if (dt == DType::f32) {  // fast device math forms (see output_tolerance)
     t.rtol = std::max(t.rtol, std::ldexp(1.0, -9));
     t.max_rel_l2 = std::max(t.max_rel_l2, std::ldexp(1.0, -10));
   }
-  return compare_outputs(got, want.at(sig.d_name), t);
+  return compare_outputs(got, want.at(kernel.output_name()), t);
 }
 
 }  // namespace evtc::runtime

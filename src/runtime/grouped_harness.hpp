@@ -23,7 +23,7 @@ GroupedReferenceInputs random_grouped_inputs(const GroupedKernel& kernel, const 
 class GroupedDeviceProblem {
  public:
   // Uploads X (with `capacity` rows, at least sum(rows); extra rows are random too), W, the
-  // operands and the end offsets; allocates Y (capacity × N).
+  // operands and the end offsets; allocates Y (capacity × N, or capacity × N/2 when gated).
   GroupedDeviceProblem(const GroupedKernel& kernel, const GroupedReferenceInputs& inputs, int64_t capacity,
                        const std::map<std::string, double>& scalar_values = {});
   const GroupedArguments& arguments() const { return args_; }
@@ -37,7 +37,7 @@ class GroupedDeviceProblem {
 
  private:
   const GroupedKernel& kernel_;
-  int64_t capacity_ = 0, n_ = 0;
+  int64_t capacity_ = 0, y_cols_ = 0;
   std::map<std::string, DeviceBuffer> buffers_;
   std::vector<int32_t> host_offsets_;
   GroupedArguments args_;

@@ -30,6 +30,9 @@ struct GroupedKernel::Impl {
   GroupedOptions options;
   KernelConfig config;
   KernelSignature signature;
+  std::string output;  // Y: the main output, or the gated [m,n/2] output
+  DType output_dtype = DType::bf16;
+  bool gated = false;
   mutable std::mutex mu;
   mutable std::shared_ptr<jit::Library> library;
   mutable evtc_grouped_can_implement_fn can_implement = nullptr;
@@ -75,6 +78,11 @@ GroupedKernel::GroupedKernel(const Graph& graph, const GroupedOptions& options)
     throw UserError("cannot build a grouped kernel: " + text);
   }
   impl_->signature = make_signature(impl_->graph);
+  impl_->output = sm90::grouped_output_name(impl_->graph);
+  impl_->gated = impl_->signature.d_name.empty();
+  impl_->output_dtype = impl_->signature.d_dtype;
+  for (const OperandSlot& s : impl_->signature.pointers)
+    if (s.name == impl_->output) impl_->output_dtype = s.dtype;
 }
 
 GroupedKernel::~GroupedKernel() = default;
@@ -90,6 +98,9 @@ std::string GroupedKernel::source() const { return impl_->request().source; }
 const Graph& GroupedKernel::graph() const { return impl_->graph; }
 const KernelSignature& GroupedKernel::signature() const { return impl_->signature; }
 const KernelConfig& GroupedKernel::config() const { return impl_->config; }
+const std::string& GroupedKernel::output_name() const { return impl_->output; }
+DType GroupedKernel::output_dtype() const { return impl_->output_dtype; }
+bool GroupedKernel::gated() const { return impl_->gated; }
 
 namespace {
 
@@ -152,6 +163,10 @@ void GroupedKernel::run(const GroupedArguments& args, cudaStream_t stream) const
     throw UserError(fmt::format("weights are {} = [{}, {}, {}] but x has K={} columns", w_shape, groups,
                                 W.rows, W.cols, k));
   if (n <= 0) throw UserError("weights: N must be positive");
+  if (im.gated && n % 2 != 0)
+    throw UserError(fmt::format("output '{}' is gated (one column per interleaved (gate, up) pair of "
+                                "the weights' N rows): N={} must be even",
+                                im.output, n));
   if (W.row_stride < W.cols || W.batch_stride < W.rows * W.row_stride)
     throw UserError(fmt::format("weights: strides ({}, {}, 1) overlap for shape [{}, {}, {}]",
                                 W.batch_stride, W.row_stride, groups, W.rows, W.cols));
@@ -173,25 +188,41 @@ void GroupedKernel::run(const GroupedArguments& args, cudaStream_t stream) const
   device_ptrs.emplace_back(args.offsets(), "offsets");
 
   // --- the output ------------------------------------------------------------------------
-  auto out = args.tensors().find(sig.d_name);
+  const std::string& out_name = im.output;
+  const int64_t out_cols = im.gated ? n / 2 : n;
+  const char* out_shape = im.gated ? "[m,n/2], sum of M_g × N/2" : "[m,n], sum of M_g × N";
+  auto out = args.tensors().find(out_name);
   if (out == args.tensors().end())
-    throw UserError(fmt::format("output '{}' ({}[m,n], sum of M_g × N) was not given", sig.d_name,
-                                dtype_name(sig.d_dtype)));
+    throw UserError(fmt::format("output '{}' ({}{}) was not given", out_name, dtype_name(im.output_dtype),
+                                out_shape));
   const TensorRef& Y = out->second;
-  if (Y.dtype != sig.d_dtype)
-    throw UserError(fmt::format("output '{}' is {} but the epilogue writes {}", sig.d_name,
-                                dtype_name(Y.dtype), dtype_name(sig.d_dtype)));
-  if (Y.rows != total_m || Y.cols != n || Y.col_stride != 1 || Y.row_stride < n)
-    throw UserError(fmt::format("output '{}' must be a row-major {}×{} matrix (x's rows × N); got {}×{} "
+  if (Y.dtype != im.output_dtype)
+    throw UserError(fmt::format("output '{}' is {} but the epilogue writes {}", out_name,
+                                dtype_name(Y.dtype), dtype_name(im.output_dtype)));
+  if (Y.rows != total_m || Y.cols != out_cols || Y.col_stride != 1 || Y.row_stride < out_cols)
+    throw UserError(fmt::format("output '{}' must be a row-major {}×{} matrix (x's rows × {}); got {}×{} "
                                 "with strides ({}, {})",
-                                sig.d_name, total_m, n, Y.rows, Y.cols, Y.row_stride, Y.col_stride));
-  require_aligned(fmt::format("output '{}'", sig.d_name), Y.data, Y.row_stride, Y.dtype);
-  if (total_m > 0) device_ptrs.emplace_back(Y.data, fmt::format("output '{}'", sig.d_name));
+                                out_name, total_m, out_cols, im.gated ? "N/2" : "N", Y.rows, Y.cols,
+                                Y.row_stride, Y.col_stride));
+  if (im.gated) {
+    // Written element by element from registers (no TMA): only the element's alignment.
+    if (reinterpret_cast<uintptr_t>(Y.data) % uintptr_t(dtype_bytes(Y.dtype)) != 0)
+      throw UserError(fmt::format("output '{}': its data must be aligned to its {}-byte elements", out_name,
+                                  dtype_bytes(Y.dtype)));
+  } else {
+    require_aligned(fmt::format("output '{}'", out_name), Y.data, Y.row_stride, Y.dtype);
+  }
+  if (total_m > 0) device_ptrs.emplace_back(Y.data, fmt::format("output '{}'", out_name));
 
   // --- epilogue operands -----------------------------------------------------------------
   std::vector<void*> ptrs;
   std::vector<int64_t> group_strides;
   for (const OperandSlot& s : sig.pointers) {
+    if (s.is_output) {  // the gated output Y (its half store also reads a.y's per-group table)
+      ptrs.push_back(Y.data);
+      group_strides.push_back(0);
+      continue;
+    }
     auto it = args.tensors().find(s.name);
     const bool row = s.kind == NodeKind::row_vec;
     const std::string want =
@@ -229,7 +260,7 @@ void GroupedKernel::run(const GroupedArguments& args, cudaStream_t stream) const
     scalars.push_back(it->second);
   }
   for (const auto& [name, t] : args.tensors()) {
-    bool known = name == sig.d_name;
+    bool known = name == out_name;
     for (const auto& s : sig.pointers) known |= s.name == name;
     if (!known) throw UserError(fmt::format("'{}' is not an operand or output of this epilogue", name));
   }

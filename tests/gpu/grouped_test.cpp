@@ -1,9 +1,11 @@
 // Grouped (MoE) GEMMs on the GPU: random group sizes (empty groups and sizes that are not
 // tile multiples included) for G = 1, 8 and 64, per-group and shared operands, both weight
-// layouts, compared group by group with the fp64 reference on poisoned outputs; and CUDA-graph
-// capture, replayed after the device offsets changed.
+// layouts, gated epilogues (N -> N/2 per group), compared group by group with the fp64
+// reference on poisoned outputs; and CUDA-graph capture, replayed after the device offsets
+// changed.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <numeric>
 #include <random>
 
@@ -15,6 +17,7 @@ namespace evtc {
 namespace {
 
 const char* kBiasSilu = "out D: bf16 = silu(acc + bias[n])";
+const char* kGated = "out y: bf16 = gptoss_swiglu(acc + bias[n])";  // W6's epilogue
 const char* kScalars = "input s: f32 ptr; input bias[n]: f32; out D: bf16 = gelu(acc + bias[n]) * s * alpha";
 
 void cuda_ok(cudaError_t e) { ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e); }
@@ -50,6 +53,32 @@ TEST(GroupedGemm, RandomGroupSizesMatchReference) {
   expect_matches(bias_silu(), random_rows(8, 3), 512, 128, 3);
   expect_matches(bias_silu(), random_rows(64, 4), 384, 264, 4);
   expect_matches(bias_silu(), {0, 0, 0, 0}, 256, 64, 5);  // nothing to do
+}
+
+TEST(GroupedGemm, GatedRandomGroupSizesMatchReference) {
+  // Group g's N/2 gated columns land at rows offsets[g-1].. of the (sum M_g) × N/2 output;
+  // the poisoned rows past the groups (capacity = total + 17) must stay untouched by the
+  // per-group pointers, and every written row is checked.
+  static GroupedKernel k(parse_expression(kGated));
+  ASSERT_TRUE(k.gated());
+  expect_matches(k, {237}, 384, 264, 21);
+  expect_matches(k, {0, 5, 128, 300, 0, 1, 129, 77}, 384, 264, 22);
+  expect_matches(k, random_rows(8, 23), 512, 128, 23);
+  expect_matches(k, random_rows(64, 24), 272, 136, 24);
+  // Larger activations, so the clamp at 7 and the gate's min(., 7) are reached.
+  auto rows = random_rows(8, 25);
+  auto in = runtime::random_grouped_inputs(k, rows, 256, 64, 25);
+  for (double& b : in.operands["bias"]) b = std::round(b * 8.0);  // exact in bf16
+  runtime::GroupedDeviceProblem problem(k, in, total(rows) + 5);
+  problem.poison_output(nullptr);
+  k.run(problem.arguments(), nullptr);
+  const auto got = problem.read_output(total(rows) + 5, nullptr);
+  const auto want = evaluate_grouped_reference(k.graph(), in);
+  const std::vector<double> written(got.begin(), got.begin() + total(rows) * 128);
+  const auto cmp = runtime::check_grouped_output(k, written, want);
+  EXPECT_TRUE(cmp.pass) << cmp.describe();
+  for (size_t i = size_t(total(rows) * 128); i < got.size(); ++i)
+    ASSERT_TRUE(std::isnan(got[i])) << "row " << i / 128 << " past the groups was written";
 }
 
 TEST(GroupedGemm, PerGroupScalarsAndF32BiasPingpong) {

@@ -31,6 +31,7 @@ cases=(
   "scale_res_c|--dtype f16|input C: f16; out D = scale[m] * acc + res[m,n] + beta * C"
   "dag_extra_output_gated||f = alpha * acc + bias[n]; out pre: bf16 = f; out D: bf16 = gelu(f) * f; out y: bf16 = swiglu7(f)"
   "grouped_per_group|grouped|input s: f32 ptr; out D: bf16 = silu(acc + bias[n]) * s * alpha"
+  "grouped_gated|grouped|out y: bf16 = gptoss_swiglu(acc + bias[n])"
   "reductions||x = acc * s[m]; out D: bf16 = relu(x); out r = row_sum(x); out c: bf16 = col_amax(x); out t = sum(x); out lo = min(x)"
   "gate_pingpong|--config pingpong_128x128x64_c2x1_persistent|out D: bf16 = acc * gate[m,n]"
   "bias_streamk|--config coop_128x256x64_c2x1_streamk|out D: bf16 = acc + bias[n]"

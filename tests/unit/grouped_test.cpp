@@ -33,8 +33,12 @@ TEST(GroupedRefusals, NameTheOperandAndTheReason) {
   expect_has(refusal("out D: bf16 = acc * s[m]"), {"operand 's[m]' is a column vector"});
   expect_has(refusal("out D: bf16 = acc + C"), {"source C"});
   expect_has(refusal("out D: bf16 = acc; out r = row_sum(acc)"), {"output 'r' is a reduction", "Sm90ColReduction"});
-  expect_has(refusal("out D: bf16 = acc; out P: bf16 = relu(acc)"), {"output 'P' is a second [m,n] output"});
-  expect_has(refusal("out loss = sum(acc)"), {"needs an [m,n] output"});
+  expect_has(refusal("out D: bf16 = acc; out P: bf16 = relu(acc)"), {"output 'P' is a second output"});
+  expect_has(refusal("out loss = sum(acc)"), {"needs an output ([m,n], or a gated [m,n/2])"});
+  // Gated epilogues: one [m,n/2] output, and nothing besides it.
+  EXPECT_EQ(refusal("out y: bf16 = gptoss_swiglu(acc + bias[n])"), "");
+  expect_has(refusal("out D: bf16 = acc; out y: bf16 = swiglu(acc)"), {"output 'y' is a second output", "'D'"});
+  expect_has(refusal("out y: bf16 = swiglu(acc); out z: bf16 = reglu(acc)"), {"output 'z' is a second output", "'y'"});
   GroupedOptions fp8;
   fp8.gemm.a_dtype = fp8.gemm.b_dtype = DType::f8e4m3;
   expect_has(refusal("out D: bf16 = acc", fp8), {"bf16 or f16 X and W"});
@@ -68,6 +72,31 @@ TEST(GroupedEmitter, PtrArrayKernelWithPerGroupOperands) {
   const std::string src2 = GroupedKernel(parse_expression("out D: bf16 = acc"), pp).source();
   expect_has(src2, {"KernelPtrArrayTmaWarpSpecializedPingpong"});
   expect_has(src2, {"cute::get<1>(sb) = ldw;"});  // G×K×N weights: N-major B
+}
+
+TEST(GroupedEmitter, GatedKernelWritesHalfWidthThroughPerGroupPointers) {
+  GroupedKernel k(parse_expression("out y: bf16 = gptoss_swiglu(acc + bias[n])"));
+  EXPECT_TRUE(k.gated());
+  EXPECT_EQ(k.output_name(), "y");
+  EXPECT_EQ(k.output_dtype(), DType::bf16);
+  const std::string src = k.source();
+  // No D: the collective epilogue is built without it, its unused staging sized by ElementAux.
+  expect_has(src, {"using ElementD = void;", "using ElementY = cutlass::bfloat16_t;",
+                   "struct Callbacks : ", "using ElementAux = ElementDesc;",
+                   "128 / cutlass::sizeof_bits<ElementDesc>::value",
+                   "#include \"evtc/device/sm90_half_store.cuh\""});
+  // The half store takes each group's output row 0 from the table built from the offsets,
+  // ldy elements between rows; CUTLASS gets no D pointers.
+  expect_has(src, {"evtc::device::Sm90HalfStore<cutlass::bfloat16_t,", "a.ldy, t.ptr_y}",
+                   "t.ptr_y[g] = y + start * ldy;", "nullptr, nullptr},  // no D",
+                   "evtc::device::PairGate", "evtc::device::PairUp",
+                   "cute::Stride<cute::_0, cute::_1, int64_t>>"});
+  EXPECT_EQ(src.find("t.ptr_y, t.stride_d}"), std::string::npos);
+  // Not gated: D through CUTLASS's own store, no half store.
+  const std::string plain = GroupedKernel(parse_expression("out D: bf16 = acc + bias[n]")).source();
+  expect_has(plain, {"using ElementD = cutlass::bfloat16_t;", "t.ptr_y, t.stride_d}"});
+  EXPECT_EQ(plain.find("sm90_half_store.cuh"), std::string::npos);
+  EXPECT_FALSE(GroupedKernel(parse_expression("out D: bf16 = acc")).gated());
 }
 
 // --- validation: every error names the operand; no GPU is touched before these checks ----
@@ -167,6 +196,39 @@ TEST(GroupedValidation, ErrorsNameTheOperand) {
   }
 }
 
+TEST(GroupedValidation, GatedOutputIsSumOfRowsByHalfN) {
+  GroupedKernel k(parse_expression("out y: bf16 = gptoss_swiglu(acc + bias[n])"));
+  Call c;
+  auto gated_args = [&](const Call& call, int64_t y_cols) {
+    GroupedArguments a;
+    a.x(TensorRef::matrix(call.p, DType::bf16, call.total_m, call.k))
+        .weights(BatchedTensorRef::contiguous(call.p, DType::bf16, call.groups, call.n, call.k))
+        .offsets(static_cast<const int32_t*>(call.p), call.groups)
+        .set("bias", TensorRef::matrix(call.p, DType::bf16, call.groups, call.n))
+        .set("y", TensorRef::matrix(call.p, DType::bf16, call.total_m, y_cols));
+    return a;
+  };
+  expect_has(run_error(k, gated_args(c, c.n)),
+             {"output 'y' must be a row-major 40×32 matrix (x's rows × N/2); got 40×64"});
+  {
+    auto a = gated_args(c, c.n / 2);
+    a.set("y", TensorRef::matrix(c.p, DType::f32, c.total_m, c.n / 2));
+    expect_has(run_error(k, a), {"output 'y' is f32 but the epilogue writes bf16"});
+  }
+  {
+    Call odd;
+    odd.n = 65;
+    expect_has(run_error(k, gated_args(odd, 32)), {"output 'y' is gated", "N=65 must be even"});
+  }
+  {
+    GroupedArguments a = c.args();  // D instead of y
+    expect_has(run_error(k, a), {"output 'y' (bf16[m,n/2], sum of M_g × N/2) was not given"});
+    a = gated_args(c, c.n / 2);
+    a.set("D", TensorRef::matrix(c.p, DType::bf16, c.total_m, c.n));
+    expect_has(run_error(k, a), {"'D' is not an operand or output"});
+  }
+}
+
 // --- the reference, group by group ---------------------------------------------------------
 
 TEST(GroupedReference, EachGroupUsesItsOwnWeightsAndBias) {
@@ -191,6 +253,29 @@ TEST(GroupedReference, EachGroupUsesItsOwnWeightsAndBias) {
   EXPECT_EQ(evaluate_grouped_reference(g, in).at("D")[0], (1 + 1) * 3.0);
 
   in.operands["bias"] = {1, 2, 3};
+  EXPECT_THROW(evaluate_grouped_reference(g, in), UserError);
+}
+
+TEST(GroupedReference, GatedOutputsStackHalfWidthRows) {
+  // N = 4: columns (0, 1) and (2, 3) are (gate, up) pairs; y = gate(h) * up(h), h = acc + bias.
+  const Graph g = parse_expression("h = acc + bias[n]; out y: f32 = gate(h) * up(h)");
+  GroupedReferenceInputs in;
+  in.n = 4;
+  in.k = 2;
+  in.rows = {1, 0, 2};
+  in.x = {1, 2, /* group 2: */ 3, 4, -1, 1};
+  in.w = {1, 0, 0, 1, 1, 1, 2, 0,  /* group 1 */ 9, 9, 9, 9, 9, 9, 9, 9,
+          /* group 2 */ 1, 1, 0, 1, 1, 0, -1, 2};
+  in.operands["bias"] = {0, 1, 2, 3, /* group 1 */ 5, 5, 5, 5, /* group 2 */ 1, 0, 0, -1};
+  const auto out = evaluate_grouped_reference(g, in);
+  // group 0, x = (1, 2): acc = (1, 2, 3, 2), h = (1, 3, 5, 5) -> (1*3, 5*5)
+  // group 2, x = (3, 4): acc = (7, 4, 3, 5), h = (8, 4, 3, 4) -> (32, 12)
+  //          x = (-1, 1): acc = (0, 1, -1, 3), h = (1, 1, -1, 2) -> (1, -2)
+  const std::vector<double> want = {3, 25, 32, 12, 1, -2};
+  EXPECT_EQ(out.at("y"), want);
+  in.n = 3;  // odd N: no (gate, up) pairs
+  in.w.resize(3 * 3 * 2);
+  in.operands["bias"].resize(9);
   EXPECT_THROW(evaluate_grouped_reference(g, in), UserError);
 }
 

@@ -3,7 +3,7 @@
  * One launch computes, for every group g of a token matrix X split by end offsets,
  *   Y[start_g:end_g, :] = epilogue(X[start_g:end_g, :] @ W_g^T, ...)
  * with start_g = offsets[g-1] (0 for g = 0) and end_g = offsets[g], as torch._grouped_mm
- * takes them. The offsets live on the device: a small kernel of the library turns them into
+ * takes them (a gated epilogue writes N/2 columns: Y[start_g:end_g, :N/2]). The offsets live on the device: a small kernel of the library turns them into
  * CUTLASS's per-group problem shapes, pointers and strides in the workspace, so a launch
  * needs no host synchronisation (it can be captured in a CUDA graph and replayed with other
  * offsets). Offsets are clamped to [0, total_m] and a decreasing offset makes an empty group.
@@ -30,7 +30,8 @@ typedef struct evtc_grouped_args {
   const void* x;           /* total_m × K, row-major, leading dimension ldx */
   const void* w;           /* G weights: N×K (K-major) or K×N, as compiled */
   const int32_t* offsets;  /* G end offsets, device memory */
-  void* y;                 /* total_m × N main output, row-major, leading dimension ldy */
+  void* y;                 /* total_m × N main output, row-major, leading dimension ldy; for a
+                              gated epilogue total_m × N/2, also in its pointer slot */
   int64_t ldx, ldw, w_group_stride, ldy; /* in elements */
   void* const* ptrs;       /* pointer slots */
   const double* scalars;   /* scalar slots */

@@ -15,7 +15,9 @@
 //    fragments in which both elements of a pair carry the same value.
 //  - Sm90HalfStore: writes the value of each pair once, at output column n/2, straight from
 //    registers to global memory (no shared-memory staging: a half-width tile does not match
-//    the collective's TMA box), masked by the problem's residue.
+//    the collective's TMA box), masked by the problem's residue. In a grouped (ptr-array)
+//    GEMM it writes each group's rows through a per-group pointer table indexed by the
+//    tile's L coordinate (the group), the problem shape and residue being the group's.
 #pragma once
 
 #include <cutlass/array.h>
@@ -59,6 +61,9 @@ struct Sm90HalfStore {
   struct Arguments {
     ElementOutput* ptr = nullptr;
     int64_t ld = 0;  // elements between output rows (N/2 for a packed output)
+    // Grouped GEMMs: group g's output starts at group_ptr[g] (row 0 of the group), g being
+    // the tile's L coordinate; null: every tile writes relative to `ptr`.
+    ElementOutput* const* group_ptr = nullptr;
   };
   using Params = Arguments;
 
@@ -103,14 +108,15 @@ struct Sm90HalfStore {
   template <class CTensor, class ThrResidue>
   struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {
     CUTLASS_DEVICE ConsumerStoreCallbacks(CTensor coords, ThrResidue residue, int64_t row0,
-                                          int64_t col0, Params const& params)
-        : coords(coords), residue(residue), row0(row0), col0(col0), params(params) {}
+                                          int64_t col0, ElementOutput* base, int64_t ld)
+        : coords(coords), residue(residue), row0(row0), col0(col0), base(base), ld(ld) {}
 
     CTensor coords;      // (CPY,CPY_M,CPY_N,EPI_M,EPI_N) coordinates relative to this thread's
                          // first element
     ThrResidue residue;  // elements at or past it lie outside the problem
-    int64_t row0, col0;  // absolute coordinates of this thread's first element
-    Params params;
+    int64_t row0, col0;  // coordinates of this thread's first element in its problem (group)
+    ElementOutput* base;  // the problem's (group's) output
+    int64_t ld;
 
     template <class ElementAccumulator, class ElementInput, int FragmentSize>
     CUTLASS_DEVICE auto visit(cutlass::Array<ElementAccumulator, FragmentSize> const&, int epi_v,
@@ -125,7 +131,7 @@ struct Sm90HalfStore {
         if (!cute::elem_less(c, residue)) continue;
         const int64_t m = row0 + int64_t(cute::get<0>(c));
         const int64_t n = col0 + int64_t(cute::get<1>(c));
-        params.ptr[m * params.ld + n / 2] = convert(input[i]);
+        base[m * ld + n / 2] = convert(input[i]);
       }
       return input;
     }
@@ -139,8 +145,10 @@ struct Sm90HalfStore {
     const int64_t n = int64_t(cute::get<1>(args.problem_shape_mnkl));
     const int64_t row0 = m - int64_t(cute::get<0>(args.residue_tCcD));
     const int64_t col0 = n - int64_t(cute::get<1>(args.residue_tCcD));
+    ElementOutput* base = params.ptr;
+    if (params.group_ptr) base = params.group_ptr[cute::get<3>(args.tile_coord_mnkl)];
     return ConsumerStoreCallbacks<decltype(args.tCcD), decltype(args.residue_tCcD)>(
-        args.tCcD, args.residue_tCcD, row0, col0, params);
+        args.tCcD, args.residue_tCcD, row0, col0, base, params.ld);
   }
 };
 

@@ -216,6 +216,11 @@ class Sm90Emitter {
       const std::string type = alias(
           fmt::format("evtc::device::Sm90HalfStore<{}, {}>", e, kRound),
           "gated output " + s.name + "[m,n/2]");
+      // Grouped: each group's rows through the pointer table built from the offsets
+      // (t.ptr_y, indexed by the tile's L coordinate), a.ldy elements apart.
+      if (grouped_)
+        return {type, fmt::format("typename {}::Arguments{{{}, a.ldy, t.ptr_y}}", type,
+                                  ptr(s.name, e, false))};
       return {type, fmt::format("typename {}::Arguments{{{}, a.n / 2}}", type, ptr(s.name, e, false))};
     }
     const std::string desc = alias(

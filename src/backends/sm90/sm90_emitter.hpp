@@ -33,7 +33,9 @@ enum class EpilogueTarget { dense, grouped };
 // The epilogue visitor tree of a graph without the GEMM around it: the `using Vk = ...`
 // declarations (they name TileShape and EpilogueDescriptor, which the assembler defines
 // before them), the root visitor's type and an expression of its Arguments over an ABI
-// struct `a` with fields `ptrs`, `scalars` (and `group_strides` when grouped).
+// struct `a` with fields `ptrs`, `scalars` (and `group_strides` and `ldy` when grouped, plus
+// the group tables `t` whose `ptr_y` holds each group's first output row: a gated [m,n/2]
+// output's Sm90HalfStore writes through it).
 struct EpilogueVisitors {
   std::string declarations;
   std::string root_type;

@@ -13,6 +13,10 @@
 
 namespace evtc::sm90 {
 
+// The grouped kernel's one output: the [m,n] main output, else a gated [m,n/2] output (a
+// half store, written from registers through per-group pointers); empty if neither.
+std::string grouped_output_name(const Graph& g);
+
 // Why `g` (after the pass pipeline) cannot be a grouped kernel for `gemm`, one reason per
 // operand or output at fault; empty when it can.
 std::vector<std::string> grouped_refusals(const Graph& g, const GemmDesc& gemm);
