@@ -80,6 +80,10 @@ KernelSignature make_signature(const Graph& g);
 //    one warp group's epilogue overlaps the other's main loop);
 //  - otherwise (column and whole-matrix reductions included): cooperative 128×256×64,
 //    cluster 2×1.
+//  - an epilogue that stages so many [m,n] tensors in shared memory that a 128×256 tile
+//    keeps fewer than 3 main-loop stages: 128×128.
 KernelConfig default_config(const Graph& g, const GemmDesc& gemm);
+// The choice above before the shared-memory check (by shape, dtypes and reductions only).
+KernelConfig default_config_for_shape(const Graph& g, const GemmDesc& gemm);
 
 }  // namespace evtc

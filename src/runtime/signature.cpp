@@ -62,7 +62,43 @@ OperandSlot slot_of(const Node& n) {
 }
 }  // namespace
 
+namespace {
+
+// Shared memory the epilogue stages [m,n] tensors in, per CTA: CUTLASS's sm90 epilogue
+// subtiles are 128×32 here, with 4 stages for loads (aux operands, C) and 2 for stores
+// (D and extra [m,n] outputs). Gated [m,n/2] outputs and reductions stage nothing.
+size_t epilogue_smem_bytes(const Graph& g) {
+  constexpr size_t kSubtile = 128 * 32;
+  size_t bytes = 0;
+  for (const Node& n : g.nodes()) {
+    if (n.kind == NodeKind::aux || n.kind == NodeKind::source)
+      bytes += 4 * kSubtile * dtype_bytes(n.dtype);
+    else if (n.kind == NodeKind::store && n.shape == Shape::full)
+      bytes += 2 * kSubtile * dtype_bytes(n.dtype);
+  }
+  return bytes;
+}
+
+// Main-loop stages left beside the epilogue's shared memory (227 KiB per CTA on sm90).
+int mainloop_stages(const KernelConfig& c, const GemmDesc& gemm, size_t epilogue_bytes) {
+  constexpr size_t kSmem = 232448, kReserved = 1024;
+  const size_t stage = size_t(c.tile_m * dtype_bytes(gemm.a_dtype) + c.tile_n * dtype_bytes(gemm.b_dtype)) *
+                       size_t(c.tile_k);
+  if (epilogue_bytes + kReserved >= kSmem) return 0;
+  return int((kSmem - kReserved - epilogue_bytes) / stage);
+}
+
+}  // namespace
+
 KernelConfig default_config(const Graph& g, const GemmDesc& gemm) {
+  KernelConfig c = default_config_for_shape(g, gemm);
+  // An epilogue with many staged [m,n] tensors leaves a 128×256 tile too few main-loop
+  // stages (fewer than 2 does not compile; fewer than 3 stalls on memory): use 128×128.
+  if (c.tile_n == 256 && mainloop_stages(c, gemm, epilogue_smem_bytes(g)) < 3) c.tile_n = 128;
+  return c;
+}
+
+KernelConfig default_config_for_shape(const Graph& g, const GemmDesc& gemm) {
   KernelConfig c;  // cooperative 128×256×64, cluster 2×1
   bool reduces_over_m = false;  // a column or whole-matrix reduction
   for (const Node& n : g.nodes())

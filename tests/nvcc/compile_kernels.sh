@@ -27,7 +27,7 @@ export EVTC_QUIET=1
 
 # name | evtc compile options | expression (statements separated by ';')
 cases=(
-  "bias_silu|--layout-b c|out D: bf16 = silu(acc + bias[n])"
+  "bias_silu_two_op_dag|--layout-b c|out acc_copy: bf16 = acc; out D: bf16 = silu(acc + bias[n])"
   "scale_res_c|--dtype f16|input C: f16; out D = scale[m] * acc + res[m,n] + beta * C"
   "dag_extra_output_gated||f = alpha * acc + bias[n]; out pre: bf16 = f; out D: bf16 = gelu(f) * f; out y: bf16 = swiglu7(f)"
   "grouped_per_group|grouped|input s: f32 ptr; out D: bf16 = silu(acc + bias[n]) * s * alpha"

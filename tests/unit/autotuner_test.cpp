@@ -250,3 +250,17 @@ TEST(KernelConfigChoice, BadTuneEnvironmentIsAUserError) {
 }
 
 }  // namespace
+
+TEST(DefaultConfig, EpiloguesStagingManyMatricesGetNarrowerTiles) {
+  // W1 and W2 keep the 128×256 tile (4 and 3 main-loop stages beside their epilogue)...
+  const auto p = problem(8192, 8192, 8192);
+  EXPECT_EQ(default_config(lowered(kBiasSilu), p).name(), "coop_128x256x64_c2x1_persistent");
+  EXPECT_EQ(default_config(lowered("out D: bf16 = acc * gate[m,n]"), p).name(),
+            "coop_128x256x64_c2x1_persistent");
+  // ...three aux operands and three [m,n] outputs (a backward epilogue) would leave it one.
+  const Graph heavy = lowered(
+      "f = acc * a1[m,n] + a2[m,n] * a3[m,n]; out D: bf16 = f; out g1: bf16 = f * a1[m,n]; "
+      "out g2: bf16 = silu(f)");
+  EXPECT_EQ(default_config_for_shape(heavy, p).tile_n, 256);
+  EXPECT_EQ(default_config(heavy, p).name(), "coop_128x128x64_c2x1_persistent");
+}

@@ -466,6 +466,16 @@ class Sm90Emitter {
       }
     }
     if (entries.size() == 1) return {entries[0], args[0]};
+    if (entries.size() == 2) {
+      // CUTLASS 4.2's topological visitor does not compile with exactly two ops (it keeps
+      // the results of all but the last in cute::repeat<1>, which is not a tuple): pass the
+      // last op's value through an identity op, which changes nothing it computes.
+      const std::string type = alias(
+          fmt::format("cutlass::epilogue::fusion::Sm90Compute<evtc::device::Identity, float, float, {}>",
+                      kRound),
+          "pass-through (a topological visitor needs three ops)");
+      add_entry({type, fmt::format("typename {}::Arguments{{}}", type)}, {1});
+    }
     std::string type = "cutlass::epilogue::fusion::Sm90TopologicalVisitor<float, cute::tuple<";
     for (size_t i = 0; i < edges.size(); ++i) type += (i ? ", " : "") + edges[i];
     type += ">";
