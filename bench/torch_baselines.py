@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """PyTorch baselines of the benchmark workloads: eager, torch.compile and
 torch.compile(mode="max-autotune-no-cudagraphs"), timed like evtc (CUDA events around each
-call after warm-up, median), plus torch.mm alone on the same operands.
+call after warm-up, median), plus the plain GEMM alone on the same operands (torch.mm; for
+the fp8 workloads torch._scaled_mm with the same row-wise scales, W3's reference).
 
 max-autotune runs only for the workloads whose torch reference WORKLOADS.md lists a
 max-autotune number for (it benchmarks many GEMM configurations per op and takes tens of
@@ -32,6 +33,14 @@ def w7(a, b, bias, c):
     return torch.sum((c - 1) * f + torch.log(torch.clamp(torch.sigmoid(f), 1e-3, 0.999)))
 
 
+def w3(a, b, sa, sb):
+    return torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+
+
+def w3gelu(a, b, sa, sb, bias):
+    return torch.nn.functional.gelu(w3(a, b, sa, sb) + bias)
+
+
 def plain(a, b):
     return a @ b
 
@@ -43,6 +52,17 @@ def biasgrad(a, b):
 
 def operands(family, m, n, k):
     dev, bf16 = "cuda", torch.bfloat16
+    if family in ("W3", "W3gelu"):
+        # fp8 e4m3 A (M,K) row-major, B (K,N) column-major (a weight's (N,K).t()), f32
+        # row-wise scales (M,1) and (1,N), as torch._scaled_mm takes them.
+        fp8 = torch.float8_e4m3fn
+        a8 = torch.randn(m, k, device=dev).to(fp8)
+        b8 = torch.randn(n, k, device=dev).to(fp8).t()
+        sa = torch.rand(m, 1, device=dev) + 0.5
+        sb = torch.rand(1, n, device=dev) + 0.5
+        if family == "W3":
+            return (a8, b8, sa, sb)
+        return (a8, b8, sa, sb, torch.randn(n, device=dev, dtype=bf16))
     a = torch.randn(m, k, device=dev, dtype=bf16)
     b = torch.randn(k, n, device=dev, dtype=bf16)
     if family == "W1":
@@ -55,9 +75,11 @@ def operands(family, m, n, k):
     return (a, b)
 
 
-FAMILIES = {"W1": w1, "W2": w2, "W7": w7, "plain": plain, "biasgrad": biasgrad}
+FAMILIES = {"W1": w1, "W2": w2, "W3": w3, "W3gelu": w3gelu, "W7": w7, "plain": plain,
+            "biasgrad": biasgrad}
 # (family, M, N, K) with a max-autotune number in WORKLOADS.md.
-AUTOTUNE = {("W1", 4096, 4096, 4096), ("W1", 8192, 8192, 1024), ("W2", 8192, 8192, 1024)}
+AUTOTUNE = {("W1", 4096, 4096, 4096), ("W1", 8192, 8192, 1024), ("W2", 8192, 8192, 1024),
+            ("W3gelu", 4096, 4096, 4096)}
 
 
 def median_ms(fn, args, warmup=10, iterations=50):
@@ -91,7 +113,10 @@ def run_one(wid, m, n, k):
     fn = FAMILIES[family]
     args = operands(family, m, n, k)
     out = {"id": wid, "m": m, "n": n, "k": k}
-    out["torch_mm_ms"] = median_ms(torch.mm, args[:2])
+    if family in ("W3", "W3gelu"):
+        out["scaled_mm_ms"] = median_ms(w3, args[:4])
+    else:
+        out["torch_mm_ms"] = median_ms(torch.mm, args[:2])
     out["eager_ms"], _ = measure(fn, args)
     torch._dynamo.reset()
     out["compile_ms"], out["compile_first_call_s"] = measure(torch.compile(fn), args)
