@@ -55,7 +55,7 @@ void fsync_path(const fs::path& p) {
 std::string device_headers_digest(const std::string& include) {
   std::string all;
   for (const char* f : {"ops.cuh", "math.cuh", "op_list.inc", "abi.h", "reduce.cuh",
-                        "sm90_half_store.cuh", "sm90_scalar_partials.cuh"})
+                        "sm90_half_store.cuh", "sm90_register_node.cuh", "sm90_scalar_partials.cuh"})
     all += read_file(fs::path(include) / "evtc" / "device" / f);
   return fmt::format("{:016x}", XXH3_64bits(all.data(), all.size()));
 }

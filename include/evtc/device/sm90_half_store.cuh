@@ -24,40 +24,33 @@
 #include <cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp>
 #include <cutlass/numeric_conversion.h>
 
+#include "evtc/device/sm90_register_node.cuh"
+
 namespace evtc::device {
 
-template <class T>
-struct PairGate;
-template <class E, int N>
-struct PairGate<cutlass::Array<E, N>> {
+// Element i of the result is element (i & ~1) + Part of x: the pair's gate (Part 0) or up
+// (Part 1) value, in both elements of the pair.
+template <int Part, class T>
+struct PairPart;
+template <int Part, class E, int N>
+struct PairPart<Part, cutlass::Array<E, N>> {
   static_assert(N % 2 == 0, "a gated epilogue needs fragments of whole (gate, up) pairs");
   CUTLASS_HOST_DEVICE cutlass::Array<E, N> operator()(cutlass::Array<E, N> const& x) const {
     cutlass::Array<E, N> y;
     CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < N; ++i) y[i] = x[i & ~1];
+    for (int i = 0; i < N; ++i) y[i] = x[(i & ~1) + Part];
     return y;
   }
 };
-
 template <class T>
-struct PairUp;
-template <class E, int N>
-struct PairUp<cutlass::Array<E, N>> {
-  static_assert(N % 2 == 0, "a gated epilogue needs fragments of whole (gate, up) pairs");
-  CUTLASS_HOST_DEVICE cutlass::Array<E, N> operator()(cutlass::Array<E, N> const& x) const {
-    cutlass::Array<E, N> y;
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < N; ++i) y[i] = x[i | 1];
-    return y;
-  }
-};
+using PairGate = PairPart<0, T>;
+template <class T>
+using PairUp = PairPart<1, T>;
 
 // Stores a gated value (equal in both elements of each pair) as a row-major M×(N/2)
 // matrix: the element at accumulator column n (even) goes to output column n/2.
 template <class ElementOutput, cutlass::FloatRoundStyle RoundStyle>
-struct Sm90HalfStore {
-  struct SharedStorage {};
-
+struct Sm90HalfStore : Sm90RegisterNode {
   struct Arguments {
     ElementOutput* ptr = nullptr;
     int64_t ld = 0;  // elements between output rows (N/2 for a packed output)
@@ -80,30 +73,10 @@ struct Sm90HalfStore {
     return n % 2 == 0 && args.ld >= n / 2;
   }
 
-  template <class ProblemShape>
-  static size_t get_workspace_size(ProblemShape const&, Arguments const&) {
-    return 0;
-  }
-
-  template <class ProblemShape>
-  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*,
-                                              cudaStream_t, cutlass::CudaHostAdapter* = nullptr) {
-    return cutlass::Status::kSuccess;
-  }
-
-  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
-  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
-
   CUTLASS_HOST_DEVICE Sm90HalfStore() {}
   CUTLASS_HOST_DEVICE Sm90HalfStore(Params const& params, SharedStorage const&) : params(params) {}
 
   Params const params;
-
-  template <class... Args>
-  CUTLASS_DEVICE auto get_producer_load_callbacks(
-      cutlass::epilogue::fusion::ProducerLoadArgs<Args...> const&) {
-    return cutlass::epilogue::fusion::EmptyProducerLoadCallbacks{};
-  }
 
   template <class CTensor, class ThrResidue>
   struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {

@@ -18,15 +18,15 @@
 #include <cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp>
 
 #include "evtc/device/reduce.cuh"
+#include "evtc/device/sm90_register_node.cuh"
 
 namespace evtc::device {
 
 template <class ReduceOp, class CtaTileShapeMNK>
-struct Sm90ScalarPartials {
-  struct SharedStorage {};
-
+struct Sm90ScalarPartials : Sm90RegisterNode {
   struct Arguments {
-    // tiles_m * tiles_n * (MMA threads / 32) floats; the generated host code sizes it
+    // tiles_m * tiles_n * (MMA threads / 32) floats in evtc's own scratch, after CUTLASS's
+    // (unused) workspace; the generated host code sizes it
     float* partials = nullptr;
     float identity = 0.0f;
   };
@@ -53,31 +53,11 @@ struct Sm90ScalarPartials {
     return true;
   }
 
-  template <class ProblemShape>
-  static size_t get_workspace_size(ProblemShape const&, Arguments const&) {
-    return 0;  // the partials live in evtc's own scratch, after CUTLASS's workspace
-  }
-
-  template <class ProblemShape>
-  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*,
-                                              cudaStream_t, cutlass::CudaHostAdapter* = nullptr) {
-    return cutlass::Status::kSuccess;  // every slot is written by the kernel
-  }
-
-  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
-  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
-
   CUTLASS_HOST_DEVICE Sm90ScalarPartials() {}
   CUTLASS_HOST_DEVICE Sm90ScalarPartials(Params const& params, SharedStorage const&)
       : params(params) {}
 
   Params const params;
-
-  template <class... Args>
-  CUTLASS_DEVICE auto get_producer_load_callbacks(
-      cutlass::epilogue::fusion::ProducerLoadArgs<Args...> const&) {
-    return cutlass::epilogue::fusion::EmptyProducerLoadCallbacks{};
-  }
 
   template <class CTensor, class ThrResidue>
   struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {
