@@ -164,6 +164,21 @@ TEST(Validation, OperandErrorsNameTheOperand) {
   wrong_d.set("D", TensorRef::matrix(d.data, DType::bf16, 128, 255));
   EXPECT_EQ(error_of(k, wrong_d), "output 'D': shape 128×255 given, expected M×N = 128×256");
 
+  // A gated output is M×N/2, contiguous row-major, and needs an even N.
+  const Kernel& gated = kernel("w4_swiglu7");
+  runtime::DeviceProblem gp(gated, inputs_for(gated, 128, 256, 64, 46));
+  const TensorRef y = gp.arguments().tensors().at("y");
+  Arguments wrong_y = gp.arguments();
+  wrong_y.set("y", TensorRef::matrix(y.data, DType::bf16, 128, 256));
+  EXPECT_EQ(error_of(gated, wrong_y),
+            "output 'y': shape 128×256 given, expected M×N/2 = 128×128 (a gated output has one "
+            "column per (gate, up) pair)");
+  Arguments strided_y = gp.arguments();
+  strided_y.set("y", TensorRef{y.data, DType::bf16, 128, 128, 1, 128});
+  EXPECT_EQ(error_of(gated, strided_y),
+            "output 'y': strides (1, 128) given, expected a contiguous row-major matrix with "
+            "strides (128, 1)");
+
   Arguments wrong_a = good;
   wrong_a.a(TensorRef::matrix(good.a()->data, DType::f16, 128, 64));
   EXPECT_EQ(error_of(k, wrong_a), "operand A is f16 but the kernel was compiled for bf16");

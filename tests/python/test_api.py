@@ -154,3 +154,9 @@ def test_interleave_gate_up_round_trips():
     assert torch.equal(cols, inter.t())
     with pytest.raises(ValueError, match="gate and up need the same number"):
         evtc.interleave_gate_up(torch.zeros(5, 4))
+    with pytest.raises(ValueError, match=r"takes a 2-D weight, got shape \[2, 3, 4\]"):
+        evtc.interleave_gate_up(torch.zeros(2, 3, 4))
+    with pytest.raises(ValueError, match="dim must be 0 or 1, got 2"):
+        evtc.interleave_gate_up(w, dim=2)
+    with pytest.raises(TypeError, match="takes a torch.Tensor, got list"):
+        evtc.interleave_gate_up([[1.0, 2.0]])

@@ -131,6 +131,11 @@ TEST(GatedFrontend, ErrorsPointAtTheCall) {
   EXPECT_NE(error_of([] { parse("out y = swiglu(acc) + bias[n]"); })
                 .find("is a gated [m,n/2] value but 'bias[n]' is [n]"),
             std::string::npos);
+  EXPECT_NE(error_of([] { parse("out y = gptoss_swiglu(acc, limit=5, limit=6)"); })
+                .find("the parameter limit of gptoss_swiglu is given twice"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse("out y = swiglu(acc, alpha=1)"); }).find("swiglu has no parameters"),
+            std::string::npos);
   EXPECT_NE(error_of([] { parse("out y = swigl(acc)"); }).find("did you mean 'swiglu'?"),
             std::string::npos);
 }
@@ -228,5 +233,13 @@ TEST(GatedWeights, HostInterleavingOfStackedRowsAndColumns) {
   EXPECT_NE(error_of([&] { interleave_gate_up_host(stacked.data(), out.data(), 0, 2, DType::bf16,
                                                    Layout::row_major); })
                 .find("inter=0 and k=2 must be positive"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { interleave_gate_up_host(nullptr, out.data(), 3, 2, DType::bf16,
+                                                   Layout::row_major); })
+                .find("interleave_gate_up: the stacked weights are a null pointer"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { interleave_gate_up_host(stacked.data(), nullptr, 3, 2, DType::bf16,
+                                                   Layout::row_major); })
+                .find("interleave_gate_up: the output is a null pointer"),
             std::string::npos);
 }
