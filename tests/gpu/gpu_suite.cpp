@@ -198,7 +198,9 @@ void expect_matches_reference(const Kernel& k, int64_t m, int64_t n, int64_t kk,
   runtime::DeviceProblem problem(k, inputs);
   problem.poison_outputs(stream);
   const ExecutionPath path = k.run(problem.arguments(), stream);
-  EXPECT_EQ(path, expected_path) << (path == ExecutionPath::fused ? "ran fused" : "ran the fallback");
+  EXPECT_EQ(path, expected_path) << (path == ExecutionPath::fused
+                                          ? std::string("ran fused")
+                                          : "ran the fallback: " + k.fallback_reason(m, n, kk));
   const ReferenceOutputs got = problem.read_outputs(stream);
   const ReferenceOutputs want = evaluate_reference(k.graph(), inputs);
   for (const auto& c : runtime::check_outputs(k, got, want))
