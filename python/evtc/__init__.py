@@ -6,7 +6,8 @@
 
 ``evtc.compile`` parses an epilogue expression (docs/expressions.md), runs the pass pipeline
 and returns a :class:`Kernel`; the CUTLASS kernel itself is compiled with nvcc on first use
-(or ahead of time with ``Kernel.compile``) and cached on disk. ``evtc.explain`` shows the IR
+(or ahead of time with ``Kernel.compile``) and cached on disk. ``evtc.grouped`` builds a
+grouped (mixture-of-experts) GEMM with a fused epilogue. ``evtc.explain`` shows the IR
 after every pass. The PyTorch integration (custom op, FX pass, ``torch.compile`` backend)
 lives in ``evtc.torch``.
 """
@@ -30,6 +31,7 @@ from ._evtc import (  # noqa: E402
 )
 from ._explain import Explanation, explain  # noqa: E402
 from ._gated import deinterleave_gate_up, interleave_gate_up  # noqa: E402
+from ._grouped import GroupedKernel, grouped  # noqa: E402
 from ._kernel import Kernel, Operand, compile  # noqa: E402
 
 __version__ = "0.1.0"
@@ -52,6 +54,7 @@ __all__ = [
     "Error",
     "EvtcRuntimeError",
     "Explanation",
+    "GroupedKernel",
     "InternalError",
     "Kernel",
     "Operand",
@@ -60,6 +63,7 @@ __all__ = [
     "compile",
     "deinterleave_gate_up",
     "explain",
+    "grouped",
     "interleave_gate_up",
     "parse",
     "pass_names",

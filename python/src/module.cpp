@@ -16,6 +16,7 @@
 
 #include "evtc/error.hpp"
 #include "evtc/expression.hpp"
+#include "evtc/grouped.hpp"
 #include "evtc/ir_text.hpp"
 #include "evtc/passes.hpp"
 #include "evtc/runtime.hpp"
@@ -139,6 +140,45 @@ std::string run_kernel(const Kernel& kernel, const nb::ndarray<>& a, const nb::n
   return path == ExecutionPath::fused ? "fused" : "fallback";
 }
 
+GroupedOptions grouped_options(const KernelOptions& o) {
+  const CompileOptions c = compile_options(o);
+  if (c.gemm.a_layout != Layout::row_major)
+    throw UserError("a_layout: a grouped kernel's token matrix x must be row-major ('row')");
+  GroupedOptions g;
+  g.gemm = c.gemm;
+  g.config = c.config;
+  g.cast_mode = c.cast_mode;
+  g.precise_math = c.precise_math;
+  return g;
+}
+
+// Runs a grouped kernel: x (sum of M_g × K), w (G × K × N as torch._grouped_mm takes it),
+// offsets (G int32 end offsets on the device); `tensors` holds the epilogue's operands and
+// the output by name; `k_major`: the kernel was built for K-major weights (b_layout 'col').
+void run_grouped(const GroupedKernel& kernel, const nb::ndarray<>& x, const nb::ndarray<>& w,
+                 const nb::ndarray<>& offsets, const std::map<std::string, nb::ndarray<>>& tensors,
+                 const std::map<std::string, std::string>& dtypes,
+                 const std::map<std::string, double>& scalars, bool k_major, uintptr_t stream) {
+  auto override_of = [&](const std::string& name) -> std::optional<std::string> {
+    auto it = dtypes.find(name);
+    return it == dtypes.end() ? std::nullopt : std::optional(it->second);
+  };
+  const nb::dlpack::dtype ot = offsets.dtype();
+  if (offsets.device_type() != nb::device::cuda::value || offsets.ndim() != 1 ||
+      ot.code != uint8_t(nb::dlpack::dtype_code::Int) || ot.bits != 32 || ot.lanes != 1 ||
+      (offsets.shape(0) > 1 && offsets.stride(0) != 1))
+    throw UserError("offsets must be a contiguous 1-D int32 CUDA array (the groups' end offsets)");
+  GroupedArguments args;
+  args.x(tensor_ref(x, "x", override_of("x")));
+  args.weights(batched_tensor_ref(w, "weights", k_major));
+  args.offsets(static_cast<const int32_t*>(offsets.data()), int64_t(offsets.shape(0)));
+  for (const auto& [name, array] : tensors)
+    args.set(name, tensor_ref(array, fmt::format("'{}'", name), override_of(name)));
+  for (const auto& [name, value] : scalars) args.set(name, value);
+  nb::gil_scoped_release release;  // a first call may compile for a minute
+  kernel.run(args, reinterpret_cast<cudaStream_t>(stream));
+}
+
 nb::dict explain(const std::string& expr, const std::string& dtype, bool passes) {
   Graph g = parse(expr, dtype, dtype);
   nb::dict out;
@@ -193,6 +233,9 @@ NB_MODULE(_evtc, m) {
   using namespace evtc;
   using namespace evtc::python;
   m.doc() = "evtc: fused GEMM epilogues for Hopper GPUs (native module)";
+  // Kernels live in process-wide caches (evtc.torch's spec cache) until exit, so nanobind's
+  // report of instances still alive at interpreter shutdown would only be noise.
+  nb::set_leak_warnings(false);
   register_exceptions(m);
 
   nb::class_<KernelOptions>(m, "KernelOptions")
@@ -226,6 +269,23 @@ NB_MODULE(_evtc, m) {
            }, "m"_a, "n"_a, "k"_a)
       .def("fallback_reason", &Kernel::fallback_reason, "m"_a, "n"_a, "k"_a)
       .def("run", &run_kernel, "a"_a, "b"_a, "tensors"_a, "dtypes"_a, "scalars"_a, "stream"_a);
+
+  nb::class_<GroupedKernel>(m, "GroupedKernel")
+      .def("__init__",
+           [](GroupedKernel* self, const std::string& expr, const KernelOptions& o) {
+             new (self) GroupedKernel(parse(expr, o.operand_dtype, o.output_dtype), grouped_options(o));
+           },
+           "expr"_a, "options"_a)
+      .def_prop_ro("ir", [](const GroupedKernel& k) { return print(k.graph()); })
+      .def_prop_ro("hash", [](const GroupedKernel& k) { return graph_hash_hex(k.graph()); })
+      .def_prop_ro("signature", [](const GroupedKernel& k) { return signature_list(k.signature()); })
+      .def_prop_ro("config", [](const GroupedKernel& k) { return k.config().name(); })
+      .def_prop_ro("output_name", &GroupedKernel::output_name)
+      .def_prop_ro("output_dtype", [](const GroupedKernel& k) { return std::string(dtype_name(k.output_dtype())); })
+      .def_prop_ro("gated", &GroupedKernel::gated)
+      .def_prop_ro("source", &GroupedKernel::source)
+      .def("compile", &GroupedKernel::compile, nb::call_guard<nb::gil_scoped_release>())
+      .def("run", &run_grouped, "x"_a, "w"_a, "offsets"_a, "tensors"_a, "dtypes"_a, "scalars"_a, "k_major"_a, "stream"_a);
 
   m.def("parse", [](const std::string& expr, const std::string& dtype) {
           return print(parse(expr, dtype, dtype));

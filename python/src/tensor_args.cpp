@@ -88,4 +88,27 @@ TensorRef tensor_ref(const nb::ndarray<>& array, const std::string& what,
   return t;
 }
 
+BatchedTensorRef batched_tensor_ref(const nb::ndarray<>& array, const std::string& what, bool k_major) {
+  if (array.device_type() != nb::device::cuda::value)
+    throw UserError(fmt::format("{} is not on a CUDA device (DLPack device type {}): evtc runs "
+                                "on CUDA tensors",
+                                what, int(array.device_type())));
+  if (array.ndim() != 3)
+    throw UserError(fmt::format("{} has {} dimensions; expected 3 (G × K × N, one K×N matrix per "
+                                "group, as torch._grouped_mm takes its second operand)",
+                                what, array.ndim()));
+  BatchedTensorRef w;
+  w.data = array.data();
+  w.dtype = element_type(array, what, std::nullopt);
+  w.batches = int64_t(array.shape(0));
+  w.batch_stride = array.stride(0);
+  // Dimension 1 is K and dimension 2 is N; a K-major kernel reads each group as N×K.
+  const int rows = k_major ? 2 : 1, cols = k_major ? 1 : 2;
+  w.rows = int64_t(array.shape(rows));
+  w.cols = int64_t(array.shape(cols));
+  w.row_stride = array.stride(rows);
+  w.col_stride = array.stride(cols);
+  return w;
+}
+
 }  // namespace evtc::python

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "evtc/grouped.hpp"
 #include "evtc/runtime.hpp"
 
 namespace evtc::python {
@@ -16,5 +17,13 @@ namespace evtc::python {
 // uint8 array that holds fp8 values (frameworks without fp8 in DLPack pass fp8 as bytes).
 TensorRef tensor_ref(const nanobind::ndarray<>& array, const std::string& what,
                      const std::optional<std::string>& dtype_override);
+
+// A view of a 3-dimensional CUDA array G×K×N holding a grouped GEMM's weights, as
+// torch._grouped_mm takes its second operand. With `k_major` (the kernel reads G×N×K
+// weights, each group's N×K K-major like a stack of nn.Linear weights, i.e. the array is
+// such a stack transposed) the result is G×N×K; otherwise G×K×N as given. Strides are not
+// checked here (GroupedKernel::run names what is wrong).
+BatchedTensorRef batched_tensor_ref(const nanobind::ndarray<>& array, const std::string& what,
+                                    bool k_major);
 
 }  // namespace evtc::python

@@ -160,3 +160,21 @@ def test_interleave_gate_up_round_trips():
         evtc.interleave_gate_up(w, dim=2)
     with pytest.raises(TypeError, match="takes a torch.Tensor, got list"):
         evtc.interleave_gate_up([[1.0, 2.0]])
+
+
+def test_grouped_kernel_describes_its_gated_output():
+    k = evtc.grouped("out y: bf16 = swiglu(acc + bias[n])")
+    assert k.gated and k.output.name == "y" and k.output.shape == "half"
+    assert [(o.name, o.shape) for o in k.inputs] == [("bias", "row")]
+    assert k.output_size(10, 64) == (10, 32)
+    assert "sm90" in k.source.lower() or "cutlass" in k.source
+    assert repr(k) == f"<evtc.GroupedKernel {k.hash} -> y: bf16[m,n/2]>"
+    plain = evtc.grouped("out D: f16 = silu(acc)", dtype="f16", weights="kn")
+    assert not plain.gated and plain.output_size(10, 64) == (10, 64)
+
+
+def test_grouped_kernel_refusals_name_the_operand():
+    with pytest.raises(evtc.UserError, match="operand 'a' is a full \\[m,n\\] operand"):
+        evtc.grouped("out D: bf16 = acc * a[m,n]")
+    with pytest.raises(evtc.UserError, match="weights: 'mk' is not a weight layout"):
+        evtc.grouped("out D: bf16 = acc", weights="mk")

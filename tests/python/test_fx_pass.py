@@ -123,3 +123,134 @@ def test_fake_implementation_gives_output_shapes_and_dtypes():
         y0, d = torch.ops.evtc.gemm_epilogue(spec, a, b, [])
     assert (tuple(y0.shape), y0.dtype) == ((M, N), torch.float32)
     assert (tuple(d.shape), d.dtype) == ((M, N), torch.float16)
+
+
+# --- gated activations over interleaved (gate, up) columns ------------------------------------
+
+def swiglu7(h):
+    """W4's epilogue: gate columns 0::2, up columns 1::2."""
+    g = h[:, 0::2].clamp(max=7)
+    u = h[:, 1::2].clamp(-7, 7)
+    return g * torch.sigmoid(1.702 * g) * (u + 1)
+
+
+def test_sliced_gated_chain_becomes_one_op_with_a_half_width_output():
+    gm, report = fuse(lambda x, w: swiglu7(x @ w.t()), X, W)
+    (f,) = report.fused
+    ops = ops_of(gm)
+    assert torch.ops.aten.slice.Tensor not in ops and torch.ops.aten.mm.default not in ops
+    kernel = evtc.torch._op.spec_kernel(f.spec)[0]
+    assert "gate " in kernel.ir and "up " in kernel.ir
+    (out,) = kernel.outputs
+    assert out.shape == "half"
+    result = [n for n in gm.graph.nodes if n.op == "output"][0].args[0]
+    result = result[0] if isinstance(result, (tuple, list)) else result
+    assert tuple(result.meta["val"].shape) == (M, N // 2)
+
+
+def test_gated_chain_keeps_the_pre_activation_as_a_second_output():
+    def fn(x, w, b, s):
+        h = x @ w.t() + b
+        return F.silu(h[:, ::2]) * h[:, 1::2] * s.unsqueeze(1), h
+
+    gm, report = fuse(fn, X, W, ((N,), BF16), ((M,), torch.float32))
+    (f,) = report.fused
+    shapes = sorted(o.shape for o in evtc.torch._op.spec_kernel(f.spec)[0].outputs)
+    assert shapes == ["full", "half"], f.expr
+    assert "x1[m]: f32" in f.expr
+
+
+def test_a_row_vector_over_the_gated_columns_stays_outside():
+    def fn(x, w, r):
+        h = x @ w.t()
+        return (F.silu(h[:, 0::2]) * h[:, 1::2]) * r
+
+    gm, report = fuse(fn, X, W, ((N // 2,), BF16))
+    (f,) = report.fused
+    assert "[n]" not in f.expr
+    assert torch.ops.aten.mul.Tensor in ops_of(gm)  # the product with r runs after the fused op
+
+
+def test_gated_chain_of_a_three_dimensional_linear():
+    def fn(x, w):
+        h = F.linear(x, w)
+        return F.gelu(h[..., 0::2], approximate="tanh") * h[..., 1::2]
+
+    gm, report = fuse(fn, ((4, 250, K), BF16), W)
+    assert len(report.fused) == 1, report.summary()
+    result = [n for n in gm.graph.nodes if n.op == "output"][0].args[0]
+    result = result[0] if isinstance(result, (tuple, list)) else result
+    assert tuple(result.meta["val"].shape) == (4, 250, N // 2)
+
+
+def test_blocked_halves_are_not_gated_pairs():
+    # h.chunk(2): gate and up in the two halves of N, not interleaved: evtc leaves it alone.
+    gm, report = fuse(lambda x, w: (lambda g, u: F.silu(g) * u)(*(x @ w.t()).chunk(2, dim=-1)), X, W)
+    assert report.fused == [] and "nothing to fuse" in report.summary()
+
+
+# --- grouped GEMMs (torch._grouped_mm) -------------------------------------------------------
+
+G = 8
+TOKENS = ((M, K), BF16)
+EXPERTS = ((G, N, K), BF16)
+OFFS = ((G,), torch.int32)
+
+
+def grouped(h_fn):
+    return lambda x, w, offs, *rest: h_fn(torch._grouped_mm(x, w.transpose(-2, -1), offs=offs), *rest)
+
+
+def test_grouped_mm_with_gated_activation_becomes_one_grouped_op():
+    gm, report = fuse(grouped(swiglu7), TOKENS, EXPERTS, OFFS)
+    (f,) = report.fused
+    ops = ops_of(gm)
+    assert torch.ops.evtc.grouped_gemm_epilogue.default in ops
+    assert torch.ops.aten._grouped_mm.default not in ops and torch.ops.aten.slice.Tensor not in ops
+    kernel, spec = evtc.torch._op.spec_kernel(f.spec)
+    assert spec["grouped"] and spec["options"]["b_layout"] == "col" and kernel.gated
+    result = [n for n in gm.graph.nodes if n.op == "output"][0].args[0]
+    result = result[0] if isinstance(result, (tuple, list)) else result
+    assert tuple(result.meta["val"].shape) == (M, N // 2)
+
+
+def test_grouped_mm_reads_a_shared_bias_and_n_major_weights():
+    def fn(x, w, offs, b):
+        return F.silu(torch._grouped_mm(x, w, offs=offs) + b)
+
+    gm, report = fuse(fn, TOKENS, ((G, K, N), BF16), OFFS, ((N,), BF16))
+    (f,) = report.fused
+    spec = evtc.torch._op.spec_kernel(f.spec)[1]
+    assert spec["options"]["b_layout"] == "row" and spec["operands"] == [["x0", "row"]]
+
+
+@pytest.mark.parametrize("fn, inputs, reason", [
+    (grouped(lambda h: h), (TOKENS, EXPERTS, OFFS), "nothing to fuse"),
+    (grouped(lambda h: (F.silu(h), h)), (TOKENS, EXPERTS, OFFS), "writes one output"),
+    (grouped(F.silu), (TOKENS, ((G, 1020, K), BF16), OFFS), "N=1020"),
+    (lambda a, b: F.silu(torch._grouped_mm(a, b)), (((G, 64, K), BF16), ((G, K, N), BF16)), "3-D weights form"),
+])
+def test_refused_grouped_chains_say_why(fn, inputs, reason):
+    before = trace(fn, *inputs)
+    gm, report = fuse(fn, *inputs)
+    assert report.fused == [] and any(reason in why for _, why in report.refused), report.summary()
+    assert [str(n.target) for n in gm.graph.nodes] == [str(n.target) for n in before.graph.nodes]
+
+
+def test_a_column_vector_stays_outside_a_grouped_epilogue():
+    def fn(x, w, offs, s):
+        return F.silu(torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)) * s.unsqueeze(1)
+
+    gm, report = fuse(fn, TOKENS, EXPERTS, OFFS, ((M,), BF16))
+    (f,) = report.fused
+    assert "[m]" not in f.expr and torch.ops.aten.mul.Tensor in ops_of(gm)
+
+
+def test_grouped_fake_implementation_gives_the_output_shape():
+    spec = evtc.torch._op.make_grouped_spec("out y: bf16 = swiglu(acc)\n", {"b_layout": "col"}, [])
+    with FakeTensorMode():
+        x = torch.empty(M, K, device="cuda", dtype=BF16)
+        w = torch.empty(G, K, N, device="cuda", dtype=BF16)
+        offs = torch.empty(G, device="cuda", dtype=torch.int32)
+        y = torch.ops.evtc.grouped_gemm_epilogue(spec, x, w, offs, [])
+    assert (tuple(y.shape), y.dtype) == ((M, N // 2), BF16)

@@ -84,8 +84,10 @@ def compiled_cases():
         train_mlp(evtc.torch.backend, steps=1)
     cases["training"] = evtc.torch.reports[start:]
     spec_kernel(EXPORT_SPEC)[0].compile_async(M, N, K)
+    GROUPED_API.compile_async()
     failed = evtc.torch.wait_for_compiles()
     assert not spec_kernel(EXPORT_SPEC)[0]._wait_for_compiles()
+    assert not GROUPED_API._wait_for_compiles()
     assert not failed, failed
     return cases
 
@@ -265,3 +267,40 @@ def test_kernel_errors_name_the_operand(compiled_cases):
         kernel(x, w.t(), x0=randn(N + 8))
     with pytest.raises(evtc.UserError, match="operand A is f32"):
         kernel(x.float(), w.t(), x0=randn(N))
+
+
+# evtc.grouped called directly: per-group bias, a gated output, ragged groups with empty ones.
+GROUPED_API = evtc.grouped("out y: bf16 = gptoss_swiglu(acc + bias[n], alpha=1.5, limit=3)")
+
+
+def test_grouped_kernel_matches_a_float64_reference_per_group(compiled_cases):
+    rows, n, k = [0, 77, 300, 1, 0, 130], 264, 136
+    g = len(rows)
+    x = randn(sum(rows), k)
+    w = randn(g, n, k, scale=k ** -0.5)  # stacked nn.Linear weights, (gate, up) interleaved
+    bias = randn(g, n)
+    offs = torch.tensor(rows, device="cuda").cumsum(0).to(torch.int32)
+    poison_allocator()
+    y = GROUPED_API(x, w.transpose(1, 2), offs, bias=bias)
+    assert y.shape == (sum(rows), n // 2) and y.dtype == torch.bfloat16
+    start = 0
+    for i, r in enumerate(rows):
+        h = x[start:start + r].double() @ w[i].double().t() + bias[i].double()
+        gate, up = h[:, 0::2].clamp(max=3), h[:, 1::2].clamp(-3, 3)
+        want = gate * torch.sigmoid(1.5 * gate) * (up + 1)
+        got = y[start:start + r].double()
+        assert not got.isnan().any(), f"group {i}: unwritten rows"
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2 * max(want.abs().max().item(), 1e-3))
+        start += r
+
+
+def test_grouped_kernel_errors_name_the_operand(compiled_cases):
+    x = randn(64, 136)
+    w = randn(2, 264, 136)
+    offs = torch.tensor([30, 64], device="cuda", dtype=torch.int32)
+    with pytest.raises(evtc.UserError, match="operand 'bias'.*was not given"):
+        GROUPED_API(x, w.transpose(1, 2), offs)
+    with pytest.raises(evtc.UserError, match="offsets has 1 entries but the weights have 2 groups"):
+        GROUPED_API(x, w.transpose(1, 2), offs[:1], bias=randn(264))
+    with pytest.raises(evtc.UserError, match="weights must be"):
+        GROUPED_API(x, w.transpose(1, 2).contiguous(), offs, bias=randn(264))

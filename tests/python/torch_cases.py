@@ -54,6 +54,37 @@ def escaping(x, w, bias):
     return F.gelu(h), h.float().sum(dim=0)
 
 
+def swiglu7(h):
+    """W4's gated activation over interleaved (gate, up) columns."""
+    g = h[:, 0::2].clamp(max=7)
+    u = h[:, 1::2].clamp(-7, 7)
+    return g * torch.sigmoid(1.702 * g) * (u + 1)
+
+
+def gated_with_preactivation(x, w, bias):
+    h = x @ w.t() + bias
+    return F.silu(h[:, ::2]) * h[:, 1::2], h
+
+
+# Grouped GEMMs: 8 experts, ragged group sizes (one empty) that cover every token.
+GROUP_ROWS = (130, 0, 257, 1, 64, 300, 120, 128)
+
+
+def grouped_inputs(k_major=True):
+    x = randn(sum(GROUP_ROWS), K)
+    w = randn(len(GROUP_ROWS), N, K, scale=K ** -0.5)
+    w = w.transpose(1, 2) if k_major else w.transpose(1, 2).contiguous()  # G × K × N either way
+    offs = torch.tensor(GROUP_ROWS, device="cuda").cumsum(0).to(torch.int32)
+    return x, w, offs
+
+
+def grouped_gptoss(x, w, offs):
+    h = torch._grouped_mm(x, w, offs=offs)
+    g = h[:, 0::2].clamp(max=7.0)
+    u = h[:, 1::2].clamp(-7.0, 7.0)
+    return g * torch.sigmoid(1.702 * g) * (u + 1)
+
+
 CASES = [
     Case("silu", activation(F.silu), x_w, 1),
     Case("sigmoid", activation(torch.sigmoid), x_w, 1),
@@ -74,6 +105,11 @@ CASES = [
     Case("llama_mlp", lambda x, w1, w3: F.silu(x @ w1.t()) * (x @ w3.t()),
          lambda: (*x_w(), randn(N, K, scale=K ** -0.5)), 1),
     Case("escaping_intermediate", escaping, lambda: (*x_w(), randn(N)), 1),
+    Case("swiglu7_sliced", lambda x, w: swiglu7(x @ w.t()), x_w, 1),
+    Case("gated_with_preactivation", gated_with_preactivation, lambda: (*x_w(), randn(N)), 1),
+    Case("grouped_gptoss_swiglu", grouped_gptoss, grouped_inputs, 1),
+    Case("grouped_n_major_bias_silu", lambda x, w, offs, b: F.silu(torch._grouped_mm(x, w, offs=offs) + b),
+         lambda: (*grouped_inputs(k_major=False), randn(N)), 1),
     # Negative cases: nothing fused, results still right.
     Case("bare_mm", lambda x, w: x @ w.t(), x_w, 0),
     Case("k_not_multiple_of_8", activation(F.silu), lambda: x_w(k=516), 0,

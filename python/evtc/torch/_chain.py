@@ -1,11 +1,13 @@
 """Translating an ATen GEMM and its pointwise consumers into an evtc epilogue expression.
 
-A chain starts at a GEMM node (mm, addmm, _scaled_mm) and takes in, in graph order, every
-node that reads a value of the chain and that evtc can compute in the epilogue: arithmetic,
-activations, clamps, dtype conversions and reshapes that keep the last (N) dimension. Tensors
-from outside the chain become operands, classified by how they broadcast against the M×N
-result (row vector, column vector, scalar, full matrix). Every chain value that is used
-outside the chain becomes an output of the fused op.
+A chain starts at a GEMM node (mm, addmm, _scaled_mm, _grouped_mm) and takes in, in graph
+order, every node that reads a value of the chain and that evtc can compute in the epilogue:
+arithmetic, activations, clamps, dtype conversions, reshapes that keep the last (N)
+dimension, and the column slices ``h[:, 0::2]`` / ``h[:, 1::2]`` of a gated activation over
+interleaved (gate, up) columns, which become ``gate(h)`` / ``up(h)`` with N/2 columns.
+Tensors from outside the chain become operands, classified by how they broadcast against
+the M×N result (row vector, column vector, scalar, full matrix), or against the M×N/2 gated
+values. Every chain value that is used outside the chain becomes an output of the fused op.
 """
 from __future__ import annotations
 
@@ -67,6 +69,14 @@ class Chain:
     lines: list[str] = field(default_factory=list)  # statements defining the names
     operands: dict[fx.Node, tuple[str, str]] = field(default_factory=dict)  # node -> (name, class)
     declarations: list[str] = field(default_factory=list)
+    half: set[fx.Node] = field(default_factory=set)  # chain values of gated (M×N/2) shape
+    grouped: bool = False  # a _grouped_mm chain (operand classes it can read are fewer)
+    in_half: bool = False  # while absorbing a node over gated values: operands broadcast against them
+    offsets: Optional[fx.Node] = None  # _grouped_mm's group end offsets
+
+    @property
+    def half_shape(self) -> tuple:
+        return tuple(self.full_shape[:-1]) + (self.full_shape[-1] // 2,)
 
     def define(self, node: fx.Node, expr: str) -> None:
         name = f"v{len(self.exprs)}"
@@ -111,10 +121,15 @@ def classify(t: torch.Tensor, full_shape: tuple) -> str:
     return AUX
 
 
-def operand(chain: Chain, node: fx.Node) -> str:
-    """The expression name of an outside tensor, declared on first use."""
+def operand(chain: Chain, node: fx.Node, half: bool = False) -> str:
+    """The expression name of an outside tensor, declared on first use. ``half``: it combines
+    with gated (M×N/2) values, so it must broadcast against those."""
     if node in chain.operands:
-        return chain.operands[node][0]
+        name, cls = chain.operands[node]
+        if half and cls not in (COL, SCALAR):
+            raise Refused(f"operand {node.name} is combined with both the GEMM's N columns and the "
+                          "gated N/2 ones")
+        return name
     t = val(node)
     if t is None:
         raise Refused(f"operand {node.name} has no tensor metadata")
@@ -122,7 +137,13 @@ def operand(chain: Chain, node: fx.Node) -> str:
         raise Refused(f"operand {node.name} has dtype {t.dtype}")
     if t.device.type != "cuda":
         raise Refused(f"operand {node.name} is on {t.device}, not a CUDA device")
-    cls = classify(t, chain.full_shape)
+    cls = classify(t, chain.half_shape if half else chain.full_shape)
+    if half and cls not in (COL, SCALAR):
+        raise Refused(f"operand {node.name} of shape {list(t.shape)} varies along the gated values' N/2 "
+                      "columns: a gated activation's result combines only with scalars and [M] columns")
+    if chain.grouped and cls not in (ROW, SCALAR):
+        raise Refused(f"operand {node.name} of shape {list(t.shape)} is a {'column vector' if cls == COL else 'matrix'}"
+                      ": a grouped GEMM's epilogue reads only [N] row vectors and scalars")
     name = f"x{len(chain.operands)}"
     dt = EVTC_DTYPES[t.dtype]
     decl = {ROW: f"input {name}[n]: {dt}", COL: f"input {name}[m]: {dt}", SCALAR: f"input {name}: {dt} ptr",
@@ -132,9 +153,9 @@ def operand(chain: Chain, node: fx.Node) -> str:
     return name
 
 
-def arg_expr(chain: Chain, x: Any) -> str:
+def arg_expr(chain: Chain, x: Any, half: bool = False) -> str:
     if isinstance(x, fx.Node):
-        return chain.exprs[x] if x in chain.exprs else operand(chain, x)
+        return chain.exprs[x] if x in chain.exprs else operand(chain, x, half or chain.in_half)
     if isinstance(x, (int, float, bool)):
         return const(x)
     raise Refused(f"argument {x!r} is neither a tensor nor a number")
@@ -248,6 +269,40 @@ POINTWISE: dict[Any, Callable[[Chain, fx.Node], str]] = {
 RESHAPES = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
 
 
+SLICE = aten.slice.Tensor
+INT64_MAX = 2**63 - 1
+
+
+def _gated_part(chain: Chain, n: fx.Node) -> tuple[Optional[str], str]:
+    """For a slice of a chain value: ("gate" | "up", "") when it takes every other column of
+    the last dimension starting at 0 | 1, else (None, why not)."""
+    src = n.args[0]
+    dim = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim", 0)
+    start = n.args[2] if len(n.args) > 2 else n.kwargs.get("start", None)
+    end = n.args[3] if len(n.args) > 3 else n.kwargs.get("end", None)
+    step = n.args[4] if len(n.args) > 4 else n.kwargs.get("step", 1)
+    t = val(src)
+    if src not in chain.exprs or t is None:
+        return None, f"slice {n.name} of a value outside the chain"
+    if src in chain.half:
+        return None, f"slice {n.name} of a gated (N/2) value"
+    if not isinstance(dim, int) or dim % t.dim() != t.dim() - 1:
+        return None, f"slice {n.name} along dimension {dim}, not the last (N)"
+    width = t.shape[-1]
+    if step != 2 or start not in (0, 1, None) or not isinstance(width, int):
+        return None, (f"slice {n.name} [{start}:{end}:{step}] is not [0::2] or [1::2] (gate and up "
+                      "columns of interleaved weights)")
+    if width % 2:
+        return None, f"slice {n.name} of {width} columns: (gate, up) pairs need an even N"
+    if end is not None and end < width and end != INT64_MAX:
+        return None, f"slice {n.name} ends at column {end} of {width}"
+    return ("up" if start == 1 else "gate"), ""
+
+
+def _chain_inputs(chain: Chain, n: fx.Node) -> list[fx.Node]:
+    return [i for i in n.all_input_nodes if i in chain.exprs]
+
+
 def absorbable(chain: Chain, n: fx.Node) -> Optional[str]:
     """Why ``n`` cannot join the chain, or None if it can (its chain inputs are in the chain)."""
     if n.op != "call_function":
@@ -255,6 +310,12 @@ def absorbable(chain: Chain, n: fx.Node) -> Optional[str]:
     t = val(n)
     if t is None or t.dtype not in EVTC_DTYPES:
         return f"{n.target} produces {getattr(t, 'dtype', 'no tensor')}"
+    if n.target is SLICE:
+        return _gated_part(chain, n)[1] or None
+    inputs = _chain_inputs(chain, n)
+    half = [i in chain.half for i in inputs]
+    if any(half) and not all(half):
+        return f"{n.name} mixes gated (N/2) values with the GEMM's N columns"
     if n.target in RESHAPES:
         src = val(n.args[0])
         if n.args[0] not in chain.exprs or src is None or t.shape[-1] != src.shape[-1] or not t.is_contiguous():
@@ -264,8 +325,9 @@ def absorbable(chain: Chain, n: fx.Node) -> Optional[str]:
         return f"{n.target} is not an epilogue op"
     if n.target is aten._to_copy.default and (set(n.kwargs) - {"dtype"}):
         return f"_to_copy with {sorted(set(n.kwargs) - {'dtype'})}"
-    if tuple(t.shape) != tuple(chain.full_shape) and math.prod(t.shape) != math.prod(chain.full_shape):
-        return f"{n.name} has shape {list(t.shape)}, not the GEMM's result shape"
+    shape = chain.half_shape if any(half) else chain.full_shape
+    if tuple(t.shape) != tuple(shape) and math.prod(t.shape) != math.prod(shape):
+        return f"{n.name} has shape {list(t.shape)}, not the {'gated values' if any(half) else 'GEMM result'}'s shape"
     return None
 
 
@@ -273,13 +335,26 @@ def absorb(chain: Chain, n: fx.Node) -> None:
     """Adds ``n`` to the chain (raises Refused, leaving the chain unchanged, if it cannot)."""
     t = val(n)
     saved = (dict(chain.operands), list(chain.declarations))
+    half = any(i in chain.half for i in _chain_inputs(chain, n))
     try:
-        if n.target in RESHAPES:
+        if n.target is SLICE:
+            part, why = _gated_part(chain, n)
+            if part is None:
+                raise Refused(why)
+            chain.define(n, f"{part}({chain.exprs[n.args[0]]})")
+            half = True
+        elif n.target in RESHAPES:
             chain.exprs[n] = chain.exprs[n.args[0]]
-            chain.full_shape = tuple(t.shape)
+            shape = tuple(t.shape)
+            chain.full_shape = shape[:-1] + (2 * shape[-1],) if half else shape
         else:
+            chain.in_half = half
             chain.define(n, cast_to(t.dtype, POINTWISE[n.target](chain, n)))
     except Refused:
         chain.operands, chain.declarations = saved
         raise
+    finally:
+        chain.in_half = False
+    if half:
+        chain.half.add(n)
     chain.nodes.append(n)

@@ -1,4 +1,5 @@
-"""The FX pass: GEMM + pointwise consumer chains -> one evtc::gemm_epilogue op.
+"""The FX pass: GEMM + pointwise consumer chains -> one evtc::gemm_epilogue op (or, from a
+``_grouped_mm``, one evtc::grouped_gemm_epilogue op).
 
 Works on ATen-level FX graphs with tensor metadata (node.meta["val"]): Inductor's post-grad
 graphs (forward, backward, inference), or make_fx / torch.export graphs. A chain that cannot
@@ -18,9 +19,10 @@ from typing import Optional
 import torch
 from torch import fx
 
+from .. import _evtc
 from . import _op
 from ._chain import EVTC_DTYPES, Chain, Refused, absorb, absorbable, val
-from ._gemm import GEMMS, UNSUPPORTED_GEMMS, start_chain
+from ._gemm import GEMMS, GROUPED_MM, UNSUPPORTED_GEMMS, start_chain
 
 log = logging.getLogger("evtc.torch")
 
@@ -112,8 +114,8 @@ def _grow(graph: fx.Graph, chain: Chain) -> None:
             except Refused as why:
                 log.debug("evtc: %s stays outside the chain of %s: %s", n.name, chain.gemm.name, why)
         depends_on_chain.add(n)
-    if chain.gemm.target is torch.ops.aten.mm.default and len(chain.nodes) == 1:
-        raise Refused("nothing to fuse: the mm result feeds no epilogue op")
+    if chain.gemm.target in (torch.ops.aten.mm.default, GROUPED_MM) and len(chain.nodes) == 1:
+        raise Refused(f"nothing to fuse: the {chain.gemm.target.__name__.split('.')[0]} result feeds no epilogue op")
 
 
 def _problem_size(chain: Chain, hints: bool = False) -> tuple[int, int, int]:
@@ -127,7 +129,16 @@ def _problem_size(chain: Chain, hints: bool = False) -> tuple[int, int, int]:
         hint = getattr(getattr(x, "node", None), "hint", None) if hints else None
         return hint if isinstance(hint, int) else 0
 
+    if chain.grouped:  # x: sum of M_g × K, w: G × K × N
+        return size(ta.shape[0]), size(tb.shape[2]), size(tb.shape[1])
     return size(ta.shape[0]), size(tb.shape[1]), size(ta.shape[1])
+
+
+def _output_shape(chain: Chain, node: fx.Node) -> tuple:
+    """The shape the fused op gives a chain value: (M, N), or (M, N/2) for a gated value."""
+    m = val(chain.a).shape[0]
+    n = val(chain.b).shape[-1]
+    return (m, n // 2) if node in chain.half else (m, n)
 
 
 def _escaping(chain: Chain) -> list[fx.Node]:
@@ -152,6 +163,8 @@ def _expression(chain: Chain, escaping: list[fx.Node]) -> tuple[str, list[str], 
 
 
 def _replace(graph: fx.Graph, chain: Chain, cast_mode: str, compile: bool) -> Fusion:
+    if chain.grouped:
+        return _replace_grouped(graph, chain, cast_mode, compile)
     escaping = _escaping(chain)
     expr, names, index_of = _expression(chain, escaping)
     options = dict(chain.options, cast_mode=cast_mode)
@@ -162,10 +175,7 @@ def _replace(graph: fx.Graph, chain: Chain, cast_mode: str, compile: bool) -> Fu
     if m and n and k:
         if reason := kernel.fallback_reason(m, n, k):
             raise Refused(reason)
-    for o in escaping:
-        shape = val(o).shape
-        if tuple(shape) != (val(chain.a).shape[0], val(chain.b).shape[1]) and not all(isinstance(s, int) for s in shape):
-            raise Refused("a reshaped output with symbolic sizes")
+    _check_output_shapes(chain, escaping)
     created_specs.add(spec)
     if compile:
         # The configuration follows the problem's size: compile for the traced example size.
@@ -175,7 +185,8 @@ def _replace(graph: fx.Graph, chain: Chain, cast_mode: str, compile: bool) -> Fu
     with graph.inserting_after(last_input):
         fused = graph.call_function(torch.ops.evtc.gemm_epilogue.default,
                                     (spec, chain.a, chain.b, operand_nodes))
-    fused.meta["val"] = _fake_outputs(spec, chain, operand_nodes)
+    fused.meta["val"] = _fake_outputs(torch.ops.evtc.gemm_epilogue.default, spec,
+                                      [chain.a, chain.b], operand_nodes)
     cursor = fused
     items: dict[int, fx.Node] = {}
     for o in escaping:
@@ -184,16 +195,64 @@ def _replace(graph: fx.Graph, chain: Chain, cast_mode: str, compile: bool) -> Fu
             with graph.inserting_after(cursor):
                 items[i] = cursor = graph.call_function(operator.getitem, (fused, i))
             cursor.meta["val"] = fused.meta["val"][i]
-        item = items[i]
-        if tuple(val(o).shape) != tuple(item.meta["val"].shape):
-            with graph.inserting_after(cursor):
-                view = graph.call_function(torch.ops.aten.view.default, (item, list(val(o).shape)))
-            view.meta["val"] = item.meta["val"].view(val(o).shape)
-            cursor = item = view
-        o.replace_all_uses_with(item)
+        cursor = _use_output(graph, o, items[i], cursor)
+    _erase_unused(graph, chain)
+    return Fusion(chain.gemm.name, expr, [o.name for o in escaping], kernel.hash, spec)
+
+
+def _check_output_shapes(chain: Chain, escaping: list[fx.Node]) -> None:
+    for o in escaping:
+        shape = val(o).shape
+        if tuple(shape) != tuple(_output_shape(chain, o)) and not all(isinstance(s, int) for s in shape):
+            raise Refused("a reshaped output with symbolic sizes")
+
+
+def _use_output(graph: fx.Graph, o: fx.Node, item: fx.Node, cursor: fx.Node) -> fx.Node:
+    """Replaces the uses of chain value ``o`` by the fused op's output ``item`` (viewed to
+    ``o``'s shape when that differs); returns the last node inserted."""
+    if tuple(val(o).shape) != tuple(item.meta["val"].shape):
+        with graph.inserting_after(cursor):
+            view = graph.call_function(torch.ops.aten.view.default, (item, list(val(o).shape)))
+        view.meta["val"] = item.meta["val"].view(val(o).shape)
+        cursor = item = view
+    o.replace_all_uses_with(item)
+    return cursor
+
+
+def _erase_unused(graph: fx.Graph, chain: Chain) -> None:
     for node in reversed(chain.nodes):
         if not node.users:
             graph.erase_node(node)
+
+
+def _replace_grouped(graph: fx.Graph, chain: Chain, cast_mode: str, compile: bool) -> Fusion:
+    """_grouped_mm + epilogue -> evtc::grouped_gemm_epilogue: one output, [N] row vectors and
+    scalars as operands (what GroupedKernel runs)."""
+    escaping = _escaping(chain)
+    if len({chain.exprs[o] for o in escaping}) != 1:
+        raise Refused(f"a grouped GEMM writes one output, but {len(escaping)} values of the chain "
+                      f"({', '.join(o.name for o in escaping)}) are used outside it")
+    expr, _, _ = _expression(chain, escaping)
+    options = dict(chain.options, cast_mode=cast_mode)
+    operand_nodes = list(chain.operands)
+    spec = _op.make_grouped_spec(expr, options, [chain.operands[o] for o in operand_nodes])
+    try:
+        kernel, _ = _op.spec_kernel(spec)
+    except _evtc.UserError as why:
+        raise Refused(str(why)) from why
+    _check_output_shapes(chain, escaping)
+    created_specs.add(spec)
+    if compile:
+        kernel.compile_async()
+    inputs = [chain.a, chain.b, chain.offsets]
+    last_input = max([*inputs, *operand_nodes], key=_position(graph))
+    with graph.inserting_after(last_input):
+        fused = graph.call_function(torch.ops.evtc.grouped_gemm_epilogue.default, (spec, *inputs, operand_nodes))
+    fused.meta["val"] = _fake_outputs(torch.ops.evtc.grouped_gemm_epilogue.default, spec, inputs, operand_nodes)
+    cursor = fused
+    for o in escaping:
+        cursor = _use_output(graph, o, fused, cursor)
+    _erase_unused(graph, chain)
     return Fusion(chain.gemm.name, expr, [o.name for o in escaping], kernel.hash, spec)
 
 
@@ -202,17 +261,19 @@ def _position(graph: fx.Graph):
     return lambda n: index[n]
 
 
-def _fake_outputs(spec: str, chain: Chain, operand_nodes: list[fx.Node]):
+def _fake_outputs(op, spec: str, inputs: list[fx.Node], operand_nodes: list[fx.Node]):
+    """The fused op's result on the chain's fake tensors (its node's meta["val"])."""
     from torch._guards import detect_fake_mode
 
-    args = [val(chain.a), val(chain.b), *[val(o) for o in operand_nodes]]
-    mode = detect_fake_mode(args)
+    args = [val(i) for i in inputs]
+    operands = [val(o) for o in operand_nodes]
+    mode = detect_fake_mode(args + operands)
     if mode is None:
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         mode = FakeTensorMode(allow_non_fake_inputs=True)
     with mode:
-        return torch.ops.evtc.gemm_epilogue.default(spec, args[0], args[1], args[2:])
+        return op(spec, *args, operands)
 
 
 def _stable_topological_sort(graph: fx.Graph) -> None:

@@ -1,4 +1,5 @@
-"""The GEMM a chain starts from: mm, addmm and _scaled_mm, as the root of an epilogue."""
+"""The GEMM a chain starts from: mm, addmm, _scaled_mm and _grouped_mm, as the root of an
+epilogue."""
 from __future__ import annotations
 
 from typing import Optional
@@ -10,7 +11,8 @@ from ._chain import EVTC_DTYPES, FP8_DTYPES, GEMM_OPERAND_DTYPES, Chain, Refused
 
 aten = torch.ops.aten
 
-GEMMS = (aten.mm.default, aten.addmm.default, aten._scaled_mm.default)
+GROUPED_MM = aten._grouped_mm.default
+GEMMS = (aten.mm.default, aten.addmm.default, aten._scaled_mm.default, GROUPED_MM)
 # GEMMs evtc recognises but has no kernel for yet.
 UNSUPPORTED_GEMMS = {
     aten.bmm.default: "batched GEMM (bmm) has no evtc kernel yet",
@@ -46,6 +48,8 @@ def start_chain(gemm: fx.Node) -> Chain:
     """The chain holding just the GEMM: its expression is the GEMM's result as eager rounds it."""
     if gemm.target in UNSUPPORTED_GEMMS:
         raise Refused(UNSUPPORTED_GEMMS[gemm.target])
+    if gemm.target is GROUPED_MM:
+        return _start_grouped(gemm)
     fp8 = gemm.target is aten._scaled_mm.default
     a, b, ta, tb = _operands(gemm, fp8)
     out = val(gemm)
@@ -92,3 +96,40 @@ def _scaled_mm_expr(chain: Chain, gemm: fx.Node) -> str:
     if bias is not None:
         expr = f"{expr} + {arg_expr(chain, bias)}"
     return expr
+
+
+def _start_grouped(gemm: fx.Node) -> Chain:
+    """The chain of a ``_grouped_mm(x, w, offs)``: x is the tokens (sum of M_g × K), w the
+    G × K × N weights, offs the groups' int32 end offsets (the MoE form GroupedKernel runs)."""
+    x, w = gemm.args[:2]
+    offs, bias, out_dtype = _arg(gemm, 2, "offs"), _arg(gemm, 3, "bias"), _arg(gemm, 4, "out_dtype")
+    tx, tw, out = val(x), val(w), val(gemm)
+    if tx is None or tw is None or out is None:
+        raise Refused("_grouped_mm operands without tensor metadata")
+    if tx.dim() != 2 or tw.dim() != 3:
+        raise Refused(f"_grouped_mm of a {tx.dim()}-D and a {tw.dim()}-D operand: evtc fuses the 2-D tokens × "
+                      "3-D weights form (one weight matrix per group)")
+    if offs is None:
+        raise Refused("_grouped_mm without offs")
+    if bias is not None:
+        raise Refused("_grouped_mm with bias")
+    if tx.dtype not in GEMM_OPERAND_DTYPES or tw.dtype != tx.dtype:
+        raise Refused(f"{tx.dtype} x {tw.dtype} _grouped_mm: evtc's grouped kernels take bf16 or f16 operands")
+    if out.dtype not in EVTC_DTYPES:
+        raise Refused(f"_grouped_mm with out_dtype {out_dtype}")
+    if tx.device.type != "cuda":
+        raise Refused(f"the GEMM runs on {tx.device}")
+    k, n = tw.shape[1], tw.shape[2]
+    for size, what in ((k, "K"), (n, "N")):
+        if isinstance(size, int) and size % 8:
+            raise Refused(f"_grouped_mm with {what}={size}: a grouped kernel needs {what} a multiple of 8 "
+                          "(16-byte rows)")
+    # Each group's K×N matrix: K contiguous (stacked nn.Linear weights, transposed) is what a
+    # K-major kernel reads; N contiguous what an N-major one reads. Others are copied by the op.
+    b_layout = "col" if tw.stride(1) == 1 else "row"
+    options = {"a_dtype": EVTC_DTYPES[tx.dtype], "b_dtype": EVTC_DTYPES[tw.dtype], "a_layout": "row",
+               "b_layout": b_layout}
+    chain = Chain(gemm=gemm, a=x, b=w, options=options, full_shape=tuple(out.shape), grouped=True, offsets=offs)
+    chain.nodes.append(gemm)
+    chain.define(gemm, cast_to(out.dtype, "acc"))
+    return chain

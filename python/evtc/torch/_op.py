@@ -1,6 +1,8 @@
-"""The custom op evtc::gemm_epilogue: one fused GEMM + epilogue as a PyTorch operator.
+"""The custom ops evtc::gemm_epilogue and evtc::grouped_gemm_epilogue: one fused GEMM +
+epilogue as a PyTorch operator.
 
     outputs = torch.ops.evtc.gemm_epilogue(spec, a, b, operands)
+    y = torch.ops.evtc.grouped_gemm_epilogue(spec, x, w, offs, operands)
 
 ``spec`` is a JSON string (see :func:`make_spec`): the epilogue expression, the kernel
 options, the names and broadcast classes of ``operands`` (in order) and the names of the
@@ -8,6 +10,10 @@ outputs to return (in order). ``a`` is M×K, ``b`` K×N; each output is M×N (or
 reductions). The op has a fake (meta) implementation, so it traces under torch.compile and
 torch.export, with dynamic shapes, and its real implementation allocates only its outputs,
 so it can be captured in CUDA graphs.
+
+The grouped op takes ``torch._grouped_mm``'s operands (x: sum of M_g × K, w: G × K × N, offs:
+int32 end offsets) and returns the epilogue's one output (sum of M_g × N, or × N/2 when
+gated); its operands are [N] row vectors and scalars.
 """
 from __future__ import annotations
 
@@ -16,7 +22,7 @@ import json
 import threading
 import torch
 
-from .. import _kernel
+from .. import _evtc, _grouped, _kernel
 
 # Broadcast classes of an operand of the M×N epilogue (how the op reads the tensor it gets).
 ROW, COL, SCALAR, AUX, AUX_COL = "row", "col", "scalar", "aux", "aux_col"
@@ -34,10 +40,22 @@ def make_spec(expr: str, options: dict, operands: list[tuple[str, str]], outputs
                        "outputs": outputs}, sort_keys=True)
 
 
+def make_grouped_spec(expr: str, options: dict, operands: list[tuple[str, str]]) -> str:
+    """The grouped op's spec string (``operands`` as for :func:`make_spec`: row or scalar)."""
+    return json.dumps({"expr": expr, "options": options, "operands": [list(o) for o in operands],
+                       "grouped": True}, sort_keys=True)
+
+
 @functools.lru_cache(maxsize=None)
-def spec_kernel(spec: str) -> tuple[_kernel.Kernel, dict]:
-    """The Kernel of a spec (built once per process: parsing and passes, no nvcc)."""
+def spec_kernel(spec: str) -> tuple[_kernel.Kernel | _grouped.GroupedKernel, dict]:
+    """The Kernel (or GroupedKernel) of a spec (built once per process: parsing and passes,
+    no nvcc)."""
     s = json.loads(spec)
+    if s.get("grouped"):
+        o = _evtc.KernelOptions()
+        for key, value in s["options"].items():
+            setattr(o, key, value)
+        return _grouped.GroupedKernel(s["expr"], o), s
     return _kernel.compile(s["expr"], **s["options"]), s
 
 
@@ -85,6 +103,46 @@ def _gemm_epilogue_fake(spec: str, a: torch.Tensor, b: torch.Tensor,
     kernel, s = spec_kernel(spec)
     m, n = a.shape[0], b.shape[1]
     return [a.new_empty(o.size(m, n), dtype=_torch_dtype(o.dtype)) for o in _outputs_in_order(kernel, s)]
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself when its data starts 16-byte aligned, else an aligned copy."""
+    return t if t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
+
+
+def _grouped_inputs(kernel: _grouped.GroupedKernel, x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor):
+    """x, w and offs in the layout the grouped kernel reads (copies only where they differ)."""
+    dense = torch.contiguous_format
+    if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
+        x = x.clone(memory_format=dense)
+    if kernel._k_major:  # each group's K×N with K contiguous: a transposed stack of N×K matrices
+        if w.stride(1) != 1 or w.stride(2) % 8 or w.stride(0) % 8 or w.data_ptr() % 16:
+            w = w.transpose(1, 2).clone(memory_format=dense).transpose(1, 2)
+    elif w.stride(2) != 1 or w.stride(1) % 8 or w.stride(0) % 8 or w.data_ptr() % 16:
+        w = w.clone(memory_format=dense)
+    if offs.dtype != torch.int32 or offs.stride(0) != 1:
+        offs = offs.to(torch.int32).contiguous()
+    return x, w, offs
+
+
+@torch.library.custom_op("evtc::grouped_gemm_epilogue", mutates_args=())
+def grouped_gemm_epilogue(spec: str, x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor,
+                          operands: list[torch.Tensor]) -> torch.Tensor:
+    kernel, s = spec_kernel(spec)
+    rows, n = x.shape[0], w.shape[2]
+    if _compile_only_depth:
+        kernel.compile_async()
+        return torch.empty(kernel.output_size(rows, n), dtype=_torch_dtype(kernel.output.dtype), device=x.device)
+    x, w, offs = _grouped_inputs(kernel, x, w, offs)
+    named = {name: _aligned(_operand_view(t, cls, rows, n)) for (name, cls), t in zip(s["operands"], operands)}
+    return kernel(x, w, offs, **named)
+
+
+@grouped_gemm_epilogue.register_fake
+def _grouped_gemm_epilogue_fake(spec: str, x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor,
+                                operands: list[torch.Tensor]) -> torch.Tensor:
+    kernel, _ = spec_kernel(spec)
+    return x.new_empty(kernel.output_size(x.shape[0], w.shape[2]), dtype=_torch_dtype(kernel.output.dtype))
 
 
 def _outputs_in_order(kernel: _kernel.Kernel, s: dict) -> list[_kernel.Operand]:

@@ -1,0 +1,154 @@
+"""evtc.grouped and GroupedKernel: a grouped (MoE) GEMM with a fused epilogue, called like
+``torch._grouped_mm``."""
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from typing import Any, Optional
+
+from . import _evtc
+from ._kernel import _TORCH_DTYPES, Operand, _is_torch_tensor, _pool, _split_operands, _torch_dlpack
+
+
+class GroupedKernel:
+    """One grouped GEMM + epilogue over every group (expert) at once. Call it as
+    ``kernel(x, w, offsets, **operands)``:
+
+    - ``x``: the tokens, sum of M_g × K, row-major (rows sorted by group);
+    - ``w``: G × K × N, as ``torch._grouped_mm`` takes its second operand. A kernel built with
+      ``weights="nk"`` (the default) reads stacked ``nn.Linear`` weights ``W`` (G × N × K,
+      K-major): pass ``W.transpose(1, 2)``; one built with ``weights="kn"`` reads a
+      G × K × N array with N contiguous;
+    - ``offsets``: G int32 END offsets on the device (group g is rows
+      ``[offsets[g-1], offsets[g])``); empty groups are fine;
+    - keyword operands: row vectors ``[n]`` as G × N (one row per group) or N (shared), pointer
+      scalars as G values or one, by-value scalars as numbers.
+
+    Returns the one output, rows of x × N (or × N/2 for a gated epilogue), allocated for torch
+    inputs (else pass ``out={name: array}``). No host synchronisation: the per-group tables are
+    built on the device from ``offsets``, so the call can be captured in a CUDA graph.
+    """
+
+    def __init__(self, expr: str, options: _evtc.KernelOptions):
+        self.expr = expr
+        self._native = _evtc.GroupedKernel(expr, options)
+        self._k_major = options.b_layout in ("col", "col_major")
+        self._future: Optional[concurrent.futures.Future] = None
+        self._lock = threading.Lock()
+        self.signature = [Operand(**d) for d in self._native.signature]
+
+    @property
+    def ir(self) -> str:
+        return self._native.ir
+
+    @property
+    def hash(self) -> str:
+        return self._native.hash
+
+    @property
+    def config(self) -> str:
+        return self._native.config
+
+    @property
+    def gated(self) -> bool:
+        """Whether the output has one column per (gate, up) pair (N/2 columns)."""
+        return self._native.gated
+
+    @property
+    def output(self) -> Operand:
+        name = self._native.output_name
+        return next(o for o in self.signature if o.name == name)
+
+    @property
+    def inputs(self) -> list[Operand]:
+        return [s for s in self.signature if not s.output]
+
+    @property
+    def source(self) -> str:
+        """The generated CUDA source."""
+        return self._native.source
+
+    def output_size(self, rows: int, n: int) -> tuple[int, int]:
+        return (rows, n // 2 if self.gated else n)
+
+    def compile(self) -> str:
+        """Compiles the kernel now (or finds it in the disk cache); needs nvcc and the CUTLASS
+        headers, not a GPU. Returns the library path."""
+        return self.compile_async().result()
+
+    def compile_async(self) -> concurrent.futures.Future:
+        """Starts compiling in a background thread; calls wait for it."""
+        with self._lock:
+            if self._future is None:
+                self._future = _pool().submit(self._native.compile)
+            return self._future
+
+    def _wait_for_compiles(self) -> list[str]:
+        with self._lock:
+            fut = self._future
+        if fut is None:
+            return []
+        try:
+            fut.result()
+        except _evtc.Error as e:
+            return [str(e)]
+        return []
+
+    def __call__(self, x: Any, w: Any, offsets: Any, *, out: Optional[dict[str, Any]] = None,
+                 stream: Optional[int] = None, **operands: Any) -> Any:
+        # A failed background compile raises again (with nvcc's message) from the run.
+        self._wait_for_compiles()
+        name = self._native.output_name
+        outputs = dict(out or {})
+        tensors, scalars = _split_operands(operands)
+        if not _is_torch_tensor(x):
+            if name not in outputs:
+                raise _evtc.UserError(f"output '{name}' was not given: pass out={{'{name}': array}} "
+                                      "(outputs are allocated only for torch tensors)")
+            tensors.update(outputs)
+            self._native.run(x, w, offsets, tensors, {}, scalars, self._k_major, int(stream or 0))
+            return outputs[name]
+
+        import torch
+
+        if w.dim() != 3:
+            raise _evtc.UserError(f"w has shape {list(w.shape)}: expected G × K × N (3 dimensions)")
+        if name not in outputs:
+            outputs[name] = torch.empty(self.output_size(int(x.shape[0]), int(w.shape[2])),
+                                        dtype=getattr(torch, _TORCH_DTYPES[self.output.dtype]),
+                                        device=x.device)
+        tensors.update(outputs)
+        dtypes: dict[str, str] = {}
+        arrays = {n: _torch_dlpack(t, n, dtypes) for n, t in [("x", x), ("w", w), ("offsets", offsets),
+                                                              *tensors.items()]}
+        if stream is None:
+            stream = torch.cuda.current_stream(x.device).cuda_stream
+        with torch.cuda.device(x.device):
+            xa, wa, oa = arrays.pop("x"), arrays.pop("w"), arrays.pop("offsets")
+            self._native.run(xa, wa, oa, arrays, dtypes, scalars, self._k_major, int(stream))
+        return outputs[name]
+
+    def __repr__(self) -> str:
+        o = self.output
+        return f"<evtc.GroupedKernel {self.hash} -> {o.name}: {o.dtype}{'[m,n/2]' if self.gated else ''}>"
+
+
+def grouped(expr: str, *, dtype: str = "bf16", weights: str = "nk", cast_mode: str = "eager",
+            precise_math: bool = False, config: Optional[str] = None, operand_dtype: str = "bf16",
+            output_dtype: str = "bf16") -> GroupedKernel:
+    """Parses ``expr`` and returns a :class:`GroupedKernel` (docs/grouped.md).
+
+    ``dtype`` is x's and w's (``"bf16"`` or ``"f16"``); ``weights`` ``"nk"`` (each group's
+    weights N×K, K-major: stacked ``nn.Linear`` weights) or ``"kn"`` (K×N, N-major);
+    ``config`` fixes a kernel configuration. The other options are :func:`evtc.compile`'s.
+    Epilogues a grouped kernel cannot run (``[m]``/``[m,n]`` operands, C, reductions, a
+    second output) raise :class:`evtc.UserError` naming the operand.
+    """
+    if weights not in ("nk", "kn"):
+        raise _evtc.UserError(f"weights: '{weights}' is not a weight layout (expected 'nk' or 'kn')")
+    o = _evtc.KernelOptions()
+    o.a_dtype = o.b_dtype = dtype
+    o.a_layout, o.b_layout = "row", "col" if weights == "nk" else "row"
+    o.cast_mode, o.precise_math, o.config = cast_mode, precise_math, config
+    o.operand_dtype, o.output_dtype = operand_dtype, output_dtype
+    return GroupedKernel(expr, o)
