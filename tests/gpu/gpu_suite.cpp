@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <optional>
@@ -161,12 +162,20 @@ class SuiteEnvironment : public ::testing::Environment {
       p.operand_dtype = p.output_dtype = is_fp8(s.ab) ? DType::bf16 : s.ab;
       kernels()[s.name] = std::make_unique<Kernel>(parse_expression(s.expr, p), o);
     }
-    // Compile every fused kernel at once: each is one single-threaded nvcc.
+    // Compile every fused kernel at once: each is one single-threaded nvcc. With
+    // EVTC_SUITE_KERNELS=name,name (for a --gtest_filter run) only those; the others compile
+    // when a test first runs them.
+    const char* only = std::getenv("EVTC_SUITE_KERNELS");
+    const std::string wanted = only ? fmt::format(",{},", only) : "";
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<std::jthread> threads;
     std::vector<std::string> errors(kernels().size());
     size_t i = 0;
     for (auto& [name, k] : kernels()) {
+      if (only && wanted.find("," + name + ",") == std::string::npos) {
+        ++i;
+        continue;
+      }
       threads.emplace_back([&, idx = i, kp = k.get(), n = name] {
         try {
           kp->compile();
@@ -177,8 +186,9 @@ class SuiteEnvironment : public ::testing::Environment {
       });
       ++i;
     }
-    threads.clear();
-    fmt::print("compiled {} kernels in {:.1f} s\n", kernels().size(),
+    const size_t compiled = threads.size();
+    threads.clear();  // joins
+    fmt::print("compiled {} kernels in {:.1f} s\n", compiled,
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     for (const auto& e : errors)
       if (!e.empty()) fmt::print(stderr, "compile failure: {}\n", e);
