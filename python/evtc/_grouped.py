@@ -35,6 +35,8 @@ class GroupedKernel:
         self._k_major = options.b_layout in ("col", "col_major")
         self._future: Optional[concurrent.futures.Future] = None
         self._lock = threading.Lock()
+        # "fused" after a call (a grouped kernel has no unfused path: what it cannot run raises)
+        self.last_path: Optional[str] = None
         self.signature = [Operand(**d) for d in self._native.signature]
 
     @property
@@ -107,6 +109,7 @@ class GroupedKernel:
                                       "(outputs are allocated only for torch tensors)")
             tensors.update(outputs)
             self._native.run(x, w, offsets, tensors, {}, scalars, self._k_major, int(stream or 0))
+            self.last_path = "fused"
             return outputs[name]
 
         import torch
@@ -126,6 +129,7 @@ class GroupedKernel:
         with torch.cuda.device(x.device):
             xa, wa, oa = arrays.pop("x"), arrays.pop("w"), arrays.pop("offsets")
             self._native.run(xa, wa, oa, arrays, dtypes, scalars, self._k_major, int(stream))
+        self.last_path = "fused"
         return outputs[name]
 
     def __repr__(self) -> str:

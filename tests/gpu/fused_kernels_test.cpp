@@ -150,6 +150,10 @@ TEST(FusedFp8, RefusalsNameTheReason) {
 // N even but no tile multiple (and a multiple of 8 for the bf16 main output D); the
 // reference takes gate = even columns, up = odd ones.
 
+TEST(FusedOutputs, F32MainOutputOfABf16RoundedValue) {
+  expect_matches_reference(kernel("rounded_f32_main"), 1000, 1032, 520, 56, ExecutionPath::fused);
+}
+
 TEST(FusedGated, EveryGatedFormBiasPreActivationAndFp8Output) {
   expect_matches_reference(kernel("gated"), 1000, 1016, 264, 51, ExecutionPath::fused);
   // N/2 = 172: no tile multiple; M = 132 (not 129): the f32 column vector s needs 16-byte rows.

@@ -132,6 +132,16 @@ out go: bf16 = gptoss_swiglu(h, alpha=1.5, limit=2)
 out q: f8e4m3 = swiglu7(h) * qs
 )",
      DType::bf16, Layout::row_major, Layout::col_major},
+    // An f32 main output whose value is rounded to bf16 (eager's h.float() after a residual
+    // add in a training graph), beside the bf16 value itself.
+    {"rounded_f32_main", R"(
+input x0[n]: bf16
+input x1[m,n]: bf16
+v1 = bf16(bf16(acc + x0[n]) + x1[m,n])
+out y0: bf16 = v1
+out D: f32 = f32(v1)
+)",
+     DType::bf16, Layout::row_major, Layout::col_major},
     // W4's kernel: swiglu7 of x @ w.T, the gated output alone (no main output).
     {"w4_swiglu7", "out y: bf16 = swiglu7(acc)", DType::bf16, Layout::row_major,
      Layout::col_major},

@@ -369,6 +369,21 @@ class Sm90Emitter {
     return evt(emit_terminal_node(store), {in});
   }
 
+  // The collective epilogue takes the root's result as f32 fragments (its compute type) and
+  // converts them to D itself, so the main output's value must leave the tree as f32. Most
+  // visitors compute in f32; a cast and an aux load give their own element type.
+  bool yields_f32(NodeId v) const {
+    const Node& n = g_.node(v);
+    return !((n.kind == NodeKind::cast || n.kind == NodeKind::aux) && n.dtype != DType::f32);
+  }
+  Visitor as_f32() {
+    const std::string type = alias(
+        fmt::format("cutlass::epilogue::fusion::Sm90Compute<evtc::device::Identity, float, float, {}>",
+                    kRound),
+        "main output (as f32)");
+    return {type, fmt::format("typename {}::Arguments{{}}", type)};
+  }
+
   Visitor plan_and_emit_visitors() {
     // Values used more than once are computed once and shared (plan_dag: leaves are re-read).
     const DagPlan plan = plan_dag(g_);
@@ -379,7 +394,7 @@ class Sm90Emitter {
     const size_t outputs = terminals_.size() + (d_value_ ? 1 : 0);
     EVTC_INTERNAL_ASSERT(outputs > 0, "graph without outputs");
     if (shared.empty() && outputs == 1) {
-      if (d_value_) return tree(*d_value_);
+      if (d_value_) return yields_f32(*d_value_) ? tree(*d_value_) : evt(as_f32(), {tree(*d_value_)});
       const NodeId t = terminals_.front();
       return terminal_tree(t, tree(op_inputs(t)[0]));
     }
@@ -454,13 +469,11 @@ class Sm90Emitter {
       }
     }
     if (d_value_) {
-      if (index.count(*d_value_)) {
-        // Already an operand of another op: the last op must be the main output.
-        const std::string type = alias(
-            fmt::format("cutlass::epilogue::fusion::Sm90Compute<evtc::device::Identity, float, float, {}>",
-                        kRound),
-            "main output");
-        add_entry({type, fmt::format("typename {}::Arguments{{}}", type)}, {index.at(*d_value_)});
+      if (index.count(*d_value_) || !yields_f32(*d_value_)) {
+        // Already an operand of another op (the last op must be the main output), or not
+        // f32: an identity op as the last, giving the value as f32.
+        visit(visit, *d_value_);
+        add_entry(as_f32(), {index.at(*d_value_)});
       } else {
         visit(visit, *d_value_);
       }
