@@ -2,7 +2,7 @@
 """W4: the swiglu7 gated GEMM (N -> N/2), evtc fused against cuBLAS and PyTorch, one process.
 
     python3 bench/gated_w4.py EVTC_BINARY [--shape 7697,27304,5120] [--configs a,b]
-                              [--no-max-autotune] [--out bench/results]
+                              [--no-max-autotune] [--extra NAME=LIBRARY] [--out bench/results]
 
 h = x @ w.T with w (N, K) holding interleaved gate/up rows (evtc.interleave_gate_up's
 layout); g = min(h[:, 0::2], 7), u = clamp(h[:, 1::2], -7, 7), out = g*sigmoid(1.702 g)*(u+1),
@@ -53,12 +53,18 @@ def main():
     ap.add_argument("--shape", default="7697,27304,5120", help="M,N,K (N even)")
     ap.add_argument("--configs", default=DEFAULT_CONFIGS)
     ap.add_argument("--no-max-autotune", action="store_true")
+    ap.add_argument("--extra", action="append", default=[], metavar="NAME=PATH",
+                    help="also time an already compiled kernel library (e.g. built against other "
+                         "device headers with EVTC_INCLUDE_DIR), named NAME")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     opts = ap.parse_args()
     m, n, k = (int(x) for x in opts.shape.split(","))
     configs = opts.configs.split(",")
     with ThreadPoolExecutor(max_workers=len(configs)) as pool:
         paths = dict(zip(configs, pool.map(lambda c: compile_kernel(opts.evtc, c), configs)))
+    for extra in opts.extra:
+        name, _, path = extra.partition("=")
+        paths[name] = path
     torch.manual_seed(0)
     dev = torch.cuda.get_device_name()
     x = (torch.randn(m, k, device="cuda") * k ** -0.25).to(torch.bfloat16)

@@ -10,7 +10,10 @@
 
 #include "evtc/error.hpp"
 #include "evtc/graph.hpp"
+#include "evtc/expression.hpp"
 #include "evtc/reference.hpp"
+#include "evtc/runtime.hpp"
+#include "runtime/harness.hpp"
 
 using namespace evtc;
 
@@ -681,4 +684,13 @@ TEST(ReferenceCli, RejectsAnUnknownDtype) {
   const CliResult r = run_cli("ref 'out D: bf16 = acc' -m 4 -n 4 -k 4 --dtype f64");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("unknown element type 'f64'"), std::string::npos) << r.output;
+}
+
+// A value rounded to bf16 and stored into an f32 output (eager's h.float()) is compared with
+// bf16's tolerance: the GPU's accumulation order can move it by one bf16 unit.
+TEST(OutputTolerance, AWideOutputOfARoundedValueHasTheRoundedTypesTolerance) {
+  const Kernel k(parse_expression("v = bf16(acc * 2)\nout y: f32 = f32(v)\nout D: f32 = acc * 3"));
+  EXPECT_EQ(runtime::output_tolerance(k, "y").rtol, tolerance_for(DType::bf16).rtol);
+  EXPECT_EQ(runtime::output_tolerance(k, "y").max_rel_l2, tolerance_for(DType::bf16).max_rel_l2);
+  EXPECT_EQ(runtime::output_tolerance(k, "D").rtol, tolerance_for(DType::f32).rtol);
 }
