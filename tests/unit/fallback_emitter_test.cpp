@@ -41,7 +41,7 @@ Emitted emit(const std::string& expr) { return emit_graph(parse_expression(expr)
 std::vector<std::string> body_lines(const std::string& source) {
   const std::string begin = "    (void)i; (void)j;\n";
   const size_t b = source.find(begin);
-  const size_t e = source.find("\n  }\n}\n", b);
+  const size_t e = source.find("\n  }\n", b);
   std::vector<std::string> lines;
   if (b == std::string::npos || e == std::string::npos) {
     ADD_FAILURE() << "no epilogue loop in\n" << source;
@@ -312,10 +312,30 @@ out peak = amax(x)
                                                 accumulator, c.identity)),
               1u)
         << c.name << "\n" << joined(inits);
-    EXPECT_EQ(count_matching(body, fmt::format("{}({} + {}, {});", c.atomic, accumulator, c.index,
-                                               c.abs ? "fabsf(" + value + ")" : value)),
-              1u)
+    const std::string operand = c.abs ? "fabsf(" + value + ")" : value;
+    if (std::string(c.count) != "1") {
+      EXPECT_EQ(count_matching(body, fmt::format("{}({} + {}, {});", c.atomic, accumulator, c.index, operand)), 1u)
+          << c.name << "\n" << joined(body);
+      continue;
+    }
+    // Whole-matrix reductions: a per-thread accumulator from the identity, reduced over the
+    // warp, one atomic per warp.
+    const std::string r = fmt::format("red{}", slot);
+    const std::string op = std::string(c.atomic) == "atomicAdd" ? "{} + {}"
+                           : std::string(c.atomic) == "atomic_min_float" ? "fminf({}, {})"
+                                                                         : "fmaxf({}, {})";
+    EXPECT_EQ(count_matching(body, fmt::format("{} = {};", r, fmt::format(fmt::runtime(op), r, operand))), 1u)
         << c.name << "\n" << joined(body);
+    EXPECT_NE(k.source.find(fmt::format("  float {} = {};\n", r, c.identity)), std::string::npos) << c.name;
+    EXPECT_NE(k.source.find(fmt::format("{} = {};", r, fmt::format(fmt::runtime(op), r,
+                                                                  "__shfl_xor_sync(0xffffffffu, " + r + ", o)"))),
+              std::string::npos)
+        << c.name;
+    EXPECT_NE(k.source.find(fmt::format("if ((threadIdx.x & 31) == 0) {}({}, {});", c.atomic, accumulator, r)),
+              std::string::npos)
+        << c.name;
+    EXPECT_EQ(count_matching(body, fmt::format("{}({}", c.atomic, accumulator)), 0u)
+        << c.name << ": an atomic per element";
   }
   // The scratch holds every accumulator: 4 rows (m), 2 columns (n), 4 scalars.
   const size_t at = k.source.find("#define SCRATCH_FLOATS size_t(0");

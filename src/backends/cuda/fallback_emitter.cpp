@@ -46,6 +46,11 @@ std::string emit_fallback_kernel(const Graph& g, const KernelSignature& sig) {
   std::string body;
   std::string init;
   std::string finish;
+  // Whole-matrix reductions accumulate per thread (before: `pre`, in the loop: `body`), then
+  // per warp (`post`), and one atomic per warp reaches memory: one address taking an atomic
+  // per element serialises the whole epilogue.
+  std::string pre;
+  std::string post;
   std::string scratch_offset = "0";  // where the next reduction's fp32 accumulator starts
   // How many fp32 accumulators a reduction needs: one per row, per column, or one.
   auto reduction_count = [](const Node& r) -> std::string {
@@ -117,12 +122,29 @@ std::string emit_fallback_kernel(const Graph& g, const KernelSignature& sig) {
                                                                   : "atomic_max_float";
           // Accumulate in fp32 scratch, then write the output in its dtype.
           const std::string acc_at = fmt::format("(p.scratch + {})", scratch_offset);
-          body += fmt::format("  {}({} + {}, {});\n", fn, acc_at, idx, val);
-          if (lane == 1) break;  // lane 0 set up the accumulator
-          const std::string count = reduction_count(src);
           const std::string identity = src.reduce_op == ReduceOp::sum || src.reduce_op == ReduceOp::amax ? "0.0f"
                                        : src.reduce_op == ReduceOp::max ? "__int_as_float(0xff800000)"
                                                                         : "__int_as_float(0x7f800000)";
+          if (src.axis == ReduceAxis::all) {
+            const std::string r = fmt::format("red{}", slot);
+            auto combine = [&](const std::string& a, const std::string& b2) {
+              return src.reduce_op == ReduceOp::sum   ? fmt::format("{} + {}", a, b2)
+                     : src.reduce_op == ReduceOp::min ? fmt::format("fminf({}, {})", a, b2)
+                                                      : fmt::format("fmaxf({}, {})", a, b2);
+            };
+            body += fmt::format("  {} = {};\n", r, combine(r, val));
+            if (lane != 1) {
+              pre += fmt::format("  float {} = {};\n", r, identity);
+              post += fmt::format(
+                  "  for (int o = 16; o > 0; o /= 2) {0} = {1};\n"
+                  "  if ((threadIdx.x & 31) == 0) {2}({3}, {0});\n",
+                  r, combine(r, fmt::format("__shfl_xor_sync(0xffffffffu, {}, o)", r)), fn, acc_at);
+            }
+          } else {
+            body += fmt::format("  {}({} + {}, {});\n", fn, acc_at, idx, val);
+          }
+          if (lane == 1) break;  // lane 0 set up the accumulator
+          const std::string count = reduction_count(src);
           init += fmt::format("  for (int64_t t = tid; t < {}; t += stride) {}[t] = {};\n", count, acc_at,
                               identity);
           finish += fmt::format(
@@ -233,10 +255,10 @@ struct Params {
   s += fmt::format(R"(__global__ void epilogue(Params p, const float* __restrict__ acc) {{
   const int64_t m = p.m, n = p.n;
   const int64_t total = m * {};
-  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
+{}  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
        e += int64_t(gridDim.x) * blockDim.x) {{
 {}
-)", gated ? "(n / 2)" : "n",
+)", gated ? "(n / 2)" : "n", pre,
                    gated ? "    const int64_t i = e / (n / 2), jh = e % (n / 2), j0 = 2 * jh, j1 = j0 + 1;\n"
                            "    (void)i; (void)jh; (void)j0; (void)j1;"
                          : "    const int64_t i = e / n, j = e % n;\n    (void)i; (void)j;");
@@ -249,9 +271,8 @@ struct Params {
     b = e + 1;
   }
   s += indented;
-  s += R"(  }
-}
-
+  s += "  }\n" + post + "}\n";
+  s += R"(
 }  // namespace
 
 extern "C" {
