@@ -344,14 +344,38 @@ struct Sm90HalfStore : Sm90RegisterNode {
       if (m >= rows) return;
       ElementOutput* out = base + m * ld + n;
       // global_store writes the run with stores of up to 16 bytes (two 16-byte ones for 32),
-      // each needing its own size's alignment.
+      // each needing its own size's alignment. A row pitch that is not a multiple of 16 bytes
+      // (N/2 = 13652 bf16 columns: every other row starts 8 bytes off) takes 8- or 4-byte
+      // pieces rather than one store per element.
       constexpr int kAlign = kRunBytes < 16 ? kRunBytes : 16;
-      if (n + kRun <= half_cols && reinterpret_cast<uintptr_t>(out) % kAlign == 0) {
+      const uintptr_t address = reinterpret_cast<uintptr_t>(out);
+      if (n + kRun <= half_cols && address % kAlign == 0) {
         cutlass::arch::global_store<decltype(values), kRunBytes>(values, out, true);
+      } else if (n + kRun <= half_cols && kAlign > 8 && address % 8 == 0) {
+        store_pieces<8>(values, out);
+      } else if (n + kRun <= half_cols && kAlign > 4 && address % 4 == 0) {
+        store_pieces<4>(values, out);
       } else {
         CUTLASS_PRAGMA_UNROLL
         for (int k = 0; k < kRun; ++k)
           if (n + k < half_cols) out[k] = values[k];
+      }
+    }
+
+    // Writes `values` (a whole run, in bounds) as consecutive stores of Bytes each; `out` is
+    // aligned to Bytes.
+    template <int Bytes, class Values>
+    CUTLASS_DEVICE static void store_pieces(Values const& values, ElementOutput* out) {
+      constexpr int kPer = Bytes / int(sizeof(ElementOutput));
+      if constexpr (kPer >= 1 && int(sizeof(Values)) % Bytes == 0) {
+        using Piece = cutlass::Array<ElementOutput, kPer>;
+        CUTLASS_PRAGMA_UNROLL
+        for (int p = 0; p < int(sizeof(Values)) / Bytes; ++p)
+          cutlass::arch::global_store<Piece, Bytes>(reinterpret_cast<Piece const*>(&values)[p],
+                                                    out + p * kPer, true);
+      } else {
+        CUTLASS_PRAGMA_UNROLL
+        for (int k = 0; k < int(Values::kElements); ++k) out[k] = values[k];
       }
     }
   };
