@@ -7,10 +7,10 @@ import threading
 from typing import Any, Optional
 
 from . import _evtc
-from ._kernel import _TORCH_DTYPES, Operand, _is_torch_tensor, _pool, _split_operands, _torch_dlpack
+from ._kernel import _TORCH_DTYPES, Operand, _Compiled, _is_torch_tensor, _pool, _split_operands, _torch_dlpack
 
 
-class GroupedKernel:
+class GroupedKernel(_Compiled):
     """One grouped GEMM + epilogue over every group (expert) at once. Call it as
     ``kernel(x, w, offsets, **operands)``:
 
@@ -40,14 +40,6 @@ class GroupedKernel:
         self.signature = [Operand(**d) for d in self._native.signature]
 
     @property
-    def ir(self) -> str:
-        return self._native.ir
-
-    @property
-    def hash(self) -> str:
-        return self._native.hash
-
-    @property
     def config(self) -> str:
         return self._native.config
 
@@ -60,10 +52,6 @@ class GroupedKernel:
     def output(self) -> Operand:
         name = self._native.output_name
         return next(o for o in self.signature if o.name == name)
-
-    @property
-    def inputs(self) -> list[Operand]:
-        return [s for s in self.signature if not s.output]
 
     @property
     def source(self) -> str:

@@ -58,7 +58,29 @@ def _is_torch_tensor(x: Any) -> bool:
     return type(x).__module__.startswith("torch") and hasattr(x, "data_ptr")
 
 
-class Kernel:
+class _Compiled:
+    """What every evtc kernel object says about itself (``_native`` is the native kernel,
+    ``signature`` its operands and outputs)."""
+
+    _native: Any
+    signature: list[Operand]
+
+    @property
+    def ir(self) -> str:
+        """The canonical IR after the pass pipeline."""
+        return self._native.ir
+
+    @property
+    def hash(self) -> str:
+        """The graph hash (the graph part of the kernel cache key)."""
+        return self._native.hash
+
+    @property
+    def inputs(self) -> list[Operand]:
+        return [s for s in self.signature if not s.output]
+
+
+class Kernel(_Compiled):
     """A fused GEMM + epilogue. Call it as ``kernel(a, b, **operands)``.
 
     ``a`` is M×K and ``b`` is K×N (any DLPack CUDA arrays; pass ``w.t()`` for an nn.Linear
@@ -80,20 +102,6 @@ class Kernel:
         self.signature = [Operand(**d) for d in self._native.signature]
 
     # --- what the kernel is ------------------------------------------------------------------
-    @property
-    def ir(self) -> str:
-        """The canonical IR after the pass pipeline."""
-        return self._native.ir
-
-    @property
-    def hash(self) -> str:
-        """The graph hash (the graph part of the kernel cache key)."""
-        return self._native.hash
-
-    @property
-    def inputs(self) -> list[Operand]:
-        return [s for s in self.signature if not s.output]
-
     @property
     def outputs(self) -> list[Operand]:
         return [s for s in self.signature if s.output]
