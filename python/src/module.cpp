@@ -116,21 +116,24 @@ nb::list signature_list(const KernelSignature& sig) {
   return out;
 }
 
+// The dtype given for an array passed as uint8 bytes (fp8), if any.
+std::optional<std::string> dtype_of(const std::map<std::string, std::string>& dtypes,
+                                    const std::string& name) {
+  auto it = dtypes.find(name);
+  return it == dtypes.end() ? std::nullopt : std::optional(it->second);
+}
+
 // Runs the kernel. `tensors` maps operand and output names (and "C") to arrays; `dtypes`
 // gives the dtype of fp8 arrays passed as uint8; `scalars` holds by-value parameters.
 std::string run_kernel(const Kernel& kernel, const nb::ndarray<>& a, const nb::ndarray<>& b,
                        const std::map<std::string, nb::ndarray<>>& tensors,
                        const std::map<std::string, std::string>& dtypes,
                        const std::map<std::string, double>& scalars, uintptr_t stream) {
-  auto override_of = [&](const std::string& name) -> std::optional<std::string> {
-    auto it = dtypes.find(name);
-    return it == dtypes.end() ? std::nullopt : std::optional(it->second);
-  };
   Arguments args;
-  args.a(tensor_ref(a, "operand A", override_of("A")));
-  args.b(tensor_ref(b, "operand B", override_of("B")));
+  args.a(tensor_ref(a, "operand A", dtype_of(dtypes, "A")));
+  args.b(tensor_ref(b, "operand B", dtype_of(dtypes, "B")));
   for (const auto& [name, array] : tensors) {
-    const TensorRef t = tensor_ref(array, fmt::format("'{}'", name), override_of(name));
+    const TensorRef t = tensor_ref(array, fmt::format("'{}'", name), dtype_of(dtypes, name));
     if (name == "C") args.c(t);
     else args.set(name, t);
   }
@@ -159,21 +162,17 @@ void run_grouped(const GroupedKernel& kernel, const nb::ndarray<>& x, const nb::
                  const nb::ndarray<>& offsets, const std::map<std::string, nb::ndarray<>>& tensors,
                  const std::map<std::string, std::string>& dtypes,
                  const std::map<std::string, double>& scalars, bool k_major, uintptr_t stream) {
-  auto override_of = [&](const std::string& name) -> std::optional<std::string> {
-    auto it = dtypes.find(name);
-    return it == dtypes.end() ? std::nullopt : std::optional(it->second);
-  };
   const nb::dlpack::dtype ot = offsets.dtype();
   if (offsets.device_type() != nb::device::cuda::value || offsets.ndim() != 1 ||
       ot.code != uint8_t(nb::dlpack::dtype_code::Int) || ot.bits != 32 || ot.lanes != 1 ||
       (offsets.shape(0) > 1 && offsets.stride(0) != 1))
     throw UserError("offsets must be a contiguous 1-D int32 CUDA array (the groups' end offsets)");
   GroupedArguments args;
-  args.x(tensor_ref(x, "x", override_of("x")));
+  args.x(tensor_ref(x, "x", dtype_of(dtypes, "x")));
   args.weights(batched_tensor_ref(w, "weights", k_major));
   args.offsets(static_cast<const int32_t*>(offsets.data()), int64_t(offsets.shape(0)));
   for (const auto& [name, array] : tensors)
-    args.set(name, tensor_ref(array, fmt::format("'{}'", name), override_of(name)));
+    args.set(name, tensor_ref(array, fmt::format("'{}'", name), dtype_of(dtypes, name)));
   for (const auto& [name, value] : scalars) args.set(name, value);
   nb::gil_scoped_release release;  // a first call may compile for a minute
   kernel.run(args, reinterpret_cast<cudaStream_t>(stream));

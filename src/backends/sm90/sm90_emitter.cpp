@@ -376,13 +376,15 @@ class Sm90Emitter {
     const Node& n = g_.node(v);
     return !((n.kind == NodeKind::cast || n.kind == NodeKind::aux) && n.dtype != DType::f32);
   }
-  Visitor as_f32() {
+  // An f32 -> f32 identity op (the comment says what it is for).
+  Visitor identity_f32(const std::string& comment) {
     const std::string type = alias(
         fmt::format("cutlass::epilogue::fusion::Sm90Compute<evtc::device::Identity, float, float, {}>",
                     kRound),
-        "main output (as f32)");
+        comment);
     return {type, fmt::format("typename {}::Arguments{{}}", type)};
   }
+  Visitor as_f32() { return identity_f32("main output (as f32)"); }
 
   Visitor plan_and_emit_visitors() {
     // Values used more than once are computed once and shared (plan_dag: leaves are re-read).
@@ -483,11 +485,7 @@ class Sm90Emitter {
       // CUTLASS 4.2's topological visitor does not compile with exactly two ops (it keeps
       // the results of all but the last in cute::repeat<1>, which is not a tuple): pass the
       // last op's value through an identity op, which changes nothing it computes.
-      const std::string type = alias(
-          fmt::format("cutlass::epilogue::fusion::Sm90Compute<evtc::device::Identity, float, float, {}>",
-                      kRound),
-          "pass-through (a topological visitor needs three ops)");
-      add_entry({type, fmt::format("typename {}::Arguments{{}}", type)}, {1});
+      add_entry(identity_f32("pass-through (a topological visitor needs three ops)"), {1});
     }
     std::string type = "cutlass::epilogue::fusion::Sm90TopologicalVisitor<float, cute::tuple<";
     for (size_t i = 0; i < edges.size(); ++i) type += (i ? ", " : "") + edges[i];
