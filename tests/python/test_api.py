@@ -191,3 +191,23 @@ def test_grouped_kernel_refusals_name_the_operand():
         evtc.grouped("out D: bf16 = acc * a[m,n]")
     with pytest.raises(evtc.UserError, match="weights: 'mk' is not a weight layout"):
         evtc.grouped("out D: bf16 = acc", weights="mk")
+
+
+def test_grouped_kernel_argument_errors_name_what_is_wrong():
+    o = evtc._evtc.KernelOptions()
+    o.a_layout = "col"
+    with pytest.raises(evtc.UserError, match="a_layout: a grouped kernel's token matrix x must be row-major"):
+        evtc._evtc.GroupedKernel("out D: bf16 = acc", o)
+    np = pytest.importorskip("numpy")
+    k = evtc.grouped("out y: bf16 = swiglu(acc)")
+    x, w, offs = np.zeros((4, 8), np.float16), np.zeros((1, 8, 16), np.float16), np.array([4], np.int32)
+    with pytest.raises(evtc.UserError, match=r"output 'y' was not given: pass out=\{'y': array\}"):
+        k(x, w, offs)
+
+
+def test_grouped_kernel_checks_torch_operands_before_running():
+    torch = pytest.importorskip("torch")
+    k = evtc.grouped("out y: bf16 = swiglu(acc)")
+    x = torch.zeros(4, 8, dtype=torch.bfloat16)
+    with pytest.raises(evtc.UserError, match=r"w has shape \[8, 16\]: expected G × K × N \(3 dimensions\)"):
+        k(x, torch.zeros(8, 16, dtype=torch.bfloat16), torch.tensor([4], dtype=torch.int32))

@@ -307,3 +307,5 @@ def test_grouped_kernel_errors_name_the_operand(compiled_cases):
         GROUPED_API(x, w.transpose(1, 2), offs[:1], bias=randn(264))
     with pytest.raises(evtc.UserError, match="weights must be"):
         GROUPED_API(x, w.transpose(1, 2).contiguous(), offs, bias=randn(264))
+    with pytest.raises(evtc.UserError, match="offsets must be a contiguous 1-D int32 CUDA array"):
+        GROUPED_API(x, w.transpose(1, 2), offs.long(), bias=randn(264))
