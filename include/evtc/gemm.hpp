@@ -1,6 +1,7 @@
 // What the GEMM around an epilogue looks like: shapes, operand dtypes and layouts.
 #pragma once
 #include <cstdint>
+#include <optional>
 
 #include "evtc/graph.hpp"
 #include "evtc/types.hpp"
@@ -23,5 +24,9 @@ struct GemmDesc {
   bool fp8_fast_accum = false;
   int sm = 90;  // target compute capability (90 = Hopper, sm_90a)
 };
+
+// The layout of a rows×cols matrix view (strides in elements): row-major when its columns
+// are adjacent, column-major when its rows are, nullopt when neither (a copy is needed).
+std::optional<Layout> matrix_layout(int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride);
 
 }  // namespace evtc

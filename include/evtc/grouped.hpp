@@ -117,6 +117,11 @@ class GroupedKernel {
   // kernel, then the grouped GEMM. No host synchronisation.
   void run(const GroupedArguments& args, cudaStream_t stream = nullptr) const;
 
+  // Why problems with N output columns and K this kernel cannot run (a UserError from run);
+  // empty when it can. Front ends ask before they build a call (the PyTorch FX pass).
+  std::string shape_reason(int64_t n, int64_t k) const;
+  // The cost model's estimate for `groups` groups of `total_m` rows in all (evtc/cost_model.hpp).
+  FusionEstimate estimate(int64_t total_m, int64_t n, int64_t k, int64_t groups, const UnfusedWork& unfused) const;
   // The generated CUDA source.
   std::string source() const;
   const Graph& graph() const;  // after the pass pipeline

@@ -82,6 +82,22 @@ std::string_view load_class_name(LoadClass c);
 // stride. For not_fusable, *why (if given) receives a sentence saying why.
 LoadClass classify_view(const OperandView& view, int64_t m, int64_t n, std::string* why);
 
+// Where a strided N-D tensor goes when an epilogue of N-D logical shape `full` reads it
+// (PyTorch's broadcasting: trailing dimensions align; the leading dimensions of `full`
+// flatten to M, its last is N). Front ends that hold framework tensors (the PyTorch FX pass
+// at trace time, its ops at run time) place every operand with this one rule.
+struct OperandPlacement {
+  // scalar, row_vec, col_vec, aux_row_major or aux_col_major; not_fusable with `why`.
+  LoadClass load = LoadClass::not_fusable;
+  // The tensor's own strides do not give the class's layout (a vector whose elements are
+  // not adjacent, a matrix that is neither row- nor column-major): it is read from a
+  // contiguous copy.
+  bool needs_copy = false;
+  std::string why;
+};
+OperandPlacement place_operand(std::span<const int64_t> sizes, std::span<const int64_t> strides,
+                               std::span<const int64_t> full);
+
 // How the backend lowers nodes that have more than one use (a DAG, where EVT is a tree).
 struct DagPlan {
   // Indexed by NodeId: true when the node is computed once and its value shared by all its

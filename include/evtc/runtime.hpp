@@ -23,6 +23,7 @@
 #include <variant>
 #include <vector>
 
+#include "evtc/cost_model.hpp"
 #include "evtc/gemm.hpp"
 #include "evtc/graph.hpp"
 #include "evtc/kernel.hpp"
@@ -160,6 +161,9 @@ class Kernel {
   ExecutionPath run(const Arguments& args, cudaStream_t stream = nullptr) const;
   // Why a problem of this size would not be fused; empty if it would be.
   std::string fallback_reason(int64_t m, int64_t n, int64_t k) const;
+  // The cost model's estimate of running this problem fused against cuBLAS plus an unfused
+  // epilogue doing `unfused` (evtc/cost_model.hpp); measured times when the shape is tuned.
+  FusionEstimate estimate(int64_t m, int64_t n, int64_t k, const UnfusedWork& unfused) const;
 
   const Graph& graph() const;  // after the pass pipeline
   const KernelSignature& signature() const;

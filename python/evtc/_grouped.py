@@ -58,6 +58,10 @@ class GroupedKernel(_Compiled):
         """The generated CUDA source."""
         return self._native.source
 
+    def shape_reason(self, n: int, k: int) -> str:
+        """Why problems with N output columns and K this kernel cannot run; empty when it can."""
+        return self._native.shape_reason(n, k)
+
     def output_size(self, rows: int, n: int) -> tuple[int, int]:
         return (rows, n // 2 if self.gated else n)
 

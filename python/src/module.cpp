@@ -18,6 +18,7 @@
 #include "evtc/expression.hpp"
 #include "evtc/grouped.hpp"
 #include "evtc/ir_text.hpp"
+#include "evtc/options.hpp"
 #include "evtc/passes.hpp"
 #include "evtc/runtime.hpp"
 #include "tensor_args.hpp"
@@ -27,18 +28,6 @@ using namespace nb::literals;
 
 namespace evtc::python {
 namespace {
-
-DType dtype_arg(const std::string& name, const char* what) {
-  if (auto d = parse_dtype(name)) return *d;
-  throw UserError(fmt::format("{}: unknown dtype '{}' (expected f32, f16, bf16, f8e4m3 or f8e5m2)",
-                              what, name));
-}
-
-Layout layout_arg(const std::string& name, const char* what) {
-  if (name == "row" || name == "row_major") return Layout::row_major;
-  if (name == "col" || name == "col_major") return Layout::col_major;
-  throw UserError(fmt::format("{}: unknown layout '{}' (expected 'row' or 'col')", what, name));
-}
 
 std::string_view shape_word(Shape s) {
   switch (s) {
@@ -54,41 +43,13 @@ std::string_view shape_word(Shape s) {
 Graph parse(const std::string& expr, const std::string& operand_dtype,
             const std::string& output_dtype) {
   ParseOptions po;
-  po.operand_dtype = dtype_arg(operand_dtype, "operand_dtype");
-  po.output_dtype = dtype_arg(output_dtype, "output_dtype");
+  po.operand_dtype = dtype_option(operand_dtype, "operand_dtype");
+  po.output_dtype = dtype_option(output_dtype, "output_dtype");
   return parse_expression(expr, po);
 }
 
-struct KernelOptions {
-  std::string a_dtype = "bf16", b_dtype = "bf16";
-  std::string a_layout = "row", b_layout = "col";
-  std::string cast_mode = "eager";
-  bool precise_math = false;
-  bool disable_fusion = false;
-  std::optional<std::string> config;
-  std::string operand_dtype = "bf16", output_dtype = "bf16";
-};
-
-CompileOptions compile_options(const KernelOptions& o) {
-  CompileOptions c;
-  c.gemm.a_dtype = dtype_arg(o.a_dtype, "a_dtype");
-  c.gemm.b_dtype = dtype_arg(o.b_dtype, "b_dtype");
-  c.gemm.a_layout = layout_arg(o.a_layout, "a_layout");
-  c.gemm.b_layout = layout_arg(o.b_layout, "b_layout");
-  if (o.cast_mode == "eager") c.cast_mode = CastMode::eager;
-  else if (o.cast_mode == "fast") c.cast_mode = CastMode::fast;
-  else throw UserError(fmt::format("cast_mode: unknown mode '{}' (expected 'eager' or 'fast')", o.cast_mode));
-  c.precise_math = o.precise_math;
-  c.disable_fusion = o.disable_fusion;
-  if (o.config) {
-    c.config = KernelConfig::parse(*o.config);
-    if (!c.config)
-      throw UserError(fmt::format("config: '{}' is not a kernel configuration name (e.g. "
-                                  "coop_128x256x64_c2x1_persistent)",
-                                  *o.config));
-  }
-  return c;
-}
+// The Python keyword options are OptionText (evtc/options.hpp), the spelling every front end shares.
+using KernelOptions = OptionText;
 
 // One slot of the kernel's signature, D included, as a Python dict.
 nb::dict slot_dict(const std::string& name, DType dtype, Shape shape, Layout layout, bool output,
@@ -141,18 +102,6 @@ std::string run_kernel(const Kernel& kernel, const nb::ndarray<>& a, const nb::n
   nb::gil_scoped_release release;  // a first call may compile for a minute
   const ExecutionPath path = kernel.run(args, reinterpret_cast<cudaStream_t>(stream));
   return path == ExecutionPath::fused ? "fused" : "fallback";
-}
-
-GroupedOptions grouped_options(const KernelOptions& o) {
-  const CompileOptions c = compile_options(o);
-  if (c.gemm.a_layout != Layout::row_major)
-    throw UserError("a_layout: a grouped kernel's token matrix x must be row-major ('row')");
-  GroupedOptions g;
-  g.gemm = c.gemm;
-  g.config = c.config;
-  g.cast_mode = c.cast_mode;
-  g.precise_math = c.precise_math;
-  return g;
 }
 
 // Runs a grouped kernel: x (sum of M_g × K), w (G × K × N as torch._grouped_mm takes it),
@@ -250,6 +199,24 @@ NB_MODULE(_evtc, m) {
       .def_rw("operand_dtype", &KernelOptions::operand_dtype)
       .def_rw("output_dtype", &KernelOptions::output_dtype);
 
+  nb::class_<UnfusedWork>(m, "UnfusedWork")
+      .def(nb::init<>())
+      .def_rw("saved_bytes", &UnfusedWork::saved_bytes)
+      .def_rw("kernels", &UnfusedWork::kernels);
+
+  nb::class_<FusionEstimate>(m, "FusionEstimate")
+      .def_ro("m", &FusionEstimate::m)
+      .def_ro("n", &FusionEstimate::n)
+      .def_ro("k", &FusionEstimate::k)
+      .def_ro("cublas_us", &FusionEstimate::cublas_us)
+      .def_ro("epilogue_us", &FusionEstimate::epilogue_us)
+      .def_ro("fused_us", &FusionEstimate::fused_us)
+      .def_ro("saved_bytes", &FusionEstimate::saved_bytes)
+      .def_ro("config", &FusionEstimate::config)
+      .def_ro("basis", &FusionEstimate::basis)
+      .def_prop_ro("profitable", &FusionEstimate::profitable)
+      .def("describe", &FusionEstimate::describe);
+
   nb::class_<Kernel>(m, "Kernel")
       .def("__init__",
            [](Kernel* self, const std::string& expr, const KernelOptions& o) {
@@ -267,6 +234,7 @@ NB_MODULE(_evtc, m) {
              return k.config_for(m, n, kk).name();
            }, "m"_a, "n"_a, "k"_a)
       .def("fallback_reason", &Kernel::fallback_reason, "m"_a, "n"_a, "k"_a)
+      .def("estimate", &Kernel::estimate, "m"_a, "n"_a, "k"_a, "unfused"_a)
       .def("run", &run_kernel, "a"_a, "b"_a, "tensors"_a, "dtypes"_a, "scalars"_a, "stream"_a);
 
   nb::class_<GroupedKernel>(m, "GroupedKernel")
@@ -283,9 +251,25 @@ NB_MODULE(_evtc, m) {
       .def_prop_ro("output_dtype", [](const GroupedKernel& k) { return std::string(dtype_name(k.output_dtype())); })
       .def_prop_ro("gated", &GroupedKernel::gated)
       .def_prop_ro("source", &GroupedKernel::source)
+      .def("shape_reason", &GroupedKernel::shape_reason, "n"_a, "k"_a)
+      .def("estimate", &GroupedKernel::estimate, "total_m"_a, "n"_a, "k"_a, "groups"_a, "unfused"_a)
       .def("compile", &GroupedKernel::compile, nb::call_guard<nb::gil_scoped_release>())
       .def("run", &run_grouped, "x"_a, "w"_a, "offsets"_a, "tensors"_a, "dtypes"_a, "scalars"_a, "k_major"_a, "stream"_a);
 
+  // The rules the PyTorch layer applies to framework tensors, from the one C++ source.
+  m.def("place_operand",
+        [](const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides, const std::vector<int64_t>& full) {
+          const OperandPlacement p = place_operand(sizes, strides, full);
+          return nb::make_tuple(std::string(load_class_name(p.load)), p.needs_copy, p.why);
+        },
+        "sizes"_a, "strides"_a, "full"_a);
+  m.def("matrix_layout",
+        [](int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride) -> std::optional<std::string> {
+          const auto l = matrix_layout(rows, cols, row_stride, col_stride);
+          if (!l) return std::nullopt;
+          return std::string(*l == Layout::row_major ? "row" : "col");
+        },
+        "rows"_a, "cols"_a, "row_stride"_a, "col_stride"_a);
   m.def("parse", [](const std::string& expr, const std::string& dtype) {
           return print(parse(expr, dtype, dtype));
         }, "expr"_a, "dtype"_a = "bf16");

@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <optional>
+#include <vector>
+
 #include "passes/graph_rewriter.h"
 
 namespace evtc {
@@ -49,6 +52,92 @@ LoadClass classify_view(const OperandView& v, int64_t m, int64_t n, std::string*
   return refuse(fmt::format("the {} is neither a contiguous row-major ({}, 1) nor a "
                             "contiguous column-major (1, {}) {}x{} matrix",
                             shape, n, m, m, n));
+}
+
+std::optional<Layout> matrix_layout(int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride) {
+  if (col_stride == 1 && (rows <= 1 || row_stride >= cols)) return Layout::row_major;
+  if (row_stride == 1 && (cols <= 1 || col_stride >= rows)) return Layout::col_major;
+  return std::nullopt;
+}
+
+namespace {
+
+std::string dims_text(std::span<const int64_t> v) {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i) out += fmt::format("{}{}", i ? ", " : "", v[i]);
+  return out + "]";
+}
+
+// The stride that steps through the (non-broadcast) dimensions `sizes` as one flattened
+// dimension, or nullopt when their strides are not nested (a copy is needed to flatten them).
+std::optional<int64_t> flat_stride(std::span<const int64_t> sizes, std::span<const int64_t> strides) {
+  std::optional<int64_t> inner;  // stride of the innermost dimension of size > 1 so far
+  int64_t span = 1;              // elements the inner dimensions cover
+  for (size_t i = sizes.size(); i-- > 0;) {
+    if (sizes[i] == 1) continue;
+    if (!inner) inner = strides[i];
+    else if (strides[i] != *inner * span) return std::nullopt;
+    span *= sizes[i];
+  }
+  return inner.value_or(1);
+}
+
+}  // namespace
+
+OperandPlacement place_operand(std::span<const int64_t> sizes, std::span<const int64_t> strides,
+                               std::span<const int64_t> full) {
+  OperandPlacement p;
+  auto refuse = [&](std::string why) {
+    p.load = LoadClass::not_fusable;
+    p.why = std::move(why);
+    return p;
+  };
+  const std::string what = fmt::format("an operand of shape {}", dims_text(sizes));
+  if (sizes.size() != strides.size()) return refuse(fmt::format("{} has {} strides", what, strides.size()));
+  if (full.empty()) return refuse("the epilogue's shape has no dimensions");
+  if (sizes.size() > full.size())
+    return refuse(fmt::format("{} has more dimensions than the result {}", what, dims_text(full)));
+  // Broadcast to `full`: missing leading dimensions and dimensions of size 1 get stride 0.
+  const size_t pad = full.size() - sizes.size();
+  std::vector<int64_t> st(full.size(), 0);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const int64_t f = full[pad + i];
+    if (sizes[i] != f && sizes[i] != 1)
+      return refuse(fmt::format("{} does not broadcast to {}", what, dims_text(full)));
+    st[pad + i] = sizes[i] == 1 ? 0 : strides[i];
+  }
+  const size_t last = full.size() - 1;
+  const int64_t n = full[last];
+  const bool constant_over_n = n == 1 || st[last] == 0;
+  // The leading dimensions (of size > 1): all broadcast, all varying, or a mix.
+  int64_t m = 1;
+  bool broadcast = false, varying = false;
+  for (size_t i = 0; i < last; ++i) {
+    m *= full[i];
+    if (full[i] == 1) continue;
+    (st[i] == 0 ? broadcast : varying) = true;
+  }
+  if (broadcast && varying)
+    return refuse(fmt::format("{} broadcasts over part of the rows of the result {}", what, dims_text(full)));
+  const std::optional<int64_t> ms =
+      flat_stride(std::span<const int64_t>(full).first(last), std::span<const int64_t>(st).first(last));
+  if (!varying && constant_over_n) {
+    p.load = LoadClass::scalar;
+  } else if (!varying) {
+    p.load = LoadClass::row_vec;
+    p.needs_copy = st[last] != 1;
+  } else if (constant_over_n) {
+    p.load = LoadClass::col_vec;
+    p.needs_copy = !ms || *ms != 1;
+  } else if (ms && *ms == n && st[last] == 1) {
+    p.load = LoadClass::aux_row_major;
+  } else if (ms && *ms == 1 && st[last] == m) {
+    p.load = LoadClass::aux_col_major;
+  } else {
+    p.load = LoadClass::aux_row_major;
+    p.needs_copy = true;
+  }
+  return p;
 }
 
 namespace passes {

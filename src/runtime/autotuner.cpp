@@ -120,6 +120,15 @@ std::string prune_reason(const KernelConfig& c, const Graph& g, const GemmDesc& 
   return {};
 }
 
+double grid_efficiency(const KernelConfig& c, const GemmDesc& gemm, const DeviceLimits& device) {
+  const double waves = c.scheduler == TileSchedulerKind::stream_k ? 0.95 : wave_efficiency(c, gemm, device);
+  return waves * padding_efficiency(c, gemm);
+}
+
+int64_t tile_count(const KernelConfig& c, const GemmDesc& gemm) {
+  return ceil_div(size_or(gemm.m), c.tile_m) * ceil_div(size_or(gemm.n), c.tile_n);
+}
+
 double heuristic_score(const KernelConfig& c, const GemmDesc& gemm, const DeviceLimits& device) {
   // Arithmetic intensity of a tile (MN / (M+N)), relative to the largest tile's.
   const double intensity =

@@ -48,6 +48,13 @@ std::string prune_reason(const KernelConfig& c, const Graph& g, const GemmDesc& 
 // arithmetic intensity relative to the largest tile.
 double heuristic_score(const KernelConfig& c, const GemmDesc& gemm, const DeviceLimits& device = {});
 
+// The fraction of the tile grid's work slots that do useful work: the padding of partial
+// tiles times, for persistent kernels, the last wave's occupancy (stream-K balances its
+// waves, less its fix-up). The cost model and the candidate score share it.
+double grid_efficiency(const KernelConfig& c, const GemmDesc& gemm, const DeviceLimits& device = {});
+// Output tiles (CTAs' worth of work) of a problem.
+int64_t tile_count(const KernelConfig& c, const GemmDesc& gemm);
+
 // Which problems a tuned choice applies to.
 struct ProblemIdentity {
   std::string graph_hash;  // graph_hash_hex of the lowered graph

@@ -10,11 +10,8 @@
 namespace evtc::runtime {
 namespace {
 
-// Layout of an M×N (or M×K ...) view: row-major if its columns are contiguous.
 std::optional<Layout> layout_of(const TensorRef& t) {
-  if (t.col_stride == 1 && (t.rows <= 1 || t.row_stride >= t.cols)) return Layout::row_major;
-  if (t.row_stride == 1 && (t.cols <= 1 || t.col_stride >= t.rows)) return Layout::col_major;
-  return std::nullopt;
+  return matrix_layout(t.rows, t.cols, t.row_stride, t.col_stride);
 }
 
 const char* layout_text(Layout l) { return l == Layout::row_major ? "row-major" : "column-major"; }

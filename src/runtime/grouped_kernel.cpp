@@ -8,6 +8,7 @@
 #include "evtc/device/grouped_abi.h"
 #include "evtc/error.hpp"
 #include "evtc/grouped.hpp"
+#include "runtime/cost_model.hpp"
 #include "jit/kernel_cache.hpp"
 #include "runtime/bind.hpp"
 
@@ -102,6 +103,30 @@ const std::string& GroupedKernel::output_name() const { return impl_->output; }
 DType GroupedKernel::output_dtype() const { return impl_->output_dtype; }
 bool GroupedKernel::gated() const { return impl_->gated; }
 
+FusionEstimate GroupedKernel::estimate(int64_t total_m, int64_t n, int64_t k, int64_t groups,
+                                       const UnfusedWork& unfused) const {
+  GemmDesc g = impl_->options.gemm;
+  g.m = total_m;
+  g.n = n;
+  g.k = k;
+  const double out = double(total_m) * (gated() ? n / 2 : n) * dtype_bytes(output_dtype());
+  // Every group reads its own weights: the B traffic is G times one group's.
+  FusionEstimate e = estimate_for(config(), g, out + double(groups - 1) * n * k * dtype_bytes(g.b_dtype), unfused);
+  e.basis = "model (grouped)";
+  return e;
+}
+
+
+std::string GroupedKernel::shape_reason(int64_t n, int64_t k) const {
+  if (impl_->gated && n % 2 != 0)
+    return fmt::format("output '{}' is gated (one column per interleaved (gate, up) pair of the weights' N "
+                       "rows): N={} must be even",
+                       impl_->output, n);
+  if (k % 8 != 0) return fmt::format("K={} is not a multiple of 8 (16-bit x and weights need 16-byte rows)", k);
+  if (n % 8 != 0) return fmt::format("N={} is not a multiple of 8 (the output's rows must be 16-byte aligned)", n);
+  return {};
+}
+
 namespace {
 
 void cuda_check(cudaError_t e, const char* what) {
@@ -163,17 +188,10 @@ void GroupedKernel::run(const GroupedArguments& args, cudaStream_t stream) const
     throw UserError(fmt::format("weights are {} = [{}, {}, {}] but x has K={} columns", w_shape, groups,
                                 W.rows, W.cols, k));
   if (n <= 0) throw UserError("weights: N must be positive");
-  if (im.gated && n % 2 != 0)
-    throw UserError(fmt::format("output '{}' is gated (one column per interleaved (gate, up) pair of "
-                                "the weights' N rows): N={} must be even",
-                                im.output, n));
   if (W.row_stride < W.cols || W.batch_stride < W.rows * W.row_stride)
     throw UserError(fmt::format("weights: strides ({}, {}, 1) overlap for shape [{}, {}, {}]",
                                 W.batch_stride, W.row_stride, groups, W.rows, W.cols));
-  if (k % 8 != 0)
-    throw UserError(fmt::format("K={} is not a multiple of 8 (16-bit x and weights need 16-byte rows)", k));
-  if (n % 8 != 0)
-    throw UserError(fmt::format("N={} is not a multiple of 8 (the output's rows must be 16-byte aligned)", n));
+  if (const std::string why = shape_reason(n, k); !why.empty()) throw UserError(why);
   if (!args.offsets()) throw UserError("offsets (the groups' int32 end offsets) were not given");
   if (args.offsets_count() != groups)
     throw UserError(fmt::format("offsets has {} entries but the weights have {} groups: give one end "

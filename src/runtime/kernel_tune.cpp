@@ -10,38 +10,11 @@
 #include "evtc/error.hpp"
 #include "evtc/ir_text.hpp"
 #include "runtime/harness.hpp"
+#include "runtime/device_info.hpp"
 #include "runtime/kernel_impl.hpp"
 
 namespace evtc {
 namespace {
-
-struct DeviceInfo {
-  std::string name;
-  int arch = 0;  // 90 for sm_90
-  int sm_count = 0;
-};
-
-// The current device's name, arch and multiprocessor count (queried once per device);
-// nullopt without a usable device.
-std::optional<DeviceInfo> current_device() {
-  static std::mutex mu;
-  static std::map<int, std::optional<DeviceInfo>> known;
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) {
-    cudaGetLastError();
-    return std::nullopt;
-  }
-  std::lock_guard lock(mu);
-  if (auto it = known.find(device); it != known.end()) return it->second;
-  cudaDeviceProp p{};
-  std::optional<DeviceInfo> info;
-  if (cudaGetDeviceProperties(&p, device) == cudaSuccess)
-    info = DeviceInfo{p.name, p.major * 10 + p.minor, p.multiProcessorCount};
-  else
-    cudaGetLastError();
-  known[device] = info;
-  return info;
-}
 
 size_t compile_jobs() {
   if (const char* v = std::getenv("EVTC_COMPILE_JOBS"); v && std::atoi(v) > 0) return size_t(std::atoi(v));

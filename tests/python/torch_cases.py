@@ -85,6 +85,30 @@ def grouped_gptoss(x, w, offs):
     return g * torch.sigmoid(1.702 * g) * (u + 1)
 
 
+def two_projections():
+    """x, the gate projection's weight and the up projection's (nn.Linear layout, N × K each)."""
+    return (*x_w(), randn(N, K, scale=K ** -0.5))
+
+
+def linears_with_biases(x, w1, b1, w3, b3):
+    return F.silu(F.linear(x, w1, b1)) * F.linear(x, w3, b3)
+
+
+def chunked_gate_up(x, w):
+    g, u = F.linear(x, w).chunk(2, dim=-1)  # one fused gate_up projection (Phi-3 style)
+    return F.silu(g) * u
+
+
+def gptoss_two_projections(x, w1, w3):
+    g = (x @ w1.t()).clamp(max=7.0)
+    u = (x @ w3.t()).clamp(-7.0, 7.0)
+    return g * torch.sigmoid(1.702 * g) * (u + 1)
+
+
+def grouped_separate_gate_up(x, w1, offs, w3):
+    return F.silu(torch._grouped_mm(x, w1, offs=offs)) * torch._grouped_mm(x, w3, offs=offs)
+
+
 CASES = [
     Case("silu", activation(F.silu), x_w, 1),
     Case("sigmoid", activation(torch.sigmoid), x_w, 1),
@@ -104,6 +128,16 @@ CASES = [
     Case("scaled_mm_rowwise_bias_gelu", scaled_mm_gelu, scaled_mm_inputs, 1, rtol=4e-2),
     Case("llama_mlp", lambda x, w1, w3: F.silu(x @ w1.t()) * (x @ w3.t()),
          lambda: (*x_w(), randn(N, K, scale=K ** -0.5)), 1),
+    # Two projections (or one split in halves) meeting in a gated activation: one merged GEMM.
+    Case("merged_linears_with_biases", linears_with_biases,
+         lambda: (*x_w(), randn(N), randn(N, K, scale=K ** -0.5), randn(N)), 1),
+    Case("merged_chunked_gate_up", chunked_gate_up,
+         lambda: (randn(4, 250, K), randn(2 * N, K, scale=K ** -0.5)), 1),
+    Case("merged_geglu", lambda x, w1, w3: F.gelu(x @ w1.t(), approximate="tanh") * (x @ w3.t()),
+         two_projections, 1),
+    Case("merged_gptoss", gptoss_two_projections, two_projections, 1),
+    Case("merged_grouped_experts", grouped_separate_gate_up,
+         lambda: (*grouped_inputs(), grouped_inputs()[1]), 1),
     Case("escaping_intermediate", escaping, lambda: (*x_w(), randn(N)), 1),
     Case("swiglu7_sliced", lambda x, w: swiglu7(x @ w.t()), x_w, 1),
     Case("gated_with_preactivation", gated_with_preactivation, lambda: (*x_w(), randn(N)), 1),

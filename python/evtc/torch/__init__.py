@@ -1,33 +1,44 @@
-"""evtc for PyTorch: a custom op, an FX fusion pass and a torch.compile backend.
+"""evtc for PyTorch: custom ops, an FX fusion pass and a torch.compile backend.
 
     import evtc.torch
-    model = torch.compile(model, backend=evtc.torch.backend)
+    model = torch.compile(model, backend="evtc")                    # or backend=evtc.torch.backend
+    model = torch.compile(model, backend="evtc", mode="reduce-overhead")
 
-The backend is Inductor with :class:`PostGradPass`, which finds ``mm``/``addmm``/``_scaled_mm``
-nodes and their pointwise consumers (arithmetic, activations, clamps, casts, reshapes, broadcast
-operands, the ``h[:, 0::2]``/``h[:, 1::2]`` slices of gated activations) and replaces each chain
-with one ``torch.ops.evtc.gemm_epilogue`` call running a fused CUTLASS kernel; ``_grouped_mm``
-chains become one ``torch.ops.evtc.grouped_gemm_epilogue``. Chains it cannot fuse stay as they are; ``EVTC_DEBUG=1`` prints what was fused
-and why the rest was not.
+The backend is Inductor with :class:`PostGradPass`, which runs evtc's FX passes: GEMMs that
+share their input and meet in a gated activation merge into one gated GEMM, and every
+``mm``/``addmm``/``_scaled_mm``/``_grouped_mm`` with its pointwise consumers (arithmetic,
+activations, clamps, casts, reshapes, broadcast operands, gated slices) becomes one fused op
+running a CUTLASS kernel, where the cost model expects that to be faster than cuBLAS plus
+Inductor's kernels. Chains it does not fuse stay as they are; ``EVTC_DEBUG=1`` prints what was
+fused, with the cost model's numbers, and why the rest was not.
 """
 from __future__ import annotations
 
-from ._backend import PostGradPass, backend
+from ._backend import EVTC_OPTIONS, PostGradPass, backend, inductor_config
+from ._backend import _register as _register_backend
 from ._fx_pass import Fusion, FusionReport, fuse_gemm_epilogues, reports
-from ._op import (compile_only, gemm_epilogue, grouped_gemm_epilogue, make_grouped_spec, make_spec,
-                  wait_for_compiles)
+from ._op import (clear_merged_weights, compile_only, gemm_epilogue, grouped_gemm_epilogue, merged_weights_bytes,
+                  path_counts, wait_for_compiles)
+from ._spec import make_grouped_spec, make_spec
+
+_register_backend()
 
 __all__ = [
+    "EVTC_OPTIONS",
     "Fusion",
     "FusionReport",
     "PostGradPass",
     "backend",
+    "clear_merged_weights",
     "compile_only",
     "fuse_gemm_epilogues",
     "gemm_epilogue",
     "grouped_gemm_epilogue",
+    "inductor_config",
     "make_grouped_spec",
     "make_spec",
+    "merged_weights_bytes",
+    "path_counts",
     "reports",
     "wait_for_compiles",
 ]

@@ -1,13 +1,37 @@
-"""torch.compile integration: Inductor with evtc's FX pass as its post-grad pass."""
+"""torch.compile integration: Inductor with evtc's FX passes as its post-grad pass.
+
+    torch.compile(model, backend=evtc.torch.backend)                       # or backend="evtc"
+    torch.compile(model, backend="evtc", mode="reduce-overhead")           # CUDA graphs
+    torch.compile(model, backend="evtc", options={"freezing": True})       # constant weights
+
+``mode`` and ``options`` mean what they mean for Inductor: they are turned into Inductor
+configuration by PyTorch's own wrapper (``torch._TorchCompileInductorWrapper``), so every mode
+and option Inductor knows works the same way here (CUDA-graph trees for "reduce-overhead",
+Inductor's autotuning of the GEMMs evtc leaves alone for "max-autotune", freezing, ...).
+evtc's own options go in the same dictionary under the ``evtc.`` prefix (see
+:data:`EVTC_OPTIONS`).
+"""
 from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import Any, Optional
 
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from ._fx_pass import fuse_gemm_epilogues
+
+# evtc's options in torch.compile's ``options`` dict, with their defaults.
+EVTC_OPTIONS = {
+    # "eager": round where eager rounds; "fast": round only at the fused op's outputs.
+    "evtc.cast_mode": "eager",
+    # Merge GEMMs that share their input and meet in a gated activation (LLaMA's gate/up
+    # projections) into one gated GEMM over interleaved weights (docs/python.md).
+    "evtc.merge_gated": True,
+    # Fuse only chains the cost model expects to be faster than cuBLAS + Inductor's kernel.
+    "evtc.profitability": True,
+}
 
 
 class PostGradPass(CustomGraphPass):
@@ -19,26 +43,69 @@ class PostGradPass(CustomGraphPass):
     of training (where tensors saved for backward become extra outputs of fused ops).
     """
 
-    def __init__(self, cast_mode: str = "eager"):
+    def __init__(self, cast_mode: str = "eager", merge_gated: bool | str = True, profitability: bool = True):
         self.cast_mode = cast_mode
+        self.merge_gated = merge_gated
+        self.profitability = profitability
 
     def __call__(self, graph: torch.fx.Graph) -> None:
-        fuse_gemm_epilogues(graph, cast_mode=self.cast_mode)
+        fuse_gemm_epilogues(graph, cast_mode=self.cast_mode, merge_gated=self.merge_gated,
+                            profitability=self.profitability)
 
     def uuid(self) -> bytes:
         # Inductor's graph cache key: the pass's own source and its options.
-        h = hashlib.sha256(self.cast_mode.encode())
-        for f in sorted(Path(__file__).parent.glob("*.py")):
+        h = hashlib.sha256(f"{self.cast_mode}/{self.merge_gated}/{self.profitability}".encode())
+        for f in sorted(Path(__file__).parent.rglob("*.py")):
             h.update(f.read_bytes())
         return h.digest()
 
 
-def backend(gm: torch.fx.GraphModule, example_inputs, *, cast_mode: str = "eager"):
+def inductor_config(mode: Optional[str] = None, options: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """The Inductor configuration patches of torch.compile's ``mode``/``options``, evtc's pass
+    included. evtc's own ``evtc.*`` options are taken out of ``options`` first; unknown keys
+    raise as torch.compile raises for Inductor."""
+    options = dict(options or {})
+    ours = {key: options.pop(key) for key in list(options) if key.startswith("evtc.")}
+    unknown = sorted(set(ours) - set(EVTC_OPTIONS))
+    if unknown:
+        raise RuntimeError(f"evtc backend: unknown option(s) {unknown}; evtc's options are {sorted(EVTC_OPTIONS)}")
+    settings = {**EVTC_OPTIONS, **ours}
+    if "post_grad_custom_post_pass" in options:
+        raise RuntimeError("evtc backend: options sets post_grad_custom_post_pass, which is where evtc's own "
+                           "pass runs; use the inductor backend with evtc.torch.PostGradPass() and your pass "
+                           "composed instead")
+    wrapper = torch._TorchCompileInductorWrapper(mode, options or None, dynamic=None)
+    patches = dict(wrapper.config)
+    merge = settings["evtc.merge_gated"]
+    if merge not in (True, False, "always"):
+        raise RuntimeError(f"evtc backend: evtc.merge_gated={merge!r} (expected True, False or 'always')")
+    patches["post_grad_custom_post_pass"] = PostGradPass(settings["evtc.cast_mode"], merge,
+                                                         bool(settings["evtc.profitability"]))
+    return patches
+
+
+def backend(gm: torch.fx.GraphModule, example_inputs, *, mode: Optional[str] = None,
+            options: Optional[dict[str, Any]] = None, cast_mode: Optional[str] = None):
     """A torch.compile backend: Inductor, with GEMM epilogues fused by evtc.
 
         model = torch.compile(model, backend=evtc.torch.backend)
+        model = torch.compile(model, backend="evtc", mode="reduce-overhead")
+
+    ``mode`` and ``options`` are Inductor's (torch.compile passes them through);
+    ``cast_mode`` is kept for calls made directly (same as ``options={"evtc.cast_mode": ...}``).
     """
     from torch._inductor.compile_fx import compile_fx
 
-    return compile_fx(gm, example_inputs,
-                      config_patches={"post_grad_custom_post_pass": PostGradPass(cast_mode)})
+    if cast_mode is not None:
+        options = {**(options or {}), "evtc.cast_mode": cast_mode}
+    return compile_fx(gm, example_inputs, config_patches=inductor_config(mode, options))
+
+
+def _register() -> None:
+    """Makes ``torch.compile(..., backend="evtc")`` work once evtc.torch is imported (the
+    package's ``torch_dynamo_backends`` entry point does it without the import)."""
+    from torch._dynamo.backends.registry import _BACKENDS, _COMPILER_FNS, register_backend
+
+    # When the entry point is being loaded, torch registers the backend itself afterwards.
+    if "evtc" not in _BACKENDS and "evtc" not in _COMPILER_FNS:
+        register_backend(name="evtc")(backend)

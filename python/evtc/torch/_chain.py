@@ -18,7 +18,8 @@ from typing import Any, Callable, Optional
 import torch
 from torch import fx
 
-from ._op import AUX, AUX_COL, COL, ROW, SCALAR
+from .. import _evtc
+from ._spec import AUX, AUX_COL, COL, PLACEMENT_CLASSES, ROW, SCALAR
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -58,6 +59,15 @@ def const(x: Any) -> str:
 
 
 @dataclass
+class MergedB:
+    """The B of a merged gated GEMM: gate and up columns from two K × N/2 operands, and
+    row operands given as (gate, up) vectors, each declared under ``name`` in the expression."""
+    b_gate: fx.Node
+    b_up: fx.Node
+    paired: list[tuple[str, fx.Node, fx.Node]] = field(default_factory=list)
+
+
+@dataclass
 class Chain:
     gemm: fx.Node
     a: fx.Node
@@ -73,13 +83,22 @@ class Chain:
     grouped: bool = False  # a _grouped_mm chain (operand classes it can read are fewer)
     in_half: bool = False  # while absorbing a node over gated values: operands broadcast against them
     offsets: Optional[fx.Node] = None  # _grouped_mm's group end offsets
+    # A merged gated GEMM (passes/merge_gated.py): the two B operands (K × N/2 each) whose
+    # columns the op interleaves, and the row operands given as (gate, up) vectors of N/2.
+    merged: Optional["MergedB"] = None
+    # What the GEMM's own output would have been (its dtype), for the cost model.
+    gemm_dtype: Optional[torch.dtype] = None
+    # The GEMMs a merged chain replaces (with a runtime-interleaved B, or a constant one).
+    merged_from: list[fx.Node] = field(default_factory=list)
+    values: int = 0  # value names defined so far (v0, v1, ...)
 
     @property
     def half_shape(self) -> tuple:
         return tuple(self.full_shape[:-1]) + (self.full_shape[-1] // 2,)
 
     def define(self, node: fx.Node, expr: str) -> None:
-        name = f"v{len(self.exprs)}"
+        name = f"v{self.values}"
+        self.values += 1
         self.lines.append(f"{name} = {expr}")
         self.exprs[node] = name
 
@@ -95,30 +114,24 @@ def cast_to(dtype: torch.dtype, expr: str) -> str:
 
 # --- operands from outside the chain -----------------------------------------------------------
 
+def concrete(x: Any) -> int:
+    """An int for a size or stride: itself, or for a symbolic one (dynamic shapes) the value it
+    was traced with. Placement depends on which sizes are 1 and which strides 0, which a
+    symbolic size does not change (PyTorch specialises sizes 0 and 1)."""
+    if isinstance(x, int):
+        return x
+    hint = getattr(getattr(x, "node", None), "hint", None)
+    return int(hint) if isinstance(hint, int) else 2
+
+
 def classify(t: torch.Tensor, full_shape: tuple) -> str:
-    """How an outside tensor broadcasts against the chain's M×N values."""
-    shape = tuple(t.shape)
-    if len(shape) > len(full_shape):
-        raise Refused(f"an operand of shape {list(shape)} has more dimensions than the result")
-    try:
-        e = t.expand(full_shape)
-    except RuntimeError as err:
-        raise Refused(f"an operand of shape {list(shape)} does not broadcast to {list(full_shape)}") from err
-    strides = e.stride()
-    lead = strides[:-1]
-    if all(s == 0 for s in strides):
-        return SCALAR
-    if all(s == 0 for s in lead):
-        return ROW
-    if strides[-1] == 0:
-        # Varies over the leading dimensions only: a column vector if it varies over all of them.
-        padded = (1,) * (len(full_shape) - len(shape)) + shape
-        if all(p == f for p, f in zip(padded[:-1], full_shape[:-1])):
-            return COL
-        raise Refused(f"an operand of shape {list(shape)} broadcasts over part of the rows")
-    if len(full_shape) == 2 and tuple(t.shape) == tuple(full_shape) and t.stride() == (1, full_shape[0]):
-        return AUX_COL
-    return AUX
+    """How an outside tensor broadcasts against the chain's M×N values (evtc's place_operand:
+    the rule the op library applies to the real tensor at run time)."""
+    cls, _, why = _evtc.place_operand([concrete(s) for s in t.shape], [concrete(s) for s in t.stride()],
+                                      [concrete(s) for s in full_shape])
+    if cls == "not_fusable":
+        raise Refused(why)
+    return PLACEMENT_CLASSES[cls]
 
 
 def operand(chain: Chain, node: fx.Node, half: bool = False) -> str:

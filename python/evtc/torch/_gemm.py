@@ -7,7 +7,8 @@ from typing import Optional
 import torch
 from torch import fx
 
-from ._chain import EVTC_DTYPES, FP8_DTYPES, GEMM_OPERAND_DTYPES, Chain, Refused, arg_expr, cast_to, const, val
+from .. import _evtc
+from ._chain import EVTC_DTYPES, FP8_DTYPES, GEMM_OPERAND_DTYPES, Chain, Refused, arg_expr, cast_to, concrete, const, val
 
 aten = torch.ops.aten
 
@@ -21,14 +22,14 @@ UNSUPPORTED_GEMMS = {
 
 
 def layout(t: torch.Tensor, what: str) -> str:
-    """'row' or 'col' for a 2-D operand whose rows or columns are contiguous."""
-    r, c = t.shape
-    s0, s1 = t.stride()
-    if s1 == 1 and (r <= 1 or s0 >= c):
-        return "row"
-    if s0 == 1 and (c <= 1 or s1 >= r):
-        return "col"
-    raise Refused(f"{what} has strides ({s0}, {s1}): neither its rows nor its columns are contiguous")
+    """'row' or 'col' for a 2-D operand whose rows or columns are contiguous (evtc's
+    matrix_layout, the rule the runtime binds A and B with)."""
+    r, c = (concrete(x) for x in t.shape)
+    s0, s1 = (concrete(x) for x in t.stride())
+    found = _evtc.matrix_layout(r, c, s0, s1)
+    if found is None:
+        raise Refused(f"{what} has strides ({s0}, {s1}): neither its rows nor its columns are contiguous")
+    return found
 
 
 def _operands(gemm: fx.Node, fp8: bool) -> tuple[fx.Node, fx.Node, torch.Tensor, torch.Tensor]:
@@ -57,7 +58,7 @@ def start_chain(gemm: fx.Node) -> Chain:
                "a_layout": layout(ta, "A"), "b_layout": layout(tb, "B")}
     if fp8 and (options["a_layout"], options["b_layout"]) != ("row", "col"):
         raise Refused("_scaled_mm needs row-major A and column-major B")
-    chain = Chain(gemm=gemm, a=a, b=b, options=options, full_shape=tuple(out.shape))
+    chain = Chain(gemm=gemm, a=a, b=b, options=options, full_shape=tuple(out.shape), gemm_dtype=out.dtype)
     chain.nodes.append(gemm)
     chain.define(gemm, cast_to(out.dtype, _root_expr(chain, gemm)))
     return chain
@@ -119,17 +120,13 @@ def _start_grouped(gemm: fx.Node) -> Chain:
         raise Refused(f"_grouped_mm with out_dtype {out_dtype}")
     if tx.device.type != "cuda":
         raise Refused(f"the GEMM runs on {tx.device}")
-    k, n = tw.shape[1], tw.shape[2]
-    for size, what in ((k, "K"), (n, "N")):
-        if isinstance(size, int) and size % 8:
-            raise Refused(f"_grouped_mm with {what}={size}: a grouped kernel needs {what} a multiple of 8 "
-                          "(16-byte rows)")
     # Each group's K×N matrix: K contiguous (stacked nn.Linear weights, transposed) is what a
     # K-major kernel reads; N contiguous what an N-major one reads. Others are copied by the op.
     b_layout = "col" if tw.stride(1) == 1 else "row"
     options = {"a_dtype": EVTC_DTYPES[tx.dtype], "b_dtype": EVTC_DTYPES[tw.dtype], "a_layout": "row",
                "b_layout": b_layout}
-    chain = Chain(gemm=gemm, a=x, b=w, options=options, full_shape=tuple(out.shape), grouped=True, offsets=offs)
+    chain = Chain(gemm=gemm, a=x, b=w, options=options, full_shape=tuple(out.shape), grouped=True, offsets=offs,
+                  gemm_dtype=out.dtype)
     chain.nodes.append(gemm)
     chain.define(gemm, cast_to(out.dtype, "acc"))
     return chain

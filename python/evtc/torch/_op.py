@@ -1,55 +1,63 @@
-"""The custom ops evtc::gemm_epilogue and evtc::grouped_gemm_epilogue: one fused GEMM +
-epilogue as a PyTorch operator.
+"""evtc's PyTorch operators: one fused GEMM + epilogue per call.
 
     outputs = torch.ops.evtc.gemm_epilogue(spec, a, b, operands)
+    outputs = torch.ops.evtc.gemm_epilogue_merged(spec, a, b_gate, b_up, operands, paired)
     y = torch.ops.evtc.grouped_gemm_epilogue(spec, x, w, offs, operands)
+    y = torch.ops.evtc.grouped_gemm_epilogue_merged(spec, x, w_gate, w_up, offs, operands, paired)
 
-``spec`` is a JSON string (see :func:`make_spec`): the epilogue expression, the kernel
-options, the names and broadcast classes of ``operands`` (in order) and the names of the
-outputs to return (in order). ``a`` is M×K, ``b`` K×N; each output is M×N (or a vector for
-reductions). The op has a fake (meta) implementation, so it traces under torch.compile and
-torch.export, with dynamic shapes, and its real implementation allocates only its outputs,
-so it can be captured in CUDA graphs.
-
-The grouped op takes ``torch._grouped_mm``'s operands (x: sum of M_g × K, w: G × K × N, offs:
-int32 end offsets) and returns the epilogue's one output (sum of M_g × N, or × N/2 when
-gated); its operands are [N] row vectors and scalars.
+The ops are implemented in C++ (python/src/torch_ops.cpp, the library evtc/_evtc_torch.so)
+and registered with PyTorch's dispatcher there, so a call from Inductor's generated code runs
+no Python: the spec (see ``_spec``) is resolved to its kernel and operand plan once per process.
+This module loads the library and registers the ops' fake implementations (output shapes and
+dtypes from the kernel's signature), so they trace under torch.compile and torch.export, with
+dynamic shapes. The real implementations allocate only their outputs, so they are captured by
+CUDA graphs.
 """
 from __future__ import annotations
 
 import functools
 import json
+import os
 import threading
+
 import torch
 
 from .. import _evtc, _grouped, _kernel
-
-# Broadcast classes of an operand of the M×N epilogue (how the op reads the tensor it gets).
-ROW, COL, SCALAR, AUX, AUX_COL = "row", "col", "scalar", "aux", "aux_col"
-
-# Depth of compile_only contexts. Process-wide, not per thread: autograd runs backward graphs
-# on its own threads.
-_compile_only_depth = 0
-_compile_only_lock = threading.Lock()
+from . import _spec
 
 
-def make_spec(expr: str, options: dict, operands: list[tuple[str, str]], outputs: list[str]) -> str:
-    """The op's spec string. ``operands`` is [(name, class)], class one of row, col, scalar,
-    aux, aux_col; ``outputs`` the output names to return, in order."""
-    return json.dumps({"expr": expr, "options": options, "operands": [list(o) for o in operands],
-                       "outputs": outputs}, sort_keys=True)
+def _load_library() -> None:
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.path.join(here, "_evtc_torch.so")
+    if not os.path.isfile(path):
+        raise ImportError(
+            "evtc was built without its PyTorch op library (torch was not importable when evtc was built): "
+            "install torch first, then reinstall evtc with `pip install --no-build-isolation .` in the same "
+            "environment")
+    with open(os.path.join(here, "_evtc_torch.version")) as f:
+        built_for = f.read().strip()
+    if built_for != torch.__version__:
+        raise ImportError(f"evtc's PyTorch op library was built against torch {built_for}, but this is torch "
+                          f"{torch.__version__}: reinstall evtc (`pip install --no-build-isolation .`) with this torch")
+    torch.ops.load_library(path)
 
 
-def make_grouped_spec(expr: str, options: dict, operands: list[tuple[str, str]]) -> str:
-    """The grouped op's spec string (``operands`` as for :func:`make_spec`: row or scalar)."""
-    return json.dumps({"expr": expr, "options": options, "operands": [list(o) for o in operands],
-                       "grouped": True}, sort_keys=True)
+_load_library()
+
+# The dispatcher's overloads, looked up once (Inductor's generated code calls these).
+GEMM_EPILOGUE = torch.ops.evtc.gemm_epilogue.default
+GEMM_EPILOGUE_MERGED = torch.ops.evtc.gemm_epilogue_merged.default
+GROUPED_GEMM_EPILOGUE = torch.ops.evtc.grouped_gemm_epilogue.default
+GROUPED_GEMM_EPILOGUE_MERGED = torch.ops.evtc.grouped_gemm_epilogue_merged.default
+FUSED_OPS = (GEMM_EPILOGUE, GEMM_EPILOGUE_MERGED, GROUPED_GEMM_EPILOGUE, GROUPED_GEMM_EPILOGUE_MERGED)
 
 
 @functools.lru_cache(maxsize=None)
 def spec_kernel(spec: str) -> tuple[_kernel.Kernel | _grouped.GroupedKernel, dict]:
-    """The Kernel (or GroupedKernel) of a spec (built once per process: parsing and passes,
-    no nvcc)."""
+    """The Python-side Kernel (or GroupedKernel) of a spec: what the FX pass asks about a
+    chain (legality, configuration, cost) and compiles ahead; built once per process (parsing
+    and passes, no nvcc). The op library builds its own from the same spec; compiled kernels
+    are shared through the kernel cache."""
     s = json.loads(spec)
     if s.get("grouped"):
         o = _evtc.KernelOptions()
@@ -59,95 +67,75 @@ def spec_kernel(spec: str) -> tuple[_kernel.Kernel | _grouped.GroupedKernel, dic
     return _kernel.compile(s["expr"], **s["options"]), s
 
 
-def _operand_view(t: torch.Tensor, cls: str, m: int, n: int) -> torch.Tensor:
-    """The tensor the kernel reads for an operand of broadcast class ``cls``: a vector, a 0-d
-    scalar or an M×N matrix, as a view of ``t`` where its strides allow, else a copy."""
-    if cls == SCALAR:
-        return t[(0,) * t.dim()] if t.dim() else t
-    if cls == ROW:
-        while t.dim() > 1:
-            t = t[0]
-        return t if t.stride(0) == 1 else t.contiguous()
-    if cls == COL:
-        t = t[..., 0].reshape(m)
-        return t if t.stride(0) == 1 else t.contiguous()
-    t = t.reshape(m, n)
-    if cls == AUX:
-        return t if t.stride() == (n, 1) else t.contiguous()
-    return t if t.stride() == (1, m) else t.t().contiguous().t()
-
-
 def _torch_dtype(name: str) -> torch.dtype:
     return getattr(torch, _kernel._TORCH_DTYPES[name])
-
-
-@torch.library.custom_op("evtc::gemm_epilogue", mutates_args=())
-def gemm_epilogue(spec: str, a: torch.Tensor, b: torch.Tensor,
-                  operands: list[torch.Tensor]) -> list[torch.Tensor]:
-    kernel, s = spec_kernel(spec)
-    m, n = a.shape[0], b.shape[1]
-    if _compile_only_depth:
-        kernel.compile_async(m, n, a.shape[1])
-        return [torch.empty(o.size(m, n), dtype=_torch_dtype(o.dtype), device=a.device)
-                for o in _outputs_in_order(kernel, s)]
-    named = {name: _operand_view(t, cls, m, n) for (name, cls), t in zip(s["operands"], operands)}
-    result = kernel(a, b, **named)
-    if not isinstance(result, dict):
-        return [result]
-    return [result[name] for name in s["outputs"]]
-
-
-@gemm_epilogue.register_fake
-def _gemm_epilogue_fake(spec: str, a: torch.Tensor, b: torch.Tensor,
-                        operands: list[torch.Tensor]) -> list[torch.Tensor]:
-    kernel, s = spec_kernel(spec)
-    m, n = a.shape[0], b.shape[1]
-    return [a.new_empty(o.size(m, n), dtype=_torch_dtype(o.dtype)) for o in _outputs_in_order(kernel, s)]
-
-
-def _aligned(t: torch.Tensor) -> torch.Tensor:
-    """``t`` itself when its data starts 16-byte aligned, else an aligned copy."""
-    return t if t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
-
-
-def _grouped_inputs(kernel: _grouped.GroupedKernel, x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor):
-    """x, w and offs in the layout the grouped kernel reads (copies only where they differ)."""
-    dense = torch.contiguous_format
-    if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
-        x = x.clone(memory_format=dense)
-    if kernel._k_major:  # each group's K×N with K contiguous: a transposed stack of N×K matrices
-        if w.stride(1) != 1 or w.stride(2) % 8 or w.stride(0) % 8 or w.data_ptr() % 16:
-            w = w.transpose(1, 2).clone(memory_format=dense).transpose(1, 2)
-    elif w.stride(2) != 1 or w.stride(1) % 8 or w.stride(0) % 8 or w.data_ptr() % 16:
-        w = w.clone(memory_format=dense)
-    if offs.dtype != torch.int32 or offs.stride(0) != 1:
-        offs = offs.to(torch.int32).contiguous()
-    return x, w, offs
-
-
-@torch.library.custom_op("evtc::grouped_gemm_epilogue", mutates_args=())
-def grouped_gemm_epilogue(spec: str, x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor,
-                          operands: list[torch.Tensor]) -> torch.Tensor:
-    kernel, s = spec_kernel(spec)
-    rows, n = x.shape[0], w.shape[2]
-    if _compile_only_depth:
-        kernel.compile_async()
-        return torch.empty(kernel.output_size(rows, n), dtype=_torch_dtype(kernel.output.dtype), device=x.device)
-    x, w, offs = _grouped_inputs(kernel, x, w, offs)
-    named = {name: _aligned(_operand_view(t, cls, rows, n)) for (name, cls), t in zip(s["operands"], operands)}
-    return kernel(x, w, offs, **named)
-
-
-@grouped_gemm_epilogue.register_fake
-def _grouped_gemm_epilogue_fake(spec: str, x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor,
-                                operands: list[torch.Tensor]) -> torch.Tensor:
-    kernel, _ = spec_kernel(spec)
-    return x.new_empty(kernel.output_size(x.shape[0], w.shape[2]), dtype=_torch_dtype(kernel.output.dtype))
 
 
 def _outputs_in_order(kernel: _kernel.Kernel, s: dict) -> list[_kernel.Operand]:
     by_name = {o.name: o for o in kernel.outputs}
     return [by_name[name] for name in s["outputs"]]
+
+
+def _fake_dense(spec: str, a: torch.Tensor, n) -> list[torch.Tensor]:
+    kernel, s = spec_kernel(spec)
+    m = a.shape[0]
+    return [a.new_empty(o.size(m, n), dtype=_torch_dtype(o.dtype)) for o in _outputs_in_order(kernel, s)]
+
+
+def _fake_grouped(spec: str, x: torch.Tensor, n) -> torch.Tensor:
+    kernel, _ = spec_kernel(spec)
+    return x.new_empty(kernel.output_size(x.shape[0], n), dtype=_torch_dtype(kernel.output.dtype))
+
+
+@torch.library.register_fake("evtc::gemm_epilogue")
+def _gemm_epilogue_fake(spec, a, b, operands):
+    return _fake_dense(spec, a, b.shape[1])
+
+
+@torch.library.register_fake("evtc::gemm_epilogue_merged")
+def _gemm_epilogue_merged_fake(spec, a, b_gate, b_up, operands, paired):
+    return _fake_dense(spec, a, 2 * b_gate.shape[1])
+
+
+@torch.library.register_fake("evtc::grouped_gemm_epilogue")
+def _grouped_gemm_epilogue_fake(spec, x, w, offs, operands):
+    return _fake_grouped(spec, x, w.shape[2])
+
+
+@torch.library.register_fake("evtc::grouped_gemm_epilogue_merged")
+def _grouped_gemm_epilogue_merged_fake(spec, x, w_gate, w_up, offs, operands, paired):
+    return _fake_grouped(spec, x, 2 * w_gate.shape[2])
+
+
+def gemm_epilogue(spec: str, a: torch.Tensor, b: torch.Tensor, operands: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Runs ``torch.ops.evtc.gemm_epilogue`` (see the module's documentation)."""
+    return GEMM_EPILOGUE(spec, a, b, operands)
+
+
+def grouped_gemm_epilogue(spec: str, x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor,
+                          operands: list[torch.Tensor]) -> torch.Tensor:
+    """Runs ``torch.ops.evtc.grouped_gemm_epilogue`` (see the module's documentation)."""
+    return GROUPED_GEMM_EPILOGUE(spec, x, w, offs, operands)
+
+
+def path_counts(spec: str) -> dict[str, int]:
+    """How many calls of a spec's op ran fused and how many ran unfused (cuBLASLt + the
+    generated epilogue), in this process."""
+    fused, fallback = torch.ops.evtc._path_counts(spec)
+    return {"fused": fused, "fallback": fallback}
+
+
+def merged_weights_bytes() -> int:
+    """Device memory held by the interleaved (gate, up) weight copies of merged GEMMs."""
+    return torch.ops.evtc._merged_cache_bytes()
+
+
+def clear_merged_weights() -> None:
+    """Frees the interleaved weight copies of merged GEMMs (rebuilt at their next call)."""
+    torch.ops.evtc._clear_merged_cache()
+
+
+_compile_only_lock = threading.Lock()
 
 
 class compile_only:
@@ -156,35 +144,30 @@ class compile_only:
 
     For warming up many graphs at once: run each compiled model once inside the context
     (tracing every graph and queuing every kernel), then :func:`wait_for_compiles`; later calls
-    run the compiled kernels. Results computed inside the context are meaningless.
+    run the compiled kernels. Results computed inside the context are meaningless. The mode is
+    process-wide (autograd runs backward graphs on its own threads).
     """
 
     def __enter__(self):
-        global _compile_only_depth
         with _compile_only_lock:
-            _compile_only_depth += 1
+            torch.ops.evtc._compile_only(1)
         return self
 
     def __exit__(self, *exc):
-        global _compile_only_depth
         with _compile_only_lock:
-            _compile_only_depth -= 1
+            torch.ops.evtc._compile_only(-1)
         return False
 
 
 def wait_for_compiles() -> dict[str, list[str]]:
-    """Waits for every kernel compile started so far. Returns the compile errors by kernel
-    expression (empty when all compiled); kernels that failed run unfused, never wrong."""
-    failed = {}
-    for spec in _known_specs():
+    """Waits for every kernel compile started so far (by the FX pass and by ops in
+    :class:`compile_only`). Returns the compile errors by kernel expression (empty when all
+    compiled); kernels that failed run unfused, never wrong."""
+    failed: dict[str, list[str]] = {}
+    for spec in list(_spec.created_specs):
         kernel = spec_kernel(spec)[0]
         if errors := kernel._wait_for_compiles():
             failed[kernel.expr] = errors
+    if errors := list(torch.ops.evtc._wait_for_compiles()):
+        failed.setdefault("(compiled by the op library)", []).extend(errors)
     return failed
-
-
-def _known_specs() -> list[str]:
-    # lru_cache keeps no public key list; the pass records every spec it creates.
-    from . import _fx_pass
-
-    return list(_fx_pass.created_specs)

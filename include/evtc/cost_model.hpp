@@ -1,0 +1,33 @@
+// The cost model front ends decide fusion with: for one problem on the current GPU, what the
+// fused kernel is expected to take against cuBLAS plus the separate epilogue kernel that
+// fusion removes. The PyTorch FX pass fuses a chain only when the estimate says it pays
+// (docs/backend.md, "Cost model", has the rates and how they were measured).
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace evtc {
+
+struct FusionEstimate {
+  int64_t m = 0, n = 0, k = 0;
+  double cublas_us = 0;    // the GEMM alone with cuBLAS: what the unfused path runs
+  double epilogue_us = 0;  // the unfused epilogue kernel(s) fusion removes (0: there are none)
+  double fused_us = 0;     // evtc's fused kernel
+  double saved_bytes = 0;  // device-memory traffic fusion removes
+  std::string config;      // the kernel configuration the fused kernel runs with
+  std::string basis;       // where fused_us comes from: "model", or "tuned: measured"
+
+  // Fused is faster than cuBLAS + the epilogue by more than the model's margin (1 %, and at
+  // least 0.5 us): a fusion that does not pay is not made.
+  bool profitable() const;
+  std::string describe() const;  // "12.1 us fused vs 11.0 + 3.2 us unfused (model, coop_...)"
+};
+
+// The work an unfused path does that fusion removes, as the front end sees it: the bytes of
+// intermediate results written and read back, and the kernels launched for them.
+struct UnfusedWork {
+  double saved_bytes = 0;
+  int kernels = 0;
+};
+
+}  // namespace evtc

@@ -1,0 +1,38 @@
+// Kernel options as text: the one spelling of evtc's options that every front end shares
+// (the Python package's keyword arguments, the PyTorch ops' specs). Each front end fills an
+// OptionText; these functions turn it into the C++ option structs, with a UserError naming
+// the option for a value they do not know.
+#pragma once
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "evtc/expression.hpp"
+#include "evtc/grouped.hpp"
+#include "evtc/runtime.hpp"
+
+namespace evtc {
+
+struct OptionText {
+  std::string a_dtype = "bf16", b_dtype = "bf16";  // f32, f16, bf16, f8e4m3, f8e5m2
+  std::string a_layout = "row", b_layout = "col";  // row | col (row_major | col_major)
+  std::string cast_mode = "eager";                 // eager | fast
+  bool precise_math = false;
+  bool disable_fusion = false;
+  std::optional<std::string> config;               // a KernelConfig name
+  std::string operand_dtype = "bf16", output_dtype = "bf16";
+};
+
+DType dtype_option(std::string_view value, std::string_view option);
+Layout layout_option(std::string_view value, std::string_view option);
+
+CompileOptions compile_options(const OptionText& o);
+// Grouped kernels take the same options; A must stay row-major.
+GroupedOptions grouped_options(const OptionText& o);
+ParseOptions parse_options(const OptionText& o);
+
+// From a JSON object such as {"a_dtype": "bf16", "b_layout": "col", "cast_mode": "eager"};
+// an unknown key or a value of the wrong type is a UserError naming it.
+OptionText option_text_from_json(std::string_view json_object);
+
+}  // namespace evtc

@@ -1,0 +1,259 @@
+"""Growing a chain over a graph and replacing it with one fused op: the machinery the FX
+passes (passes/) share."""
+from __future__ import annotations
+
+import logging
+import math
+import operator
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+from torch import fx
+
+from . import _op, _spec
+from ._chain import EVTC_DTYPES, Chain, Refused, absorb, absorbable, concrete, val
+from ._gemm import GROUPED_MM
+
+log = logging.getLogger("evtc.torch")
+
+
+@dataclass
+class Fusion:
+    gemm: str  # the GEMM node's name (the first one, for a merged pair)
+    expr: str
+    outputs: list[str]  # the replaced nodes (used outside the chain)
+    hash: str  # the epilogue graph's hash after the passes
+    spec: str  # the op's spec string
+    merged: list[str] = field(default_factory=list)  # the GEMMs a merged op replaces
+    estimate: dict = field(default_factory=dict)  # the cost model's numbers (passes/profitability.py)
+
+
+def grow(graph: fx.Graph, chain: Chain) -> None:
+    """Takes in, in graph order, every node that reads only chain values and outside tensors
+    that do not depend on the chain (which would make a cycle)."""
+    in_chain = set(chain.nodes)
+    depends_on_chain: set[fx.Node] = set()
+    started = False
+    for n in graph.nodes:
+        if n in in_chain:
+            started = True
+            continue
+        if not started:
+            continue
+        inputs = n.all_input_nodes
+        reads_chain = any(i in in_chain for i in inputs)
+        reads_dependent = any(i in depends_on_chain for i in inputs)
+        if not reads_chain and not reads_dependent:
+            continue
+        if reads_chain and not reads_dependent and absorbable(chain, n) is None:
+            try:
+                absorb(chain, n)
+                in_chain.add(n)
+                continue
+            except Refused as why:
+                log.debug("evtc: %s stays outside the chain of %s: %s", n.name, chain.gemm.name, why)
+        depends_on_chain.add(n)
+    if chain.merged is None and chain.gemm.target in (torch.ops.aten.mm.default, GROUPED_MM) and len(chain.nodes) == 1:
+        raise Refused(f"nothing to fuse: the {chain.gemm.target.__name__.split('.')[0]} result feeds no epilogue op")
+
+
+def problem_size(chain: Chain) -> tuple[int, int, int]:
+    """(M, N, K) with symbolic sizes (dynamic shapes) replaced by the example values they were
+    traced with."""
+    ta, tb = val(chain.a), val(chain.b if chain.merged is None else chain.merged.b_gate)
+    if chain.grouped:  # x: sum of M_g × K, w: G × K × N
+        m, n, k = ta.shape[0], tb.shape[2], tb.shape[1]
+    else:
+        m, n, k = ta.shape[0], tb.shape[1], ta.shape[1]
+    if chain.merged is not None:
+        n = 2 * n
+    return concrete(m), concrete(n), concrete(k)
+
+
+def is_static(chain: Chain) -> bool:
+    ta = val(chain.a)
+    return all(isinstance(s, int) for s in ta.shape)
+
+
+def escaping(chain: Chain) -> list[fx.Node]:
+    """Chain nodes used outside the chain (the graph's output included), in chain order."""
+    members = set(chain.nodes)
+    return [n for n in chain.nodes if any(u not in members for u in n.users)]
+
+
+def expression(chain: Chain, escaping_nodes: list[fx.Node]) -> tuple[str, list[str], dict[str, int]]:
+    """The epilogue text, its output names and the output index of each value name. Nodes
+    that differ only by a reshape share one value, hence one output."""
+    values: list[fx.Node] = []
+    for n in escaping_nodes:
+        if chain.exprs[n] not in [chain.exprs[v] for v in values]:
+            values.append(n)
+    names = [f"y{i}" for i in range(len(values))]
+    names[-1] = "D"
+    lines = list(chain.declarations) + list(chain.lines)
+    for name, n in zip(names, values):
+        lines.append(f"out {name}: {EVTC_DTYPES[val(n).dtype]} = {chain.exprs[n]}")
+    return "\n".join(lines) + "\n", names, {chain.exprs[v]: i for i, v in enumerate(values)}
+
+
+def output_shape(chain: Chain, node: fx.Node) -> tuple:
+    """The shape the fused op gives a chain value: (M, N), or (M, N/2) for a gated value."""
+    m = val(chain.a).shape[0]
+    n = 2 * val(chain.merged.b_gate).shape[-1] if chain.merged is not None else val(chain.b).shape[-1]
+    return (m, n // 2) if node in chain.half else (m, n)
+
+
+def check_output_shapes(chain: Chain, escaping_nodes: list[fx.Node]) -> None:
+    """Chain values are M×N (or M×N/2) matrices; a value of another shape (the 3-D view of a
+    linear's output) becomes a view of the op's output."""
+    for o in escaping_nodes:
+        shape, want = tuple(val(o).shape), output_shape(chain, o)
+        if shape != tuple(want):
+            view_shape(chain, o)  # raises Refused when there is no way to write the view
+
+
+def _same(a, b) -> bool:
+    return str(a) == str(b)  # sizes, possibly symbolic: compared without adding guards
+
+
+def view_shape(chain: Chain, o: fx.Node) -> list:
+    """The shape argument of a view from the fused op's M×N output to chain value ``o``'s
+    shape. With symbolic sizes (dynamic shapes), the leading sizes are those of a reshape the
+    chain already has (its shape argument holds the graph's own size nodes)."""
+    shape = list(val(o).shape)
+    if all(isinstance(s, int) for s in shape):
+        return shape
+    from ._chain import RESHAPES
+
+    for n in chain.nodes:
+        if n.target in RESHAPES and len(n.args) > 1 and isinstance(n.args[1], (list, tuple)):
+            t = val(n)
+            if len(t.shape) == len(shape) and all(_same(a, b) for a, b in zip(t.shape[:-1], shape[:-1])):
+                return list(n.args[1][:-1]) + [shape[-1]]
+    raise Refused(f"{o.name} is a reshape of the result with symbolic sizes {shape} that no reshape of the "
+                  "chain gives")
+
+
+def use_output(graph: fx.Graph, chain: Chain, o: fx.Node, item: fx.Node, cursor: fx.Node) -> fx.Node:
+    """Replaces the uses of chain value ``o`` by the fused op's output ``item`` (viewed to
+    ``o``'s shape when that differs); returns the last node inserted."""
+    if tuple(val(o).shape) != tuple(item.meta["val"].shape):
+        with graph.inserting_after(cursor):
+            view = graph.call_function(torch.ops.aten.view.default, (item, view_shape(chain, o)))
+        view.meta["val"] = item.meta["val"].view(val(o).shape)
+        cursor = item = view
+    o.replace_all_uses_with(item)
+    return cursor
+
+
+def erase_unused(graph: fx.Graph, chain: Chain) -> None:
+    for node in reversed(chain.nodes):
+        if not node.users:
+            graph.erase_node(node)
+
+
+def _position(graph: fx.Graph):
+    index = {n: i for i, n in enumerate(graph.nodes)}
+    return lambda n: index[n]
+
+
+def fake_outputs(op, inputs: list, spec: str):
+    """The fused op's result on the chain's fake tensors (its node's meta["val"])."""
+    from torch._guards import detect_fake_mode
+
+    def value(x):
+        if isinstance(x, fx.Node):
+            return val(x)
+        if isinstance(x, (list, tuple)):
+            return [value(i) for i in x]
+        return x
+
+    args = [value(i) for i in inputs]
+    flat = [a for a in args if isinstance(a, torch.Tensor)] + [t for a in args if isinstance(a, list) for t in a]
+    mode = detect_fake_mode(flat)
+    if mode is None:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with mode:
+        return op(spec, *args)
+
+
+def replace(graph: fx.Graph, chain: Chain, spec: str, op, inputs: list, kernel_hash: str, expr: str,
+            index_of: Optional[dict[str, int]], escaping_nodes: list[fx.Node], estimate: dict) -> Fusion:
+    """Inserts ``op(spec, *inputs)`` after its latest input, points every escaping chain value
+    at its output (``index_of``: value name -> output index, or None for a single-output op)
+    and erases the chain."""
+    nodes = [i for i in inputs if isinstance(i, fx.Node)] + [t for i in inputs if isinstance(i, list) for t in i]
+    last_input = max(nodes, key=_position(graph))
+    with graph.inserting_after(last_input):
+        fused = graph.call_function(op, (spec, *inputs))
+    fused.meta["val"] = fake_outputs(op, inputs, spec)
+    cursor = fused
+    items: dict[int, fx.Node] = {}
+    for o in escaping_nodes:
+        if index_of is None:
+            cursor = use_output(graph, chain, o, fused, cursor)
+            continue
+        i = index_of[chain.exprs[o]]
+        if i not in items:
+            with graph.inserting_after(cursor):
+                items[i] = cursor = graph.call_function(operator.getitem, (fused, i))
+            cursor.meta["val"] = fused.meta["val"][i]
+        cursor = use_output(graph, chain, o, items[i], cursor)
+    erase_unused(graph, chain)
+    _spec.created_specs.add(spec)
+    merged = [g.name for g in chain.merged_from]
+    return Fusion(chain.gemm.name, expr, [o.name for o in escaping_nodes], kernel_hash, spec, merged, estimate)
+
+
+def stable_topological_sort(graph: fx.Graph) -> None:
+    """Reorders nodes so that every node follows its inputs, keeping the existing order
+    wherever it is already valid (a fused op is placed after its latest input, which can be
+    after some users of the values it now produces)."""
+    order: list[fx.Node] = []
+    placed: set[fx.Node] = set()
+    for root in list(graph.nodes):
+        stack = [(root, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if node in placed:
+                continue
+            if expanded:
+                placed.add(node)
+                order.append(node)
+                continue
+            stack.append((node, True))
+            for i in reversed(node.all_input_nodes):
+                if i not in placed:
+                    stack.append((i, False))
+    prev: Optional[fx.Node] = None
+    for node in order:
+        if prev is not None and prev.next is not node:
+            prev.append(node)
+        prev = node
+
+
+def intermediate_bytes(chain: Chain) -> int:
+    """Bytes of the GEMM's own output (M×N in the dtype torch's GEMM writes): what an unfused
+    epilogue kernel reads back, and what fusion saves writing unless a chain value equal to it
+    is an output anyway."""
+    m, n, _ = problem_size(chain)
+    dtype = chain.gemm_dtype or torch.bfloat16
+    return m * n * torch.empty((), dtype=dtype).element_size()
+
+
+def kernel_options(chain: Chain, cast_mode: str) -> dict:
+    return dict(chain.options, cast_mode=cast_mode)
+
+
+def spec_kernel_or_refuse(spec: str):
+    try:
+        return _op.spec_kernel(spec)[0]
+    except Exception as why:  # evtc.UserError: an epilogue evtc cannot build a kernel for
+        raise Refused(str(why)) from why
+
+
+def product(xs) -> int:
+    return math.prod(concrete(x) for x in xs)

@@ -1,0 +1,62 @@
+"""evtc's FX passes, in the order they run (like the C++ pass pipeline):
+
+1. ``merge_gated``: two GEMMs that share A and meet in a gated activation (LLaMA's gate and up
+   projections), or one GEMM whose halves do (a fused gate_up projection split with chunk),
+   become one gated GEMM over interleaved weights with its epilogue;
+2. ``fuse_chains``: every other GEMM and its pointwise consumers become one fused op.
+
+Each fusion is made only where the cost model (``profitability``) expects it to be faster
+than cuBLAS plus Inductor's kernels; the decision and its numbers go into the FusionReport.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from torch import fx
+
+from .._fusion import Fusion, stable_topological_sort
+from . import fuse_chains, merge_gated
+
+
+@dataclass
+class Settings:
+    cast_mode: str = "eager"  # "eager" | "fast"
+    compile: bool = True  # start each new kernel's nvcc compile in the background
+    merge_gated: bool | str = True  # True, False or "always" (see docs/python.md)
+    profitability: bool = True
+
+
+@dataclass
+class FusionReport:
+    fused: list[Fusion] = field(default_factory=list)
+    refused: list[tuple[str, str]] = field(default_factory=list)  # (GEMM node, reason)
+
+    def summary(self) -> str:
+        reasons = Counter(r for _, r in self.refused)
+        gemms = len(self.fused) + sum(len(f.merged) - 1 for f in self.fused if f.merged) + len(self.refused)
+        text = f"evtc: fused {len(self.fused) + sum(len(f.merged) - 1 for f in self.fused if f.merged)} of {gemms} GEMMs"
+        for reason, count in reasons.most_common():
+            text += f"\n  refused x{count}: {reason}"
+        for f in self.fused:
+            what = f"{' + '.join(f.merged)} (merged)" if f.merged else f.gemm
+            cost = ""
+            if f.estimate:
+                e = f.estimate
+                cost = (f"; {e['fused_us']:.1f} us fused vs {e['cublas_us']:.1f} + {e['epilogue_us']:.1f} us "
+                        f"unfused ({e['basis']})")
+            text += f"\n  fused {what} -> {', '.join(f.outputs)} (graph {f.hash}{cost})"
+        return text
+
+
+PIPELINE = (merge_gated.run, fuse_chains.run)
+
+
+def run(graph: fx.Graph, settings: Settings) -> FusionReport:
+    report = FusionReport()
+    for p in PIPELINE:
+        p(graph, settings, report)
+    if report.fused:
+        stable_topological_sort(graph)
+        graph.lint()
+    return report

@@ -1,0 +1,85 @@
+"""fuse_chains: each GEMM (mm, addmm, _scaled_mm, _grouped_mm) and the pointwise consumers that
+follow it become one fused op, where legal and where the cost model says it pays. Chains that
+cannot be fused leave the graph unchanged; the reason goes into the report."""
+from __future__ import annotations
+
+from torch import fx
+
+from .. import _op, _spec
+from .._chain import Chain, Refused
+from .._fusion import (Fusion, check_output_shapes, escaping, expression, grow, is_static, kernel_options,
+                       problem_size, replace, spec_kernel_or_refuse)
+from .._gemm import GEMMS, UNSUPPORTED_GEMMS, start_chain
+from . import profitability
+
+
+def run(graph: fx.Graph, settings, report) -> None:
+    for node in list(graph.nodes):
+        if node.graph is not graph or node.op != "call_function":
+            continue
+        if node.target not in GEMMS and node.target not in UNSUPPORTED_GEMMS:
+            continue
+        try:
+            chain = start_chain(node)
+            grow(graph, chain)
+            report.fused.append(fuse(graph, chain, settings))
+        except Refused as why:
+            report.refused.append((node.name, str(why)))
+
+
+def fuse(graph: fx.Graph, chain: Chain, settings) -> Fusion:
+    """Replaces a grown chain with its fused op (raises Refused, leaving the graph unchanged,
+    when it cannot or should not be fused)."""
+    outs = escaping(chain)
+    if chain.grouped:
+        return _fuse_grouped(graph, chain, settings, outs)
+    expr, names, index_of = expression(chain, outs)
+    operand_nodes = list(chain.operands)
+    paired = chain.merged.paired if chain.merged is not None else []
+    spec = _spec.make_spec(expr, kernel_options(chain, settings.cast_mode), [chain.operands[o] for o in operand_nodes],
+                           names, [name for name, _, _ in paired])
+    kernel = spec_kernel_or_refuse(spec)
+    m, n, k = problem_size(chain)
+    if is_static(chain):
+        if reason := kernel.fallback_reason(m, n, k):
+            raise Refused(reason)
+    check_output_shapes(chain, outs)
+    estimate = profitability.decide(chain, kernel, outs, settings)
+    if settings.compile:
+        # The configuration follows the problem's size: compile for the traced example size.
+        kernel.compile_async(m, n, k)
+    if chain.merged is None:
+        op, inputs = _op.GEMM_EPILOGUE, [chain.a, chain.b, operand_nodes]
+    else:
+        op = _op.GEMM_EPILOGUE_MERGED
+        inputs = [chain.a, chain.merged.b_gate, chain.merged.b_up, operand_nodes,
+                  [t for _, g, u in paired for t in (g, u)]]
+    return replace(graph, chain, spec, op, inputs, kernel.hash, expr, index_of, outs, estimate)
+
+
+def _fuse_grouped(graph: fx.Graph, chain: Chain, settings, outs) -> Fusion:
+    """_grouped_mm + epilogue -> evtc::grouped_gemm_epilogue: one output, [N] row vectors and
+    scalars as operands (what GroupedKernel runs)."""
+    if len({chain.exprs[o] for o in outs}) != 1:
+        raise Refused(f"a grouped GEMM writes one output, but {len(outs)} values of the chain "
+                      f"({', '.join(o.name for o in outs)}) are used outside it")
+    expr, _, _ = expression(chain, outs)
+    operand_nodes = list(chain.operands)
+    paired = chain.merged.paired if chain.merged is not None else []
+    spec = _spec.make_grouped_spec(expr, kernel_options(chain, settings.cast_mode),
+                                   [chain.operands[o] for o in operand_nodes], [name for name, _, _ in paired])
+    kernel = spec_kernel_or_refuse(spec)
+    _, n, k = problem_size(chain)
+    if is_static(chain) and (reason := kernel.shape_reason(n, k)):
+        raise Refused(reason)
+    check_output_shapes(chain, outs)
+    estimate = profitability.decide(chain, kernel, outs, settings)
+    if settings.compile:
+        kernel.compile_async()
+    if chain.merged is None:
+        op, inputs = _op.GROUPED_GEMM_EPILOGUE, [chain.a, chain.b, chain.offsets, operand_nodes]
+    else:
+        op = _op.GROUPED_GEMM_EPILOGUE_MERGED
+        inputs = [chain.a, chain.merged.b_gate, chain.merged.b_up, chain.offsets, operand_nodes,
+                  [t for _, g, u in paired for t in (g, u)]]
+    return replace(graph, chain, spec, op, inputs, kernel.hash, expr, None, outs, estimate)

@@ -1,0 +1,133 @@
+// The fusion cost model (evtc/cost_model.hpp): a roofline of each kernel with efficiencies
+// from the tile grid. The rates and efficiency constants were measured on the H200 with
+// bench/default_configs.py (docs/backend.md, "Cost model").
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "evtc/grouped.hpp"
+#include "evtc/runtime.hpp"
+#include "runtime/autotuner.hpp"
+#include "runtime/device_info.hpp"
+#include "runtime/cost_model.hpp"
+#include "runtime/kernel_impl.hpp"
+
+namespace evtc {
+namespace {
+
+// Dense bf16/f16 and fp8 tensor-core rates a large cuBLAS GEMM reaches (TFLOP/s), device
+// memory bandwidth a large copy reaches (TB/s), and the fixed cost of one kernel in a stream
+// of kernels (launch gap, ramp-up and tail), in microseconds.
+constexpr double kTflops16 = 780, kTflops8 = 1450;
+constexpr double kTbsH200 = 4.3, kTbsH100 = 3.0;
+constexpr double kKernelUs = 3.0;
+// The fraction of the rate each reaches on a tile grid that wastes nothing: cuBLAS's kernels,
+// and evtc's cooperative and ping-pong kernels with a typical epilogue (bias + activation).
+constexpr double kCublasBase = 0.97, kCoopBase = 0.95, kPingpongBase = 0.93;
+// The memory bandwidth a kernel reaches when its tile grid does not fill the multiprocessors:
+// cuBLAS splits K for such problems, evtc's persistent kernels do not.
+constexpr double kSmallGridFloor = 0.25;
+
+struct Rates {
+  double tflops = kTflops16, tbs = kTbsH200;
+  int sms = 132;
+};
+
+Rates rates_for(DType ab) {
+  Rates r;
+  if (is_fp8(ab)) r.tflops = kTflops8;
+  if (const auto dev = current_device()) {
+    if (dev->sm_count > 0) r.sms = dev->sm_count;
+    if (dev->name.find("H200") == std::string::npos) r.tbs = kTbsH100;
+  }
+  return r;
+}
+
+// Time of a kernel doing `flops` at `eff` of the rate and moving `bytes` at `bw` of the
+// bandwidth, whichever is longer, plus the per-kernel cost.
+double kernel_us(double flops, double bytes, double eff, double bw, const Rates& r) {
+  return std::max(flops / (r.tflops * 1e6 * eff), bytes / (r.tbs * 1e6 * bw)) + kKernelUs;
+}
+
+KernelConfig make_config(MainloopSchedule s, int tm, int tn, TileSchedulerKind sched) {
+  KernelConfig c;
+  c.schedule = s;
+  c.tile_m = tm;
+  c.tile_n = tn;
+  c.scheduler = sched;
+  c.cluster_m = 1;
+  c.cluster_n = 1;
+  return c;
+}
+
+// cuBLAS picks among many kernels: model it by the best grid efficiency among the usual
+// tiles, with split-K / stream-K available for grids that do not fill the GPU.
+double cublas_efficiency(const GemmDesc& g, const tuning::DeviceLimits& d) {
+  double best = 0;
+  for (auto [tm, tn] : {std::pair{128, 256}, {256, 128}, {128, 128}, {64, 128}, {64, 256}})
+    for (auto sched : {TileSchedulerKind::persistent, TileSchedulerKind::stream_k})
+      best = std::max(best, tuning::grid_efficiency(make_config(MainloopSchedule::cooperative, tm, tn, sched), g, d));
+  return kCublasBase * best;
+}
+
+double occupancy(int64_t tiles, int sms) { return std::clamp(double(tiles) / sms, kSmallGridFloor, 1.0); }
+
+}  // namespace
+
+FusionEstimate estimate_for(const KernelConfig& c, const GemmDesc& g, double out_bytes, const UnfusedWork& unfused) {
+  const Rates r = rates_for(g.a_dtype);
+  tuning::DeviceLimits d;
+  d.sm_count = r.sms;
+  FusionEstimate e;
+  e.m = g.m;
+  e.n = g.n;
+  e.k = g.k;
+  e.config = c.name();
+  e.basis = "model";
+  e.saved_bytes = unfused.saved_bytes;
+  const double flops = 2.0 * double(g.m) * double(g.n) * double(g.k);
+  const double ab = double(g.m) * g.k * dtype_bytes(g.a_dtype) + double(g.n) * g.k * dtype_bytes(g.b_dtype);
+  // cuBLAS writes the GEMM's own result (16-bit); the fused kernel its outputs.
+  e.cublas_us = kernel_us(flops, ab + double(g.m) * g.n * 2, cublas_efficiency(g, d), 1.0, r);
+  const double base = c.schedule == MainloopSchedule::cooperative ? kCoopBase : kPingpongBase;
+  e.fused_us = kernel_us(flops, ab + out_bytes, base * tuning::grid_efficiency(c, g, d),
+                         occupancy(tuning::tile_count(c, g), r.sms), r);
+  e.epilogue_us = unfused.kernels > 0 ? unfused.saved_bytes / (r.tbs * 1e6) + unfused.kernels * kKernelUs : 0;
+  return e;
+}
+
+namespace {
+
+double output_bytes(const KernelSignature& sig, int64_t m, int64_t n) {
+  double bytes = sig.d_name.empty() ? 0 : double(m) * n * dtype_bytes(sig.d_dtype);
+  for (const OperandSlot& s : sig.pointers) {
+    if (!s.is_output) continue;
+    const double count = s.shape == Shape::full ? double(m) * n : s.shape == Shape::half ? double(m) * n / 2 : 0;
+    bytes += count * dtype_bytes(s.dtype);
+  }
+  return bytes;
+}
+
+}  // namespace
+
+bool FusionEstimate::profitable() const {
+  const double unfused = cublas_us + epilogue_us;
+  return fused_us < unfused - std::max(0.5, 0.01 * unfused);
+}
+
+std::string FusionEstimate::describe() const {
+  return fmt::format("{:.1f} us fused vs {:.1f} + {:.1f} us unfused ({}, {})", fused_us, cublas_us, epilogue_us,
+                     basis, config);
+}
+
+FusionEstimate Kernel::estimate(int64_t m, int64_t n, int64_t k, const UnfusedWork& unfused) const {
+  GemmDesc g = impl_->options.gemm;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  const ConfigChoice choice = config_choice(m, n, k);
+  return estimate_for(choice.config, g, output_bytes(impl_->signature, m, n), unfused);
+}
+
+}  // namespace evtc

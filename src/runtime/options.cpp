@@ -1,0 +1,103 @@
+#include "evtc/options.hpp"
+
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include "evtc/error.hpp"
+
+namespace evtc {
+
+DType dtype_option(std::string_view value, std::string_view option) {
+  if (auto d = parse_dtype(value)) return *d;
+  throw UserError(fmt::format("{}: unknown dtype '{}' (expected f32, f16, bf16, f8e4m3 or f8e5m2)",
+                              option, value));
+}
+
+Layout layout_option(std::string_view value, std::string_view option) {
+  if (value == "row" || value == "row_major") return Layout::row_major;
+  if (value == "col" || value == "col_major") return Layout::col_major;
+  throw UserError(fmt::format("{}: unknown layout '{}' (expected 'row' or 'col')", option, value));
+}
+
+CompileOptions compile_options(const OptionText& o) {
+  CompileOptions c;
+  c.gemm.a_dtype = dtype_option(o.a_dtype, "a_dtype");
+  c.gemm.b_dtype = dtype_option(o.b_dtype, "b_dtype");
+  c.gemm.a_layout = layout_option(o.a_layout, "a_layout");
+  c.gemm.b_layout = layout_option(o.b_layout, "b_layout");
+  if (o.cast_mode == "eager") c.cast_mode = CastMode::eager;
+  else if (o.cast_mode == "fast") c.cast_mode = CastMode::fast;
+  else throw UserError(fmt::format("cast_mode: unknown mode '{}' (expected 'eager' or 'fast')", o.cast_mode));
+  c.precise_math = o.precise_math;
+  c.disable_fusion = o.disable_fusion;
+  if (o.config) {
+    c.config = KernelConfig::parse(*o.config);
+    if (!c.config)
+      throw UserError(fmt::format("config: '{}' is not a kernel configuration name (e.g. "
+                                  "coop_128x256x64_c2x1_persistent)",
+                                  *o.config));
+  }
+  return c;
+}
+
+GroupedOptions grouped_options(const OptionText& o) {
+  const CompileOptions c = compile_options(o);
+  if (c.gemm.a_layout != Layout::row_major)
+    throw UserError("a_layout: a grouped kernel's token matrix x must be row-major ('row')");
+  GroupedOptions g;
+  g.gemm = c.gemm;
+  g.config = c.config;
+  g.cast_mode = c.cast_mode;
+  g.precise_math = c.precise_math;
+  return g;
+}
+
+ParseOptions parse_options(const OptionText& o) {
+  ParseOptions p;
+  p.operand_dtype = dtype_option(o.operand_dtype, "operand_dtype");
+  p.output_dtype = dtype_option(o.output_dtype, "output_dtype");
+  return p;
+}
+
+OptionText option_text_from_json(std::string_view text) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw UserError(fmt::format("kernel options are not JSON: {}", e.what()));
+  }
+  if (!j.is_object()) throw UserError("kernel options must be a JSON object");
+  OptionText o;
+  for (const auto& [key, value] : j.items()) {
+    auto text = [&](std::string& field) {
+      if (!value.is_string()) throw UserError(fmt::format("option {}: expected a string, got {}", key, value.dump()));
+      field = value.get<std::string>();
+    };
+    auto flag = [&](bool& field) {
+      if (!value.is_boolean()) throw UserError(fmt::format("option {}: expected true or false, got {}", key, value.dump()));
+      field = value.get<bool>();
+    };
+    if (key == "a_dtype") text(o.a_dtype);
+    else if (key == "b_dtype") text(o.b_dtype);
+    else if (key == "a_layout") text(o.a_layout);
+    else if (key == "b_layout") text(o.b_layout);
+    else if (key == "cast_mode") text(o.cast_mode);
+    else if (key == "operand_dtype") text(o.operand_dtype);
+    else if (key == "output_dtype") text(o.output_dtype);
+    else if (key == "precise_math") flag(o.precise_math);
+    else if (key == "disable_fusion") flag(o.disable_fusion);
+    else if (key == "config") {
+      if (value.is_null()) o.config.reset();
+      else if (value.is_string()) o.config = value.get<std::string>();
+      else throw UserError(fmt::format("option config: expected a configuration name, got {}", value.dump()));
+    } else {
+      throw UserError(fmt::format("unknown kernel option '{}' (known: a_dtype, b_dtype, a_layout, b_layout, "
+                                  "cast_mode, precise_math, disable_fusion, config, operand_dtype, output_dtype)",
+                                  key));
+    }
+  }
+  return o;
+}
+
+}  // namespace evtc

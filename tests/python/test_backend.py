@@ -1,0 +1,55 @@
+"""evtc's torch.compile backend without a GPU: the modes and options torch.compile passes to a
+custom backend become Inductor's configuration (PyTorch's own translation), evtc's options are
+checked, and the backend is registered under the name "evtc"."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the backend tests need torch")
+
+from torch._dynamo.backends.registry import lookup_backend  # noqa: E402
+
+import evtc.torch  # noqa: E402
+from evtc.torch import PostGradPass, inductor_config  # noqa: E402
+
+
+def test_the_backend_is_registered_by_name():
+    assert lookup_backend("evtc") is evtc.torch.backend
+
+
+@pytest.mark.parametrize("mode, key, value", [
+    ("reduce-overhead", "triton.cudagraphs", True),
+    ("max-autotune", "max_autotune", True),
+    ("max-autotune-no-cudagraphs", "max_autotune", True),
+])
+def test_modes_become_inductor_configuration(mode, key, value):
+    config = inductor_config(mode)
+    assert config[key] == value
+    assert isinstance(config["post_grad_custom_post_pass"], PostGradPass)
+
+
+def test_max_autotune_without_cudagraphs_keeps_them_off():
+    assert not inductor_config("max-autotune-no-cudagraphs").get("triton.cudagraphs", False)
+
+
+def test_inductor_options_pass_through_and_evtc_options_reach_the_pass():
+    config = inductor_config(None, {"triton.cudagraphs": True, "freezing": True, "evtc.merge_gated": "always",
+                                    "evtc.profitability": False, "evtc.cast_mode": "fast"})
+    assert config["triton.cudagraphs"] and config["freezing"]
+    p = config["post_grad_custom_post_pass"]
+    assert (p.merge_gated, p.profitability, p.cast_mode) == ("always", False, "fast")
+    assert not any(k.startswith("evtc.") for k in config)
+
+
+def test_unknown_options_are_refused_by_name():
+    with pytest.raises(RuntimeError, match="unknown option.*evtc.bogus"):
+        inductor_config(None, {"evtc.bogus": 1})
+    with pytest.raises(RuntimeError, match="Unexpected optimization option not_an_option"):
+        inductor_config(None, {"not_an_option": 1})
+    with pytest.raises(RuntimeError, match="post_grad_custom_post_pass"):
+        inductor_config(None, {"post_grad_custom_post_pass": None})
+
+
+def test_pass_settings_change_its_cache_key():
+    assert PostGradPass().uuid() != PostGradPass(merge_gated=False).uuid()
+    assert PostGradPass().uuid() == PostGradPass().uuid()
