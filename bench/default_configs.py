@@ -47,14 +47,19 @@ def default_config(evtc: str, expr: str, shape: str, env: dict) -> str:
 
 def cublas_ms(m: int, n: int, k: int) -> float:
     """torch.mm timed as `evtc tune` times its candidates: back-to-back launches, one pair of
-    CUDA events around each, median of 50 after 5 warm-up calls (no cache flush between)."""
+    CUDA events around each, median of 50 after warm-up (no cache flush between)."""
     import torch
 
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
     wt = w.t()
-    for _ in range(5):
-        torch.mm(a, wt)
+    # Warm up for 100 ms of GEMMs (clocks ramp up after idle) then as the tuner does.
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    while time.perf_counter() - start < 0.1:
+        for _ in range(5):
+            torch.mm(a, wt)
+        torch.cuda.synchronize()
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(50)]
     for start, end in events:
         start.record()

@@ -6,13 +6,16 @@
 //
 // Ops (schemas in TORCH_LIBRARY below; fake implementations are registered from Python):
 //   gemm_epilogue(spec, a, b, operands) -> outputs
-//   gemm_epilogue_merged(spec, a, b_gate, b_up, operands, paired) -> outputs
-//       the GEMM over B = the columns of b_gate and b_up interleaved (gate j, up j) -> gated
-//       epilogues; the interleaved copy is cached per source tensors and rebuilt when they change
+//   gemm_epilogue_merged(spec, a, sources, operands) -> outputs
+//       the GEMM over B = the columns of two K × N/2 halves interleaved (gate j at 2j, up j at
+//       2j+1), for gated epilogues; the halves (and any (gate, up) row operands) are views of
+//       the source tensors (the graph's weights) that the spec's recipes describe, and the
+//       interleaved copy is cached per source tensors, rebuilt when their version counters move
 //   grouped_gemm_epilogue(spec, x, w, offs, operands) -> y
-//   grouped_gemm_epilogue_merged(spec, x, w_gate, w_up, offs, operands, paired) -> y
-//   _compile_only(delta) -> depth, _wait_for_compiles() -> errors, _path_counts(spec) -> [fused, fallback]
+//   grouped_gemm_epilogue_merged(spec, x, sources, offs, operands) -> y
+//   _compile_only(delta) -> depth, _take_pending_compiles() -> ["M,N,K,spec"], _path_counts(spec) -> [fused, fallback]
 #include <ATen/ATen.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
@@ -24,10 +27,11 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <semaphore>
+#include <set>
 #include <shared_mutex>
 #include <string>
-#include <thread>
+#include <tuple>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -40,6 +44,29 @@
 
 namespace evtc::torch_ops {
 namespace {
+
+// --- messages -----------------------------------------------------------------------------------
+
+// Text of numbers, strings and shapes joined, without iostreams: formatting numbers through a
+// stream's locale facets in a library loaded beside torch's has crashed, so messages here are
+// built from std::to_string.
+std::string piece(const std::string& s) { return s; }
+std::string piece(std::string_view s) { return std::string(s); }
+std::string piece(const char* s) { return s; }
+std::string piece(at::IntArrayRef v) {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
+  return out + "]";
+}
+template <typename T>
+  requires std::is_arithmetic_v<T>
+std::string piece(T v) {
+  return std::to_string(v);
+}
+template <typename... Parts>
+std::string cat(const Parts&... parts) {
+  return (std::string() + ... + piece(parts));
+}
 
 // --- dtypes and tensor views --------------------------------------------------------------------
 
@@ -62,18 +89,18 @@ DType evtc_dtype(const at::Tensor& t, const std::string& what) {
     case at::kFloat8_e4m3fn: return DType::f8e4m3;
     case at::kFloat8_e5m2: return DType::f8e5m2;
     default:
-      throw UserError(c10::str(what, " has dtype ", c10::toString(t.scalar_type()), "; evtc takes float32, float16, bfloat16 and float8 (e4m3fn, e5m2) tensors"));
+      throw UserError(cat(what, " has dtype ", c10::toString(t.scalar_type()), "; evtc takes float32, float16, bfloat16 and float8 (e4m3fn, e5m2) tensors"));
   }
 }
 
 void require_cuda(const at::Tensor& t, const std::string& what) {
-  if (!t.is_cuda()) throw UserError(c10::str(what, " is on ", t.device().str(), ", not a CUDA device"));
+  if (!t.is_cuda()) throw UserError(cat(what, " is on ", t.device().str(), ", not a CUDA device"));
 }
 
 TensorRef matrix_ref(const at::Tensor& t, const std::string& what) {
   require_cuda(t, what);
   if (t.dim() != 2)
-    throw UserError(c10::str(what, " has ", t.dim(), " dimensions; expected a matrix"));
+    throw UserError(cat(what, " has ", t.dim(), " dimensions; expected a matrix"));
   return TensorRef{t.data_ptr(), evtc_dtype(t, what), t.size(0), t.size(1), t.stride(0), t.stride(1)};
 }
 
@@ -88,7 +115,7 @@ TensorRef operand_ref(const at::Tensor& t, LoadClass expected, int64_t m, int64_
   const int64_t full[2] = {m, n};
   const OperandPlacement p = place_operand(t2.sizes().vec(), t2.strides().vec(), full);
   if (p.load != expected)
-    throw UserError(c10::str(what, " of shape ", c10::str(t.sizes()), " is read as a ", load_class_name(p.load), " now but was traced as a ", load_class_name(expected), p.why.empty() ? "" : ": " + p.why));
+    throw UserError(cat(what, " of shape ", t.sizes(), " is read as a ", load_class_name(p.load), " now but was traced as a ", load_class_name(expected), p.why.empty() ? "" : ": " + p.why));
   switch (expected) {
     case LoadClass::scalar:
       return TensorRef::scalar(t2.data_ptr(), dt);
@@ -111,7 +138,7 @@ TensorRef operand_ref(const at::Tensor& t, LoadClass expected, int64_t m, int64_
       return TensorRef{t2.data_ptr(), dt, m, n, 1, t2.stride(1)};
     case LoadClass::not_fusable: break;
   }
-  throw InternalError(c10::str(what, ": no placement"));
+  throw InternalError(cat(what, ": no placement"));
 }
 
 std::vector<int64_t> output_size(Shape s, int64_t m, int64_t n) {
@@ -133,7 +160,60 @@ LoadClass class_of(const std::string& name, const std::string& what) {
   if (name == "scalar") return LoadClass::scalar;
   if (name == "aux") return LoadClass::aux_row_major;
   if (name == "aux_col") return LoadClass::aux_col_major;
-  throw UserError(c10::str("spec: operand ", what, " has class '", name, "' (expected row, col, scalar, aux or aux_col)"));
+  throw UserError(cat("spec: operand ", what, " has class '", name, "' (expected row, col, scalar, aux or aux_col)"));
+}
+
+// --- merged (gate, up) operands: how to get them from the op's source tensors ---------------------
+
+// One view step of a recipe, as the FX graph applies it to a graph input: ["permute", d...],
+// ["t"], ["transpose", d0, d1], ["slice", dim, start, end, step], ["view", size...].
+struct ViewStep {
+  std::string op;
+  std::vector<int64_t> args;
+};
+
+// A tensor made from source tensor `source` of the op by views.
+struct Recipe {
+  size_t source = 0;
+  std::vector<ViewStep> steps;
+};
+
+// The gate and up halves of a merged operand; `key` names the pair (its recipes) in the cache.
+struct MergedPart {
+  Recipe gate, up;
+  std::string key;
+};
+
+Recipe parse_recipe(const nlohmann::json& j) {
+  Recipe r;
+  r.source = j.at("source").get<size_t>();
+  for (const auto& step : j.at("views")) {
+    ViewStep v;
+    v.op = step.at(0).get<std::string>();
+    for (size_t i = 1; i < step.size(); ++i) v.args.push_back(step.at(i).get<int64_t>());
+    r.steps.push_back(std::move(v));
+  }
+  return r;
+}
+
+MergedPart parse_part(const nlohmann::json& j) {
+  return {parse_recipe(j.at(0)), parse_recipe(j.at(1)), j.dump()};
+}
+
+at::Tensor apply(const Recipe& r, at::TensorList sources, const std::string& what) {
+  if (r.source >= sources.size())
+    throw UserError(cat(what, ": the spec reads source tensor ", r.source, " of ", sources.size()));
+  at::Tensor t = sources[r.source];
+  for (const ViewStep& v : r.steps) {
+    const auto& a = v.args;
+    if (v.op == "permute") t = t.permute(a);
+    else if (v.op == "t") t = t.t();
+    else if (v.op == "transpose" && a.size() == 2) t = t.transpose(a[0], a[1]);
+    else if (v.op == "slice" && a.size() == 4) t = t.slice(a[0], a[1], std::min(a[2], t.size(a[0] < 0 ? a[0] + t.dim() : a[0])), a[3]);
+    else if (v.op == "view") t = t.view(a);
+    else throw UserError(cat(what, ": unknown view step '", v.op, "' with ", a.size(), " arguments"));
+  }
+  return t;
 }
 
 struct Output {
@@ -148,7 +228,8 @@ struct Plan {
   std::unique_ptr<GroupedKernel> grouped;
   bool k_major = true;  // grouped: weights read K-major (b_layout col)
   std::vector<std::pair<std::string, LoadClass>> operands;
-  std::vector<std::string> paired;  // row operands given as (gate, up) vectors to interleave
+  std::optional<MergedPart> merged_b;  // a merged op's B: gate and up columns interleaved
+  std::vector<std::pair<std::string, MergedPart>> merged_rows;  // row operands made the same way
   std::vector<Output> outputs;
   std::atomic<int64_t> fused_calls{0}, fallback_calls{0};
 };
@@ -157,7 +238,7 @@ nlohmann::json parse_spec(std::string_view spec) {
   try {
     return nlohmann::json::parse(spec);
   } catch (const nlohmann::json::exception& e) {
-    throw UserError(c10::str("evtc op spec is not JSON: ", e.what()));
+    throw UserError(cat("evtc op spec is not JSON: ", e.what()));
   }
 }
 
@@ -168,8 +249,12 @@ std::unique_ptr<Plan> make_plan(std::string_view text) {
   const Graph graph = parse_expression(s.at("expr").get<std::string>(), parse_options(options));
   for (const auto& o : s.at("operands"))
     plan->operands.emplace_back(o.at(0).get<std::string>(), class_of(o.at(1).get<std::string>(), o.at(0).get<std::string>()));
-  if (s.contains("paired"))
-    for (const auto& p : s.at("paired")) plan->paired.push_back(p.get<std::string>());
+  if (s.contains("merged")) {
+    const nlohmann::json& m = s.at("merged");
+    plan->merged_b = parse_part(m.at("b"));
+    for (const auto& [name, part] : m.value("rows", nlohmann::json::object()).items())
+      plan->merged_rows.emplace_back(name, parse_part(part));
+  }
   if (s.value("grouped", false)) {
     plan->grouped = std::make_unique<GroupedKernel>(graph, grouped_options(options));
     plan->k_major = layout_option(options.b_layout, "b_layout") == Layout::col_major;
@@ -191,7 +276,7 @@ std::unique_ptr<Plan> make_plan(std::string_view text) {
         plan->outputs.push_back({want, scalar_type(slot.dtype), slot.shape});
         found = true;
       }
-    if (!found) throw UserError(c10::str("spec: the epilogue has no output '", want, "'"));
+    if (!found) throw UserError(cat("spec: the epilogue has no output '", want, "'"));
   }
   return plan;
 }
@@ -214,47 +299,36 @@ Plan& plan_for(std::string_view spec) {
   return *it->second;
 }
 
-// --- compile-only mode: ops queue their kernel's compile and return unwritten outputs ----------
+// --- compile-only mode: ops note their kernel's problem size and return unwritten outputs ---
 
 std::atomic<int64_t> compile_only_depth{0};
 
-struct CompileQueue {
-  std::mutex mu;
-  std::map<std::string, std::shared_future<std::string>> started;  // key -> error ("" when fine)
-  std::counting_semaphore<1024> slots{std::max<std::ptrdiff_t>(1, std::thread::hardware_concurrency())};
-
-  void start(const std::string& key, std::function<void()> compile) {
-    std::lock_guard lock(mu);
-    if (started.count(key)) return;
-    started[key] = std::async(std::launch::async, [this, compile = std::move(compile)]() -> std::string {
-                     slots.acquire();
-                     std::string error;
-                     try {
-                       compile();
-                     } catch (const std::exception& e) {
-                       error = e.what();
-                     }
-                     slots.release();
-                     return error;
-                   }).share();
+// The (spec, M, N, K) of every call made in compile-only mode, for evtc.torch to compile (its
+// compile threads share the kernel cache with this library's kernels). Grouped kernels have
+// one configuration for every size: M, N and K are 0.
+class PendingCompiles {
+ public:
+  void add(std::string_view spec, int64_t m, int64_t n, int64_t k) {
+    std::lock_guard lock(mu_);
+    pending_.emplace(std::string(spec), m, n, k);
+  }
+  // Takes the pending entries as "M,N,K,spec" strings (a spec is JSON: no commas before it).
+  std::vector<std::string> take() {
+    std::lock_guard lock(mu_);
+    std::vector<std::string> out;
+    for (const auto& [spec, m, n, k] : pending_) out.push_back(cat(m, ",", n, ",", k, ",", spec));
+    pending_.clear();
+    return out;
   }
 
-  std::vector<std::string> wait() {
-    std::vector<std::shared_future<std::string>> all;
-    {
-      std::lock_guard lock(mu);
-      for (auto& [key, f] : started) all.push_back(f);
-    }
-    std::vector<std::string> errors;
-    for (auto& f : all)
-      if (std::string e = f.get(); !e.empty()) errors.push_back(e);
-    return errors;
-  }
+ private:
+  std::mutex mu_;
+  std::set<std::tuple<std::string, int64_t, int64_t, int64_t>> pending_;
 };
 
-CompileQueue& compile_queue() {
-  static CompileQueue q;
-  return q;
+PendingCompiles& pending_compiles() {
+  static PendingCompiles p;
+  return p;
 }
 
 // --- interleaved (gate, up) copies, kept while their sources are unchanged ------------------------
@@ -281,44 +355,63 @@ struct SourceState {
 };
 
 struct MergedCopy {
+  std::string key;
   SourceState gate, up;
-  int dim;
   at::Tensor merged;
 };
 
-// Interleaves `gate` and `up` along dimension `dim` (element j of gate at 2j, of up at 2j+1),
-// returning a contiguous tensor; `transposed` lays it out for a K-major read of the last two
-// dimensions (the result's last dimension contiguous after swapping them).
+// Interleaves `gate` and `up` along dimension `dim` (element j of gate at 2j, of up at 2j+1).
 at::Tensor interleave(const at::Tensor& gate, const at::Tensor& up, int64_t dim) {
   return at::stack({gate, up}, dim + 1).flatten(dim, dim + 1);
 }
 
+// Interleaved copies of merged operands, kept while their source tensors are unchanged.
+void cuda_ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw RuntimeError(cat(what, ": ", cudaGetErrorString(e)));
+}
+
 class MergedCache {
  public:
-  // The interleaved tensor of (gate, up), made by `build` when there is no valid copy.
-  at::Tensor get(const at::Tensor& gate, const at::Tensor& up, int dim, const std::function<at::Tensor()>& build,
-                 cudaStream_t stream) {
+  MergedCache() {
+    cuda_ok(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
+    cuda_ok(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
+  }
+
+  // The copy of `part` from `gate_src`/`up_src` (the source tensors its recipes read), made by
+  // `build` when there is no valid one. Copies are made on a side stream, outside any memory
+  // pool the current stream allocates from (CUDA-graph trees run their warm-up calls in the
+  // graph's private pool, which must hold nothing but the graph's outputs afterwards); the
+  // current stream waits for the copy. While a CUDA graph is being captured a missing copy is
+  // made in the graph instead, and not kept (every replay would rebuild it).
+  at::Tensor get(const std::string& key, const at::Tensor& gate_src, const at::Tensor& up_src,
+                 const std::function<at::Tensor()>& build, cudaStream_t stream) {
     std::lock_guard lock(mu_);
     for (auto it = copies_.begin(); it != copies_.end();) {
       if (it->gate.storage.expired() || it->up.storage.expired()) {
         it = copies_.erase(it);  // the sources are gone: so is the copy
         continue;
       }
-      if (it->dim == dim && it->gate.same_as(gate) && it->up.same_as(up)) return it->merged;
+      if (it->key == key && it->gate.same_as(gate_src) && it->up.same_as(up_src)) return it->merged;
       ++it;
     }
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) capture = cudaStreamCaptureStatusNone;
-    at::Tensor merged = build();
-    // A copy made while a CUDA graph is being captured lives in the graph's memory and is
-    // rebuilt by every replay: it is used, not kept.
-    if (capture != cudaStreamCaptureStatusNone) return merged;
-    // Drop older copies of the same sources (an earlier version of these weights).
-    std::erase_if(copies_, [&](const MergedCopy& c) {
-      return c.dim == dim && c.gate.storage._unsafe_get_target() == gate.storage().unsafeGetStorageImpl() &&
-             c.up.storage._unsafe_get_target() == up.storage().unsafeGetStorageImpl();
-    });
-    copies_.push_back({SourceState(gate), SourceState(up), dim, merged});
+    if (capture != cudaStreamCaptureStatusNone) return build();
+    const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(gate_src.device().index());
+    const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, gate_src.device().index());
+    at::Tensor merged;
+    {
+      cuda_ok(cudaEventRecord(ready_, current.stream()), "cudaEventRecord");
+      cuda_ok(cudaStreamWaitEvent(side.stream(), ready_, 0), "cudaStreamWaitEvent");  // sources written on `current`
+      c10::cuda::CUDAStreamGuard on_side(side);
+      merged = build();
+      cuda_ok(cudaEventRecord(done_, side.stream()), "cudaEventRecord");
+      cuda_ok(cudaStreamWaitEvent(current.stream(), done_, 0), "cudaStreamWaitEvent");
+    }
+    c10::cuda::CUDACachingAllocator::recordStream(merged.storage().data_ptr(), current);
+    // Drop older copies of the same part (an earlier version of these weights).
+    std::erase_if(copies_, [&](const MergedCopy& c) { return c.key == key; });
+    copies_.push_back({key, SourceState(gate_src), SourceState(up_src), merged});
     return merged;
   }
 
@@ -337,6 +430,7 @@ class MergedCache {
  private:
   std::mutex mu_;
   std::vector<MergedCopy> copies_;
+  cudaEvent_t ready_ = nullptr, done_ = nullptr;  // used under mu_
 };
 
 MergedCache& merged_cache() {
@@ -346,29 +440,45 @@ MergedCache& merged_cache() {
 
 // --- the ops --------------------------------------------------------------------------------------
 
-std::string operand_what(const std::string& name) { return c10::str("operand ", name); }
+std::string operand_what(const std::string& name) { return cat("operand ", name); }
 
-// The paired row operands of a merged op: (gate, up) vectors of N/2 interleaved into N.
-void bind_paired(const Plan& plan, at::TensorList paired, int64_t n, cudaStream_t stream,
-                 const std::function<void(const std::string&, const TensorRef&)>& set, std::vector<at::Tensor>& keep) {
-  if (paired.size() != 2 * plan.paired.size())
-    throw UserError(c10::str(paired.size(), " paired operand tensors given, the spec names ", plan.paired.size(), " pairs"));
-  for (size_t i = 0; i < plan.paired.size(); ++i) {
-    const at::Tensor& g = paired[2 * i];
-    const at::Tensor& u = paired[2 * i + 1];
-    const std::string what = operand_what(plan.paired[i]);
-    require_cuda(g, what);
-    require_cuda(u, what);
-    at::Tensor merged = merged_cache().get(g, u, g.dim() - 1, [&] { return interleave(g, u, g.dim() - 1).contiguous(); },
-                                           stream);
-    keep.push_back(merged);
-    if (merged.dim() == 1) {
-      if (merged.size(0) != n)
-        throw UserError(c10::str(what, ": the paired vectors give ", merged.size(0), " values, the GEMM has N = ", n));
-      set(plan.paired[i], TensorRef::vector(merged.data_ptr(), evtc_dtype(merged, what), n));
-    } else {  // per-group G × N (grouped kernels)
-      set(plan.paired[i], matrix_ref(merged, what));
+// The interleaved copy of a merged operand from the op's sources: row operands ((G ×) N/2
+// vectors) interleave along their last dimension; B halves ((G ×) K × N/2, `k_major`) are
+// transposed first and interleaved along their rows, so that the copy is (G ×) N × K with K
+// contiguous, which the caller reads transposed (the K-major B of the gated kernels).
+at::Tensor merged_part(const MergedPart& part, at::TensorList sources, bool k_major, const std::string& what,
+                       cudaStream_t stream) {
+  if (std::max(part.gate.source, part.up.source) >= sources.size())
+    throw UserError(cat(what, ": the spec reads source tensor ", std::max(part.gate.source, part.up.source), " of ",
+                        sources.size()));
+  const at::Tensor& gs = sources[part.gate.source];
+  const at::Tensor& us = sources[part.up.source];
+  require_cuda(gs, what);
+  require_cuda(us, what);
+  return merged_cache().get(part.key, gs, us, [&] {
+    at::Tensor g = apply(part.gate, sources, what), u = apply(part.up, sources, what);
+    if (g.sizes() != u.sizes())
+      throw UserError(cat(what, ": the gate and up halves have shapes ", g.sizes(), " and ", u.sizes()));
+    if (k_major) {
+      g = g.transpose(-2, -1);
+      u = u.transpose(-2, -1);
     }
+    return interleave(g, u, g.dim() - (k_major ? 2 : 1)).contiguous();
+  }, stream);
+}
+
+// A merged op's row operands: (gate, up) vectors of N/2 interleaved into N (per group: G × N).
+void bind_merged_rows(const Plan& plan, at::TensorList sources, int64_t n, cudaStream_t stream,
+                      const std::function<void(const std::string&, const TensorRef&)>& set,
+                      std::vector<at::Tensor>& keep) {
+  for (const auto& [name, part] : plan.merged_rows) {
+    const std::string what = operand_what(name);
+    at::Tensor merged = merged_part(part, sources, false, what, stream);
+    keep.push_back(merged);
+    if (merged.size(-1) != n)
+      throw UserError(cat(what, ": the (gate, up) vectors give ", merged.size(-1), " values, the GEMM has N = ", n));
+    set(name, merged.dim() == 1 ? TensorRef::vector(merged.data_ptr(), evtc_dtype(merged, what), n)
+                                : matrix_ref(merged, what));
   }
 }
 
@@ -380,19 +490,17 @@ std::vector<at::Tensor> dense_outputs(const Plan& plan, const at::Tensor& a, int
   return outputs;
 }
 
-// In compile-only mode: queues the kernel's compile for this size; the outputs stay unwritten.
-std::vector<at::Tensor> compile_only(const Plan& plan, const at::Tensor& a, int64_t m, int64_t n, int64_t k) {
-  std::vector<at::Tensor> outputs = dense_outputs(plan, a, m, n);
-  Kernel* kernel = plan.dense.get();
-  compile_queue().start(c10::str(static_cast<const void*>(kernel), "/", m, "x", n, "x", k),
-                        [kernel, m, n, k] { kernel->compile(m, n, k); });
-  return outputs;
+// In compile-only mode: notes the problem size to compile; the outputs stay unwritten.
+std::vector<at::Tensor> compile_only(std::string_view spec, const Plan& plan, const at::Tensor& a, int64_t m,
+                                     int64_t n, int64_t k) {
+  pending_compiles().add(spec, m, n, k);
+  return dense_outputs(plan, a, m, n);
 }
 
 std::vector<at::Tensor> run_dense(Plan& plan, const at::Tensor& a, const at::Tensor& b, at::TensorList operands,
-                                  at::TensorList paired, cudaStream_t stream) {
+                                  at::TensorList sources, cudaStream_t stream) {
   if (operands.size() != plan.operands.size())
-    throw UserError(c10::str(operands.size(), " operand tensors given, the spec names ", plan.operands.size()));
+    throw UserError(cat(operands.size(), " operand tensors given, the spec names ", plan.operands.size()));
   const int64_t m = a.size(0), n = b.size(1);
   std::vector<at::Tensor> outputs = dense_outputs(plan, a, m, n);
   Arguments args;
@@ -402,7 +510,8 @@ std::vector<at::Tensor> run_dense(Plan& plan, const at::Tensor& a, const at::Ten
     const auto& [name, cls] = plan.operands[i];
     args.set(name, operand_ref(operands[i], cls, m, n, operand_what(name), keep));
   }
-  bind_paired(plan, paired, n, stream, [&](const std::string& name, const TensorRef& t) { args.set(name, t); }, keep);
+  bind_merged_rows(plan, sources, n, stream, [&](const std::string& name, const TensorRef& t) { args.set(name, t); },
+                   keep);
   for (size_t i = 0; i < outputs.size(); ++i) {
     const at::Tensor& t = outputs[i];
     args.set(plan.outputs[i].name, t.dim() == 2   ? TensorRef{t.data_ptr(), evtc_dtype(t, "output"), t.size(0), t.size(1), t.stride(0), 1}
@@ -421,39 +530,43 @@ std::vector<at::Tensor> gemm_epilogue(c10::string_view spec, const at::Tensor& a
   Plan& plan = plan_for(std::string_view(spec.data(), spec.size()));
   require_cuda(a, "operand A");
   c10::cuda::CUDAGuard guard(a.device());
-  if (compile_only_depth.load() > 0) return compile_only(plan, a, a.size(0), b.size(1), a.size(1));
+  if (compile_only_depth.load() > 0)
+    return compile_only(std::string_view(spec.data(), spec.size()), plan, a, a.size(0), b.size(1), a.size(1));
   return run_dense(plan, a, b, operands, {}, current_stream(a));
 }
 
-// B (K × N) from the two GEMMs' B operands (K × N/2 each): column j of b_gate at 2j, of b_up
-// at 2j+1, laid out K-major (N × K contiguous) as the gated kernels read nn.Linear weights.
-at::Tensor merged_b(const at::Tensor& b_gate, const at::Tensor& b_up, cudaStream_t stream) {
-  if (b_gate.dim() != 2 || b_up.dim() != 2 || b_gate.sizes() != b_up.sizes())
-    throw UserError(c10::str("merged GEMM: B operands of shapes ", c10::str(b_gate.sizes()), " and ", c10::str(b_up.sizes()), "; expected two K × N/2 matrices of one shape"));
-  at::Tensor rows = merged_cache().get(b_gate, b_up, 1, [&] {
-    // (N/2, K) each -> (N, K) with gate j at row 2j: the K-major interleaved weight.
-    return interleave(b_gate.t(), b_up.t(), 0).contiguous();
-  }, stream);
-  return rows.t();
+// A merged op's B (K × N): the gate and up B halves (K × N/2 each) from its sources,
+// column j of gate at 2j and of up at 2j+1, stored K-major (N × K contiguous) as the gated
+// kernels read nn.Linear weights.
+at::Tensor merged_b(const Plan& plan, at::TensorList sources, cudaStream_t stream) {
+  if (!plan.merged_b) throw UserError("this spec describes no merged GEMM: call gemm_epilogue");
+  return merged_part(*plan.merged_b, sources, true, "merged B", stream).transpose(-2, -1);
 }
 
-std::vector<at::Tensor> gemm_epilogue_merged(c10::string_view spec, const at::Tensor& a, const at::Tensor& b_gate,
-                                             const at::Tensor& b_up, at::TensorList operands, at::TensorList paired) {
+// The size of a merged op's N (twice a half's columns), from the recipes alone (no copy).
+int64_t merged_n(const Plan& plan, at::TensorList sources) {
+  if (!plan.merged_b) throw UserError("this spec describes no merged GEMM: call gemm_epilogue");
+  return 2 * apply(plan.merged_b->gate, sources, "merged B").size(-1);
+}
+
+std::vector<at::Tensor> gemm_epilogue_merged(c10::string_view spec, const at::Tensor& a, at::TensorList sources,
+                                             at::TensorList operands) {
   Plan& plan = plan_for(std::string_view(spec.data(), spec.size()));
   require_cuda(a, "operand A");
-  require_cuda(b_gate, "operand B (gate)");
-  require_cuda(b_up, "operand B (up)");
   c10::cuda::CUDAGuard guard(a.device());
-  if (compile_only_depth.load() > 0) return compile_only(plan, a, a.size(0), 2 * b_gate.size(1), a.size(1));
+  if (compile_only_depth.load() > 0)  // no weight copy while only compiling
+    return compile_only(std::string_view(spec.data(), spec.size()), plan, a, a.size(0), merged_n(plan, sources),
+                        a.size(1));
   const cudaStream_t stream = current_stream(a);
-  return run_dense(plan, a, merged_b(b_gate, b_up, stream), operands, paired, stream);
+  at::Tensor b = merged_b(plan, sources, stream);
+  return run_dense(plan, a, b, operands, sources, stream);
 }
 
 // x, w and offs in the layout the grouped kernel reads (copies only where they differ).
 BatchedTensorRef grouped_weights(const Plan& plan, const at::Tensor& w, std::vector<at::Tensor>& keep) {
   require_cuda(w, "weights");
   if (w.dim() != 3)
-    throw UserError(c10::str("weights have shape ", c10::str(w.sizes()), ": expected G × K × N (3 dimensions)"));
+    throw UserError(cat("weights have shape ", w.sizes(), ": expected G × K × N (3 dimensions)"));
   const int64_t bytes = w.element_size();
   auto aligned = [&](int64_t stride) { return (stride * bytes) % 16 == 0; };
   at::Tensor v = w;
@@ -478,20 +591,16 @@ BatchedTensorRef grouped_weights(const Plan& plan, const at::Tensor& w, std::vec
 }
 
 at::Tensor run_grouped(Plan& plan, const at::Tensor& x_in, const at::Tensor& w, const at::Tensor& offs_in,
-                       at::TensorList operands, at::TensorList paired, cudaStream_t stream) {
+                       at::TensorList operands, at::TensorList sources, cudaStream_t stream) {
   if (!plan.grouped) throw UserError("this spec describes a dense kernel: call gemm_epilogue");
   if (operands.size() != plan.operands.size())
-    throw UserError(c10::str(operands.size(), " operand tensors given, the spec names ", plan.operands.size()));
+    throw UserError(cat(operands.size(), " operand tensors given, the spec names ", plan.operands.size()));
   require_cuda(x_in, "x");
   require_cuda(offs_in, "offsets");
   const int64_t rows = x_in.size(0), n = w.size(2);
   const Output& out = plan.outputs[0];
   at::Tensor y = at::empty(output_size(out.shape, rows, n), x_in.options().dtype(out.dtype));
-  if (compile_only_depth.load() > 0) {
-    GroupedKernel* kernel = plan.grouped.get();
-    compile_queue().start(c10::str(static_cast<const void*>(kernel)), [kernel] { kernel->compile(); });
-    return y;
-  }
+  if (compile_only_depth.load() > 0) return y;
   std::vector<at::Tensor> keep;
   at::Tensor x = x_in;
   const int64_t bytes = x.element_size();
@@ -513,7 +622,8 @@ at::Tensor run_grouped(Plan& plan, const at::Tensor& x_in, const at::Tensor& w, 
     }
     args.set(name, t);
   }
-  bind_paired(plan, paired, n, stream, [&](const std::string& name, const TensorRef& t) { args.set(name, t); }, keep);
+  bind_merged_rows(plan, sources, n, stream, [&](const std::string& name, const TensorRef& t) { args.set(name, t); },
+                   keep);
   args.set(out.name, matrix_ref(y, "output"));
   plan.grouped->run(args, stream);
   plan.fused_calls.fetch_add(1, std::memory_order_relaxed);
@@ -523,38 +633,29 @@ at::Tensor run_grouped(Plan& plan, const at::Tensor& x_in, const at::Tensor& w, 
 at::Tensor grouped_gemm_epilogue(c10::string_view spec, const at::Tensor& x, const at::Tensor& w, const at::Tensor& offs,
                                  at::TensorList operands) {
   Plan& plan = plan_for(std::string_view(spec.data(), spec.size()));
+  if (compile_only_depth.load() > 0) pending_compiles().add(std::string_view(spec.data(), spec.size()), 0, 0, 0);
   require_cuda(x, "x");
   c10::cuda::CUDAGuard guard(x.device());
   return run_grouped(plan, x, w, offs, operands, {}, current_stream(x));
 }
 
-at::Tensor grouped_gemm_epilogue_merged(c10::string_view spec, const at::Tensor& x, const at::Tensor& w_gate,
-                                        const at::Tensor& w_up, const at::Tensor& offs, at::TensorList operands,
-                                        at::TensorList paired) {
+at::Tensor grouped_gemm_epilogue_merged(c10::string_view spec, const at::Tensor& x, at::TensorList sources,
+                                        const at::Tensor& offs, at::TensorList operands) {
   Plan& plan = plan_for(std::string_view(spec.data(), spec.size()));
   require_cuda(x, "x");
-  require_cuda(w_gate, "weights (gate)");
-  require_cuda(w_up, "weights (up)");
-  if (w_gate.dim() != 3 || w_gate.sizes() != w_up.sizes())
-    throw UserError(c10::str("merged grouped GEMM: weights of shapes ", c10::str(w_gate.sizes()), " and ", c10::str(w_up.sizes()), "; expected two G × K × N/2 tensors of one shape"));
   c10::cuda::CUDAGuard guard(x.device());
-  const cudaStream_t stream = current_stream(x);
   if (compile_only_depth.load() > 0) {  // no weight copy while only compiling
-    GroupedKernel* kernel = plan.grouped.get();
-    compile_queue().start(c10::str(static_cast<const void*>(kernel)), [kernel] { kernel->compile(); });
+    pending_compiles().add(std::string_view(spec.data(), spec.size()), 0, 0, 0);
     const Output& out = plan.outputs[0];
-    return at::empty(output_size(out.shape, x.size(0), 2 * w_gate.size(2)), x.options().dtype(out.dtype));
+    return at::empty(output_size(out.shape, x.size(0), merged_n(plan, sources)), x.options().dtype(out.dtype));
   }
-  // G × K × N/2 each -> G × K × N with gate j at column 2j, stored K-major (G × N × K).
-  at::Tensor w = merged_cache().get(w_gate, w_up, 2, [&] {
-    return interleave(w_gate.transpose(1, 2), w_up.transpose(1, 2), 1).contiguous();
-  }, stream).transpose(1, 2);
-  return run_grouped(plan, x, w, offs, operands, paired, stream);
+  const cudaStream_t stream = current_stream(x);
+  return run_grouped(plan, x, merged_b(plan, sources, stream), offs, operands, sources, stream);
 }
 
 int64_t set_compile_only(int64_t delta) { return compile_only_depth.fetch_add(delta) + delta; }
 
-std::vector<std::string> wait_for_compiles() { return compile_queue().wait(); }
+std::vector<std::string> take_pending_compiles() { return pending_compiles().take(); }
 
 std::vector<int64_t> path_counts(c10::string_view spec) {
   Plan& plan = plan_for(std::string_view(spec.data(), spec.size()));
@@ -573,13 +674,11 @@ int64_t clear_merged_cache() {
 
 TORCH_LIBRARY(evtc, m) {
   m.def("gemm_epilogue(str spec, Tensor a, Tensor b, Tensor[] operands) -> Tensor[]");
-  m.def("gemm_epilogue_merged(str spec, Tensor a, Tensor b_gate, Tensor b_up, Tensor[] operands, "
-        "Tensor[] paired) -> Tensor[]");
+  m.def("gemm_epilogue_merged(str spec, Tensor a, Tensor[] sources, Tensor[] operands) -> Tensor[]");
   m.def("grouped_gemm_epilogue(str spec, Tensor x, Tensor w, Tensor offs, Tensor[] operands) -> Tensor");
-  m.def("grouped_gemm_epilogue_merged(str spec, Tensor x, Tensor w_gate, Tensor w_up, Tensor offs, "
-        "Tensor[] operands, Tensor[] paired) -> Tensor");
+  m.def("grouped_gemm_epilogue_merged(str spec, Tensor x, Tensor[] sources, Tensor offs, Tensor[] operands) -> Tensor");
   m.def("_compile_only(int delta) -> int", &evtc::torch_ops::set_compile_only);
-  m.def("_wait_for_compiles() -> str[]", &evtc::torch_ops::wait_for_compiles);
+  m.def("_take_pending_compiles() -> str[]", &evtc::torch_ops::take_pending_compiles);
   m.def("_path_counts(str spec) -> int[]", &evtc::torch_ops::path_counts);
   m.def("_merged_cache_bytes() -> int", &evtc::torch_ops::merged_cache_bytes);
   m.def("_clear_merged_cache() -> int", &evtc::torch_ops::clear_merged_cache);

@@ -117,9 +117,10 @@ KernelConfig tile(MainloopSchedule s, int tm, int tn, int cluster_m) {
 // Problems whose tile grid fits in one wave on the GPU (decode-sized M, or small N): the
 // finest tile among these that still fits one wave, so every multiprocessor that can get
 // work gets it, in this order of preference where two tile the problem alike. A 2×1 cluster
-// shares B's tiles between two row tiles when there are two.
-// Measured on the H200 (bench/results/20261124-0320-h200-default-configs.json): at M=128 these
-// picks are 1.00-1.03× the best tuned candidate where the previous default was 1.3-3.2×.
+// (B's tiles shared by two row tiles) pays for the 128×256 tile only: with the smaller tiles
+// it cost up to 11 % at 128×4096×11008 (bench/results/20261124-0334-h200-default-configs.json).
+// At M=128 these picks are 1.00-1.02× the best tuned candidate where the previous default was
+// 1.3-3.2× (bench/results/20261124-0320-h200-default-configs.json).
 std::optional<KernelConfig> one_wave_config(const GemmDesc& g, int sms) {
   std::optional<KernelConfig> best;
   int64_t best_tiles = 0;
@@ -129,7 +130,7 @@ std::optional<KernelConfig> one_wave_config(const GemmDesc& g, int sms) {
                                   std::tuple{MainloopSchedule::pingpong, 64, 128}}) {
     const int64_t rows = (g.m + tm - 1) / tm, tiles = rows * ((g.n + tn - 1) / tn);
     if (tiles > sms || tiles <= best_tiles) continue;
-    best = tile(s, tm, tn, rows >= 2 ? 2 : 1);
+    best = tile(s, tm, tn, rows >= 2 && tn == 256 ? 2 : 1);
     best_tiles = tiles;
   }
   return best;

@@ -78,10 +78,13 @@ def test_biases_of_the_two_linears_are_paired():
     gm, report = fuse(lambda x, wg, bg, wu, bu: F.silu(F.linear(x, wg, bg)) * F.linear(x, wu, bu),
                       X, WG, ((F_,), BF16), WG, ((F_,), BF16))
     f = merged_fusion(report)
-    spec = json.loads(f.spec)
-    assert spec["paired"] == ["xb"] and "input xb[n]" in f.expr and "acc + xb" in f.expr
+    merged = json.loads(f.spec)["merged"]
+    assert list(merged["rows"]) == ["xb"] and "input xb[n]" in f.expr and "acc + xb" in f.expr
     (node,) = [n for n in gm.graph.nodes if n.target is GEMM_EPILOGUE_MERGED]
-    assert len(node.args[5]) == 2  # the gate and up bias vectors
+    # the op takes the graph's weights and biases themselves (their version counters tell it
+    # when its interleaved copy is stale) and applies the views the graph applied
+    assert [s.op for s in node.args[2]] == ["placeholder"] * 4
+    assert merged["b"][0]["views"] in ([["permute", 1, 0]], [["t"]])
 
 
 @pytest.mark.parametrize("split", ["chunk", "split", "slices"])
@@ -101,8 +104,10 @@ def test_one_projection_split_in_halves_merges(split):
     assert GEMM_EPILOGUE_MERGED in ops_of(gm), report.summary()
     assert tuple(output_of(gm).meta["val"].shape) == (4, 250, F_)
     (node,) = [n for n in gm.graph.nodes if n.target is GEMM_EPILOGUE_MERGED]
-    b_gate, b_up = node.args[2], node.args[3]
-    assert tuple(b_gate.meta["val"].shape) == (K, F_) == tuple(b_up.meta["val"].shape)
+    (source,) = node.args[2]  # one fused weight, halves taken by the recipes
+    gate, up = json.loads(merged_fusion(report).spec)["merged"]["b"]
+    assert gate["views"][-1] == ["slice", 1, 0, F_, 1] and up["views"][-1][:3] == ["slice", 1, F_], (gate, up)
+    assert tuple(source.meta["val"].shape) == (2 * F_, K)
 
 
 def test_grouped_experts_with_separate_gate_and_up_weights_merge():
@@ -156,9 +161,10 @@ def test_merging_can_be_switched_off():
 def test_merged_fake_implementation_gives_the_output_shape():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    spec = evtc.torch.make_spec("h = acc\nout D: bf16 = silu(gate(h)) * up(h)\n", {}, [], ["D"])
+    recipe = [{"source": 0, "views": [["t"]]}, {"source": 1, "views": [["t"]]}]
+    spec = evtc.torch.make_spec("h = acc\nout D: bf16 = silu(gate(h)) * up(h)\n", {}, [], ["D"], {"b": recipe, "rows": {}})
     with FakeTensorMode():
         a = torch.empty(M, K, device="cuda", dtype=BF16)
-        bg = torch.empty(K, F_, device="cuda", dtype=BF16)
-        (d,) = torch.ops.evtc.gemm_epilogue_merged(spec, a, bg, bg, [], [])
+        w = torch.empty(F_, K, device="cuda", dtype=BF16)
+        (d,) = torch.ops.evtc.gemm_epilogue_merged(spec, a, [w, w], [])
     assert tuple(d.shape) == (M, F_)

@@ -3,6 +3,8 @@ with weights that change in place (w.add_(), an optimizer step), under freezing,
 graphs (Inductor's "reduce-overhead" CUDA-graph trees)."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 torch = pytest.importorskip("torch", reason="the PyTorch integration tests need torch")
@@ -18,6 +20,14 @@ from test_torch_gpu import poison_allocator  # noqa: E402
 from torch_cases import K, M, N, randn  # noqa: E402
 
 MECHANICS = {"evtc.profitability": False}
+
+
+@pytest.fixture(autouse=True)
+def fresh_compiles():
+    """Each test compiles its own graphs (and CUDA-graph trees) from scratch."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
 
 
 class GatedMLP(nn.Module):
@@ -88,29 +98,31 @@ def test_merged_weights_follow_an_optimizer_step():
 
 
 def test_freezing_interleaves_the_weights_once_at_compile_time():
+    # Dynamo decides at trace time whether parameters may be frozen, from Inductor's global
+    # setting (options={"freezing": True} reaches the compiler only after tracing).
     mlp = GatedMLP()
-    compiled = torch.compile(mlp, backend="evtc", options={**MECHANICS, "freezing": True})
+    compiled = torch.compile(mlp, backend="evtc", options=MECHANICS)
     x = randn(M, K)
     start = len(evtc.torch.reports)
-    with torch.no_grad():
+    with torch.no_grad(), torch._inductor.config.patch(freezing=True):
         compiled(x)
         (fusion,) = merged_fusions(new_reports(start))
-        assert "paired" not in fusion.spec  # the interleaved weight and bias are constants
+        assert "merged" not in json.loads(fusion.spec)  # the interleaved weight and bias are constants
         poison_allocator()
         check(compiled(x), reference(mlp, x))
 
 
-@pytest.mark.parametrize("options, merges", [
-    ({"triton.cudagraphs": True, "freezing": True}, True),
-    ({"triton.cudagraphs": True, "evtc.merge_gated": "always"}, True),
-    ({"triton.cudagraphs": True}, False),  # refused: replays could not follow weight updates
+@pytest.mark.parametrize("options, freezing, merges", [
+    ({"triton.cudagraphs": True}, True, True),
+    ({"triton.cudagraphs": True, "evtc.merge_gated": "always"}, False, True),
+    ({"triton.cudagraphs": True}, False, False),  # refused: replays could not follow weight updates
 ])
-def test_cuda_graph_trees_replay_merged_gemms(options, merges):
+def test_cuda_graph_trees_replay_merged_gemms(options, freezing, merges):
     mlp = GatedMLP()
     compiled = torch.compile(mlp, backend="evtc", options={**MECHANICS, **options})
     start = len(evtc.torch.reports)
-    with torch.no_grad():
-        for i in range(4):  # warm-up, recording, then replays with new inputs
+    with torch.no_grad(), torch._inductor.config.patch(freezing=freezing):
+        for _ in range(4):  # warm-up, recording, then replays with new inputs
             x = randn(M, K)
             torch.compiler.cudagraph_mark_step_begin()
             got = compiled(x)
@@ -136,10 +148,14 @@ def test_reduce_overhead_mode_through_the_registered_backend():
 
 
 def test_merged_op_called_directly_checks_its_operands():
-    spec = evtc.torch.make_spec("h = acc\nout D: bf16 = silu(gate(h)) * up(h)\n", {}, [], ["D"])
-    x, wg = randn(M, K), randn(N, K)
-    with pytest.raises(RuntimeError, match="B operands of shapes"):
-        GEMM_EPILOGUE_MERGED(spec, x, wg.t(), randn(N + 8, K).t(), [], [])
-    (d,) = GEMM_EPILOGUE_MERGED(spec, x, wg.t(), wg.t(), [], [])
-    h = (x.double() @ wg.double().t()).to(torch.bfloat16).double()
-    check(d, F.silu(h) * h)
+    recipe = [{"source": 0, "views": [["t"]]}, {"source": 1, "views": [["t"]]}]
+    spec = evtc.torch.make_spec("h = acc\nout D: bf16 = silu(gate(h)) * up(h)\n", {}, [], ["D"],
+                                {"b": recipe, "rows": {}})
+    x, wg, wu = randn(M, K), randn(N, K, scale=K ** -0.5), randn(N, K, scale=K ** -0.5)
+    with pytest.raises(RuntimeError, match="gate and up halves have shapes"):
+        GEMM_EPILOGUE_MERGED(spec, x, [wg, randn(N + 8, K)], [])
+    poison_allocator()
+    (d,) = GEMM_EPILOGUE_MERGED(spec, x, [wg, wu], [])
+    g = (x.double() @ wg.double().t()).to(torch.bfloat16).double()
+    u = (x.double() @ wu.double().t()).to(torch.bfloat16).double()
+    check(d, F.silu(g) * u)

@@ -98,7 +98,11 @@ def backend(gm: torch.fx.GraphModule, example_inputs, *, mode: Optional[str] = N
 
     if cast_mode is not None:
         options = {**(options or {}), "evtc.cast_mode": cast_mode}
-    return compile_fx(gm, example_inputs, config_patches=inductor_config(mode, options))
+    # The patches are applied around the whole compile, not passed as compile_fx's
+    # config_patches: decisions compile_fx makes before its inner compiles (freezing's
+    # constant inlining among them) then see them too.
+    with torch._inductor.config.patch(inductor_config(mode, options)):
+        return compile_fx(gm, example_inputs)
 
 
 def _register() -> None:

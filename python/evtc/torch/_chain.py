@@ -60,11 +60,17 @@ def const(x: Any) -> str:
 
 @dataclass
 class MergedB:
-    """The B of a merged gated GEMM: gate and up columns from two K × N/2 operands, and
-    row operands given as (gate, up) vectors, each declared under ``name`` in the expression."""
+    """The B of a merged gated GEMM: its gate and up halves (K × N/2 each, ``b_gate``/``b_up``
+    are their nodes) as views of graph inputs (``sources``), written as recipes the op applies
+    (``b``: gate and up), and row operands made the same way (``rows``: name -> recipes)."""
     b_gate: fx.Node
     b_up: fx.Node
-    paired: list[tuple[str, fx.Node, fx.Node]] = field(default_factory=list)
+    sources: list[fx.Node] = field(default_factory=list)
+    b: tuple = ()
+    rows: dict = field(default_factory=dict)
+
+    def spec(self) -> dict:
+        return {"b": list(self.b), "rows": dict(self.rows)}
 
 
 @dataclass

@@ -1,9 +1,9 @@
 """evtc's PyTorch operators: one fused GEMM + epilogue per call.
 
     outputs = torch.ops.evtc.gemm_epilogue(spec, a, b, operands)
-    outputs = torch.ops.evtc.gemm_epilogue_merged(spec, a, b_gate, b_up, operands, paired)
+    outputs = torch.ops.evtc.gemm_epilogue_merged(spec, a, sources, operands)
     y = torch.ops.evtc.grouped_gemm_epilogue(spec, x, w, offs, operands)
-    y = torch.ops.evtc.grouped_gemm_epilogue_merged(spec, x, w_gate, w_up, offs, operands, paired)
+    y = torch.ops.evtc.grouped_gemm_epilogue_merged(spec, x, sources, offs, operands)
 
 The ops are implemented in C++ (python/src/torch_ops.cpp, the library evtc/_evtc_torch.so)
 and registered with PyTorch's dispatcher there, so a call from Inductor's generated code runs
@@ -92,9 +92,13 @@ def _gemm_epilogue_fake(spec, a, b, operands):
     return _fake_dense(spec, a, b.shape[1])
 
 
+def _merged_n(spec: str, sources):
+    return 2 * _spec.apply_recipe(spec_kernel(spec)[1]["merged"]["b"][0], sources).shape[-1]
+
+
 @torch.library.register_fake("evtc::gemm_epilogue_merged")
-def _gemm_epilogue_merged_fake(spec, a, b_gate, b_up, operands, paired):
-    return _fake_dense(spec, a, 2 * b_gate.shape[1])
+def _gemm_epilogue_merged_fake(spec, a, sources, operands):
+    return _fake_dense(spec, a, _merged_n(spec, sources))
 
 
 @torch.library.register_fake("evtc::grouped_gemm_epilogue")
@@ -103,8 +107,8 @@ def _grouped_gemm_epilogue_fake(spec, x, w, offs, operands):
 
 
 @torch.library.register_fake("evtc::grouped_gemm_epilogue_merged")
-def _grouped_gemm_epilogue_merged_fake(spec, x, w_gate, w_up, offs, operands, paired):
-    return _fake_grouped(spec, x, 2 * w_gate.shape[2])
+def _grouped_gemm_epilogue_merged_fake(spec, x, sources, offs, operands):
+    return _fake_grouped(spec, x, _merged_n(spec, sources))
 
 
 def gemm_epilogue(spec: str, a: torch.Tensor, b: torch.Tensor, operands: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -139,8 +143,9 @@ _compile_only_lock = threading.Lock()
 
 
 class compile_only:
-    """Within this context, fused ops start their kernel's nvcc compile in the background and
-    return uninitialised outputs instead of running.
+    """Within this context, fused ops return uninitialised outputs instead of running, and
+    their kernels start compiling in the background (as the context exits, for the sizes the
+    ops were called with).
 
     For warming up many graphs at once: run each compiled model once inside the context
     (tracing every graph and queuing every kernel), then :func:`wait_for_compiles`; later calls
@@ -156,18 +161,30 @@ class compile_only:
     def __exit__(self, *exc):
         with _compile_only_lock:
             torch.ops.evtc._compile_only(-1)
+        _start_pending_compiles()
         return False
 
 
+def _start_pending_compiles() -> None:
+    """Starts the compiles that ops noted in compile-only mode (one per kernel and size)."""
+    for entry in torch.ops.evtc._take_pending_compiles():
+        m, n, k, spec = entry.split(",", 3)
+        kernel = spec_kernel(spec)[0]
+        _spec.created_specs.add(spec)
+        if isinstance(kernel, _grouped.GroupedKernel):
+            kernel.compile_async()
+        else:
+            kernel.compile_async(int(m), int(n), int(k))
+
+
 def wait_for_compiles() -> dict[str, list[str]]:
-    """Waits for every kernel compile started so far (by the FX pass and by ops in
-    :class:`compile_only`). Returns the compile errors by kernel expression (empty when all
+    """Waits for every kernel compile started so far (by the FX pass, and for the calls made
+    in :class:`compile_only`). Returns the compile errors by kernel expression (empty when all
     compiled); kernels that failed run unfused, never wrong."""
+    _start_pending_compiles()
     failed: dict[str, list[str]] = {}
     for spec in list(_spec.created_specs):
         kernel = spec_kernel(spec)[0]
         if errors := kernel._wait_for_compiles():
             failed[kernel.expr] = errors
-    if errors := list(torch.ops.evtc._wait_for_compiles()):
-        failed.setdefault("(compiled by the op library)", []).extend(errors)
     return failed

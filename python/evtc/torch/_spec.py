@@ -4,7 +4,8 @@ library (python/src/torch_ops.cpp) resolves, once per process, to a kernel and a
 A spec is a JSON object: ``expr`` (the epilogue expression), ``options`` (the kernel options,
 spelled as evtc.compile's keywords), ``operands`` ([name, class] of each operand tensor, in
 order), and ``outputs`` (the output names to return, in order) or ``grouped: true``; a merged
-op's spec adds ``paired`` (names of row operands given as (gate, up) vectors).
+op's spec adds ``merged``: how its B and any (gate, up) row operands are made from its source
+tensors.
 """
 from __future__ import annotations
 
@@ -21,19 +22,45 @@ created_specs: set[str] = set()
 
 
 def make_spec(expr: str, options: dict, operands: list[tuple[str, str]], outputs: list[str],
-              paired: list[str] = ()) -> str:
+              merged: dict | None = None) -> str:
     """The op's spec string. ``operands`` is [(name, class)], class one of row, col, scalar,
-    aux, aux_col; ``outputs`` the output names to return, in order; ``paired`` the row operands
-    a merged op takes as (gate, up) pairs."""
+    aux, aux_col; ``outputs`` the output names to return, in order; ``merged`` a merged op's
+    recipes (see below)."""
     s = {"expr": expr, "options": options, "operands": [list(o) for o in operands], "outputs": outputs}
-    if paired:
-        s["paired"] = list(paired)
+    if merged:
+        s["merged"] = merged
     return json.dumps(s, sort_keys=True)
 
 
-def make_grouped_spec(expr: str, options: dict, operands: list[tuple[str, str]], paired: list[str] = ()) -> str:
+def make_grouped_spec(expr: str, options: dict, operands: list[tuple[str, str]], merged: dict | None = None) -> str:
     """The grouped op's spec string (``operands`` as for :func:`make_spec`: row or scalar)."""
     s = {"expr": expr, "options": options, "operands": [list(o) for o in operands], "grouped": True}
-    if paired:
-        s["paired"] = list(paired)
+    if merged:
+        s["merged"] = merged
     return json.dumps(s, sort_keys=True)
+
+
+# A merged op's recipes: {"b": [gate, up], "rows": {name: [gate, up]}}, each recipe
+# {"source": index into the op's source tensors, "views": [[op, int args...], ...]} with op one of
+# permute (dims), t, transpose (d0, d1), slice (dim, start, end, step), view (sizes).
+
+
+def apply_recipe(recipe: dict, sources: list):
+    """The tensor a recipe makes from the op's source tensors (the op library does the same in
+    C++; this runs on fake tensors for output shapes)."""
+    t = sources[recipe["source"]]
+    for op, *args in recipe["views"]:
+        if op == "permute":
+            t = t.permute(args)
+        elif op == "t":
+            t = t.t()
+        elif op == "transpose":
+            t = t.transpose(*args)
+        elif op == "slice":
+            dim, start, end, step = args
+            t = t[(slice(None),) * (dim % t.dim()) + (slice(start, min(end, t.shape[dim]), step),)]
+        elif op == "view":
+            t = t.view(args)
+        else:
+            raise ValueError(f"unknown view step {op!r} in a merged op's recipe")
+    return t

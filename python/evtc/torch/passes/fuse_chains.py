@@ -35,9 +35,9 @@ def fuse(graph: fx.Graph, chain: Chain, settings) -> Fusion:
         return _fuse_grouped(graph, chain, settings, outs)
     expr, names, index_of = expression(chain, outs)
     operand_nodes = list(chain.operands)
-    paired = chain.merged.paired if chain.merged is not None else []
+    merged = chain.merged.spec() if chain.merged is not None else None
     spec = _spec.make_spec(expr, kernel_options(chain, settings.cast_mode), [chain.operands[o] for o in operand_nodes],
-                           names, [name for name, _, _ in paired])
+                           names, merged)
     kernel = spec_kernel_or_refuse(spec)
     m, n, k = problem_size(chain)
     if is_static(chain):
@@ -51,9 +51,7 @@ def fuse(graph: fx.Graph, chain: Chain, settings) -> Fusion:
     if chain.merged is None:
         op, inputs = _op.GEMM_EPILOGUE, [chain.a, chain.b, operand_nodes]
     else:
-        op = _op.GEMM_EPILOGUE_MERGED
-        inputs = [chain.a, chain.merged.b_gate, chain.merged.b_up, operand_nodes,
-                  [t for _, g, u in paired for t in (g, u)]]
+        op, inputs = _op.GEMM_EPILOGUE_MERGED, [chain.a, list(chain.merged.sources), operand_nodes]
     return replace(graph, chain, spec, op, inputs, kernel.hash, expr, index_of, outs, estimate)
 
 
@@ -65,9 +63,9 @@ def _fuse_grouped(graph: fx.Graph, chain: Chain, settings, outs) -> Fusion:
                       f"({', '.join(o.name for o in outs)}) are used outside it")
     expr, _, _ = expression(chain, outs)
     operand_nodes = list(chain.operands)
-    paired = chain.merged.paired if chain.merged is not None else []
+    merged = chain.merged.spec() if chain.merged is not None else None
     spec = _spec.make_grouped_spec(expr, kernel_options(chain, settings.cast_mode),
-                                   [chain.operands[o] for o in operand_nodes], [name for name, _, _ in paired])
+                                   [chain.operands[o] for o in operand_nodes], merged)
     kernel = spec_kernel_or_refuse(spec)
     _, n, k = problem_size(chain)
     if is_static(chain) and (reason := kernel.shape_reason(n, k)):
@@ -80,6 +78,5 @@ def _fuse_grouped(graph: fx.Graph, chain: Chain, settings, outs) -> Fusion:
         op, inputs = _op.GROUPED_GEMM_EPILOGUE, [chain.a, chain.b, chain.offsets, operand_nodes]
     else:
         op = _op.GROUPED_GEMM_EPILOGUE_MERGED
-        inputs = [chain.a, chain.merged.b_gate, chain.merged.b_up, chain.offsets, operand_nodes,
-                  [t for _, g, u in paired for t in (g, u)]]
+        inputs = [chain.a, list(chain.merged.sources), chain.offsets, operand_nodes]
     return replace(graph, chain, spec, op, inputs, kernel.hash, expr, None, outs, estimate)

@@ -56,6 +56,7 @@ def run(graph: fx.Graph, settings, report) -> None:
             _check_meets(chain, roots)
             _check_escapes(chain, roots)
             report.fused.append(fuse_chains.fuse(graph, chain, settings))
+            _erase_dead_views(graph, [roots.b_gate, roots.b_up, *(roots.bias or ()), *roots.made])
         except Refused as why:
             report.refused.append((roots.gemms[0].name, f"merging {' + '.join(g.name for g in roots.gemms)}: {why}"))
             _undo(graph, roots)
@@ -225,6 +226,19 @@ def _slice(node: fx.Node, dim: int, start: int, end: int, made: list[fx.Node]) -
     return s
 
 
+def _erase_dead_views(graph: fx.Graph, nodes) -> None:
+    """Views of weights the merged op no longer reads (it takes the weights themselves)."""
+    todo = [n for n in nodes if isinstance(n, fx.Node)]
+    while todo:
+        n = todo.pop()
+        if getattr(n, "_erased", False) or n.users or n.op != "call_function" or n.target not in _VIEW_OPS:
+            continue
+        source = n.args[0]
+        graph.erase_node(n)
+        if isinstance(source, fx.Node):
+            todo.append(source)
+
+
 def _undo(graph: fx.Graph, roots: Roots) -> None:
     for n in reversed(roots.made):
         if n.graph is graph and not n.users:
@@ -274,13 +288,14 @@ def _start(graph: fx.Graph, roots: Roots, settings) -> Chain:
             chain.declarations.append(f"input xb[n]: {EVTC_DTYPES[val(bias).dtype]}")
             h = "acc + xb"
     else:
-        chain.merged = MergedB(roots.b_gate, roots.b_up)
+        merged = chain.merged = MergedB(roots.b_gate, roots.b_up)
+        merged.b = (_recipe(roots.b_gate, merged.sources), _recipe(roots.b_up, merged.sources))
         if roots.bias is not None:
             bg, bu = roots.bias
             tbg = val(bg)
             if tbg is None or tbg.dim() != 1 or val(bu) is None or tuple(val(bu).shape) != tuple(tbg.shape):
                 raise Refused("the biases are not two vectors of N/2 values")
-            chain.merged.paired.append(("xb", bg, bu))
+            merged.rows["xb"] = [_recipe(bg, merged.sources), _recipe(bu, merged.sources)]
             chain.declarations.append(f"input xb[n]: {EVTC_DTYPES[tbg.dtype]}")
             h = "acc + xb"
     chain.merged_from = list(roots.gemms)
@@ -327,6 +342,42 @@ def _weight_source(b: fx.Node) -> Optional[fx.Node]:
     while b.op == "call_function" and b.target in _VIEW_OPS:
         b = b.args[0]
     return b if b.op in ("placeholder", "get_attr") else None
+
+
+def _static_ints(values, what: str) -> list[int]:
+    if not all(isinstance(v, int) for v in values):
+        raise Refused(f"{what} has symbolic sizes")
+    return [int(v) for v in values]
+
+
+def _recipe(node: fx.Node, sources: list[fx.Node]) -> dict:
+    """How the op makes ``node`` from a graph input: the source's index (added to
+    ``sources``) and the view steps (see _spec). The op receives the graph input itself, whose
+    version counter in-place updates move (views the compiled code makes at run time have
+    their own), so its cached copy knows when to rebuild."""
+    steps = []
+    n = node
+    while n.op == "call_function" and n.target in _VIEW_OPS:
+        args = list(n.args[1:])
+        if n.target is aten.permute.default:
+            steps.append(["permute", *_static_ints(args[0], n.name)])
+        elif n.target is aten.t.default:
+            steps.append(["t"])
+        elif n.target is aten.transpose.int:
+            steps.append(["transpose", *_static_ints(args[:2], n.name)])
+        elif n.target is aten.slice.Tensor:
+            dim, start, end, step = (args + [0, None, None, 1][len(args):])[:4]
+            start = 0 if start is None else start
+            end = INT64_MAX if end is None else end
+            steps.append(["slice", *_static_ints([dim, start, end, step], n.name)])
+        elif n.target in VIEWS:
+            steps.append(["view", *_static_ints(args[0], n.name)])
+        n = n.args[0]
+    if n.op not in ("placeholder", "get_attr"):
+        raise Refused(f"{node.name} is computed in the graph, not a view of a weight")
+    if n not in sources:
+        sources.append(n)
+    return {"source": sources.index(n), "views": list(reversed(steps))}
 
 
 # --- constant weights (freezing) ----------------------------------------------------------------

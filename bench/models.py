@@ -1,0 +1,655 @@
+#!/usr/bin/env python3
+"""Whole models: torch.compile with evtc against plain torch.compile and eager PyTorch (bf16, one GPU).
+
+    python3 bench/models.py [--out bench/results] [--models llama,gpt2,moe,llama_mlp,hf_llama,hf_gpt2,hf_mixtral]
+                            [--phases prefill,decode,train] [--modes default,cudagraphs] [--quick] [--json-only]
+                            [--evtc-options '{"evtc.merge_gated": "always"}']
+    python3 bench/models.py --table bench/results/STAMP-h200-models.json      # only print the Markdown table
+
+Models (torch.nn, random weights from a fixed seed, eval mode): one LLaMA decoder layer (hidden 4096,
+32 heads, SwiGLU FFN 11008), its MLP alone, one GPT-2 layer in GPT-2's Conv1D form (hidden 1600, 25
+heads, FFN 6400), a top-2-of-8 MoE layer on torch._grouped_mm (hidden 2048, FFN 1408), and, when
+transformers imports, 2-layer Llama / GPT-2 / Mixtral causal LMs from a config. Phases: prefill
+(8 x 1024 tokens, no grad), decode (batch 64, one token; the attention layers read a 1023-position KV
+cache), train (forward + backward of mean(out^2)). Modes: default, and cudagraphs (both compiles with
+mode="reduce-overhead", eager captured in a CUDA graph by hand); decode runs in cudagraphs mode only
+unless --modes is given. Each (model, phase, mode) row compiles fresh copies of one model, times
+eager, torch.compile and torch.compile(backend="evtc") interleaved (CUDA events, median), counts the
+GEMMs evtc fused, and checks every output (training: and the parameter gradients) against a float64
+copy. EVTC_BENCH_ITERS sets the timed calls per variant. Writes <out>/<stamp>-<gpu>-models.json
+after every row, then a PNG of evtc's speed-up over torch.compile, and prints the Markdown table.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+
+# A hit in Inductor's FX-graph or AOT-autograd cache skips the post-grad passes, so evtc would
+# report no graphs and the first-call times would be cache loads: every compile here is cold.
+os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
+os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
+
+import torch  # noqa: E402
+import torch._inductor.cudagraph_trees  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch._dynamo.utils import counters  # noqa: E402
+
+import evtc.torch  # noqa: E402  (registers backend="evtc")
+
+# Every row compiles new copies of the same classes; their forward code collects one Dynamo
+# cache entry per (backend, mode, phase), past the default limit of 8, after which Dynamo would
+# silently run them eagerly.
+torch._dynamo.config.recompile_limit = 256
+torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 4096)
+
+DTYPE = torch.bfloat16
+SEED = 0
+ROUNDS = 3  # eager, compile and evtc take turns, so that clock drift does not favour one
+CACHE_LEN = 1023  # decode: KV-cache positions before the new token
+LAYER_MODELS = ("llama", "gpt2", "moe", "llama_mlp")
+HF_MODELS = ("hf_llama", "hf_gpt2", "hf_mixtral")
+PHASES = ("prefill", "decode", "train")
+MODES = ("default", "cudagraphs")
+VARIANTS = ("eager", "compile", "evtc")
+# The workload list's targets for evtc over torch.compile; every other row: at least 1.00x.
+TARGETS = {("llama", "prefill"): 1.05, ("llama_mlp", "prefill"): 1.10, ("moe", "prefill"): 1.10}
+
+
+def wide(dtype: torch.dtype) -> torch.dtype:
+    """float32 for bf16 (where LLaMA's RMSNorm, the router and the loss compute); float64 stays
+    float64, so the reference is float64 throughout."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+# --- models -----------------------------------------------------------------------------------
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        h = x.to(wide(x.dtype))
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def attend(q, k, v, past_k, past_v):
+    """SDPA over (batch, heads, seq, head_dim). With a KV cache the new keys and values follow the
+    cached ones; the one new query sees every key, so there is no causal mask."""
+    if past_k is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
+    return F.scaled_dot_product_attention(q, k, v)
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, hidden: int = 4096, ffn: int = 11008):
+        super().__init__()
+        self.hidden, self.heads = hidden, 0
+        self.gate = nn.Linear(hidden, ffn, bias=False)
+        self.up = nn.Linear(hidden, ffn, bias=False)
+        self.down = nn.Linear(ffn, hidden, bias=False)
+
+    def forward(self, x):
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class LlamaLayer(nn.Module):
+    def __init__(self, hidden: int = 4096, heads: int = 32, ffn: int = 11008, max_pos: int = 2048):
+        super().__init__()
+        self.hidden, self.heads, self.head_dim = hidden, heads, hidden // heads
+        self.norm1, self.norm2 = RMSNorm(hidden), RMSNorm(hidden)
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(hidden, hidden, bias=False) for _ in range(4))
+        self.mlp = LlamaMLP(hidden, ffn)
+        inv_freq = 10000.0 ** -(torch.arange(0, self.head_dim, 2, dtype=torch.float64) / self.head_dim)
+        angles = torch.outer(torch.arange(max_pos, dtype=torch.float64), inv_freq)
+        angles = torch.cat([angles, angles], dim=-1)
+        # Cast with the model, as LLaMA casts its tables to the activations' dtype.
+        self.register_buffer("cos", angles.cos().float(), persistent=False)
+        self.register_buffer("sin", angles.sin().float(), persistent=False)
+
+    def forward(self, x, past_k=None, past_v=None):
+        b, s, _ = x.shape
+        start = 0 if past_k is None else past_k.shape[2]
+        h = self.norm1(x)
+        q, k, v = (p(h).view(b, s, self.heads, self.head_dim).transpose(1, 2)
+                   for p in (self.q_proj, self.k_proj, self.v_proj))
+        cos, sin = self.cos[start:start + s], self.sin[start:start + s]
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        x = x + self.o_proj(attend(q, k, v, past_k, past_v).transpose(1, 2).reshape(b, s, self.hidden))
+        return x + self.mlp(self.norm2(x))
+
+
+class Conv1D(nn.Module):
+    """GPT-2's linear layer: the weight stored (in, out) and applied with addmm (B is N-major)."""
+
+    def __init__(self, n_in: int, n_out: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(n_in, n_out) * 0.02)
+        # GPT-2 starts its biases at zero; random ones make the check cover the bias too.
+        self.bias = nn.Parameter(torch.randn(n_out) * 0.02)
+
+    def forward(self, x):
+        out = torch.addmm(self.bias, x.view(-1, x.shape[-1]), self.weight)
+        return out.view(*x.shape[:-1], out.shape[-1])
+
+
+class GPT2Layer(nn.Module):
+    def __init__(self, hidden: int = 1600, heads: int = 25, ffn: int = 6400):
+        super().__init__()
+        self.hidden, self.heads = hidden, heads
+        self.ln_1, self.ln_2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
+        self.c_attn, self.c_proj = Conv1D(hidden, 3 * hidden), Conv1D(hidden, hidden)
+        self.c_fc, self.mlp_proj = Conv1D(hidden, ffn), Conv1D(ffn, hidden)
+
+    def forward(self, x, past_k=None, past_v=None):
+        b, s, h = x.shape
+        q, k, v = (t.view(b, s, self.heads, -1).transpose(1, 2) for t in self.c_attn(self.ln_1(x)).split(h, dim=-1))
+        x = x + self.c_proj(attend(q, k, v, past_k, past_v).transpose(1, 2).reshape(b, s, h))
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+
+def grouped_mm(x, w, offs):
+    """Rows of x (sorted by group) times w[g] per group; offs: int32 end offsets on the device.
+    torch._grouped_mm is bf16-only, so the float64 reference loops over the groups instead."""
+    if x.dtype == torch.bfloat16:
+        return torch._grouped_mm(x, w, offs=offs)
+    ends = offs.tolist()
+    return torch.cat([x[s:e] @ w[g] for g, (s, e) in enumerate(zip([0] + ends[:-1], ends))])
+
+
+class MoE(nn.Module):
+    def __init__(self, hidden: int = 2048, experts: int = 8, top_k: int = 2, ffn: int = 1408):
+        super().__init__()
+        self.hidden, self.heads, self.top_k = hidden, 0, top_k
+        self.router = nn.Linear(hidden, experts, bias=False)
+        self.w1 = nn.Parameter(torch.randn(experts, ffn, hidden) * hidden ** -0.5)  # gate
+        self.w3 = nn.Parameter(torch.randn(experts, ffn, hidden) * hidden ** -0.5)  # up
+        self.w2 = nn.Parameter(torch.randn(experts, hidden, ffn) * ffn ** -0.5)  # down
+
+    def forward(self, x):
+        shape, experts = x.shape, self.w1.shape[0]
+        x = x.reshape(-1, shape[-1])
+        probs = F.softmax(self.router(x), dim=-1, dtype=wide(x.dtype))
+        weights, chosen = torch.topk(probs, self.top_k, dim=-1)
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+        flat = chosen.reshape(-1)  # (token, choice) pairs, token-major
+        order = torch.argsort(flat, stable=True)
+        xs = x[order // self.top_k]
+        # Tokens per expert with a fixed-size result (bincount's size depends on the data).
+        counts = (flat.unsqueeze(1) == torch.arange(experts, device=x.device)).sum(0)
+        offs = counts.cumsum(0).to(torch.int32)
+        h = F.silu(grouped_mm(xs, self.w1.transpose(-2, -1), offs)) * grouped_mm(xs, self.w3.transpose(-2, -1), offs)
+        ys = grouped_mm(h, self.w2.transpose(-2, -1), offs)
+        # Back to (token, choice) order, then each token's routing-weighted sum over its experts.
+        y = ys[torch.argsort(order)].view(-1, self.top_k, shape[-1])
+        return (y.to(weights.dtype) * weights.unsqueeze(-1)).sum(1).to(x.dtype).view(shape)
+
+
+class Logits(nn.Module):
+    """A transformers causal LM's logits alone, without a cache."""
+
+    def __init__(self, lm: nn.Module):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, input_ids):
+        return self.lm(input_ids=input_ids, use_cache=False).logits
+
+
+def transformers_version():
+    try:
+        import transformers
+        return transformers.__version__
+    except ImportError:
+        return None
+
+
+def build_hf(name: str) -> nn.Module:
+    import transformers
+
+    llama = dict(num_hidden_layers=2, hidden_size=2048, num_attention_heads=16, num_key_value_heads=16,
+                 intermediate_size=5632, vocab_size=32000, max_position_embeddings=2048)
+    if name == "hf_llama":
+        cls, config = transformers.LlamaForCausalLM, transformers.LlamaConfig(**llama, attn_implementation="sdpa")
+    elif name == "hf_gpt2":
+        cls, config = transformers.GPT2LMHeadModel, transformers.GPT2Config(
+            n_layer=2, n_embd=1600, n_head=25, vocab_size=50257, n_positions=1024, resid_pdrop=0.0,
+            embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="sdpa")
+    else:
+        cls, config = transformers.MixtralForCausalLM, transformers.MixtralConfig(
+            **{**llama, "intermediate_size": 1408}, num_local_experts=8, num_experts_per_tok=2,
+            attn_implementation="sdpa")
+    config.use_cache = False
+    # Built in bf16 as from_pretrained(dtype=bf16) builds: parameters in bf16 while RoPE's
+    # inv_freq stays float32 (a model.to(bf16) would round it too).
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(DTYPE)
+    try:
+        with torch.device("cuda"):
+            return Logits(cls(config))
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def build(name: str) -> nn.Module:
+    torch.manual_seed(SEED)
+    if name in HF_MODELS:
+        return build_hf(name).eval()
+    with torch.device("cuda"):
+        model = {"llama": LlamaLayer, "gpt2": GPT2Layer, "moe": MoE, "llama_mlp": LlamaMLP}[name]()
+    return model.to(DTYPE).eval()
+
+
+def make_inputs(name: str, phase: str, model: nn.Module) -> tuple:
+    """The phase's inputs, from a fixed seed; the same tensors serve every variant."""
+    gen = torch.Generator("cuda").manual_seed(SEED + 1)
+    if name in HF_MODELS:
+        shape = (64, 1) if phase == "decode" else (8, 1024)
+        return (torch.randint(0, model.lm.config.vocab_size, shape, generator=gen, device="cuda"),)
+    batch, seq = {"prefill": (8, 1024), "decode": (64, 1), "train": (4, 1024)}[phase]
+    x = torch.randn(batch, seq, model.hidden, generator=gen, device="cuda", dtype=DTYPE)
+    if phase != "decode" or not model.heads:
+        return (x,)
+    cache = (batch, model.heads, CACHE_LEN, model.hidden // model.heads)
+    past = tuple(torch.randn(cache, generator=gen, device="cuda", dtype=DTYPE) for _ in range(2))
+    for t in past:
+        # A server's preallocated cache: under CUDA graphs it is read in place, not copied in.
+        torch._dynamo.mark_static_address(t)
+    return (x, *past)
+
+
+def row_notes(name: str, phase: str, mode: str, model: nn.Module) -> list[str]:
+    notes = []
+    if phase == "train" and name in LAYER_MODELS:
+        notes.append("batch 4 x 1024 (memory)")
+    if phase == "decode":
+        notes.append("input_ids (64, 1) without a KV cache" if name in HF_MODELS else
+                     f"KV cache of {CACHE_LEN} positions, static address" if model.heads else "input (64, 1, hidden)")
+    if phase == "train" and mode == "cudagraphs":
+        notes.append("eager not captured in a CUDA graph for training: eager_ms is plain eager, as in default mode")
+    if name in HF_MODELS:
+        config = model.lm.config
+        notes.append(f"attention: {config._attn_implementation}")
+        if name == "hf_mixtral" and getattr(config, "_experts_implementation", None):
+            notes.append(f"experts: {config._experts_implementation}")
+    return notes
+
+
+# --- running and timing -----------------------------------------------------------------------
+
+def loss_of(out):
+    return out.to(wide(out.dtype)).pow(2).mean()
+
+
+def make_step(run, model: nn.Module, inputs: tuple, phase: str, mark_step: bool):
+    """One call of the row: the forward without grad, or zeroed grads, forward and backward.
+    Compiled functions under CUDA-graph trees start each call with a new step."""
+    if phase == "train":
+        def step():
+            model.zero_grad(set_to_none=True)
+            if mark_step:
+                torch.compiler.cudagraph_mark_step_begin()
+            out = run(*inputs)
+            loss_of(out).backward()
+            return out
+    else:
+        def step():
+            if mark_step:
+                torch.compiler.cudagraph_mark_step_begin()
+            with torch.no_grad():
+                return run(*inputs)
+    return step
+
+
+def graphed(step):
+    """The eager step captured in one CUDA graph by hand; each replay returns the same output tensor."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # library workspaces and allocator blocks exist before capture
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        out = step()
+
+    def replay():
+        graph.replay()
+        return out
+    return replay
+
+
+def event_times(step, iters: int) -> list[float]:
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return times
+
+
+def time_interleaved(steps: dict, warmup: int, iters: int) -> dict[str, float]:
+    """Median ms per call of each step; the variants take turns in ROUNDS rounds."""
+    for step in steps.values():
+        for _ in range(warmup):
+            step()
+    torch.cuda.synchronize()
+    samples = {v: [] for v in steps}
+    for _ in range(ROUNDS):
+        for v, step in steps.items():
+            samples[v] += event_times(step, math.ceil(iters / ROUNDS))
+    return {v: statistics.median(s) for v, s in samples.items()}
+
+
+def outputs(step, model: nn.Module, phase: str):
+    """One call's output and, training, all parameter gradients in one vector (float64 copies:
+    CUDA-graph outputs are overwritten by the next replay)."""
+    out = step().detach().double()
+    if phase != "train":
+        return out, None
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+    return out, torch.cat([g.detach().reshape(-1).double() for g in grads])
+
+
+def deviation(value, ref) -> tuple[float, float]:
+    """(relative L2 error, max abs error) of value against the float64 reference."""
+    diff = value - ref
+    return float(diff.norm() / ref.norm()), float(diff.abs().max())
+
+
+def reference(base: nn.Module, inputs: tuple, phase: str):
+    ref = copy.deepcopy(base).to(torch.float64)
+    config = getattr(getattr(ref, "lm", None), "config", None)
+    if getattr(config, "_experts_implementation", None) not in (None, "eager"):
+        ref.lm.set_experts_implementation("eager")  # its grouped_mm path is bf16-only
+    wide_inputs = tuple(t.to(torch.float64) if t.is_floating_point() else t for t in inputs)
+    return outputs(make_step(ref, ref, wide_inputs, phase, False), ref, phase)
+
+
+def fusion_counts(graph_reports) -> dict:
+    """GEMMs evtc fused (a merged op counts every GEMM it replaced) and GEMMs in the graphs."""
+    fused = sum(len(r.fused) + sum(len(f.merged) - 1 for f in r.fused if f.merged) for r in graph_reports)
+    return {"fused": fused, "gemms": fused + sum(len(r.refused) for r in graph_reports),
+            "evtc_graphs": len(graph_reports), "evtc_summary": [r.summary() for r in graph_reports]}
+
+
+def fallback_counts(graph_reports) -> dict[str, int]:
+    return {f.spec: evtc.torch.path_counts(f.spec)["fallback"] for r in graph_reports for f in r.fused}
+
+
+def first_call(step) -> tuple[float, int, int]:
+    """Wall time of the first call (compilation included), the Dynamo graphs compiled in it (more
+    than one: graph breaks) and those of them where Inductor skipped CUDA graphs."""
+    graphs, skips = counters["stats"]["unique_graphs"], counters["inductor"]["cudagraph_skips"]
+    t0 = time.perf_counter()
+    step()
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    return seconds, counters["stats"]["unique_graphs"] - graphs, counters["inductor"]["cudagraph_skips"] - skips
+
+
+def compile_kwargs(cudagraphs: bool, options, evtc_backend: bool) -> dict:
+    """torch.compile's mode/options for one variant. torch.compile refuses a mode and options
+    together, so with options the mode goes in as its Inductor options; the plain compile gets
+    the options that are not evtc's, so that both compile the same way."""
+    if not options:
+        return {"mode": "reduce-overhead"} if cudagraphs else {}
+    options = {k: v for k, v in options.items() if evtc_backend or not k.startswith("evtc.")}
+    mode_options = torch._inductor.list_mode_options("reduce-overhead") if cudagraphs else {}
+    return {"options": {**mode_options, **options}}
+
+
+def new_row(model: str, phase: str, mode: str, **fields) -> dict:
+    """A row with every field the table reads, None until measured."""
+    keys = ("eager_ms", "compile_ms", "evtc_ms", "speedup", "fused", "gemms", "compile_first_s", "evtc_first_s",
+            *(f"error_{v}" for v in VARIANTS), "compile_errors", "evtc_summary", "error")
+    return {"model": model, "phase": phase, "mode": mode, **dict.fromkeys(keys), "notes": [], **fields}
+
+
+def run_row(row: dict, base: nn.Module, args) -> None:
+    """Fills row in place, so that what was measured before an exception stays in it."""
+    phase, cudagraphs, notes = row["phase"], row["mode"] == "cudagraphs", row["notes"]
+    inputs = make_inputs(row["model"], phase, base)
+    row["inputs"] = [list(t.shape) for t in inputs]
+    try:
+        ref_out, ref_grads = reference(base, inputs, phase)
+    except Exception as e:  # the timings stand without it
+        ref_out = ref_grads = None
+        notes.append(f"no float64 reference ({type(e).__name__}: {str(e)[:200]})")
+    models = {v: copy.deepcopy(base) for v in VARIANTS}
+    # dynamic=False: shapes stay static, however many shapes one class has been compiled for.
+    runs = {"eager": models["eager"],
+            "compile": torch.compile(models["compile"], dynamic=False,
+                                     **compile_kwargs(cudagraphs, args.evtc_options, False)),
+            "evtc": torch.compile(models["evtc"], backend="evtc", dynamic=False,
+                                  **compile_kwargs(cudagraphs, args.evtc_options, True))}
+    steps = {v: make_step(runs[v], models[v], inputs, phase, cudagraphs and v != "eager") for v in VARIANTS}
+
+    row["compile_first_s"], row["graphs_compile"], skips_compile = first_call(steps["compile"])
+    before = len(evtc.torch.reports)
+    row["evtc_first_s"], row["graphs_evtc"], skips_evtc = first_call(steps["evtc"])
+    row["compile_errors"] = evtc.torch.wait_for_compiles()
+    evtc_reports = evtc.torch.reports[before:]
+    row.update(fusion_counts(evtc_reports))
+    fallbacks = fallback_counts(evtc_reports)
+    for v, skips in (("compile", skips_compile), ("evtc", skips_evtc)):
+        if skips:
+            notes.append(f"{v}: Inductor skipped CUDA graphs in {skips} graph(s)")
+
+    steps["eager"]()
+    if cudagraphs and phase != "train":
+        try:
+            steps["eager"] = graphed(steps["eager"])
+        except Exception as e:  # e.g. an op that syncs with the host; eager then runs plain
+            notes.append(f"eager CUDA-graph capture failed ({type(e).__name__}: {str(e)[:200]}): eager_ms is plain eager")
+
+    times = time_interleaved(steps, args.warmup, args.iters)
+    row.update({f"{v}_ms": times[v] for v in VARIANTS})
+    row["speedup"] = times["compile"] / times["evtc"]
+    row["evtc_over_eager"] = times["eager"] / times["evtc"]
+    if later := len(evtc.torch.reports) - before - len(evtc_reports):
+        notes.append(f"evtc compiled {later} more graph(s) after the first call (not in fused/gemms)")
+    # Calls made outside CUDA-graph replays only: a replay does not go through the op.
+    row["evtc_ran_unfused"] = sum(1 for spec, n in fallback_counts(evtc_reports).items() if n > fallbacks[spec])
+
+    for v in VARIANTS if ref_out is not None else ():
+        out, grads = outputs(steps[v], models[v], phase)
+        row[f"error_{v}"], row[f"max_abs_{v}"] = deviation(out, ref_out)
+        if grads is not None:
+            row[f"grad_error_{v}"], row[f"grad_max_abs_{v}"] = deviation(grads, ref_grads)
+
+
+def release_memory() -> None:
+    gc.collect()  # compiled modules hold reference cycles
+    evtc.torch.clear_merged_weights()
+    # A deleted model's CUDA-graph trees keep their memory pools until the trees are reset.
+    torch._inductor.cudagraph_trees.reset_cudagraph_trees()
+    torch.cuda.empty_cache()
+
+
+# --- reporting --------------------------------------------------------------------------------
+
+def target(row: dict) -> float:
+    return TARGETS.get((row["model"], row["phase"]), 1.00)
+
+
+def fmt(value, spec: str) -> str:
+    return "–" if value is None else format(value, spec)
+
+
+def row_line(row: dict) -> str:
+    head = f"{row['model']} {row['phase']} {row['mode']}:"
+    if row.get("speedup") is None:
+        return f"{head} error: {row.get('error')}"
+    return (f"{head} eager {row['eager_ms']:.3f} ms, compile {row['compile_ms']:.3f}, evtc {row['evtc_ms']:.3f} "
+            f"({row['speedup']:.3f}x), fused {row['fused']}/{row['gemms']} GEMMs, first call "
+            f"{row['compile_first_s']:.1f} s / {row['evtc_first_s']:.1f} s, rel-L2 vs f64 compile "
+            f"{fmt(row.get('error_compile'), '.1e')} evtc {fmt(row.get('error_evtc'), '.1e')}"
+            + (f", error: {row['error']}" if row.get("error") else ""))
+
+
+def markdown_table(data: dict) -> str:
+    lines = [f"{data['gpu']}, torch {data['torch']}, transformers {data.get('transformers') or '–'}, {data['date']} "
+             f"(median of {data.get('timed', '?')} CUDA-event timings per variant after {data.get('warmup', '?')} "
+             "warm-up calls, variants interleaved).", "",
+             "| model | phase | mode | eager ms | compile ms | evtc ms | evtc / compile | target | met | fused / GEMMs "
+             "| first call s (compile / evtc) | rel-L2 vs f64 (eager / compile / evtc) | grad rel-L2 (compile / evtc) "
+             "| error |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in data["rows"]:
+        speedup = r.get("speedup")
+        met = "–" if speedup is None else "PASS" if speedup >= target(r) else "MISS"
+        gemms = f"{r['fused']} / {r['gemms']}" if r.get("gemms") is not None else "–"
+        first = f"{fmt(r.get('compile_first_s'), '.1f')} / {fmt(r.get('evtc_first_s'), '.1f')}"
+        errors = " / ".join(fmt(r.get(f"error_{v}"), ".1e") for v in VARIANTS)
+        grads = (" / ".join(fmt(r.get(f"grad_error_{v}"), ".1e") for v in ("compile", "evtc"))
+                 if r["phase"] == "train" else "–")
+        error = (r.get("error") or "").replace("|", "\\|").replace("\n", " ")[:80] or "–"
+        lines.append(f"| {r['model']} | {r['phase']} | {r['mode']} | {fmt(r.get('eager_ms'), '.3f')} "
+                     f"| {fmt(r.get('compile_ms'), '.3f')} | {fmt(r.get('evtc_ms'), '.3f')} | "
+                     f"{fmt(speedup, '.3f')}{'×' if speedup else ''} | ≥ {target(r):.2f}× | {met} | {gemms} | {first} "
+                     f"| {errors} | {grads} | {error} |")
+    return "\n".join(lines)
+
+
+def plot(data: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in data["rows"] if r.get("speedup")]
+    if not rows:
+        return
+    xs = list(range(len(rows)))
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.5 * len(rows) + 2), 4.5))
+    ax.bar(xs, [r["speedup"] for r in rows],
+           color=["tab:green" if r["speedup"] >= target(r) else "tab:red" for r in rows])
+    ax.scatter(xs, [target(r) for r in rows], marker="_", s=250, color="black", zorder=3, label="target")
+    ax.axhline(1.0, color="gray", linewidth=0.8)
+    ax.set_xticks(xs, [f"{r['model']} {r['phase']} {r['mode']}" for r in rows], rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("evtc speed-up over torch.compile")
+    ax.set_title(f"{data['gpu']}, bf16, torch {data['torch']}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+# --- main -------------------------------------------------------------------------------------
+
+def parse_list(text: str, allowed: tuple) -> list[str]:
+    items = [s for s in text.split(",") if s]
+    unknown = sorted(set(items) - set(allowed))
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown {unknown}; choose from {','.join(allowed)}")
+    return items
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    p.add_argument("--models", type=lambda s: parse_list(s, LAYER_MODELS + HF_MODELS),
+                   default=list(LAYER_MODELS + HF_MODELS))
+    p.add_argument("--phases", type=lambda s: parse_list(s, PHASES), default=list(PHASES))
+    p.add_argument("--modes", type=lambda s: parse_list(s, MODES), default=None,
+                   help="default: both; decode then runs in cudagraphs mode only (host-bound otherwise)")
+    p.add_argument("--quick", action="store_true", help="2 warm-up and 5 timed calls per variant")
+    p.add_argument("--json-only", action="store_true", help="write the JSON only (no PNG, no table)")
+    p.add_argument("--evtc-options", type=json.loads, default=None,
+                   help='JSON dict of evtc/Inductor options for the evtc backend, e.g. {"evtc.merge_gated": "always"}')
+    p.add_argument("--freezing", action="store_true",
+                   help="Inductor's freezing (weights as constants) for the no-grad rows, plain compile and evtc alike")
+    p.add_argument("--table", metavar="FILE.json", help="print the Markdown table of a results file and exit")
+    args = p.parse_args()
+    args.warmup, args.iters = (2, 5) if args.quick else (3, 20)
+    args.iters = int(os.environ.get("EVTC_BENCH_ITERS", args.iters))
+    return args
+
+
+def planned_rows(args) -> list[tuple[str, str]]:
+    modes = args.modes or list(MODES)
+    return [(phase, mode) for phase in args.phases for mode in modes
+            if not (phase == "decode" and mode == "default" and args.modes is None)]
+
+
+def write_json(data: dict, path: str) -> None:
+    with open(path + ".tmp", "w") as f:
+        json.dump(data, f, indent=2)
+    os.replace(path + ".tmp", path)  # a run stopped mid-write keeps the previous rows
+
+
+def main() -> None:
+    args = parse_args()
+    if args.table:
+        with open(args.table) as f:
+            print(markdown_table(json.load(f)))
+        return
+    if not torch.cuda.is_available():
+        sys.exit("bench/models.py needs a CUDA GPU")
+    # Dynamo decides at trace time whether parameters may become constants, from this global
+    # setting (an options dict reaches the compiler only after tracing). It applies to no-grad
+    # compiles only: training rows are unaffected.
+    torch._inductor.config.freezing = args.freezing
+    gpu = torch.cuda.get_device_name()
+    now = datetime.now(timezone.utc)
+    os.makedirs(args.out, exist_ok=True)
+    base_path = os.path.join(args.out, f"{now:%Y%m%d-%H%M}-{gpu.replace('NVIDIA ', '').split()[0].lower()}-models")
+    data = {"gpu": gpu, "torch": torch.__version__, "transformers": transformers_version(),
+            "date": now.isoformat(timespec="seconds"), "warmup": args.warmup,
+            "timed": ROUNDS * math.ceil(args.iters / ROUNDS), "rounds": ROUNDS, "evtc_options": args.evtc_options,
+            "freezing": args.freezing,
+            "rows": []}
+
+    def add(row: dict) -> None:
+        data["rows"].append(row)
+        write_json(data, base_path + ".json")  # after every row: a run stopped by a time limit keeps its rows
+        print(row_line(row), flush=True)
+
+    for name in args.models:
+        try:
+            base = build(name)
+        except Exception as e:  # e.g. transformers missing or without this model
+            add(new_row(name, "-", "-", error=f"{type(e).__name__}: {e}"))
+            continue
+        for phase, mode in planned_rows(args):
+            row = new_row(name, phase, mode, notes=row_notes(name, phase, mode, base))
+            try:
+                run_row(row, base, args)
+            except Exception as e:
+                row["error"] = f"{type(e).__name__}: {str(e)[:2000]}"
+            release_memory()
+            add(row)
+        del base
+        release_memory()
+
+    if not args.json_only:
+        try:
+            plot(data, base_path + ".png")
+        except ImportError as e:
+            print(f"no plot: {e}", file=sys.stderr)
+        print(markdown_table(data))
+    print(f"wrote {base_path}.json" + ("" if args.json_only else " (and .png)"), flush=True)
+
+
+if __name__ == "__main__":
+    main()
