@@ -419,6 +419,21 @@ def compile_kwargs(cudagraphs: bool, options, evtc_backend: bool) -> dict:
     return {"options": {**mode_options, **options}}
 
 
+def kernel_profile(step, iters: int = 3, top: int = 12) -> dict:
+    """GPU time per call by kernel (torch.profiler): the largest kernels and the total, in us."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            step()
+        torch.cuda.synchronize()
+    kernels = [(e.key, e.self_device_time_total / iters) for e in prof.key_averages() if e.self_device_time_total > 0]
+    kernels.sort(key=lambda kv: -kv[1])
+    return {"total_us": sum(t for _, t in kernels), "top": [[name[:120], round(t, 1)] for name, t in kernels[:top]]}
+
+
 def new_row(model: str, phase: str, mode: str, **fields) -> dict:
     """A row with every field the table reads, None until measured."""
     keys = ("eager_ms", "compile_ms", "evtc_ms", "speedup", "fused", "gemms", "compile_first_s", "evtc_first_s",
@@ -471,6 +486,9 @@ def run_row(row: dict, base: nn.Module, args) -> None:
         notes.append(f"evtc compiled {later} more graph(s) after the first call (not in fused/gemms)")
     # Calls made outside CUDA-graph replays only: a replay does not go through the op.
     row["evtc_ran_unfused"] = sum(1 for spec, n in fallback_counts(evtc_reports).items() if n > fallbacks[spec])
+
+    if args.profile:
+        row["profile"] = {v: kernel_profile(steps[v]) for v in ("compile", "evtc")}
 
     for v in VARIANTS if ref_out is not None else ():
         out, grads = outputs(steps[v], models[v], phase)
@@ -577,6 +595,8 @@ def parse_args():
     p.add_argument("--json-only", action="store_true", help="write the JSON only (no PNG, no table)")
     p.add_argument("--evtc-options", type=json.loads, default=None,
                    help='JSON dict of evtc/Inductor options for the evtc backend, e.g. {"evtc.merge_gated": "always"}')
+    p.add_argument("--profile", action="store_true",
+                   help="also record each row's GPU time by kernel (torch.profiler) for compile and evtc")
     p.add_argument("--freezing", action="store_true",
                    help="Inductor's freezing (weights as constants) for the no-grad rows, plain compile and evtc alike")
     p.add_argument("--table", metavar="FILE.json", help="print the Markdown table of a results file and exit")

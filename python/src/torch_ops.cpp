@@ -252,8 +252,8 @@ std::unique_ptr<Plan> make_plan(std::string_view text) {
   if (s.contains("merged")) {
     const nlohmann::json& m = s.at("merged");
     plan->merged_b = parse_part(m.at("b"));
-    for (const auto& [name, part] : m.value("rows", nlohmann::json::object()).items())
-      plan->merged_rows.emplace_back(name, parse_part(part));
+    const nlohmann::json rows = m.value("rows", nlohmann::json::object());  // outlives the loop
+    for (const auto& [name, part] : rows.items()) plan->merged_rows.emplace_back(name, parse_part(part));
   }
   if (s.value("grouped", false)) {
     plan->grouped = std::make_unique<GroupedKernel>(graph, grouped_options(options));

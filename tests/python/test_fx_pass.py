@@ -249,3 +249,19 @@ def test_grouped_fake_implementation_gives_the_output_shape():
         offs = torch.empty(G, device="cuda", dtype=torch.int32)
         y = torch.ops.evtc.grouped_gemm_epilogue(spec, x, w, offs, [])
     assert (tuple(y.shape), y.dtype) == ((M, N // 2), BF16)
+
+
+def test_norm_after_a_residual_add_stays_with_inductor():
+    """o_proj + residual, then RMSNorm: the GEMM writes the bf16 sum; the f32 cast and the
+    square that only the norm's reduction reads stay outside (Inductor computes them in it)."""
+    def fn(x, w, r, g):
+        h = x @ w.t() + r
+        hf = h.float()
+        y = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return h, (y * g).to(torch.bfloat16)
+
+    gm, report = fuse(fn, X, W, ((M, N), BF16), ((N,), BF16))
+    (f,) = report.fused
+    kernel = evtc.torch._op.spec_kernel(f.spec)[0]
+    assert [o.dtype for o in kernel.outputs] == ["bf16"], f.expr
+    assert "pow" not in f.expr and "square" not in f.expr

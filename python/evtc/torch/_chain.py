@@ -97,6 +97,7 @@ class Chain:
     # The GEMMs a merged chain replaces (with a runtime-interleaved B, or a constant one).
     merged_from: list[fx.Node] = field(default_factory=list)
     values: int = 0  # value names defined so far (v0, v1, ...)
+    roots: int = 0  # nodes the chain started with (before grow took in consumers)
 
     @property
     def half_shape(self) -> tuple:
@@ -119,6 +120,16 @@ def cast_to(dtype: torch.dtype, expr: str) -> str:
 
 
 # --- operands from outside the chain -----------------------------------------------------------
+
+def same_dim(a: Any, b: Any) -> bool:
+    """Sizes equal, symbolic ones by their expression: comparing SymInts with == would add a
+    guard to the compiled graph (and the pass must not specialise what the graph keeps dynamic)."""
+    return str(a) == str(b)
+
+
+def same_shape(a, b) -> bool:
+    return len(a) == len(b) and all(same_dim(x, y) for x, y in zip(a, b))
+
 
 def concrete(x: Any) -> int:
     """An int for a size or stride: itself, or for a symbolic one (dynamic shapes) the value it
@@ -337,7 +348,7 @@ def absorbable(chain: Chain, n: fx.Node) -> Optional[str]:
         return f"{n.name} mixes gated (N/2) values with the GEMM's N columns"
     if n.target in RESHAPES:
         src = val(n.args[0])
-        if n.args[0] not in chain.exprs or src is None or t.shape[-1] != src.shape[-1] or not t.is_contiguous():
+        if n.args[0] not in chain.exprs or src is None or not same_dim(t.shape[-1], src.shape[-1]) or not t.is_contiguous():
             return f"reshape {n.name} changes the last dimension"
         return None
     if n.target not in POINTWISE:
@@ -345,7 +356,7 @@ def absorbable(chain: Chain, n: fx.Node) -> Optional[str]:
     if n.target is aten._to_copy.default and (set(n.kwargs) - {"dtype"}):
         return f"_to_copy with {sorted(set(n.kwargs) - {'dtype'})}"
     shape = chain.half_shape if any(half) else chain.full_shape
-    if tuple(t.shape) != tuple(shape) and math.prod(t.shape) != math.prod(shape):
+    if not same_shape(t.shape, shape) and not same_dim(math.prod(t.shape), math.prod(shape)):
         return f"{n.name} has shape {list(t.shape)}, not the {'gated values' if any(half) else 'GEMM result'}'s shape"
     return None
 

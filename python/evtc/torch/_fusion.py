@@ -12,7 +12,7 @@ import torch
 from torch import fx
 
 from . import _op, _spec
-from ._chain import EVTC_DTYPES, Chain, Refused, absorb, absorbable, concrete, val
+from ._chain import EVTC_DTYPES, Chain, Refused, absorb, absorbable, concrete, same_dim, same_shape, val
 from ._gemm import GROUPED_MM
 
 log = logging.getLogger("evtc.torch")
@@ -29,9 +29,56 @@ class Fusion:
     estimate: dict = field(default_factory=dict)  # the cost model's numbers (passes/profitability.py)
 
 
-def grow(graph: fx.Graph, chain: Chain) -> None:
+def grow_trimmed(graph: fx.Graph, make_chain) -> Chain:
+    """The chain ``make_chain()`` starts, grown, then trimmed: a node at the end of the chain is
+    left to Inductor where its fused kernel would move fewer bytes than the fused GEMM writing
+    the node's value. That is the case for a widening cast (its consumers can read the narrower
+    value and cast as they load it) and for a node read only by reductions (Inductor computes it
+    inside the reduction): RMSNorm's f32 cast and square after a residual add would otherwise
+    make the GEMM write two f32 tensors that the norm's reduction reads back."""
+    exclude: set[fx.Node] = set()
+    while True:
+        chain = make_chain()
+        grow(graph, chain, exclude)
+        drop = _leaf_to_drop(chain)
+        if drop is None:
+            return chain
+        exclude.add(drop)
+
+
+def _bytes(n: fx.Node) -> int:
+    t = val(n)
+    return math.prod(concrete(s) for s in t.shape) * t.element_size() if t is not None else 0
+
+
+def _is_cast(n: fx.Node) -> bool:
+    from ._chain import prims
+
+    if n.target is prims.convert_element_type.default:
+        return True
+    return n.target is torch.ops.aten._to_copy.default and set(n.kwargs) <= {"dtype"}
+
+
+def _leaf_to_drop(chain: Chain):
+    members = set(chain.nodes)
+    for n in reversed(chain.nodes[chain.roots:]):
+        if any(u in members for u in n.users):
+            continue  # not at the end of the chain
+        ins = [i for i in n.all_input_nodes if i in members]
+        if _is_cast(n) and all(_bytes(i) <= _bytes(n) for i in ins):
+            return n
+        reductions = all(u.op == "call_function" and val(u) is not None and _bytes(u) * 2 <= _bytes(n) for u in n.users)
+        if reductions:
+            newly_escaping = sum(_bytes(i) for i in ins if not any(u not in members for u in i.users))
+            if 2 * _bytes(n) > newly_escaping + sum(_bytes(i) for i in ins):
+                return n
+    return None
+
+
+def grow(graph: fx.Graph, chain: Chain, exclude: set[fx.Node] = frozenset()) -> None:
     """Takes in, in graph order, every node that reads only chain values and outside tensors
-    that do not depend on the chain (which would make a cycle)."""
+    that do not depend on the chain (which would make a cycle), except those in ``exclude``."""
+    chain.roots = len(chain.nodes)
     in_chain = set(chain.nodes)
     depends_on_chain: set[fx.Node] = set()
     started = False
@@ -46,7 +93,7 @@ def grow(graph: fx.Graph, chain: Chain) -> None:
         reads_dependent = any(i in depends_on_chain for i in inputs)
         if not reads_chain and not reads_dependent:
             continue
-        if reads_chain and not reads_dependent and absorbable(chain, n) is None:
+        if reads_chain and not reads_dependent and n not in exclude and absorbable(chain, n) is None:
             try:
                 absorb(chain, n)
                 in_chain.add(n)
@@ -108,13 +155,8 @@ def check_output_shapes(chain: Chain, escaping_nodes: list[fx.Node]) -> None:
     """Chain values are M×N (or M×N/2) matrices; a value of another shape (the 3-D view of a
     linear's output) becomes a view of the op's output."""
     for o in escaping_nodes:
-        shape, want = tuple(val(o).shape), output_shape(chain, o)
-        if shape != tuple(want):
+        if not same_shape(val(o).shape, output_shape(chain, o)):
             view_shape(chain, o)  # raises Refused when there is no way to write the view
-
-
-def _same(a, b) -> bool:
-    return str(a) == str(b)  # sizes, possibly symbolic: compared without adding guards
 
 
 def view_shape(chain: Chain, o: fx.Node) -> list:
@@ -129,7 +171,7 @@ def view_shape(chain: Chain, o: fx.Node) -> list:
     for n in chain.nodes:
         if n.target in RESHAPES and len(n.args) > 1 and isinstance(n.args[1], (list, tuple)):
             t = val(n)
-            if len(t.shape) == len(shape) and all(_same(a, b) for a, b in zip(t.shape[:-1], shape[:-1])):
+            if len(t.shape) == len(shape) and all(same_dim(a, b) for a, b in zip(t.shape[:-1], shape[:-1])):
                 return list(n.args[1][:-1]) + [shape[-1]]
     raise Refused(f"{o.name} is a reshape of the result with symbolic sizes {shape} that no reshape of the "
                   "chain gives")
@@ -138,7 +180,7 @@ def view_shape(chain: Chain, o: fx.Node) -> list:
 def use_output(graph: fx.Graph, chain: Chain, o: fx.Node, item: fx.Node, cursor: fx.Node) -> fx.Node:
     """Replaces the uses of chain value ``o`` by the fused op's output ``item`` (viewed to
     ``o``'s shape when that differs); returns the last node inserted."""
-    if tuple(val(o).shape) != tuple(item.meta["val"].shape):
+    if not same_shape(val(o).shape, item.meta["val"].shape):
         with graph.inserting_after(cursor):
             view = graph.call_function(torch.ops.aten.view.default, (item, view_shape(chain, o)))
         view.meta["val"] = item.meta["val"].view(val(o).shape)

@@ -7,7 +7,7 @@ from torch import fx
 
 from .. import _op, _spec
 from .._chain import Chain, Refused
-from .._fusion import (Fusion, check_output_shapes, escaping, expression, grow, is_static, kernel_options,
+from .._fusion import (Fusion, check_output_shapes, escaping, expression, grow_trimmed, is_static, kernel_options,
                        problem_size, replace, spec_kernel_or_refuse)
 from .._gemm import GEMMS, UNSUPPORTED_GEMMS, start_chain
 from . import profitability
@@ -20,8 +20,7 @@ def run(graph: fx.Graph, settings, report) -> None:
         if node.target not in GEMMS and node.target not in UNSUPPORTED_GEMMS:
             continue
         try:
-            chain = start_chain(node)
-            grow(graph, chain)
+            chain = grow_trimmed(graph, lambda: start_chain(node))
             report.fused.append(fuse(graph, chain, settings))
         except Refused as why:
             report.refused.append((node.name, str(why)))

@@ -32,7 +32,7 @@ from typing import Optional
 import torch
 from torch import fx
 
-from .._chain import EVTC_DTYPES, Chain, MergedB, Refused, cast_to, concrete, const, val
+from .._chain import EVTC_DTYPES, Chain, MergedB, Refused, cast_to, concrete, const, same_shape, val
 from .._fusion import grow
 from .._gemm import GROUPED_MM, layout
 from . import fuse_chains
@@ -293,7 +293,7 @@ def _start(graph: fx.Graph, roots: Roots, settings) -> Chain:
         if roots.bias is not None:
             bg, bu = roots.bias
             tbg = val(bg)
-            if tbg is None or tbg.dim() != 1 or val(bu) is None or tuple(val(bu).shape) != tuple(tbg.shape):
+            if tbg is None or tbg.dim() != 1 or val(bu) is None or not same_shape(val(bu).shape, tbg.shape):
                 raise Refused("the biases are not two vectors of N/2 values")
             merged.rows["xb"] = [_recipe(bg, merged.sources), _recipe(bu, merged.sources)]
             chain.declarations.append(f"input xb[n]: {EVTC_DTYPES[tbg.dtype]}")
