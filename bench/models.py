@@ -337,15 +337,17 @@ def graphed(step):
 
 
 def event_times(step, iters: int) -> list[float]:
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    """Per-call GPU times of back-to-back calls (as a serving or training loop makes them):
+    one pair of events around each call, one synchronisation at the end, so the host prepares
+    a call while the GPU runs the previous one (a synchronisation per call would count each
+    call's host start-up as GPU idle time)."""
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    for start, end in pairs:
         start.record()
         step()
         end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return times
+    torch.cuda.synchronize()
+    return [start.elapsed_time(end) for start, end in pairs]
 
 
 def time_interleaved(steps: dict, warmup: int, iters: int) -> dict[str, float]:
@@ -595,6 +597,11 @@ def parse_args():
     p.add_argument("--json-only", action="store_true", help="write the JSON only (no PNG, no table)")
     p.add_argument("--evtc-options", type=json.loads, default=None,
                    help='JSON dict of evtc/Inductor options for the evtc backend, e.g. {"evtc.merge_gated": "always"}')
+    p.add_argument("--rows", default=None,
+                   help="exact (phase:mode) pairs to run, e.g. prefill:default,decode:cudagraphs (overrides --phases/--modes)")
+    p.add_argument("--precompile", action="store_true",
+                   help="first trace every row's evtc model once in evtc.torch.compile_only() and compile all "
+                        "kernels at once (rows then start with the kernels in the disk cache)")
     p.add_argument("--profile", action="store_true",
                    help="also record each row's GPU time by kernel (torch.profiler) for compile and evtc")
     p.add_argument("--freezing", action="store_true",
@@ -607,9 +614,44 @@ def parse_args():
 
 
 def planned_rows(args) -> list[tuple[str, str]]:
+    if args.rows:
+        pairs = [tuple(item.split(":")) for item in args.rows.split(",")]
+        for phase, mode in pairs:
+            if phase not in PHASES or mode not in MODES:
+                sys.exit(f"--rows: {phase}:{mode} is not a phase:mode pair ({PHASES} x {MODES})")
+        return pairs
     modes = args.modes or list(MODES)
     return [(phase, mode) for phase in args.phases for mode in modes
             if not (phase == "decode" and mode == "default" and args.modes is None)]
+
+
+def precompile(args) -> float:
+    """Traces every planned row's evtc model once inside evtc.torch.compile_only() (outputs are
+    meaningless there) so that all kernels compile at once, one nvcc per core, then forgets the
+    traced graphs. Returns the wall time, from nothing to every kernel compiled."""
+    start = time.perf_counter()
+    for name in args.models:
+        try:
+            base = build(name)
+        except Exception:  # reported by the row itself
+            continue
+        for phase, mode in planned_rows(args):
+            try:
+                model = copy.deepcopy(base)
+                run = torch.compile(model, backend="evtc", dynamic=False,
+                                    **compile_kwargs(mode == "cudagraphs", args.evtc_options, True))
+                step = make_step(run, model, make_inputs(name, phase, base), phase, mode == "cudagraphs")
+                with evtc.torch.compile_only():
+                    step()
+                del model, run, step
+            except Exception as e:  # the row runs (and reports) it again
+                print(f"precompile {name} {phase} {mode}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        del base
+        release_memory()
+    evtc.torch.wait_for_compiles()
+    torch._dynamo.reset()  # rows trace again, so that their reports are theirs
+    release_memory()
+    return time.perf_counter() - start
 
 
 def write_json(data: dict, path: str) -> None:
@@ -644,6 +686,10 @@ def main() -> None:
         data["rows"].append(row)
         write_json(data, base_path + ".json")  # after every row: a run stopped by a time limit keeps its rows
         print(row_line(row), flush=True)
+
+    if args.precompile:
+        data["precompile_s"] = precompile(args)
+        print(f"precompiled every row's kernels in {data['precompile_s']:.1f} s", flush=True)
 
     for name in args.models:
         try:

@@ -430,7 +430,9 @@ def _constant_b(graph: fx.Graph, roots: Roots):
         first = next(iter(graph.nodes))
         with graph.inserting_before(first):
             node = graph.get_attr(name)
-        node.meta["val"] = fake_mode.from_tensor(t) if fake_mode is not None else t
+        # static_shapes: a constant's sizes are fixed (fresh symbols would have no source to
+        # guard on)
+        node.meta["val"] = fake_mode.from_tensor(t, static_shapes=True) if fake_mode is not None else t
         return node
 
     i = next(_constant_count)
