@@ -3,7 +3,7 @@
 
     python3 bench/models.py [--out bench/results] [--models llama,gpt2,moe,llama_mlp,hf_llama,hf_gpt2,hf_mixtral]
                             [--phases prefill,decode,train] [--modes default,cudagraphs] [--quick] [--json-only]
-                            [--evtc-options '{"evtc.merge_gated": "always"}']
+                            [--evtc-options '{"evtc.profitability": false}']
     python3 bench/models.py --table bench/results/STAMP-h200-models.json      # only print the Markdown table
 
 Models (torch.nn, random weights from a fixed seed, eval mode): one LLaMA decoder layer (hidden 4096,
@@ -421,8 +421,10 @@ def compile_kwargs(cudagraphs: bool, options, evtc_backend: bool) -> dict:
     return {"options": {**mode_options, **options}}
 
 
-def kernel_profile(step, iters: int = 3, top: int = 12) -> dict:
-    """GPU time per call by kernel (torch.profiler): the largest kernels and the total, in us."""
+def kernel_profile(step, iters: int = 5, top: int = 10) -> dict:
+    """What the GPU does per call, from torch.profiler's kernel events over back-to-back calls:
+    the span from the first kernel's start to the last one's end, the kernels' busy time, and
+    the largest kernels by name (us per call). span - busy is time the GPU waited for the host."""
     from torch.profiler import ProfilerActivity, profile
 
     step()
@@ -431,9 +433,17 @@ def kernel_profile(step, iters: int = 3, top: int = 12) -> dict:
         for _ in range(iters):
             step()
         torch.cuda.synchronize()
-    kernels = [(e.key, e.self_device_time_total / iters) for e in prof.key_averages() if e.self_device_time_total > 0]
-    kernels.sort(key=lambda kv: -kv[1])
-    return {"total_us": sum(t for _, t in kernels), "top": [[name[:120], round(t, 1)] for name, t in kernels[:top]]}
+    kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                     key=lambda e: e.time_range.start)
+    if not kernels:
+        return {}
+    by_name: dict[str, float] = {}
+    for e in kernels:
+        by_name[e.name[:120]] = by_name.get(e.name[:120], 0.0) + e.time_range.elapsed_us() / iters
+    largest = sorted(by_name.items(), key=lambda kv: -kv[1])[:top]
+    return {"span_us": (kernels[-1].time_range.end - kernels[0].time_range.start) / iters,
+            "busy_us": sum(e.time_range.elapsed_us() for e in kernels) / iters,
+            "top": [[name, round(t, 1)] for name, t in largest]}
 
 
 def new_row(model: str, phase: str, mode: str, **fields) -> dict:
@@ -596,7 +606,7 @@ def parse_args():
     p.add_argument("--quick", action="store_true", help="2 warm-up and 5 timed calls per variant")
     p.add_argument("--json-only", action="store_true", help="write the JSON only (no PNG, no table)")
     p.add_argument("--evtc-options", type=json.loads, default=None,
-                   help='JSON dict of evtc/Inductor options for the evtc backend, e.g. {"evtc.merge_gated": "always"}')
+                   help='JSON dict of evtc/Inductor options for the evtc backend, e.g. {"evtc.profitability": false}')
     p.add_argument("--rows", default=None,
                    help="exact (phase:mode) pairs to run, e.g. prefill:default,decode:cudagraphs (overrides --phases/--modes)")
     p.add_argument("--precompile", action="store_true",

@@ -33,11 +33,11 @@ def test_max_autotune_without_cudagraphs_keeps_them_off():
 
 
 def test_inductor_options_pass_through_and_evtc_options_reach_the_pass():
-    config = inductor_config(None, {"triton.cudagraphs": True, "freezing": True, "evtc.merge_gated": "always",
+    config = inductor_config(None, {"triton.cudagraphs": True, "freezing": True, "evtc.merge_gated": False,
                                     "evtc.profitability": False, "evtc.cast_mode": "fast"})
     assert config["triton.cudagraphs"] and config["freezing"]
     p = config["post_grad_custom_post_pass"]
-    assert (p.merge_gated, p.profitability, p.cast_mode) == ("always", False, "fast")
+    assert (p.merge_gated, p.profitability, p.cast_mode) == (False, False, "fast")
     assert not any(k.startswith("evtc.") for k in config)
 
 
@@ -53,3 +53,8 @@ def test_unknown_options_are_refused_by_name():
 def test_pass_settings_change_its_cache_key():
     assert PostGradPass().uuid() != PostGradPass(merge_gated=False).uuid()
     assert PostGradPass().uuid() == PostGradPass().uuid()
+
+
+def test_merge_gated_takes_a_boolean():
+    with pytest.raises(RuntimeError, match="evtc.merge_gated='always'"):
+        inductor_config(None, {"evtc.merge_gated": "always"})

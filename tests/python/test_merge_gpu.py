@@ -114,7 +114,6 @@ def test_freezing_interleaves_the_weights_once_at_compile_time():
 
 @pytest.mark.parametrize("options, freezing, merges", [
     ({"triton.cudagraphs": True}, True, True),
-    ({"triton.cudagraphs": True, "evtc.merge_gated": "always"}, False, True),
     ({"triton.cudagraphs": True}, False, False),  # refused: replays could not follow weight updates
 ])
 def test_cuda_graph_trees_replay_merged_gemms(options, freezing, merges):

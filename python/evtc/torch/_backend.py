@@ -43,7 +43,7 @@ class PostGradPass(CustomGraphPass):
     of training (where tensors saved for backward become extra outputs of fused ops).
     """
 
-    def __init__(self, cast_mode: str = "eager", merge_gated: bool | str = True, profitability: bool = True):
+    def __init__(self, cast_mode: str = "eager", merge_gated: bool = True, profitability: bool = True):
         self.cast_mode = cast_mode
         self.merge_gated = merge_gated
         self.profitability = profitability
@@ -77,8 +77,8 @@ def inductor_config(mode: Optional[str] = None, options: Optional[dict[str, Any]
     wrapper = torch._TorchCompileInductorWrapper(mode, options or None, dynamic=None)
     patches = dict(wrapper.config)
     merge = settings["evtc.merge_gated"]
-    if merge not in (True, False, "always"):
-        raise RuntimeError(f"evtc backend: evtc.merge_gated={merge!r} (expected True, False or 'always')")
+    if not isinstance(merge, bool):
+        raise RuntimeError(f"evtc backend: evtc.merge_gated={merge!r} (expected True or False)")
     patches["post_grad_custom_post_pass"] = PostGradPass(settings["evtc.cast_mode"], merge,
                                                          bool(settings["evtc.profitability"]))
     return patches

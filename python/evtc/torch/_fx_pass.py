@@ -32,13 +32,13 @@ def _debug() -> bool:
 
 
 def fuse_gemm_epilogues(graph: fx.Graph, *, cast_mode: str = "eager", compile: bool = True,
-                        merge_gated: bool | str = True, profitability: bool = True) -> FusionReport:
+                        merge_gated: bool = True, profitability: bool = True) -> FusionReport:
     """Rewrites the GEMM + epilogue chains of ``graph`` into evtc's fused ops.
 
     ``cast_mode`` is evtc's ("eager": round where eager rounds; "fast": round only at
     outputs). With ``compile``, each new kernel starts compiling in the background right away.
-    ``merge_gated`` merges GEMMs that meet in a gated activation (True; "always" also under
-    CUDA graphs without freezing; False: never). With ``profitability``, a chain is fused only
+    ``merge_gated`` merges GEMMs that meet in a gated activation (under CUDA graphs only with
+    frozen weights: see passes/merge_gated.py). With ``profitability``, a chain is fused only
     where the cost model expects it to be faster than cuBLAS + Inductor's kernels.
     """
     report = passes.run(graph, Settings(cast_mode, compile, merge_gated, profitability))

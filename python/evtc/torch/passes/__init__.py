@@ -23,7 +23,7 @@ from . import fuse_chains, merge_gated
 class Settings:
     cast_mode: str = "eager"  # "eager" | "fast"
     compile: bool = True  # start each new kernel's nvcc compile in the background
-    merge_gated: bool | str = True  # True, False or "always" (see docs/python.md)
+    merge_gated: bool = True  # (see passes/merge_gated.py)
     profitability: bool = True
 
 

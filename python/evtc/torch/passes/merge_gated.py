@@ -17,11 +17,10 @@ the graph also needs, such as the pre-activations a training graph saves for bac
 
 Where the interleaved B comes from:
 - constants (Inductor's freezing): it is built once here, as a new constant of the graph;
-- otherwise the op ``evtc::gemm_epilogue_merged`` takes both B operands and keeps an
+- otherwise the op ``evtc::gemm_epilogue_merged`` takes the weights themselves and keeps an
   interleaved copy, rebuilt when their version counters change (an optimizer step,
-  ``load_state_dict``). Replays of a CUDA graph run no host code and would not notice, so
-  under CUDA graphs weights must be constants (freezing), or the user says they are not
-  updated in place between replays (``evtc.merge_gated="always"``).
+  ``load_state_dict``, ``w.add_()``). Replays of a CUDA graph run no host code and would not
+  notice, so under CUDA graphs the merge needs constant weights (freezing).
 """
 from __future__ import annotations
 
@@ -266,10 +265,9 @@ def _start(graph: fx.Graph, roots: Roots, settings) -> Chain:
             raise Refused(f"B operand {b.name} is computed in the graph, not a weight: interleaving it would "
                           "copy it at every call")
     constant = _constant_b(graph, roots)
-    if constant is None and torch._inductor.config.triton.cudagraphs and settings.merge_gated != "always":
+    if constant is None and torch._inductor.config.triton.cudagraphs:
         raise Refused("under CUDA graphs the interleaved weights could not follow in-place weight updates "
-                      "between replays: use freezing (options={'freezing': True}), or evtc.merge_gated='always' "
-                      "when weights are not updated in place")
+                      "between replays: merging needs frozen weights there (torch._inductor.config.freezing = True)")
     if roots.grouped:
         options = {"a_dtype": EVTC_DTYPES[ta.dtype], "b_dtype": EVTC_DTYPES[tg.dtype], "a_layout": "row",
                    "b_layout": "col"}
