@@ -1,0 +1,75 @@
+// The configuration a problem runs with when nothing is tuned (default_config), at shapes of
+// the table measured on the H200 (bench/results/20261124-0334-h200-default-configs.json: these
+// picks were 1.00-1.02x the best of every candidate there), and the fusion cost model's verdicts.
+#include <gtest/gtest.h>
+
+#include "evtc/expression.hpp"
+#include "evtc/passes.hpp"
+#include "evtc/runtime.hpp"
+
+using namespace evtc;
+
+namespace {
+
+Graph lowered(const std::string& expr) { return run_pipeline(parse_expression(expr)); }
+
+std::string default_for(const std::string& expr, int64_t m, int64_t n, int64_t k) {
+  GemmDesc g;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  return default_config(lowered(expr), g).name();
+}
+
+const char* kBiasSilu = "out D: bf16 = silu(acc + bias[n])";
+const char* kSwiglu = "out D: bf16 = swiglu(acc)";
+
+TEST(DefaultConfig, OneWaveProblemsTakeTheFinestTileThatFitsOneWave) {
+  EXPECT_EQ(default_for(kBiasSilu, 128, 2048, 2048), "pingpong_64x128x64_c1x1_persistent");
+  EXPECT_EQ(default_for(kBiasSilu, 128, 4096, 11008), "pingpong_64x128x64_c1x1_persistent");
+  EXPECT_EQ(default_for(kBiasSilu, 128, 11008, 4096), "coop_128x128x64_c1x1_persistent");
+  EXPECT_EQ(default_for(kBiasSilu, 128, 32000, 4096), "coop_128x256x64_c1x1_persistent");
+  EXPECT_EQ(default_for(kBiasSilu, 1024, 2048, 2048), "coop_128x128x64_c1x1_persistent");
+  EXPECT_EQ(default_for(kBiasSilu, 1024, 4096, 4096), "coop_128x256x64_c2x1_persistent");
+  EXPECT_EQ(default_for(kSwiglu, 128, 22016, 4096), "coop_128x256x64_c1x1_persistent");
+}
+
+TEST(DefaultConfig, SeveralWavesByMainLoopLengthAndLastWave) {
+  EXPECT_EQ(default_for(kBiasSilu, 8192, 4096, 4096), "coop_128x256x64_c2x1_persistent");
+  EXPECT_EQ(default_for(kBiasSilu, 8192, 5632, 2048), "pingpong_128x128x64_c2x1_persistent");  // K <= 2048
+  EXPECT_EQ(default_for(kBiasSilu, 1024, 14336, 4096), "pingpong_128x128x64_c2x1_persistent");  // last wave
+  EXPECT_EQ(default_for(kSwiglu, 1024, 22016, 4096), "pingpong_128x128x64_c2x1_persistent");
+  EXPECT_EQ(default_for(kSwiglu, 8192, 22016, 4096), "coop_128x256x64_c2x1_persistent");
+}
+
+TEST(DefaultConfig, ReductionsKeepTheirMeasuredTiles) {
+  EXPECT_EQ(default_for("f = acc + bias[n]; out loss = sum(f * f)", 128, 2048, 2048),
+            "coop_128x256x64_c2x1_persistent");
+}
+
+UnfusedWork round_trip(int64_t m, int64_t n) {
+  UnfusedWork w;
+  w.saved_bytes = 2.0 * double(m) * double(n) * 2;  // bf16 written by cuBLAS and read back
+  w.kernels = 1;
+  return w;
+}
+
+TEST(CostModel, LargeEpiloguesPayAndNothingToSaveDoesNot) {
+  const Kernel kernel(parse_expression(kBiasSilu));
+  const FusionEstimate big = kernel.estimate(8192, 4096, 4096, round_trip(8192, 4096));
+  EXPECT_TRUE(big.profitable()) << big.describe();
+  EXPECT_GT(big.epilogue_us, 20.0);
+  // A GEMM whose chain only reshapes its result saves no traffic: cuBLAS keeps it.
+  const FusionEstimate views = kernel.estimate(8192, 4096, 4096, UnfusedWork{});
+  EXPECT_FALSE(views.profitable()) << views.describe();
+  EXPECT_EQ(views.epilogue_us, 0.0);
+  EXPECT_NE(views.describe().find("unfused (model"), std::string::npos);
+}
+
+TEST(CostModel, DecodeSizedProblemsStayWithCuBLAS) {
+  const Kernel kernel(parse_expression(kBiasSilu));
+  const FusionEstimate decode = kernel.estimate(64, 11008, 4096, round_trip(64, 11008));
+  EXPECT_FALSE(decode.profitable()) << decode.describe();
+}
+
+}  // namespace

@@ -1,0 +1,48 @@
+// OptionText: the one spelling of kernel options that the Python package and the PyTorch ops'
+// specs share; bad values name the option.
+#include <gtest/gtest.h>
+
+#include "evtc/error.hpp"
+#include "evtc/options.hpp"
+
+namespace evtc {
+namespace {
+
+TEST(Options, FromJsonToCompileOptions) {
+  const OptionText o = option_text_from_json(
+      R"({"a_dtype": "f16", "b_dtype": "f16", "a_layout": "row", "b_layout": "row", "cast_mode": "fast",
+          "config": "pingpong_128x128x64_c2x1_persistent"})");
+  const CompileOptions c = compile_options(o);
+  EXPECT_EQ(c.gemm.a_dtype, DType::f16);
+  EXPECT_EQ(c.gemm.b_layout, Layout::row_major);
+  EXPECT_EQ(c.cast_mode, CastMode::fast);
+  ASSERT_TRUE(c.config.has_value());
+  EXPECT_EQ(c.config->name(), "pingpong_128x128x64_c2x1_persistent");
+}
+
+TEST(Options, ErrorsNameTheOption) {
+  auto message = [](const char* json) {
+    try {
+      compile_options(option_text_from_json(json));
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(message(R"({"a_dtype": "f64"})").find("a_dtype: unknown dtype 'f64'"), std::string::npos);
+  EXPECT_NE(message(R"({"b_layout": "diagonal"})").find("b_layout: unknown layout"), std::string::npos);
+  EXPECT_NE(message(R"({"cast_mode": 1})").find("option cast_mode: expected a string"), std::string::npos);
+  EXPECT_NE(message(R"({"tile": "big"})").find("unknown kernel option 'tile'"), std::string::npos);
+  EXPECT_NE(message(R"({"config": "fast"})").find("config: 'fast' is not a kernel configuration"),
+            std::string::npos);
+  EXPECT_NE(message("[1, 2]").find("must be a JSON object"), std::string::npos);
+}
+
+TEST(Options, GroupedKernelsNeedRowMajorTokens) {
+  OptionText o;
+  o.a_layout = "col";
+  EXPECT_THROW(grouped_options(o), UserError);
+}
+
+}  // namespace
+}  // namespace evtc
