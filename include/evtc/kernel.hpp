@@ -32,6 +32,10 @@ struct KernelConfig {
   std::string name() const;
   // Parses name(); nullopt if it is not one.
   static std::optional<KernelConfig> parse(const std::string& name);
+  // A 16-bit configuration from its schedule, CTA tile (K tile 64), cluster rows (one
+  // column) and tile scheduler.
+  static KernelConfig of(MainloopSchedule schedule, int tile_m, int tile_n, int cluster_m = 1,
+                         TileSchedulerKind scheduler = TileSchedulerKind::persistent);
   bool operator==(const KernelConfig&) const = default;
 };
 

@@ -50,24 +50,13 @@ double kernel_us(double flops, double bytes, double eff, double bw, const Rates&
   return std::max(flops / (r.tflops * 1e6 * eff), bytes / (r.tbs * 1e6 * bw)) + kKernelUs;
 }
 
-KernelConfig make_config(MainloopSchedule s, int tm, int tn, TileSchedulerKind sched) {
-  KernelConfig c;
-  c.schedule = s;
-  c.tile_m = tm;
-  c.tile_n = tn;
-  c.scheduler = sched;
-  c.cluster_m = 1;
-  c.cluster_n = 1;
-  return c;
-}
-
 // cuBLAS picks among many kernels: model it by the best grid efficiency among the usual
 // tiles, with split-K / stream-K available for grids that do not fill the GPU.
 double cublas_efficiency(const GemmDesc& g, const tuning::DeviceLimits& d) {
   double best = 0;
   for (auto [tm, tn] : {std::pair{128, 256}, {256, 128}, {128, 128}, {64, 128}, {64, 256}})
     for (auto sched : {TileSchedulerKind::persistent, TileSchedulerKind::stream_k})
-      best = std::max(best, tuning::grid_efficiency(make_config(MainloopSchedule::cooperative, tm, tn, sched), g, d));
+      best = std::max(best, tuning::grid_efficiency(KernelConfig::of(MainloopSchedule::cooperative, tm, tn, 1, sched), g, d));
   return kCublasBase * best;
 }
 

@@ -20,6 +20,18 @@ std::string KernelConfig::name() const {
                      fp8_fast_accum ? "_fastacc" : "", precise_math ? "_precise" : "");
 }
 
+KernelConfig KernelConfig::of(MainloopSchedule schedule, int tile_m, int tile_n, int cluster_m,
+                              TileSchedulerKind scheduler) {
+  KernelConfig c;
+  c.schedule = schedule;
+  c.tile_m = tile_m;
+  c.tile_n = tile_n;
+  c.cluster_m = cluster_m;
+  c.cluster_n = 1;
+  c.scheduler = scheduler;
+  return c;
+}
+
 std::optional<KernelConfig> KernelConfig::parse(const std::string& name) {
   static const std::regex re(
       R"((coop|pingpong)_(\d+)x(\d+)x(\d+)_c(\d+)x(\d+)_(persistent|streamk)(_fastacc)?(_precise)?)");
@@ -104,16 +116,6 @@ KernelConfig default_config(const Graph& g, const GemmDesc& gemm) {
 
 namespace {
 
-KernelConfig tile(MainloopSchedule s, int tm, int tn, int cluster_m) {
-  KernelConfig c;
-  c.schedule = s;
-  c.tile_m = tm;
-  c.tile_n = tn;
-  c.cluster_m = cluster_m;
-  c.cluster_n = 1;
-  return c;
-}
-
 // Problems whose tile grid fits in one wave on the GPU (decode-sized M, or small N): the
 // finest tile among these that still fits one wave, so every multiprocessor that can get
 // work gets it, in this order of preference where two tile the problem alike. A 2×1 cluster
@@ -130,7 +132,7 @@ std::optional<KernelConfig> one_wave_config(const GemmDesc& g, int sms) {
                                   std::tuple{MainloopSchedule::pingpong, 64, 128}}) {
     const int64_t rows = (g.m + tm - 1) / tm, tiles = rows * ((g.n + tn - 1) / tn);
     if (tiles > sms || tiles <= best_tiles) continue;
-    best = tile(s, tm, tn, rows >= 2 && tn == 256 ? 2 : 1);
+    best = KernelConfig::of(s, tm, tn, rows >= 2 && tn == 256 ? 2 : 1);
     best_tiles = tiles;
   }
   return best;
@@ -175,7 +177,7 @@ KernelConfig default_config_for_shape(const Graph& g, const GemmDesc& gemm) {
   // multiprocessor, each half the work) where the main loop is short (K ≤ 2048: the
   // ping-pong schedule hides the epilogue behind the other tile's main loop) or where its
   // finer tiles fill the last wave clearly better (1024×14336×4096: 0.97 against 0.85).
-  const KernelConfig pingpong = tile(MainloopSchedule::pingpong, 128, 128, 2);
+  const KernelConfig pingpong = KernelConfig::of(MainloopSchedule::pingpong, 128, 128, 2);
   if ((gemm.k > 0 && gemm.k <= 2048) ||
       tuning::grid_efficiency(pingpong, gemm, device) > tuning::grid_efficiency(c, gemm, device) + 0.05)
     return pingpong;
