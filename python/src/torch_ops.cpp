@@ -409,8 +409,12 @@ class MergedCache {
       cuda_ok(cudaStreamWaitEvent(current.stream(), done_, 0), "cudaStreamWaitEvent");
     }
     c10::cuda::CUDACachingAllocator::recordStream(merged.storage().data_ptr(), current);
-    // Drop older copies of the same part (an earlier version of these weights).
-    std::erase_if(copies_, [&](const MergedCopy& c) { return c.key == key; });
+    // Drop older copies of the same part of these weights (an earlier version of them); other
+    // layers' copies share the part's recipes but not its weights, and stay.
+    std::erase_if(copies_, [&](const MergedCopy& c) {
+      return c.key == key && c.gate.storage._unsafe_get_target() == gate_src.storage().unsafeGetStorageImpl() &&
+             c.up.storage._unsafe_get_target() == up_src.storage().unsafeGetStorageImpl();
+    });
     copies_.push_back({key, SourceState(gate_src), SourceState(up_src), merged});
     return merged;
   }

@@ -83,6 +83,26 @@ def test_merged_weights_follow_in_place_updates():
     assert evtc.torch.merged_weights_bytes() > 0
 
 
+def test_each_layer_keeps_its_own_merged_weights():
+    """Layers of one architecture merge with the same recipes: each keeps its own copy, so a
+    forward through several layers builds them once (not once per layer per call)."""
+    layers = nn.Sequential(GatedMLP(), nn.Linear(N, K, device="cuda", dtype=torch.bfloat16), GatedMLP())
+    compiled = torch.compile(layers, backend="evtc", options=MECHANICS)
+    evtc.torch.clear_merged_weights()
+    x = randn(M, K)
+    with torch.no_grad():
+        compiled(x)
+        held = evtc.torch.merged_weights_bytes()
+        one_layer = 2 * N * K * 2 + 2 * N * 2  # bf16 gate and up weights, and biases
+        assert held == 2 * one_layer
+        poison_allocator()
+        got = compiled(x)
+        assert evtc.torch.merged_weights_bytes() == held
+    h = reference(layers[0], x).to(torch.bfloat16).double()
+    h = F.linear(h, layers[1].weight.detach().double(), layers[1].bias.detach().double()).to(torch.bfloat16)
+    check(got, reference(layers[2], h))
+
+
 def test_merged_weights_follow_an_optimizer_step():
     mlp = GatedMLP()
     compiled = torch.compile(mlp, backend="evtc", options=MECHANICS)
