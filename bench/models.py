@@ -390,8 +390,7 @@ def reference(base: nn.Module, inputs: tuple, phase: str):
 
 def fusion_counts(graph_reports) -> dict:
     """GEMMs evtc fused (a merged op counts every GEMM it replaced) and GEMMs in the graphs."""
-    fused = sum(len(r.fused) + sum(len(f.merged) - 1 for f in r.fused if f.merged) for r in graph_reports)
-    return {"fused": fused, "gemms": fused + sum(len(r.refused) for r in graph_reports),
+    return {"fused": sum(r.fused_gemms for r in graph_reports), "gemms": sum(r.gemms for r in graph_reports),
             "evtc_graphs": len(graph_reports), "evtc_summary": [r.summary() for r in graph_reports]}
 
 

@@ -42,10 +42,10 @@ std::string_view shape_word(Shape s) {
 
 Graph parse(const std::string& expr, const std::string& operand_dtype,
             const std::string& output_dtype) {
-  ParseOptions po;
-  po.operand_dtype = dtype_option(operand_dtype, "operand_dtype");
-  po.output_dtype = dtype_option(output_dtype, "output_dtype");
-  return parse_expression(expr, po);
+  OptionText o;
+  o.operand_dtype = operand_dtype;
+  o.output_dtype = output_dtype;
+  return parse_expression(expr, parse_options(o));
 }
 
 // The Python keyword options are OptionText (evtc/options.hpp), the spelling every front end shares.

@@ -22,8 +22,6 @@
 
 #include <atomic>
 #include <functional>
-#include <future>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -113,7 +111,8 @@ TensorRef operand_ref(const at::Tensor& t, LoadClass expected, int64_t m, int64_
   // Leading dimensions flatten into M (a view where their strides nest, else a copy).
   at::Tensor t2 = t.dim() <= 2 ? t : t.reshape({-1, t.size(-1)});
   const int64_t full[2] = {m, n};
-  const OperandPlacement p = place_operand(t2.sizes().vec(), t2.strides().vec(), full);
+  const OperandPlacement p = place_operand({t2.sizes().data(), t2.sizes().size()},
+                                           {t2.strides().data(), t2.strides().size()}, full);
   if (p.load != expected)
     throw UserError(cat(what, " of shape ", t.sizes(), " is read as a ", load_class_name(p.load), " now but was traced as a ", load_class_name(expected), p.why.empty() ? "" : ": " + p.why));
   switch (expected) {
@@ -350,7 +349,7 @@ struct SourceState {
   bool same_as(const at::Tensor& t) const {
     if (storage.expired()) return false;
     return storage._unsafe_get_target() == t.storage().unsafeGetStorageImpl() && offset == t.storage_offset() &&
-           sizes == t.sizes().vec() && strides == t.strides().vec() && version == t._version();
+           t.sizes().equals(sizes) && t.strides().equals(strides) && version == t._version();
   }
 };
 
@@ -365,11 +364,11 @@ at::Tensor interleave(const at::Tensor& gate, const at::Tensor& up, int64_t dim)
   return at::stack({gate, up}, dim + 1).flatten(dim, dim + 1);
 }
 
-// Interleaved copies of merged operands, kept while their source tensors are unchanged.
 void cuda_ok(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw RuntimeError(cat(what, ": ", cudaGetErrorString(e)));
 }
 
+// Interleaved copies of merged operands, kept while their source tensors are unchanged.
 class MergedCache {
  public:
   MergedCache() {
@@ -566,7 +565,7 @@ std::vector<at::Tensor> gemm_epilogue_merged(c10::string_view spec, const at::Te
   return run_dense(plan, a, b, operands, sources, stream);
 }
 
-// x, w and offs in the layout the grouped kernel reads (copies only where they differ).
+// The weights as the grouped kernel reads them (a copy only where their layout differs).
 BatchedTensorRef grouped_weights(const Plan& plan, const at::Tensor& w, std::vector<at::Tensor>& keep) {
   require_cuda(w, "weights");
   if (w.dim() != 3)

@@ -35,6 +35,14 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // Problem sizes of 0 (unknown) are treated as one large square problem.
 int64_t size_or(int64_t v) { return v > 0 ? v : 4096; }
 
+}  // namespace
+
+int64_t tile_count(const KernelConfig& c, const GemmDesc& gemm) {
+  return ceil_div(size_or(gemm.m), c.tile_m) * ceil_div(size_or(gemm.n), c.tile_n);
+}
+
+namespace {
+
 // Fraction of the padded tile grid that lies inside the problem.
 double padding_efficiency(const KernelConfig& c, const GemmDesc& g) {
   const int64_t m = size_or(g.m), n = size_or(g.n);
@@ -52,9 +60,8 @@ int64_t tiles_per_wave(const KernelConfig& c, const DeviceLimits& d) {
 double wave_efficiency(const KernelConfig& c, const GemmDesc& g, const DeviceLimits& d) {
   const int64_t tm = ceil_div(ceil_div(size_or(g.m), c.tile_m), c.cluster_m) * c.cluster_m;
   const int64_t tn = ceil_div(ceil_div(size_or(g.n), c.tile_n), c.cluster_n) * c.cluster_n;
-  const int64_t useful = ceil_div(size_or(g.m), c.tile_m) * ceil_div(size_or(g.n), c.tile_n);
   const int64_t slots = ceil_div(tm * tn, tiles_per_wave(c, d)) * tiles_per_wave(c, d);
-  return double(useful) / double(slots);
+  return double(tile_count(c, g)) / double(slots);
 }
 
 // Main-loop stages that fit in shared memory beside the epilogue's buffers (CUTLASS's
@@ -125,21 +132,15 @@ double grid_efficiency(const KernelConfig& c, const GemmDesc& gemm, const Device
   return waves * padding_efficiency(c, gemm);
 }
 
-int64_t tile_count(const KernelConfig& c, const GemmDesc& gemm) {
-  return ceil_div(size_or(gemm.m), c.tile_m) * ceil_div(size_or(gemm.n), c.tile_n);
-}
-
 double heuristic_score(const KernelConfig& c, const GemmDesc& gemm, const DeviceLimits& device) {
   // Arithmetic intensity of a tile (MN / (M+N)), relative to the largest tile's.
   const double intensity =
       (double(c.tile_m) * c.tile_n / (c.tile_m + c.tile_n)) / (256.0 * 128.0 / 384.0);
-  const double waves = c.scheduler == TileSchedulerKind::stream_k ? 0.95  // balanced, minus fix-up
-                                                                  : wave_efficiency(c, gemm, device);
   // Orderings measured on an H100 (bench/results/*-config-sweep.txt): a 2×1 cluster shares
   // B's tiles by multicast; ping-pong pays off when the main loop is short.
   const double cluster = c.cluster_m == 2 && c.cluster_n == 1 ? 1.0 : c.cluster_m * c.cluster_n == 1 ? 0.97 : 0.98;
   const double sched = c.schedule == MainloopSchedule::pingpong && size_or(gemm.k) > 2048 ? 0.97 : 1.0;
-  return waves * padding_efficiency(c, gemm) * std::sqrt(intensity) * cluster * sched;
+  return grid_efficiency(c, gemm, device) * std::sqrt(intensity) * cluster * sched;
 }
 
 std::vector<KernelConfig> candidate_configs(const Graph& g, const GemmDesc& gemm,

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "evtc/grouped.hpp"
 #include "evtc/runtime.hpp"
 #include "runtime/autotuner.hpp"
 #include "runtime/device_info.hpp"

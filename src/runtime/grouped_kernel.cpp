@@ -8,9 +8,9 @@
 #include "evtc/device/grouped_abi.h"
 #include "evtc/error.hpp"
 #include "evtc/grouped.hpp"
-#include "runtime/cost_model.hpp"
 #include "jit/kernel_cache.hpp"
 #include "runtime/bind.hpp"
+#include "runtime/cost_model.hpp"
 
 namespace evtc {
 
@@ -115,7 +115,6 @@ FusionEstimate GroupedKernel::estimate(int64_t total_m, int64_t n, int64_t k, in
   e.basis = "model (grouped)";
   return e;
 }
-
 
 std::string GroupedKernel::shape_reason(int64_t n, int64_t k) const {
   if (impl_->gated && n % 2 != 0)

@@ -130,9 +130,11 @@ std::optional<KernelConfig> one_wave_config(const GemmDesc& g, int sms) {
                                   std::tuple{MainloopSchedule::cooperative, 128, 128},
                                   std::tuple{MainloopSchedule::pingpong, 64, 256},
                                   std::tuple{MainloopSchedule::pingpong, 64, 128}}) {
-    const int64_t rows = (g.m + tm - 1) / tm, tiles = rows * ((g.n + tn - 1) / tn);
+    KernelConfig c = KernelConfig::of(s, tm, tn);
+    const int64_t tiles = tuning::tile_count(c, g);
     if (tiles > sms || tiles <= best_tiles) continue;
-    best = KernelConfig::of(s, tm, tn, rows >= 2 && tn == 256 ? 2 : 1);
+    if (tn == 256 && g.m > tm) c.cluster_m = 2;  // two or more row tiles
+    best = c;
     best_tiles = tiles;
   }
   return best;

@@ -13,7 +13,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import evtc.torch  # noqa: E402
 from evtc.torch._op import GEMM_EPILOGUE, GEMM_EPILOGUE_MERGED, GROUPED_GEMM_EPILOGUE_MERGED, spec_kernel  # noqa: E402
-from test_fx_pass import BF16, K, M, N, ops_of, trace  # noqa: E402
+from test_fx_pass import BF16, K, M, ops_of, trace  # noqa: E402
 
 F_ = 520  # each projection's features (the merged N = 1040)
 X = ((M, K), BF16)
@@ -105,7 +105,7 @@ def test_one_projection_split_in_halves_merges(split):
     assert tuple(output_of(gm).meta["val"].shape) == (4, 250, F_)
     (node,) = [n for n in gm.graph.nodes if n.target is GEMM_EPILOGUE_MERGED]
     (source,) = node.args[2]  # one fused weight, halves taken by the recipes
-    gate, up = json.loads(merged_fusion(report).spec)["merged"]["b"]
+    gate, up = json.loads(f.spec)["merged"]["b"]
     assert gate["views"][-1] == ["slice", 1, 0, F_, 1] and up["views"][-1][:3] == ["slice", 1, F_], (gate, up)
     assert tuple(source.meta["val"].shape) == (2 * F_, K)
 

@@ -11,6 +11,7 @@ from typing import Optional
 import torch
 from torch import fx
 
+from .. import _evtc
 from . import _op, _spec
 from ._chain import EVTC_DTYPES, Chain, Refused, absorb, absorbable, concrete, same_dim, same_shape, val
 from ._gemm import GROUPED_MM
@@ -200,20 +201,20 @@ def _position(graph: fx.Graph):
     return lambda n: index[n]
 
 
+def _flat(items: list) -> list:
+    """An op's arguments with their lists spread out."""
+    return [x for i in items for x in (i if isinstance(i, list) else [i])]
+
+
 def fake_outputs(op, inputs: list, spec: str):
     """The fused op's result on the chain's fake tensors (its node's meta["val"])."""
     from torch._guards import detect_fake_mode
 
     def value(x):
-        if isinstance(x, fx.Node):
-            return val(x)
-        if isinstance(x, (list, tuple)):
-            return [value(i) for i in x]
-        return x
+        return val(x) if isinstance(x, fx.Node) else x
 
-    args = [value(i) for i in inputs]
-    flat = [a for a in args if isinstance(a, torch.Tensor)] + [t for a in args if isinstance(a, list) for t in a]
-    mode = detect_fake_mode(flat)
+    args = [[value(x) for x in i] if isinstance(i, list) else value(i) for i in inputs]
+    mode = detect_fake_mode([t for t in _flat(args) if isinstance(t, torch.Tensor)])
     if mode is None:
         from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -227,8 +228,7 @@ def replace(graph: fx.Graph, chain: Chain, spec: str, op, inputs: list, kernel_h
     """Inserts ``op(spec, *inputs)`` after its latest input, points every escaping chain value
     at its output (``index_of``: value name -> output index, or None for a single-output op)
     and erases the chain."""
-    nodes = [i for i in inputs if isinstance(i, fx.Node)] + [t for i in inputs if isinstance(i, list) for t in i]
-    last_input = max(nodes, key=_position(graph))
+    last_input = max((i for i in _flat(inputs) if isinstance(i, fx.Node)), key=_position(graph))
     with graph.inserting_after(last_input):
         fused = graph.call_function(op, (spec, *inputs))
     fused.meta["val"] = fake_outputs(op, inputs, spec)
@@ -282,8 +282,7 @@ def intermediate_bytes(chain: Chain) -> int:
     epilogue kernel reads back, and what fusion saves writing unless a chain value equal to it
     is an output anyway."""
     m, n, _ = problem_size(chain)
-    dtype = chain.gemm_dtype or torch.bfloat16
-    return m * n * torch.empty((), dtype=dtype).element_size()
+    return m * n * (chain.gemm_dtype or torch.bfloat16).itemsize
 
 
 def kernel_options(chain: Chain, cast_mode: str) -> dict:
@@ -293,9 +292,5 @@ def kernel_options(chain: Chain, cast_mode: str) -> dict:
 def spec_kernel_or_refuse(spec: str):
     try:
         return _op.spec_kernel(spec)[0]
-    except Exception as why:  # evtc.UserError: an epilogue evtc cannot build a kernel for
+    except _evtc.UserError as why:  # an epilogue evtc cannot build a kernel for
         raise Refused(str(why)) from why
-
-
-def product(xs) -> int:
-    return math.prod(concrete(x) for x in xs)

@@ -32,10 +32,19 @@ class FusionReport:
     fused: list[Fusion] = field(default_factory=list)
     refused: list[tuple[str, str]] = field(default_factory=list)  # (GEMM node, reason)
 
+    @property
+    def fused_gemms(self) -> int:
+        """GEMMs fused (a merged op counts the GEMMs it replaced)."""
+        return sum(max(len(f.merged), 1) for f in self.fused)
+
+    @property
+    def gemms(self) -> int:
+        """GEMMs in the graph: fused and refused."""
+        return self.fused_gemms + len(self.refused)
+
     def summary(self) -> str:
         reasons = Counter(r for _, r in self.refused)
-        gemms = len(self.fused) + sum(len(f.merged) - 1 for f in self.fused if f.merged) + len(self.refused)
-        text = f"evtc: fused {len(self.fused) + sum(len(f.merged) - 1 for f in self.fused if f.merged)} of {gemms} GEMMs"
+        text = f"evtc: fused {self.fused_gemms} of {self.gemms} GEMMs"
         for reason, count in reasons.most_common():
             text += f"\n  refused x{count}: {reason}"
         for f in self.fused:

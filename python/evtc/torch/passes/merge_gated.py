@@ -31,8 +31,8 @@ from typing import Optional
 import torch
 from torch import fx
 
-from .._chain import EVTC_DTYPES, Chain, MergedB, Refused, cast_to, concrete, const, same_shape, val
-from .._fusion import grow
+from .._chain import EVTC_DTYPES, Chain, MergedB, Refused, cast_to, concrete, same_shape, val
+from .._fusion import escaping, grow
 from .._gemm import GROUPED_MM, layout
 from . import fuse_chains
 
@@ -261,7 +261,7 @@ def _start(graph: fx.Graph, roots: Roots, settings) -> Chain:
     if ta.device.type != "cuda":
         raise Refused(f"the GEMMs run on {ta.device}")
     for b in (roots.b_gate, roots.b_up):
-        if _weight_source(b) is None:
+        if not _is_weight(b):
             raise Refused(f"B operand {b.name} is computed in the graph, not a weight: interleaving it would "
                           "copy it at every call")
     constant = _constant_b(graph, roots)
@@ -278,13 +278,12 @@ def _start(graph: fx.Graph, roots: Roots, settings) -> Chain:
     full = tuple(gate_shape[:-1]) + (2 * gate_shape[-1],)
     chain = Chain(gemm=first, a=roots.a, b=roots.b_gate, options=options, full_shape=full, grouped=roots.grouped,
                   offsets=roots.offsets, gemm_dtype=out.dtype)
-    h = "acc"
+    bias_dtype = None  # the merged bias "xb", when the GEMMs have biases
     if constant is not None:
         chain.b, bias = constant
         if bias is not None:
             chain.operands[bias] = ("xb", "row")
-            chain.declarations.append(f"input xb[n]: {EVTC_DTYPES[val(bias).dtype]}")
-            h = "acc + xb"
+            bias_dtype = val(bias).dtype
     else:
         merged = chain.merged = MergedB(roots.b_gate, roots.b_up)
         merged.b = (_recipe(roots.b_gate, merged.sources), _recipe(roots.b_up, merged.sources))
@@ -294,8 +293,11 @@ def _start(graph: fx.Graph, roots: Roots, settings) -> Chain:
             if tbg is None or tbg.dim() != 1 or val(bu) is None or not same_shape(val(bu).shape, tbg.shape):
                 raise Refused("the biases are not two vectors of N/2 values")
             merged.rows["xb"] = [_recipe(bg, merged.sources), _recipe(bu, merged.sources)]
-            chain.declarations.append(f"input xb[n]: {EVTC_DTYPES[tbg.dtype]}")
-            h = "acc + xb"
+            bias_dtype = tbg.dtype
+    h = "acc"
+    if bias_dtype is not None:
+        chain.declarations.append(f"input xb[n]: {EVTC_DTYPES[bias_dtype]}")
+        h = "acc + xb"
     chain.merged_from = list(roots.gemms)
     chain.lines.append(f"h = {cast_to(out.dtype, h)}")
     chain.nodes += list(roots.gemms) + roots.members
@@ -326,8 +328,6 @@ def _check_meets(chain: Chain, roots: Roots) -> None:
 def _check_escapes(chain: Chain, roots: Roots) -> None:
     """The merged kernel writes the combined result: a half used outside the chain on its own
     (the pre-activations a training graph saves for backward) keeps the GEMMs apart."""
-    from .._fusion import escaping
-
     for o in escaping(chain):
         if chain.exprs[o] in (chain.exprs[roots.gate], chain.exprs[roots.up]):
             raise Refused(f"{o.name}, the {'gate' if chain.exprs[o] == chain.exprs[roots.gate] else 'up'} "
@@ -335,11 +335,18 @@ def _check_escapes(chain: Chain, roots: Roots) -> None:
                           "backward): the merged GEMM writes only the combined result")
 
 
-def _weight_source(b: fx.Node) -> Optional[fx.Node]:
-    """The graph input or constant a B operand is a view of (None when B is computed)."""
-    while b.op == "call_function" and b.target in _VIEW_OPS:
-        b = b.args[0]
-    return b if b.op in ("placeholder", "get_attr") else None
+def _view_chain(node: fx.Node) -> tuple[fx.Node, list[fx.Node]]:
+    """The node ``node`` is a view of, through view ops, and those views (outermost first)."""
+    views = []
+    while node.op == "call_function" and node.target in _VIEW_OPS:
+        views.append(node)
+        node = node.args[0]
+    return node, views
+
+
+def _is_weight(node: fx.Node) -> bool:
+    """Whether ``node`` is a view of a graph input or constant (not computed in the graph)."""
+    return _view_chain(node)[0].op in ("placeholder", "get_attr")
 
 
 def _static_ints(values, what: str) -> list[int]:
@@ -353,9 +360,11 @@ def _recipe(node: fx.Node, sources: list[fx.Node]) -> dict:
     ``sources``) and the view steps (see _spec). The op receives the graph input itself, whose
     version counter in-place updates move (views the compiled code makes at run time have
     their own), so its cached copy knows when to rebuild."""
+    source, views = _view_chain(node)
+    if source.op not in ("placeholder", "get_attr"):
+        raise Refused(f"{node.name} is computed in the graph, not a view of a weight")
     steps = []
-    n = node
-    while n.op == "call_function" and n.target in _VIEW_OPS:
+    for n in views:
         args = list(n.args[1:])
         if n.target is aten.permute.default:
             steps.append(["permute", *_static_ints(args[0], n.name)])
@@ -370,12 +379,9 @@ def _recipe(node: fx.Node, sources: list[fx.Node]) -> dict:
             steps.append(["slice", *_static_ints([dim, start, end, step], n.name)])
         elif n.target in VIEWS:
             steps.append(["view", *_static_ints(args[0], n.name)])
-        n = n.args[0]
-    if n.op not in ("placeholder", "get_attr"):
-        raise Refused(f"{node.name} is computed in the graph, not a view of a weight")
-    if n not in sources:
-        sources.append(n)
-    return {"source": sources.index(n), "views": list(reversed(steps))}
+    if source not in sources:
+        sources.append(source)
+    return {"source": sources.index(source), "views": list(reversed(steps))}
 
 
 # --- constant weights (freezing) ----------------------------------------------------------------

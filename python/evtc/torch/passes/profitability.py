@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from torch import fx
 
+from ... import _evtc
+
 from .._chain import RESHAPES, Chain, Refused, concrete
 from .._fusion import intermediate_bytes, problem_size
 
@@ -35,8 +37,6 @@ def decide(chain: Chain, kernel, outs: list[fx.Node], settings) -> dict:
     """The estimate's numbers, or Refused when the fusion does not pay."""
     if not settings.profitability:
         return {}
-    from ... import _evtc
-
     saved, kernels = unfused_work(chain, outs)
     m, n, k = problem_size(chain)
     work = _evtc.UnfusedWork()
