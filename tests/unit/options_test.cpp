@@ -36,12 +36,22 @@ TEST(Options, ErrorsNameTheOption) {
   EXPECT_NE(message(R"({"config": "fast"})").find("config: 'fast' is not a kernel configuration"),
             std::string::npos);
   EXPECT_NE(message("[1, 2]").find("must be a JSON object"), std::string::npos);
+  EXPECT_NE(message(R"({"precise_math": "yes"})").find("option precise_math: expected true or false"),
+            std::string::npos);
+  EXPECT_NE(message("{").find("kernel options are not JSON"), std::string::npos);
 }
 
 TEST(Options, GroupedKernelsNeedRowMajorTokens) {
   OptionText o;
   o.a_layout = "col";
-  EXPECT_THROW(grouped_options(o), UserError);
+  try {
+    grouped_options(o);
+    FAIL() << "a column-major x was accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("a_layout: a grouped kernel's token matrix x must be row-major"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

@@ -26,8 +26,9 @@ from .. import _evtc, _grouped, _kernel
 from . import _spec
 
 
-def _load_library() -> None:
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+def _load_library(here: str = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) -> None:
+    """Loads the op library from the package folder ``here``, after checking that it is there
+    and was built against this torch."""
     path = os.path.join(here, "_evtc_torch.so")
     if not os.path.isfile(path):
         raise ImportError(
