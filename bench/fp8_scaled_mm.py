@@ -39,7 +39,8 @@ class GemmArgs(ctypes.Structure):
                 ("d", ctypes.c_void_p), ("lda", ctypes.c_int64), ("ldb", ctypes.c_int64),
                 ("ldc", ctypes.c_int64), ("ldd", ctypes.c_int64),
                 ("ptrs", ctypes.POINTER(ctypes.c_void_p)),
-                ("scalars", ctypes.POINTER(ctypes.c_double)), ("sm_count", ctypes.c_int)]
+                ("scalars", ctypes.POINTER(ctypes.c_double)), ("sm_count", ctypes.c_int),
+                ("raster", ctypes.c_int), ("swizzle", ctypes.c_int)]
 
 
 def compile_kernel(evtc, expr, config, fast_accum):
@@ -68,22 +69,25 @@ class FusedKernel:
                                       ctypes.c_char_p, ctypes.c_size_t]
         self.signature = json.loads(self.lib.evtc_kernel_signature())
 
-    def bind(self, a, b_nk, d, tensors):
+    def bind(self, a, b_nk, d, tensors, raster=0, swizzle=0):
         """Arguments for D = epilogue(a @ b_nk.T): a is M×K, b_nk N×K (B column-major); d may
-        be None for a kernel without a main output (its outputs are all in `tensors`)."""
+        be None for a kernel without a main output (its outputs are all in `tensors`). raster
+        (0 heuristic, 1 along M, 2 along N) and swizzle set the tile scheduler's visiting order."""
         m, k = a.shape
         n = b_nk.shape[0]
         names = [s["name"] for s in self.signature["pointers"]]
-        self._ptrs = (ctypes.c_void_p * max(1, len(names)))(*[tensors[x].data_ptr() for x in names])
-        self._scalars = (ctypes.c_double * 1)()
+        # Each launch closure keeps its own tables (args points into them).
+        ptrs = (ctypes.c_void_p * max(1, len(names)))(*[tensors[x].data_ptr() for x in names])
+        scalars = (ctypes.c_double * 1)()
         args = GemmArgs(m, n, k, a.data_ptr(), b_nk.data_ptr(), None,
                         d.data_ptr() if d is not None else None, k, k, n, n,
-                        self._ptrs, self._scalars, 0)
+                        ptrs, scalars, 0, raster, swizzle)
         workspace = torch.empty(self.lib.evtc_workspace_size(ctypes.byref(args)) + 1,
                                 dtype=torch.uint8, device="cuda")
         why = ctypes.create_string_buffer(256)
 
         def launch():
+            keep = (ptrs, scalars)  # noqa: F841  (alive as long as the closure)
             rc = self.lib.evtc_run(ctypes.byref(args), ctypes.c_void_p(workspace.data_ptr()),
                                    ctypes.c_void_p(torch.cuda.current_stream().cuda_stream), why,
                                    256)

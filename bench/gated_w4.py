@@ -11,7 +11,7 @@ compile` for each kernel configuration, called through its C ABI on PyTorch's st
 against an fp64 reference (NaN-poisoned output first) and timed with triton.testing.do_bench
 (median). Baselines in the same process: the plain cuBLAS GEMM (torch.mm, the full (M, N)
 output), eager PyTorch, torch.compile and torch.compile(mode="max-autotune-no-cudagraphs").
-Writes <out>/<stamp>-h100-w4.json and a PNG bar chart of time relative to the plain GEMM.
+Writes <out>/<stamp>-<gpu>-w4.json and a PNG bar chart of time relative to the plain GEMM.
 """
 import argparse
 import datetime
@@ -114,8 +114,9 @@ def main():
     for c, r in result["speedup_of_best_evtc"].items():
         print(f"  best evtc ({best[1]}) speedup over {c}: {r:.3f}x")
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M")
+    slug = "h200" if "H200" in dev else re.sub(r"[^a-z0-9]+", "-", dev.lower()).strip("-")
     os.makedirs(opts.out, exist_ok=True)
-    path = os.path.join(opts.out, f"{stamp}-h100-w4.json")
+    path = os.path.join(opts.out, f"{stamp}-{slug}-w4.json")
     with open(path, "w") as f:
         json.dump(result, f, indent=2)
     try:

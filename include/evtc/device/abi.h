@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define EVTC_ABI_VERSION 1
+#define EVTC_ABI_VERSION 2
 
 #ifdef __cplusplus
 extern "C" {
@@ -27,6 +27,11 @@ typedef struct evtc_gemm_args {
   void* const* ptrs;          /* pointer slots */
   const double* scalars;      /* scalar slots */
   int sm_count;               /* multiprocessors to use; 0 = all of the current device */
+  /* The persistent tile scheduler's visiting order (run-time choices, no recompile):
+   * raster 0 = CUTLASS's heuristic, 1 = along M, 2 = along N; swizzle = the width of the
+   * strips tiles are visited in (1, 2, 4 or 8; 0 = 1). */
+  int raster;
+  int swizzle;
 } evtc_gemm_args;
 
 /* Status codes of evtc_can_implement and evtc_run. */

@@ -756,6 +756,11 @@ GemmArguments gemm_arguments(const evtc_gemm_args& a, char* scratch) {
       {fusion_arguments(a, scratch), static_cast<const typename GemmKernel::ElementC*>(a.c), stride_c,
        static_cast<typename GemmKernel::ElementD*>(a.d), stride_d},
       hw};
+  using RasterOptions = typename GemmKernel::TileScheduler::RasterOrderOptions;
+  args.scheduler.max_swizzle_size = a.swizzle > 0 ? a.swizzle : 1;
+  args.scheduler.raster_order = a.raster == 1   ? RasterOptions::AlongM
+                                : a.raster == 2 ? RasterOptions::AlongN
+                                                : RasterOptions::Heuristic;
   return args;
 }
 
@@ -802,6 +807,7 @@ bool same_call(const LaunchEntry& e, const evtc_gemm_args& a, void* workspace, i
   return e.valid && e.device == device && e.workspace == workspace && k.m == a.m && k.n == a.n &&
          k.k == a.k && k.a == a.a && k.b == a.b && k.c == a.c && k.d == a.d && k.lda == a.lda &&
          k.ldb == a.ldb && k.ldc == a.ldc && k.ldd == a.ldd && k.sm_count == a.sm_count &&
+         k.raster == a.raster && k.swizzle == a.swizzle &&
          (kPointerSlots == 0 || std::memcmp(e.ptrs, a.ptrs, sizeof(void*) * kPointerSlots) == 0) &&
          (kScalarSlots == 0 || std::memcmp(e.scalars, a.scalars, sizeof(double) * kScalarSlots) == 0);
 }

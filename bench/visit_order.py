@@ -1,0 +1,200 @@
+#!/usr/bin/env python3
+"""The persistent tile scheduler's visiting order: for large transformer GEMMs, each fused kernel
+timed with every raster order (CUTLASS's heuristic, along M, along N) and swizzle width
+(1, 2, 4, 8), against the cuBLAS GEMM of the same shape (torch.mm), in one process.
+
+    python3 bench/visit_order.py PATH_TO_EVTC [--out bench/results] [--only NAME,...] [--rounds R]
+
+The order is a run-time argument of a compiled kernel (evtc_gemm_args.raster / .swizzle): no
+recompile per choice. Timing: a sustained GEMM load heats the chip and its clocks drift by several
+per cent within seconds, so the variants of one workload (cuBLAS included) are timed round-robin:
+each round times every variant for 10 back-to-back calls between two CUDA events, starting at a
+different variant each round; a variant's time is the median over the rounds. Each result is
+checked against a float64 reference on its first launch (poisoned output). Writes
+<stamp>-<gpu>-visit-order.json and .png.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fp8_scaled_mm import FusedKernel  # noqa: E402  (the C-ABI caller)
+
+# name: (expression, M, N, K, gated, configs); B is N×K (K-major), as nn.Linear stores it.
+WORKLOADS = {
+    "gated-8192x22016x4096": ("out y: bf16 = swiglu(acc)", 8192, 22016, 4096, True,
+                              ["coop_128x256x64_c2x1_persistent", "coop_256x128x64_c2x1_persistent",
+                               "coop_128x256x64_c1x2_persistent"]),
+    "W4-swiglu7": ("out y: bf16 = swiglu7(acc)", 7697, 27304, 5120, True,
+                   ["coop_128x256x64_c2x1_persistent"]),
+    "silu-8192x11008x4096": ("input bias[n]: bf16\nout D: bf16 = silu(acc + bias[n])", 8192, 11008,
+                             4096, False, ["coop_128x256x64_c2x1_persistent"]),
+    "plain-8192x22016x4096": ("out D: bf16 = acc", 8192, 22016, 4096, False,
+                              ["coop_128x256x64_c2x1_persistent"]),
+    "plain-8192x11008x4096": ("out D: bf16 = acc", 8192, 11008, 4096, False,
+                              ["coop_128x256x64_c2x1_persistent"]),
+    "plain-8192x4096x11008": ("out D: bf16 = acc", 8192, 4096, 11008, False,
+                              ["coop_128x256x64_c2x1_persistent"]),
+    "W1-8192^3": ("input bias[n]: bf16\nout D: bf16 = silu(acc + bias[n])", 8192, 8192, 8192, False,
+                  ["coop_128x256x64_c2x1_persistent"]),
+}
+ORDERS = [(0, 1)] + [(r, s) for r in (1, 2) for s in (1, 2, 4, 8)]
+RASTER = {0: "heuristic", 1: "along M", 2: "along N"}
+
+
+def log(text: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
+
+
+def compile_kernel(evtc: str, expr: str, config: str) -> str:
+    cmd = [evtc, "compile", expr, "--layout-b", "c", "--config", config]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    found = re.search(r"fused kernel: (\S+)", out)
+    if not found:
+        sys.exit(f"evtc compile printed no kernel path:\n{out}")
+    return found.group(1)
+
+
+def swiglu(h):
+    g, u = h[:, 0::2], h[:, 1::2]
+    return g * torch.sigmoid(g) * u
+
+
+def swiglu7(h):
+    g = h[:, 0::2].clamp(max=7.0)
+    u = h[:, 1::2].clamp(-7.0, 7.0)
+    return g * torch.sigmoid(1.702 * g) * (u + 1)
+
+
+def round_robin(variants: dict, rounds: int, calls: int = 10) -> dict:
+    """Median ms per call of each variant, timed in rotating order (see the module's docstring)."""
+    names = list(variants)
+    for fn in variants.values():
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    while time.perf_counter() - start < 0.3:  # clocks up before the first round
+        variants[names[0]]()
+        torch.cuda.synchronize()
+    samples = {n: [] for n in names}
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in names]
+    for r in range(rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for name, (e0, e1) in zip(order, events):
+            fn = variants[name]
+            e0.record()
+            for _ in range(calls):
+                fn()
+            e1.record()
+        torch.cuda.synchronize()
+        for name, (e0, e1) in zip(order, events):
+            samples[name].append(e0.elapsed_time(e1) / calls)
+    return {n: statistics.median(v) for n, v in samples.items()}
+
+
+def run_workload(name, expr, m, n, k, gated, paths, rounds) -> dict:
+    gen = torch.Generator("cuda").manual_seed(7)
+    x = (torch.randn(m, k, device="cuda", generator=gen) * k ** -0.25).to(torch.bfloat16)
+    w = (torch.randn(n, k, device="cuda", generator=gen) * k ** -0.25).to(torch.bfloat16)
+    bias = torch.randn(n, device="cuda", generator=gen).to(torch.bfloat16)
+    h = x.double() @ w.double().t()
+    if gated:
+        want = (swiglu7 if "swiglu7" in expr else swiglu)(h)
+    elif "silu" in expr:
+        want = torch.nn.functional.silu(h + bias.double())
+    else:
+        want = h
+    del h
+    out = torch.empty(m, n // 2 if gated else n, device="cuda", dtype=torch.bfloat16)
+    cublas_out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    variants = {"cuBLAS": lambda: torch.mm(x, w.t(), out=cublas_out)}
+    for config, path in paths.items():
+        kern = FusedKernel(path)
+        for raster, swizzle in ORDERS:
+            tensors = {"y": out, "D": out, "bias": bias}
+            launch = kern.bind(x, w, None if gated else out, tensors, raster, swizzle)
+            out.fill_(float("nan"))
+            launch()
+            torch.cuda.synchronize()
+            err = ((out.double() - want).norm() / want.norm()).item()
+            if not err < 1e-2:
+                sys.exit(f"{name} {config} raster {raster} swizzle {swizzle}: relative error {err:.3g}")
+            variants[f"{config}|{raster},{swizzle}"] = launch
+    del want
+    times = round_robin(variants, rounds)
+    base = times["cuBLAS"]
+    row = {"workload": name, "expression": expr, "shape": [m, n, k], "cublas_ms": base,
+           "tflops_cublas": 2.0 * m * n * k / (base * 1e-3) / 1e12, "kernels": {}}
+    for config in paths:
+        t = {o.split("|")[1]: v for o, v in times.items() if o.startswith(config + "|")}
+        row["kernels"][config] = t
+        best = min(t, key=t.get)
+        log(f"{name} {config}: heuristic {t['0,1'] / base:.3f}x cuBLAS ({base:.4f} ms), best {best} "
+            f"{t[best] / base:.3f}x  ({', '.join(f'{o}:{v / base:.3f}' for o, v in t.items())})")
+    return row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("evtc", help="path of the evtc binary")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    ap.add_argument("--only", default="", help="comma-separated workload names")
+    ap.add_argument("--rounds", type=int, default=15)
+    opts = ap.parse_args()
+    names = [w for w in WORKLOADS if not opts.only or w in opts.only.split(",")]
+    jobs = [(w, c) for w in names for c in WORKLOADS[w][5]]
+    log(f"compiling {len(jobs)} kernels")
+    with ThreadPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1)) as pool:
+        paths = dict(zip(jobs, pool.map(lambda j: compile_kernel(opts.evtc, WORKLOADS[j[0]][0], j[1]), jobs)))
+    log("compiled")
+    rows = []
+    for w in names:
+        expr, m, n, k, gated, configs = WORKLOADS[w]
+        rows.append(run_workload(w, expr, m, n, k, gated, {c: paths[(w, c)] for c in configs}, opts.rounds))
+    gpu = torch.cuda.get_device_name()
+    slug = "h200" if "H200" in gpu else re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-")
+    stamp = datetime.now().strftime("%Y%m%d-%H%M")
+    os.makedirs(opts.out, exist_ok=True)
+    path = os.path.join(opts.out, f"{stamp}-{slug}-visit-order.json")
+    with open(path, "w") as f:
+        json.dump({"device": gpu, "torch": torch.__version__, "orders": ORDERS,
+                   "method": f"round-robin, {opts.rounds} rounds of 10 back-to-back calls per "
+                             "variant, median; cuBLAS = torch.mm into a preallocated output", "rows": rows}, f, indent=2)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        labels = [f"{r},{s}" for r, s in ORDERS]
+        fig, ax = plt.subplots(figsize=(10, 4.5))
+        for row in rows:
+            base = row["cublas_ms"]
+            for config, times in row["kernels"].items():
+                ax.plot(labels, [times[o] / base for o in labels], marker="o",
+                        label=f"{row['workload']} {config.split('_persistent')[0]}")
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xlabel("raster (0 heuristic, 1 along M, 2 along N), swizzle")
+        ax.set_ylabel("time / cuBLAS GEMM (lower is better)")
+        ax.set_title(f"Tile visiting order, {gpu}")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(path.replace(".json", ".png"), dpi=120)
+    except ImportError:
+        log("matplotlib missing: no plot")
+    log(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
