@@ -19,6 +19,7 @@ struct OptionText {
   std::string cast_mode = "eager";                 // eager | fast
   bool precise_math = false;
   bool disable_fusion = false;
+  bool wait_for_compile = true;                    // see CompileOptions::wait_for_compile
   std::optional<std::string> config;               // a KernelConfig name
   std::string operand_dtype = "bf16", output_dtype = "bf16";
 };

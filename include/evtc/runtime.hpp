@@ -97,6 +97,12 @@ struct CompileOptions {
   // Most candidates compiled and timed per problem (0: every candidate that survives pruning);
   // EVTC_TUNE_MAX_CANDIDATES overrides it.
   int tune_max_candidates = 6;
+  // A call whose fused kernel is not compiled yet: true waits for the compile; false runs
+  // unfused (cuBLASLt + the plain epilogue, which compiles in about a second) while the fused
+  // kernel compiles in the background, and switches to it at the first call after it is ready.
+  // A call being captured into a CUDA graph always waits (the graph could not switch later).
+  // EVTC_WAIT_FOR_COMPILE=1 makes every kernel wait.
+  bool wait_for_compile = true;
 };
 
 // Where a problem's configuration came from.

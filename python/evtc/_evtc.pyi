@@ -18,6 +18,7 @@ class KernelOptions:
     cast_mode: str
     precise_math: bool
     disable_fusion: bool
+    wait_for_compile: bool
     config: Optional[str]
     operand_dtype: str
     output_dtype: str

@@ -45,12 +45,14 @@ _compile_pool_lock = threading.Lock()
 
 
 def _pool() -> concurrent.futures.ThreadPoolExecutor:
-    """Threads for background nvcc compiles (EVTC_COMPILE_THREADS, default: the CPU count)."""
+    """Threads that wait for background compiles. The native layer bounds how many CUTLASS
+    kernels compile at once (EVTC_COMPILE_JOBS, default the CPU count) and lets the plain
+    epilogues of the unfused path (about a second each) through at once, so these threads only
+    wait: enough of them that a plain epilogue's compile never queues behind fused kernels."""
     global _compile_pool
     with _compile_pool_lock:
         if _compile_pool is None:
-            workers = int(os.environ.get("EVTC_COMPILE_THREADS", "0")) or (os.cpu_count() or 4)
-            _compile_pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="evtc-nvcc")
+            _compile_pool = concurrent.futures.ThreadPoolExecutor(64, thread_name_prefix="evtc-nvcc")
         return _compile_pool
 
 
@@ -96,7 +98,7 @@ class Kernel(_Compiled):
         self.expr = expr
         self._native = _evtc.Kernel(expr, options)
         self._options = options
-        self._futures: dict[tuple[int, int, int], concurrent.futures.Future] = {}
+        self._futures: dict[tuple[int, int, int] | str, concurrent.futures.Future] = {}
         self._futures_lock = threading.Lock()
         self.last_path: Optional[str] = None
         self.signature = [Operand(**d) for d in self._native.signature]
@@ -137,6 +139,16 @@ class Kernel(_Compiled):
                 self._futures[key] = fut
             return fut
 
+    def compile_fallback_async(self) -> concurrent.futures.Future:
+        """Starts compiling the unfused path's plain epilogue in the background (about a
+        second; not queued behind fused kernels)."""
+        with self._futures_lock:
+            fut = self._futures.get("fallback")
+            if fut is None:
+                fut = _pool().submit(self._native.compile_fallback)
+                self._futures["fallback"] = fut
+            return fut
+
     def _wait_for_compiles(self) -> list[str]:
         """Waits for the background compiles; returns their errors. A kernel that failed to
         compile still runs: its calls take the unfused path, with the reason logged."""
@@ -153,7 +165,8 @@ class Kernel(_Compiled):
     # --- running -----------------------------------------------------------------------------
     def __call__(self, a: Any, b: Any, *, out: Optional[dict[str, Any]] = None,
                  stream: Optional[int] = None, **operands: Any) -> Union[Any, dict[str, Any]]:
-        self._wait_for_compiles()
+        if self._options.wait_for_compile:
+            self._wait_for_compiles()
         torch_inputs = _is_torch_tensor(a)
         if torch_inputs:
             return self._call_torch(a, b, out or {}, stream, operands)
@@ -227,7 +240,7 @@ def _result(outputs: list[Operand], values: dict[str, Any]):
 def compile(expr: str, *, a_dtype: str = "bf16", b_dtype: str = "bf16", a_layout: str = "row",
             b_layout: str = "col", cast_mode: str = "eager", precise_math: bool = False,
             disable_fusion: bool = False, config: Optional[str] = None,
-            operand_dtype: str = "bf16", output_dtype: str = "bf16") -> Kernel:
+            operand_dtype: str = "bf16", output_dtype: str = "bf16", wait_for_compile: bool = True) -> Kernel:
     """Parses ``expr``, runs the pass pipeline and returns a :class:`Kernel`.
 
     ``a_dtype``/``b_dtype`` and ``a_layout``/``b_layout`` (``"row"`` or ``"col"``) describe the
@@ -235,11 +248,14 @@ def compile(expr: str, *, a_dtype: str = "bf16", b_dtype: str = "bf16", a_layout
     is ``"eager"`` (round where PyTorch eager would) or ``"fast"``; ``config`` fixes a kernel
     configuration (e.g. ``"coop_128x256x64_c2x1_persistent"``); ``operand_dtype`` and
     ``output_dtype`` are the dtypes of operands and [m,n] outputs the expression does not
-    declare. Errors in the expression raise :class:`evtc.ParseError`; bad options
-    :class:`evtc.UserError`.
+    declare. With ``wait_for_compile=False`` a call whose fused kernel is not compiled yet runs
+    unfused (cuBLASLt + the plain epilogue) while it compiles in the background, and later calls
+    switch to it once it is ready (``EVTC_WAIT_FOR_COMPILE=1`` makes every kernel wait). Errors
+    in the expression raise :class:`evtc.ParseError`; bad options :class:`evtc.UserError`.
     """
     o = _evtc.KernelOptions()
     o.a_dtype, o.b_dtype, o.a_layout, o.b_layout = a_dtype, b_dtype, a_layout, b_layout
     o.cast_mode, o.precise_math, o.disable_fusion, o.config = cast_mode, precise_math, disable_fusion, config
     o.operand_dtype, o.output_dtype = operand_dtype, output_dtype
+    o.wait_for_compile = wait_for_compile
     return Kernel(expr, o)

@@ -195,6 +195,7 @@ NB_MODULE(_evtc, m) {
       .def_rw("cast_mode", &KernelOptions::cast_mode)
       .def_rw("precise_math", &KernelOptions::precise_math)
       .def_rw("disable_fusion", &KernelOptions::disable_fusion)
+      .def_rw("wait_for_compile", &KernelOptions::wait_for_compile)
       .def_rw("config", &KernelOptions::config, nb::arg().none())
       .def_rw("operand_dtype", &KernelOptions::operand_dtype)
       .def_rw("output_dtype", &KernelOptions::output_dtype);

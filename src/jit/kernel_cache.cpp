@@ -8,7 +8,9 @@
 #include <xxhash.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -121,6 +123,39 @@ std::string first_errors(const std::string& log, size_t max_lines) {
   return out;
 }
 
+// The count of compile_slots() in use, and its wait.
+struct SlotState {
+  std::mutex mu;
+  std::condition_variable freed;
+  int in_use = 0;
+};
+
+SlotState& slot_state() {
+  static SlotState s;
+  return s;
+}
+
+// Holds one of compile_slots() while a CUTLASS kernel compiles.
+class CompileSlot {
+ public:
+  CompileSlot() {
+    SlotState& s = slot_state();
+    std::unique_lock lock(s.mu);
+    s.freed.wait(lock, [&] { return s.in_use < compile_slots(); });
+    ++s.in_use;
+  }
+  ~CompileSlot() {
+    SlotState& s = slot_state();
+    {
+      std::lock_guard lock(s.mu);
+      --s.in_use;
+    }
+    s.freed.notify_one();
+  }
+  CompileSlot(const CompileSlot&) = delete;
+  CompileSlot& operator=(const CompileSlot&) = delete;
+};
+
 std::string compile_into_cache(const CompileRequest& req, const std::string& key) {
   const Toolchain& tc = toolchain(req.needs_cutlass);
   const fs::path root = cache_dir();
@@ -145,7 +180,13 @@ std::string compile_into_cache(const CompileRequest& req, const std::string& key
   write_file(tmp / "command.txt", command + "\n");
   if (env_flag("EVTC_PRINT_COMPILER_COMMAND")) fmt::print(stderr, "evtc: {}\n", command);
 
-  const int rc = run_compiler(argv, tmp / "compile.log", req.label);
+  int rc = 0;
+  if (req.needs_cutlass) {
+    CompileSlot slot;
+    rc = run_compiler(argv, tmp / "compile.log", req.label);
+  } else {
+    rc = run_compiler(argv, tmp / "compile.log", req.label);
+  }
   if (rc != 0) {
     const fs::path failed = root / "failed" / key;
     std::error_code ec;
@@ -205,9 +246,125 @@ std::string cache_key(const CompileRequest& req) {
   return fmt::format("{:016x}", XXH3_64bits(material.data(), material.size()));
 }
 
+namespace {
+
+// Compiles of this process by key: finished (a ready future) or in progress.
+struct CompileTable {
+  std::mutex mu;
+  std::map<std::string, std::shared_future<std::string>> compiling;
+};
+
+CompileTable& compile_table() {
+  static CompileTable t;
+  return t;
+}
+
+// The threads compile_in_background runs on (at most compile_slots()). At exit, jobs not yet
+// started are dropped (their futures report a broken promise) and running ones finish.
+class BackgroundCompiler {
+ public:
+  // The state the jobs use is constructed first, so it is destroyed after the jobs end.
+  BackgroundCompiler() { slot_state(); compile_table(); }
+  ~BackgroundCompiler() {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+      jobs_.clear();
+    }
+    cv_.notify_all();
+    for (std::thread& t : threads_) t.join();
+  }
+
+  void submit(std::function<void()> job) {
+    {
+      std::lock_guard lock(mu_);
+      jobs_.push_back(std::move(job));
+      if (jobs_.size() > size_t(idle_) && threads_.size() < size_t(compile_slots()))
+        threads_.emplace_back([this] { work(); });
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  void work() {
+    std::unique_lock lock(mu_);
+    for (;;) {
+      ++idle_;
+      cv_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
+      --idle_;
+      if (stopping_) return;
+      std::function<void()> job = std::move(jobs_.front());
+      jobs_.pop_front();
+      lock.unlock();
+      job();
+      lock.lock();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+  std::vector<std::thread> threads_;
+  int idle_ = 0;
+  bool stopping_ = false;
+};
+
+BackgroundCompiler& background_compiler() {
+  static BackgroundCompiler b;
+  return b;
+}
+
+}  // namespace
+
+int compile_slots() {
+  static const int slots = [] {
+    if (const char* v = std::getenv("EVTC_COMPILE_JOBS"); v && *v) {
+      char* end = nullptr;
+      const long n = std::strtol(v, &end, 10);
+      if (*end || n < 0)
+        throw UserError(fmt::format("EVTC_COMPILE_JOBS='{}': expected a count of compiles (0: the CPU count)", v));
+      if (n > 0) return int(n);
+    }
+    return int(std::max(1u, std::thread::hardware_concurrency()));
+  }();
+  return slots;
+}
+
+std::shared_future<std::string> compile_in_background(const CompileRequest& req) {
+  const std::string key = cache_key(req);
+  CompileTable& table = compile_table();
+  auto promise = std::make_shared<std::promise<std::string>>();
+  const std::shared_future<std::string> future = promise->get_future().share();
+  {
+    std::lock_guard lock(table.mu);
+    if (auto it = table.compiling.find(key); it != table.compiling.end()) return it->second;
+    table.compiling.emplace(key, future);
+    std::error_code ec;
+    const fs::path done = fs::path(cache_dir()) / "kernels" / key / "kernel.so";
+    if (fs::exists(done, ec)) {
+      promise->set_value(done.string());
+      return future;
+    }
+  }
+  background_compiler().submit([req, key, promise] {
+    try {
+      promise->set_value(compile_into_cache(req, key));
+    } catch (...) {
+      {
+        CompileTable& t = compile_table();
+        std::lock_guard lock(t.mu);
+        t.compiling.erase(key);  // a later request may try again
+      }
+      promise->set_exception(std::current_exception());
+    }
+  });
+  return future;
+}
+
 std::string compile_cached(const CompileRequest& req) {
-  static std::mutex mu;
-  static std::map<std::string, std::shared_future<std::string>> compiling;
+  CompileTable& table = compile_table();
+  auto& mu = table.mu;
+  auto& compiling = table.compiling;
   const std::string key = cache_key(req);
   std::promise<std::string> promise;
   std::shared_future<std::string> pending;

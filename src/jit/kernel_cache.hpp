@@ -12,6 +12,7 @@
 // first, its entry is kept and ours dropped.
 #pragma once
 #include <functional>
+#include <future>
 #include <memory>
 #include <string>
 
@@ -43,6 +44,15 @@ struct CompileRequest {
 // Returns the path of the compiled library for the request, compiling it if the disk cache
 // does not have it. Needs no GPU. Thread-safe: concurrent requests for one key compile it once.
 std::string compile_cached(const CompileRequest& request);
+// Starts compiling the request on one of evtc's background compile threads (or finds it
+// compiled: in the disk cache, or by an earlier call) and returns the library path's future;
+// get() rethrows a compile error. Shares compile_cached's in-process table, so a kernel being
+// compiled by a compile_cached call elsewhere is not compiled twice.
+std::shared_future<std::string> compile_in_background(const CompileRequest& request);
+// How many CUTLASS kernels compile at once in this process (nvcc processes, whichever thread
+// asks): EVTC_COMPILE_JOBS, default the CPU count. Plain epilogues (a second each) are
+// not limited, so the unfused path never waits behind fused kernels.
+int compile_slots();
 // compile_cached, then loads the library (once per process and key).
 std::shared_ptr<Library> load_or_compile(const CompileRequest& request);
 

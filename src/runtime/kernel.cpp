@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 
 #include "backends/cuda/fallback_emitter.hpp"
@@ -115,17 +116,38 @@ std::string Kernel::Impl::fallback_reason(int64_t m, int64_t n, int64_t k) const
 }
 
 // The plan of a call's shape and strides: worked out at the first call, looked up after.
-std::shared_ptr<const LaunchPlan> Kernel::Impl::plan_for(const runtime::BoundCall& call) const {
+static bool is_ready(const std::shared_future<std::string>& f) {
+  return f.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+}
+
+std::shared_ptr<const LaunchPlan> Kernel::Impl::plan_for(const runtime::BoundCall& call, bool wait) const {
   const PlanKey key{call.m, call.n, call.k, call.lda, call.ldb, call.ldc, call.ldd};
   {
     std::lock_guard lock(mu);
-    if (auto it = plans.find(key); it != plans.end()) return it->second;
+    if (auto it = plans.find(key); it != plans.end()) {
+      const LaunchPlan& p = *it->second;
+      if (!p.compiling.valid() || (!wait && !is_ready(p.compiling))) return it->second;
+      plans.erase(it);  // its fused kernel is ready (or must be waited for): plan again
+    }
   }
   auto plan = std::make_shared<LaunchPlan>();
   plan->fallback_reason = fallback_reason(call.m, call.n, call.k);
   if (plan->fallback_reason.empty()) {
     try {
-      plan->library = fused_library(choose_config(call.m, call.n, call.k).config);
+      const KernelConfig config = choose_config(call.m, call.n, call.k).config;
+      bool loaded = false;
+      {
+        std::lock_guard lock(mu);
+        loaded = fused.count(config.name()) || fused_errors.count(config.name());
+      }
+      if (!wait && !loaded) {
+        std::shared_future<std::string> compiling = jit::compile_in_background(fused_request(config));
+        if (!is_ready(compiling)) {
+          plan->compiling = std::move(compiling);
+          plan->fallback_reason = "its fused kernel is still compiling (the calls switch to it when it is ready)";
+        }
+      }
+      if (!plan->compiling.valid()) plan->library = fused_library(config);
     } catch (const RuntimeError& e) {
       plan->fallback_reason = fmt::format("the fused kernel did not compile: {}", e.what());
     }
@@ -145,7 +167,7 @@ std::shared_ptr<const LaunchPlan> Kernel::Impl::plan_for(const runtime::BoundCal
     }
   }
   std::lock_guard lock(mu);
-  return plans.emplace(key, std::move(plan)).first->second;
+  return plans.insert_or_assign(key, std::move(plan)).first->second;
 }
 
 StreamWorkspaces::~StreamWorkspaces() {
@@ -205,6 +227,7 @@ Kernel::Kernel(const Graph& graph, const CompileOptions& options) : impl_(std::m
   impl_->tune_mode = tune_mode_from_env(options.tune_mode);
   impl_->tune_max_candidates = max_candidates_from_env(options.tune_max_candidates);
   impl_->fusion_disabled = options.disable_fusion || env_flag("EVTC_DISABLE");
+  impl_->wait_for_compile = options.wait_for_compile || env_flag("EVTC_WAIT_FOR_COMPILE");
 }
 
 Kernel::~Kernel() = default;
@@ -243,7 +266,12 @@ ExecutionPath Kernel::run(const Arguments& args, cudaStream_t stream) const {
   if (call.reasons.empty()) {
     if (im.tune_mode == TuneMode::first_call && !im.options.config)
       im.tune_on_first_call(call, stream);
-    const std::shared_ptr<const LaunchPlan> plan = im.plan_for(call);
+    // A CUDA graph being captured keeps the kernels it records: it waits for the fused one.
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (!im.wait_for_compile)
+      cuda_check(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
+    const std::shared_ptr<const LaunchPlan> plan =
+        im.plan_for(call, im.wait_for_compile || capture != cudaStreamCaptureStatusNone);
     if (!plan->fallback_reason.empty()) call.reasons.push_back(plan->fallback_reason);
     if (plan->library) {
       const evtc_gemm_args abi = call.abi();

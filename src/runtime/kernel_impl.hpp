@@ -1,6 +1,7 @@
 // Kernel's state, shared by kernel.cpp (construction, the run path) and kernel_tune.cpp
 // (configuration choice and autotuning).
 #pragma once
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -25,6 +26,9 @@ struct LaunchPlan {
   std::shared_ptr<jit::Library> library;
   evtc_run_fn run = nullptr;
   size_t workspace_bytes = 0;
+  // Valid while the shape runs unfused only because its fused kernel is still compiling
+  // (CompileOptions::wait_for_compile off): the plan is made again once this is ready.
+  std::shared_future<std::string> compiling;
 };
 using PlanKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
 
@@ -66,6 +70,7 @@ struct Kernel::Impl {
   TuneMode tune_mode = TuneMode::ahead;
   size_t tune_max_candidates = 6;
   bool fusion_disabled = false;
+  bool wait_for_compile = true;
 
   mutable std::mutex mu;
   // Compiled fused kernels by configuration name, and configurations that failed to compile
@@ -92,7 +97,9 @@ struct Kernel::Impl {
   std::shared_ptr<jit::Library> fused_library(const KernelConfig& config) const;
   std::shared_ptr<jit::Library> fallback_library() const;
   std::string fallback_reason(int64_t m, int64_t n, int64_t k) const;
-  std::shared_ptr<const LaunchPlan> plan_for(const runtime::BoundCall& call) const;
+  // `wait`: build the fused kernel now if it is not compiled (else a plan may run unfused
+  // while it compiles; see LaunchPlan::compiling).
+  std::shared_ptr<const LaunchPlan> plan_for(const runtime::BoundCall& call, bool wait) const;
   TuneResult tune(const runtime::BoundCall& call, cudaStream_t stream, const ProgressFn& progress) const;
   std::map<std::string, std::string> compile_configs(const std::vector<KernelConfig>& configs,
                                                      const ProgressFn& progress) const;

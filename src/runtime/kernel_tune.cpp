@@ -16,10 +16,7 @@
 namespace evtc {
 namespace {
 
-size_t compile_jobs() {
-  if (const char* v = std::getenv("EVTC_COMPILE_JOBS"); v && std::atoi(v) > 0) return size_t(std::atoi(v));
-  return std::max(1u, std::thread::hardware_concurrency());
-}
+size_t compile_jobs() { return size_t(jit::compile_slots()); }
 
 bool quiet() {
   const char* v = std::getenv("EVTC_QUIET");

@@ -31,6 +31,7 @@ CompileOptions compile_options(const OptionText& o) {
   else throw UserError(fmt::format("cast_mode: unknown mode '{}' (expected 'eager' or 'fast')", o.cast_mode));
   c.precise_math = o.precise_math;
   c.disable_fusion = o.disable_fusion;
+  c.wait_for_compile = o.wait_for_compile;
   if (o.config) {
     c.config = KernelConfig::parse(*o.config);
     if (!c.config)
@@ -87,13 +88,15 @@ OptionText option_text_from_json(std::string_view text) {
     else if (key == "output_dtype") text(o.output_dtype);
     else if (key == "precise_math") flag(o.precise_math);
     else if (key == "disable_fusion") flag(o.disable_fusion);
+    else if (key == "wait_for_compile") flag(o.wait_for_compile);
     else if (key == "config") {
       if (value.is_null()) o.config.reset();
       else if (value.is_string()) o.config = value.get<std::string>();
       else throw UserError(fmt::format("option config: expected a configuration name, got {}", value.dump()));
     } else {
       throw UserError(fmt::format("unknown kernel option '{}' (known: a_dtype, b_dtype, a_layout, b_layout, "
-                                  "cast_mode, precise_math, disable_fusion, config, operand_dtype, output_dtype)",
+                                  "cast_mode, precise_math, disable_fusion, wait_for_compile, config, operand_dtype, "
+                                  "output_dtype)",
                                   key));
     }
   }

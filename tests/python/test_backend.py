@@ -52,7 +52,15 @@ def test_unknown_options_are_refused_by_name():
 
 def test_pass_settings_change_its_cache_key():
     assert PostGradPass().uuid() != PostGradPass(merge_gated=False).uuid()
+    assert PostGradPass().uuid() != PostGradPass(wait_for_compile=True).uuid()
     assert PostGradPass().uuid() == PostGradPass().uuid()
+
+
+def test_wait_for_compile_reaches_the_pass_and_the_specs():
+    assert inductor_config(None, {})["post_grad_custom_post_pass"].wait_for_compile is False
+    assert inductor_config(None, {"evtc.wait_for_compile": True})["post_grad_custom_post_pass"].wait_for_compile
+    with pytest.raises(RuntimeError, match="evtc.wait_for_compile=1"):
+        inductor_config(None, {"evtc.wait_for_compile": 1})
 
 
 def test_merge_gated_takes_a_boolean():

@@ -19,7 +19,7 @@ from evtc.torch._op import GEMM_EPILOGUE_MERGED  # noqa: E402
 from test_torch_gpu import poison_allocator  # noqa: E402
 from torch_cases import K, M, N, randn  # noqa: E402
 
-MECHANICS = {"evtc.profitability": False}
+MECHANICS = {"evtc.profitability": False, "evtc.wait_for_compile": True}
 
 
 @pytest.fixture(autouse=True)

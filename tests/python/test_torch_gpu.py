@@ -38,8 +38,9 @@ def fused_count(reports) -> int:
 
 
 # These tests check what fusion computes, so they fuse every legal chain whether or not the
-# cost model expects it to pay at their sizes (test_profitability.py tests the decisions).
-MECHANICS = {"evtc.profitability": False}
+# cost model expects it to pay at their sizes (test_profitability.py tests the decisions), and
+# each op waits for its fused kernel (test_background_compile_gpu.py tests the unfused start).
+MECHANICS = {"evtc.profitability": False, "evtc.wait_for_compile": True}
 EVTC = functools.partial(evtc.torch.backend, options=MECHANICS)
 
 

@@ -243,6 +243,48 @@ TEST_F(KernelCache, CompileErrorKeepsTheSourceAndNamesTheFirstError) {
   EXPECT_EQ(jit::cache_stats().entries, 0u);
 }
 
+TEST_F(KernelCache, BackgroundCompileSharesTheInProcessTable) {
+  const jit::CompileRequest req = fallback_request("background");
+  const std::string key = jit::cache_key(req);
+  ScopedEnv print("EVTC_PRINT_COMPILER_COMMAND", "1");
+  testing::internal::CaptureStderr();
+  std::shared_future<std::string> first = jit::compile_in_background(req);
+  // A second request, and a blocking compile_cached, join the compile in flight.
+  std::shared_future<std::string> second = jit::compile_in_background(req);
+  const std::string blocking = jit::compile_cached(req);
+  ASSERT_EQ(first.wait_for(std::chrono::minutes(5)), std::future_status::ready);
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(first.get(), (entry(key) / "kernel.so").string());
+  EXPECT_EQ(second.get(), first.get());
+  EXPECT_EQ(blocking, first.get());
+  expect_complete_entry(req, key);
+  EXPECT_EQ(err, "evtc: " + read_file(entry(key) / "command.txt")) << "nvcc ran more than once";
+  // Found compiled: a ready future at once.
+  std::shared_future<std::string> again = jit::compile_in_background(req);
+  EXPECT_EQ(again.wait_for(std::chrono::seconds(0)), std::future_status::ready);
+  EXPECT_EQ(again.get(), first.get());
+  EXPECT_GE(jit::compile_slots(), 1);
+}
+
+TEST_F(KernelCache, BackgroundCompileErrorReachesTheFutureAndIsNotRemembered) {
+  jit::CompileRequest req = fallback_request("background syntax error");
+  req.source += "int broken() { return 1 }\n";
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    SCOPED_TRACE(attempt);
+    std::shared_future<std::string> f = jit::compile_in_background(req);
+    std::string message;
+    try {
+      f.get();
+      ADD_FAILURE() << "a source with a syntax error compiled";
+    } catch (const RuntimeError& e) {
+      message = e.what();
+    }
+    EXPECT_NE(message.find("error: expected a \";\""), std::string::npos) << message;
+    EXPECT_NE(message.find(req.label), std::string::npos) << message;
+  }
+  EXPECT_EQ(jit::cache_stats().entries, 0u);
+}
+
 TEST_F(KernelCache, ClearCacheRemovesEntriesFailuresAndTemporaries) {
   for (const char* f : {"kernels/0000000000000001/kernel.so", "kernels/0000000000000002/kernel.so",
                         "failed/0000000000000003/kernel.cu", "tmp/0000000000000004-1-2/kernel.cu"}) {

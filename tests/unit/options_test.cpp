@@ -18,6 +18,8 @@ TEST(Options, FromJsonToCompileOptions) {
   EXPECT_EQ(c.cast_mode, CastMode::fast);
   ASSERT_TRUE(c.config.has_value());
   EXPECT_EQ(c.config->name(), "pingpong_128x128x64_c2x1_persistent");
+  EXPECT_TRUE(c.wait_for_compile);  // the default
+  EXPECT_FALSE(compile_options(option_text_from_json(R"({"wait_for_compile": false})")).wait_for_compile);
 }
 
 TEST(Options, ErrorsNameTheOption) {
@@ -37,6 +39,8 @@ TEST(Options, ErrorsNameTheOption) {
             std::string::npos);
   EXPECT_NE(message("[1, 2]").find("must be a JSON object"), std::string::npos);
   EXPECT_NE(message(R"({"precise_math": "yes"})").find("option precise_math: expected true or false"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"wait_for_compile": 0})").find("option wait_for_compile: expected true or false"),
             std::string::npos);
   EXPECT_NE(message("{").find("kernel options are not JSON"), std::string::npos);
 }

@@ -31,6 +31,10 @@ EVTC_OPTIONS = {
     "evtc.merge_gated": True,
     # Fuse only chains the cost model expects to be faster than cuBLAS + Inductor's kernel.
     "evtc.profitability": True,
+    # False: while a fused kernel compiles, its op runs unfused (cuBLASLt + a plain epilogue)
+    # and the model keeps running; True: the first call waits for the compile (benchmarks).
+    # EVTC_WAIT_FOR_COMPILE=1 makes every kernel wait.
+    "evtc.wait_for_compile": False,
 }
 
 
@@ -43,18 +47,21 @@ class PostGradPass(CustomGraphPass):
     of training (where tensors saved for backward become extra outputs of fused ops).
     """
 
-    def __init__(self, cast_mode: str = "eager", merge_gated: bool = True, profitability: bool = True):
+    def __init__(self, cast_mode: str = "eager", merge_gated: bool = True, profitability: bool = True,
+                 wait_for_compile: bool = False):
         self.cast_mode = cast_mode
         self.merge_gated = merge_gated
         self.profitability = profitability
+        self.wait_for_compile = wait_for_compile
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         fuse_gemm_epilogues(graph, cast_mode=self.cast_mode, merge_gated=self.merge_gated,
-                            profitability=self.profitability)
+                            profitability=self.profitability, wait_for_compile=self.wait_for_compile)
 
     def uuid(self) -> bytes:
         # Inductor's graph cache key: the pass's own source and its options.
-        h = hashlib.sha256(f"{self.cast_mode}/{self.merge_gated}/{self.profitability}".encode())
+        h = hashlib.sha256(f"{self.cast_mode}/{self.merge_gated}/{self.profitability}/"
+                           f"{self.wait_for_compile}".encode())
         for f in sorted(Path(__file__).parent.rglob("*.py")):
             h.update(f.read_bytes())
         return h.digest()
@@ -76,11 +83,12 @@ def inductor_config(mode: Optional[str] = None, options: Optional[dict[str, Any]
                            "composed instead")
     wrapper = torch._TorchCompileInductorWrapper(mode, options or None, dynamic=None)
     patches = dict(wrapper.config)
-    merge = settings["evtc.merge_gated"]
-    if not isinstance(merge, bool):
-        raise RuntimeError(f"evtc backend: evtc.merge_gated={merge!r} (expected True or False)")
-    patches["post_grad_custom_post_pass"] = PostGradPass(settings["evtc.cast_mode"], merge,
-                                                         bool(settings["evtc.profitability"]))
+    for flag in ("evtc.merge_gated", "evtc.wait_for_compile"):
+        if not isinstance(settings[flag], bool):
+            raise RuntimeError(f"evtc backend: {flag}={settings[flag]!r} (expected True or False)")
+    patches["post_grad_custom_post_pass"] = PostGradPass(settings["evtc.cast_mode"], settings["evtc.merge_gated"],
+                                                         bool(settings["evtc.profitability"]),
+                                                         settings["evtc.wait_for_compile"])
     return patches
 
 

@@ -285,8 +285,9 @@ def intermediate_bytes(chain: Chain) -> int:
     return m * n * (chain.gemm_dtype or torch.bfloat16).itemsize
 
 
-def kernel_options(chain: Chain, cast_mode: str) -> dict:
-    return dict(chain.options, cast_mode=cast_mode)
+def kernel_options(chain: Chain, settings) -> dict:
+    """The spec's kernel options: the chain's dtypes and layouts, and the pass's settings."""
+    return dict(chain.options, cast_mode=settings.cast_mode, wait_for_compile=settings.wait_for_compile)
 
 
 def spec_kernel_or_refuse(spec: str):

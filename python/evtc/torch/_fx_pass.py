@@ -32,16 +32,20 @@ def _debug() -> bool:
 
 
 def fuse_gemm_epilogues(graph: fx.Graph, *, cast_mode: str = "eager", compile: bool = True,
-                        merge_gated: bool = True, profitability: bool = True) -> FusionReport:
+                        merge_gated: bool = True, profitability: bool = True,
+                        wait_for_compile: bool = False) -> FusionReport:
     """Rewrites the GEMM + epilogue chains of ``graph`` into evtc's fused ops.
 
     ``cast_mode`` is evtc's ("eager": round where eager rounds; "fast": round only at
     outputs). With ``compile``, each new kernel starts compiling in the background right away.
     ``merge_gated`` merges GEMMs that meet in a gated activation (under CUDA graphs only with
     frozen weights: see passes/merge_gated.py). With ``profitability``, a chain is fused only
-    where the cost model expects it to be faster than cuBLAS + Inductor's kernels.
+    where the cost model expects it to be faster than cuBLAS + Inductor's kernels. Without
+    ``wait_for_compile`` a fused op whose kernel is still compiling runs unfused (cuBLASLt + the
+    plain epilogue) and switches to the fused kernel when it is ready; with it, the op's first
+    call waits for the compile. Grouped (MoE) ops always wait: they have no unfused path.
     """
-    report = passes.run(graph, Settings(cast_mode, compile, merge_gated, profitability))
+    report = passes.run(graph, Settings(cast_mode, compile, merge_gated, profitability, wait_for_compile))
     reports.append(report)
     if _debug():
         print(report.summary(), file=sys.stderr)

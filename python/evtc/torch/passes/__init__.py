@@ -25,6 +25,8 @@ class Settings:
     compile: bool = True  # start each new kernel's nvcc compile in the background
     merge_gated: bool = True  # (see passes/merge_gated.py)
     profitability: bool = True
+    # False: a fused op whose kernel is still compiling runs unfused until it is ready.
+    wait_for_compile: bool = False
 
 
 @dataclass

@@ -35,7 +35,7 @@ def fuse(graph: fx.Graph, chain: Chain, settings) -> Fusion:
     expr, names, index_of = expression(chain, outs)
     operand_nodes = list(chain.operands)
     merged = chain.merged.spec() if chain.merged is not None else None
-    spec = _spec.make_spec(expr, kernel_options(chain, settings.cast_mode), [chain.operands[o] for o in operand_nodes],
+    spec = _spec.make_spec(expr, kernel_options(chain, settings), [chain.operands[o] for o in operand_nodes],
                            names, merged)
     kernel = spec_kernel_or_refuse(spec)
     m, n, k = problem_size(chain)
@@ -47,6 +47,8 @@ def fuse(graph: fx.Graph, chain: Chain, settings) -> Fusion:
     if settings.compile:
         # The configuration follows the problem's size: compile for the traced example size.
         kernel.compile_async(m, n, k)
+        if not settings.wait_for_compile:  # the first calls run unfused
+            kernel.compile_fallback_async()
     if chain.merged is None:
         op, inputs = _op.GEMM_EPILOGUE, [chain.a, chain.b, operand_nodes]
     else:
@@ -63,7 +65,7 @@ def _fuse_grouped(graph: fx.Graph, chain: Chain, settings, outs) -> Fusion:
     expr, _, _ = expression(chain, outs)
     operand_nodes = list(chain.operands)
     merged = chain.merged.spec() if chain.merged is not None else None
-    spec = _spec.make_grouped_spec(expr, kernel_options(chain, settings.cast_mode),
+    spec = _spec.make_grouped_spec(expr, kernel_options(chain, settings),
                                    [chain.operands[o] for o in operand_nodes], merged)
     kernel = spec_kernel_or_refuse(spec)
     _, n, k = problem_size(chain)
