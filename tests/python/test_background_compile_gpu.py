@@ -97,7 +97,8 @@ def test_cuda_graph_capture_waits_for_the_fused_kernel():
     def fn(x, w, b):
         return torch.relu(x @ w.t() + b) * scale
 
-    compiled = torch.compile(fn, backend="evtc", mode="reduce-overhead", options=FUSE_ALL)
+    # mode="reduce-overhead" is these options (torch.compile takes one of mode and options).
+    compiled = torch.compile(fn, backend="evtc", options={**FUSE_ALL, "triton.cudagraphs": True})
     _, w, b = inputs()
     start = len(evtc.torch.reports)
     for _ in range(4):  # warm-up (unfused), recording (waits, fused), replays
