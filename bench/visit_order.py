@@ -77,6 +77,30 @@ def swiglu7(h):
     return g * torch.sigmoid(1.702 * g) * (u + 1)
 
 
+def sustained(variants: dict, rounds: int, seconds: float, calls: int = 20) -> dict:
+    """Median ms per call of each variant in its own steady state: each round runs every variant
+    alone for `seconds` (the clocks settle to what that kernel's own power draw allows), then
+    times `calls` back-to-back calls."""
+    names = list(variants)
+    samples = {n: [] for n in names}
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            fn = variants[name]
+            start = time.perf_counter()
+            while time.perf_counter() - start < seconds:
+                for _ in range(10):
+                    fn()
+                torch.cuda.synchronize()
+            e0.record()
+            for _ in range(calls):
+                fn()
+            e1.record()
+            torch.cuda.synchronize()
+            samples[name].append(e0.elapsed_time(e1) / calls)
+    return {n: statistics.median(v) for n, v in samples.items()}
+
+
 def round_robin(variants: dict, rounds: int, calls: int = 10) -> dict:
     """Median ms per call of each variant, timed in rotating order (see the module's docstring)."""
     names = list(variants)
@@ -104,7 +128,7 @@ def round_robin(variants: dict, rounds: int, calls: int = 10) -> dict:
     return {n: statistics.median(v) for n, v in samples.items()}
 
 
-def run_workload(name, expr, m, n, k, gated, paths, rounds) -> dict:
+def run_workload(name, expr, m, n, k, gated, paths, rounds, sustain=0.0, orders=ORDERS) -> dict:
     gen = torch.Generator("cuda").manual_seed(7)
     x = (torch.randn(m, k, device="cuda", generator=gen) * k ** -0.25).to(torch.bfloat16)
     w = (torch.randn(n, k, device="cuda", generator=gen) * k ** -0.25).to(torch.bfloat16)
@@ -122,7 +146,7 @@ def run_workload(name, expr, m, n, k, gated, paths, rounds) -> dict:
     variants = {"cuBLAS": lambda: torch.mm(x, w.t(), out=cublas_out)}
     for config, path in paths.items():
         kern = FusedKernel(path)
-        for raster, swizzle in ORDERS:
+        for raster, swizzle in orders:
             tensors = {"y": out, "D": out, "bias": bias}
             launch = kern.bind(x, w, None if gated else out, tensors, raster, swizzle)
             out.fill_(float("nan"))
@@ -133,7 +157,7 @@ def run_workload(name, expr, m, n, k, gated, paths, rounds) -> dict:
                 sys.exit(f"{name} {config} raster {raster} swizzle {swizzle}: relative error {err:.3g}")
             variants[f"{config}|{raster},{swizzle}"] = launch
     del want
-    times = round_robin(variants, rounds)
+    times = sustained(variants, rounds, sustain) if sustain > 0 else round_robin(variants, rounds)
     base = times["cuBLAS"]
     row = {"workload": name, "expression": expr, "shape": [m, n, k], "cublas_ms": base,
            "tflops_cublas": 2.0 * m * n * k / (base * 1e-3) / 1e12, "kernels": {}}
@@ -141,7 +165,7 @@ def run_workload(name, expr, m, n, k, gated, paths, rounds) -> dict:
         t = {o.split("|")[1]: v for o, v in times.items() if o.startswith(config + "|")}
         row["kernels"][config] = t
         best = min(t, key=t.get)
-        log(f"{name} {config}: heuristic {t['0,1'] / base:.3f}x cuBLAS ({base:.4f} ms), best {best} "
+        log(f"{name} {config}: default {t.get('0,1', float('nan')) / base:.3f}x cuBLAS ({base:.4f} ms), best {best} "
             f"{t[best] / base:.3f}x  ({', '.join(f'{o}:{v / base:.3f}' for o, v in t.items())})")
     return row
 
@@ -152,31 +176,43 @@ def main() -> int:
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     ap.add_argument("--only", default="", help="comma-separated workload names")
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--sustain", type=float, default=0.0, metavar="SECONDS",
+                    help="time each variant in its own steady state after running it alone this long "
+                         "(default: round-robin bursts of 10 calls)")
+    ap.add_argument("--orders", default="", help="e.g. '0,1;1,8' (default: all)")
+    ap.add_argument("--configs", default="", help="comma-separated configuration names to keep (default: all)")
     opts = ap.parse_args()
     names = [w for w in WORKLOADS if not opts.only or w in opts.only.split(",")]
+    keep = set(opts.configs.split(",")) if opts.configs else None
+    for w in names:
+        WORKLOADS[w] = (*WORKLOADS[w][:5], [c for c in WORKLOADS[w][5] if keep is None or c in keep])
     jobs = [(w, c) for w in names for c in WORKLOADS[w][5]]
     log(f"compiling {len(jobs)} kernels")
     with ThreadPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1)) as pool:
         paths = dict(zip(jobs, pool.map(lambda j: compile_kernel(opts.evtc, WORKLOADS[j[0]][0], j[1]), jobs)))
     log("compiled")
+    orders = [tuple(int(x) for x in o.split(",")) for o in opts.orders.split(";")] if opts.orders else ORDERS
     rows = []
     for w in names:
         expr, m, n, k, gated, configs = WORKLOADS[w]
-        rows.append(run_workload(w, expr, m, n, k, gated, {c: paths[(w, c)] for c in configs}, opts.rounds))
+        rows.append(run_workload(w, expr, m, n, k, gated, {c: paths[(w, c)] for c in configs}, opts.rounds,
+                                 opts.sustain, orders))
     gpu = torch.cuda.get_device_name()
     slug = "h200" if "H200" in gpu else re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-")
     stamp = datetime.now().strftime("%Y%m%d-%H%M")
     os.makedirs(opts.out, exist_ok=True)
     path = os.path.join(opts.out, f"{stamp}-{slug}-visit-order.json")
     with open(path, "w") as f:
-        json.dump({"device": gpu, "torch": torch.__version__, "orders": ORDERS,
-                   "method": f"round-robin, {opts.rounds} rounds of 10 back-to-back calls per "
-                             "variant, median; cuBLAS = torch.mm into a preallocated output", "rows": rows}, f, indent=2)
+        method = (f"sustained: {opts.rounds} rounds; in each, every variant runs alone for {opts.sustain} s, "
+                  "then 20 calls are timed; median" if opts.sustain > 0 else
+                  f"round-robin, {opts.rounds} rounds of 10 back-to-back calls per variant, median")
+        json.dump({"device": gpu, "torch": torch.__version__, "orders": orders,
+                   "method": method + "; cuBLAS = torch.mm into a preallocated output", "rows": rows}, f, indent=2)
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        labels = [f"{r},{s}" for r, s in ORDERS]
+        labels = [f"{r},{s}" for r, s in orders]
         fig, ax = plt.subplots(figsize=(10, 4.5))
         for row in rows:
             base = row["cublas_ms"]
