@@ -43,18 +43,21 @@ class GemmArgs(ctypes.Structure):
                 ("raster", ctypes.c_int), ("swizzle", ctypes.c_int)]
 
 
-def compile_kernel(evtc, expr, config, fast_accum):
-    """Compiles with the evtc CLI; returns the kernel library's path."""
-    cmd = [evtc, "compile", expr, "--dtype", "f8e4m3", "--layout-b", "c"]
-    if fast_accum:
-        cmd += ["--fast-accum"]
-    if config:
-        cmd += ["--config", config]
+def compile_library(evtc, expr, *flags):
+    """Compiles `expr` with the evtc CLI (B column-major, N×K, plus `flags`); returns the kernel
+    library's path."""
+    cmd = [evtc, "compile", expr, "--layout-b", "c", *flags]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     found = re.search(r"fused kernel: (\S+)", out)
     if not found:
         sys.exit(f"evtc compile printed no kernel path:\n{out}")
     return found.group(1)
+
+
+def compile_kernel(evtc, expr, config, fast_accum):
+    """An fp8 e4m3 kernel (with CUTLASS's fast accumulation if asked)."""
+    return compile_library(evtc, expr, "--dtype", "f8e4m3", *(["--fast-accum"] if fast_accum else []),
+                           *(["--config", config] if config else []))
 
 
 class FusedKernel:
@@ -76,7 +79,6 @@ class FusedKernel:
         m, k = a.shape
         n = b_nk.shape[0]
         names = [s["name"] for s in self.signature["pointers"]]
-        # Each launch closure keeps its own tables (args points into them).
         ptrs = (ctypes.c_void_p * max(1, len(names)))(*[tensors[x].data_ptr() for x in names])
         scalars = (ctypes.c_double * 1)()
         args = GemmArgs(m, n, k, a.data_ptr(), b_nk.data_ptr(), None,
@@ -87,12 +89,12 @@ class FusedKernel:
         why = ctypes.create_string_buffer(256)
 
         def launch():
-            keep = (ptrs, scalars)  # noqa: F841  (alive as long as the closure)
             rc = self.lib.evtc_run(ctypes.byref(args), ctypes.c_void_p(workspace.data_ptr()),
                                    ctypes.c_void_p(torch.cuda.current_stream().cuda_stream), why,
                                    256)
             if rc != 0:
                 raise RuntimeError(f"evtc_run failed ({rc}): {why.value.decode()}")
+        launch.tables = (ptrs, scalars)  # args points into them: alive as long as the launch
         return launch
 
 

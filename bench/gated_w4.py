@@ -18,7 +18,6 @@ import datetime
 import json
 import os
 import re
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
@@ -26,19 +25,14 @@ import torch
 import triton.testing
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fp8_scaled_mm import FusedKernel  # noqa: E402  (the C-ABI caller)
+from fp8_scaled_mm import FusedKernel, compile_library  # noqa: E402  (the C-ABI caller)
 
 EXPR = "out y: bf16 = swiglu7(acc)"
 DEFAULT_CONFIGS = "default,pingpong_128x128x64_c2x1_persistent,coop_256x128x64_c2x1_persistent"
 
 
 def compile_kernel(evtc, config):
-    cmd = [evtc, "compile", EXPR, "--layout-b", "c"] + (["--config", config] if config != "default" else [])
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    found = re.search(r"fused kernel: (\S+)", out)
-    if not found:
-        sys.exit(f"evtc compile printed no kernel path:\n{out}")
-    return found.group(1)
+    return compile_library(evtc, EXPR, *(["--config", config] if config != "default" else []))
 
 
 def swiglu7(h):

@@ -20,7 +20,6 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +28,8 @@ from datetime import datetime
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fp8_scaled_mm import FusedKernel  # noqa: E402  (the C-ABI caller)
+from fp8_scaled_mm import FusedKernel, compile_library  # noqa: E402  (the C-ABI caller)
+from gated_w4 import swiglu7  # noqa: E402
 
 # name: (expression, M, N, K, gated, configs); B is N×K (K-major), as nn.Linear stores it.
 WORKLOADS = {
@@ -57,24 +57,9 @@ def log(text: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
 
 
-def compile_kernel(evtc: str, expr: str, config: str) -> str:
-    cmd = [evtc, "compile", expr, "--layout-b", "c", "--config", config]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    found = re.search(r"fused kernel: (\S+)", out)
-    if not found:
-        sys.exit(f"evtc compile printed no kernel path:\n{out}")
-    return found.group(1)
-
-
 def swiglu(h):
     g, u = h[:, 0::2], h[:, 1::2]
     return g * torch.sigmoid(g) * u
-
-
-def swiglu7(h):
-    g = h[:, 0::2].clamp(max=7.0)
-    u = h[:, 1::2].clamp(-7.0, 7.0)
-    return g * torch.sigmoid(1.702 * g) * (u + 1)
 
 
 def sustained(variants: dict, rounds: int, seconds: float, calls: int = 20) -> dict:
@@ -189,7 +174,7 @@ def main() -> int:
     jobs = [(w, c) for w in names for c in WORKLOADS[w][5]]
     log(f"compiling {len(jobs)} kernels")
     with ThreadPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1)) as pool:
-        paths = dict(zip(jobs, pool.map(lambda j: compile_kernel(opts.evtc, WORKLOADS[j[0]][0], j[1]), jobs)))
+        paths = dict(zip(jobs, pool.map(lambda j: compile_library(opts.evtc, WORKLOADS[j[0]][0], "--config", j[1]), jobs)))
     log("compiled")
     orders = [tuple(int(x) for x in o.split(",")) for o in opts.orders.split(";")] if opts.orders else ORDERS
     rows = []
