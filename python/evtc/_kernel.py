@@ -130,7 +130,8 @@ class Kernel(_Compiled):
 
     def compile_async(self, m: int = 0, n: int = 0, k: int = 0) -> concurrent.futures.Future:
         """Starts compiling in a background thread (nvcc runs without the GIL); calls of this
-        kernel wait for it. Several kernels compile in parallel."""
+        kernel wait for it (with ``wait_for_compile=False`` they run unfused until it is done).
+        Several kernels compile in parallel."""
         key = (m, n, k)
         with self._futures_lock:
             fut = self._futures.get(key)
