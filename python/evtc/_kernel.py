@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import concurrent.futures
-import os
 import threading
 from dataclasses import dataclass
 from typing import Any, Optional, Union
@@ -132,22 +131,19 @@ class Kernel(_Compiled):
         """Starts compiling in a background thread (nvcc runs without the GIL); calls of this
         kernel wait for it (with ``wait_for_compile=False`` they run unfused until it is done).
         Several kernels compile in parallel."""
-        key = (m, n, k)
-        with self._futures_lock:
-            fut = self._futures.get(key)
-            if fut is None:
-                fut = _pool().submit(self._native.compile, m, n, k)
-                self._futures[key] = fut
-            return fut
+        return self._start_once((m, n, k), self._native.compile, m, n, k)
 
     def compile_fallback_async(self) -> concurrent.futures.Future:
         """Starts compiling the unfused path's plain epilogue in the background (about a
         second; not queued behind fused kernels)."""
+        return self._start_once("fallback", self._native.compile_fallback)
+
+    def _start_once(self, key, compile_fn, *args) -> concurrent.futures.Future:
+        """The future of the compile named `key`, submitted on its first request."""
         with self._futures_lock:
-            fut = self._futures.get("fallback")
+            fut = self._futures.get(key)
             if fut is None:
-                fut = _pool().submit(self._native.compile_fallback)
-                self._futures["fallback"] = fut
+                fut = self._futures[key] = _pool().submit(compile_fn, *args)
             return fut
 
     def _wait_for_compiles(self) -> list[str]:

@@ -16,11 +16,13 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <thread>
 
 #include "evtc/error.hpp"
+#include "jit/environment.hpp"
 #include "jit/toolchain.hpp"
 
 namespace fs = std::filesystem;
@@ -28,10 +30,6 @@ namespace fs = std::filesystem;
 namespace evtc::jit {
 namespace {
 
-bool env_flag(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v && std::string(v) != "0";
-}
 
 std::string read_file(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);
@@ -180,13 +178,10 @@ std::string compile_into_cache(const CompileRequest& req, const std::string& key
   write_file(tmp / "command.txt", command + "\n");
   if (env_flag("EVTC_PRINT_COMPILER_COMMAND")) fmt::print(stderr, "evtc: {}\n", command);
 
-  int rc = 0;
-  if (req.needs_cutlass) {
-    CompileSlot slot;
-    rc = run_compiler(argv, tmp / "compile.log", req.label);
-  } else {
-    rc = run_compiler(argv, tmp / "compile.log", req.label);
-  }
+  std::optional<CompileSlot> slot;  // plain epilogues are not held back
+  if (req.needs_cutlass) slot.emplace();
+  const int rc = run_compiler(argv, tmp / "compile.log", req.label);
+  slot.reset();
   if (rc != 0) {
     const fs::path failed = root / "failed" / key;
     std::error_code ec;
@@ -316,21 +311,18 @@ BackgroundCompiler& background_compiler() {
 
 }  // namespace
 
+int compile_slots_from_env() {
+  const size_t n = env_count("EVTC_COMPILE_JOBS", "the CPU count").value_or(0);
+  return n > 0 ? int(n) : int(std::max(1u, std::thread::hardware_concurrency()));
+}
+
 int compile_slots() {
-  static const int slots = [] {
-    if (const char* v = std::getenv("EVTC_COMPILE_JOBS"); v && *v) {
-      char* end = nullptr;
-      const long n = std::strtol(v, &end, 10);
-      if (*end || n < 0)
-        throw UserError(fmt::format("EVTC_COMPILE_JOBS='{}': expected a count of compiles (0: the CPU count)", v));
-      if (n > 0) return int(n);
-    }
-    return int(std::max(1u, std::thread::hardware_concurrency()));
-  }();
+  static const int slots = compile_slots_from_env();
   return slots;
 }
 
 std::shared_future<std::string> compile_in_background(const CompileRequest& req) {
+  compile_slots();  // a bad EVTC_COMPILE_JOBS fails here, before anything is queued
   const std::string key = cache_key(req);
   CompileTable& table = compile_table();
   auto promise = std::make_shared<std::promise<std::string>>();

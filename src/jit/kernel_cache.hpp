@@ -53,6 +53,8 @@ std::shared_future<std::string> compile_in_background(const CompileRequest& requ
 // asks): EVTC_COMPILE_JOBS, default the CPU count. Plain epilogues (a second each) are
 // not limited, so the unfused path never waits behind fused kernels.
 int compile_slots();
+// compile_slots' value, read from the environment now (compile_slots reads it once).
+int compile_slots_from_env();
 // compile_cached, then loads the library (once per process and key).
 std::shared_ptr<Library> load_or_compile(const CompileRequest& request);
 

@@ -10,6 +10,7 @@
 #include "evtc/device/abi.h"
 #include "evtc/error.hpp"
 #include "evtc/ir_text.hpp"
+#include "jit/environment.hpp"
 #include "runtime/cublaslt_gemm.hpp"
 #include "runtime/kernel_impl.hpp"
 
@@ -29,11 +30,6 @@ TensorRef TensorRef::transposed() const {
 
 namespace {
 
-bool env_flag(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v && std::string(v) != "0";
-}
-
 void cuda_check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw RuntimeError(fmt::format("{}: {}", what, cudaGetErrorString(e)));
 }
@@ -46,13 +42,7 @@ TuneMode tune_mode_from_env(TuneMode fallback) {
 }
 
 size_t max_candidates_from_env(int fallback) {
-  const char* v = std::getenv("EVTC_TUNE_MAX_CANDIDATES");
-  if (!v || !*v) return size_t(std::max(fallback, 0));
-  char* end = nullptr;
-  const long n = std::strtol(v, &end, 10);
-  if (*end || n < 0)
-    throw UserError(fmt::format("EVTC_TUNE_MAX_CANDIDATES='{}': expected a count (0: no limit)", v));
-  return size_t(n);
+  return env_count("EVTC_TUNE_MAX_CANDIDATES", "no limit").value_or(size_t(std::max(fallback, 0)));
 }
 
 }  // namespace
@@ -115,11 +105,11 @@ std::string Kernel::Impl::fallback_reason(int64_t m, int64_t n, int64_t k) const
   return out;
 }
 
-// The plan of a call's shape and strides: worked out at the first call, looked up after.
 static bool is_ready(const std::shared_future<std::string>& f) {
   return f.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
 }
 
+// The plan of a call's shape and strides: worked out at the first call, looked up after.
 std::shared_ptr<const LaunchPlan> Kernel::Impl::plan_for(const runtime::BoundCall& call, bool wait) const {
   const PlanKey key{call.m, call.n, call.k, call.lda, call.ldb, call.ldc, call.ldd};
   {

@@ -9,6 +9,7 @@
 
 #include "evtc/error.hpp"
 #include "evtc/ir_text.hpp"
+#include "jit/environment.hpp"
 #include "runtime/harness.hpp"
 #include "runtime/device_info.hpp"
 #include "runtime/kernel_impl.hpp"
@@ -18,10 +19,7 @@ namespace {
 
 size_t compile_jobs() { return size_t(jit::compile_slots()); }
 
-bool quiet() {
-  const char* v = std::getenv("EVTC_QUIET");
-  return v && *v && std::string(v) != "0";
-}
+bool quiet() { return env_flag("EVTC_QUIET"); }
 
 size_t output_bytes(const OperandSlot& s, int64_t m, int64_t n) {
   const size_t count = s.shape == Shape::full ? size_t(m) * n

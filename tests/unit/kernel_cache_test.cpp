@@ -24,6 +24,7 @@
 #include "evtc/expression.hpp"
 #include "evtc/kernel.hpp"
 #include "evtc/passes.hpp"
+#include "jit/environment.hpp"
 #include "jit/kernel_cache.hpp"
 #include "jit/toolchain.hpp"
 
@@ -264,6 +265,37 @@ TEST_F(KernelCache, BackgroundCompileSharesTheInProcessTable) {
   EXPECT_EQ(again.wait_for(std::chrono::seconds(0)), std::future_status::ready);
   EXPECT_EQ(again.get(), first.get());
   EXPECT_GE(jit::compile_slots(), 1);
+}
+
+TEST(Environment, CompileJobsIsACount) {
+  {
+    ScopedEnv jobs("EVTC_COMPILE_JOBS", "3");
+    EXPECT_EQ(jit::compile_slots_from_env(), 3);
+  }
+  {
+    ScopedEnv jobs("EVTC_COMPILE_JOBS", "0");  // 0 and unset: one per core
+    EXPECT_GE(jit::compile_slots_from_env(), 1);
+  }
+  for (const char* bad : {"many", "-2", "4x"}) {
+    ScopedEnv jobs("EVTC_COMPILE_JOBS", bad);
+    std::string message;
+    try {
+      jit::compile_slots_from_env();
+    } catch (const UserError& e) {
+      message = e.what();
+    }
+    EXPECT_EQ(message, fmt::format("EVTC_COMPILE_JOBS='{}': expected a count (0: the CPU count)", bad));
+  }
+}
+
+TEST(Environment, FlagsAreSetNonEmptyAndNotZero) {
+  for (auto [value, want] : {std::pair<std::optional<std::string>, bool>{std::nullopt, false},
+                             {"", false}, {"0", false}, {"1", true}, {"yes", true}}) {
+    ScopedEnv flag("EVTC_TEST_FLAG", value);
+    EXPECT_EQ(env_flag("EVTC_TEST_FLAG"), want) << value.value_or("(unset)");
+  }
+  ScopedEnv count("EVTC_TEST_COUNT", "");
+  EXPECT_EQ(env_count("EVTC_TEST_COUNT", "none"), std::nullopt);
 }
 
 TEST_F(KernelCache, BackgroundCompileErrorReachesTheFutureAndIsNotRemembered) {
