@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <optional>
 
 #include "backends/cuda/fallback_emitter.hpp"
 #include "backends/sm90/sm90_emitter.hpp"
@@ -256,12 +257,20 @@ ExecutionPath Kernel::run(const Arguments& args, cudaStream_t stream) const {
   if (call.reasons.empty()) {
     if (im.tune_mode == TuneMode::first_call && !im.options.config)
       im.tune_on_first_call(call, stream);
-    // A CUDA graph being captured keeps the kernels it records: it waits for the fused one.
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    if (!im.wait_for_compile)
-      cuda_check(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
-    const std::shared_ptr<const LaunchPlan> plan =
-        im.plan_for(call, im.wait_for_compile || capture != cudaStreamCaptureStatusNone);
+    // Whether the stream is being captured into a CUDA graph, asked at most once per call.
+    std::optional<bool> captured;
+    auto capturing = [&] {
+      if (!captured) {
+        cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+        cuda_check(cudaStreamIsCapturing(stream, &status), "cudaStreamIsCapturing");
+        captured = status != cudaStreamCaptureStatusNone;
+      }
+      return *captured;
+    };
+    std::shared_ptr<const LaunchPlan> plan = im.plan_for(call, im.wait_for_compile);
+    // Unfused while the fused kernel compiles, but a graph being captured keeps the kernels
+    // it records: it waits for the fused one.
+    if (plan->compiling.valid() && capturing()) plan = im.plan_for(call, true);
     if (!plan->fallback_reason.empty()) call.reasons.push_back(plan->fallback_reason);
     if (plan->library) {
       const evtc_gemm_args abi = call.abi();
@@ -272,9 +281,7 @@ ExecutionPath Kernel::run(const Arguments& args, cudaStream_t stream) const {
       if (plan->workspace_bytes) {
         // Outside capture: this stream's kept workspace (no allocation per call, and the
         // library's launch cache sees the same arguments again). Inside: memory the graph owns.
-        cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-        cuda_check(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
-        graph_owned = capture != cudaStreamCaptureStatusNone;
+        graph_owned = capturing();
         if (graph_owned)
           cuda_check(cudaMallocAsync(&workspace, plan->workspace_bytes, stream), "workspace allocation");
         else
