@@ -113,6 +113,8 @@ class GroupedKernel {
   // Compiles (or finds in the disk cache) the kernel now rather than at the first run; needs
   // no GPU. Returns the library path.
   std::string compile() const;
+  // Whether a kernel library (evtc/kernel_library.hpp) holds this kernel.
+  bool in_library() const;
   // Validates every operand (UserError naming it) and launches on `stream`: the table-building
   // kernel, then the grouped GEMM. No host synchronisation.
   void run(const GroupedArguments& args, cudaStream_t stream = nullptr) const;

@@ -32,6 +32,13 @@ CompileOptions compile_options(const OptionText& o);
 GroupedOptions grouped_options(const OptionText& o);
 ParseOptions parse_options(const OptionText& o);
 
+// The options that decide a kernel's code, spelled as OptionText (the inverse of
+// compile_options for dtypes, layouts, cast mode, precise math and a fixed configuration).
+OptionText option_text(const GemmDesc& gemm, CastMode cast_mode, bool precise_math,
+                       const std::optional<KernelConfig>& config = std::nullopt);
+// `o` as the JSON object option_text_from_json reads (every field).
+std::string option_text_json(const OptionText& o);
+
 // From a JSON object such as {"a_dtype": "bf16", "b_layout": "col", "cast_mode": "eager"};
 // an unknown key or a value of the wrong type is a UserError naming it.
 OptionText option_text_from_json(std::string_view json_object);

@@ -8,7 +8,8 @@
 and returns a :class:`Kernel`; the CUTLASS kernel itself is compiled with nvcc on first use
 (or ahead of time with ``Kernel.compile``) and cached on disk. ``evtc.grouped`` builds a
 grouped (mixture-of-experts) GEMM with a fused epilogue. ``evtc.explain`` shows the IR
-after every pass. The PyTorch integration (custom op, FX pass, ``torch.compile`` backend)
+after every pass. Kernel libraries (``evtc.build_kernel_library``, ``evtc.add_kernel_library``)
+hold kernels compiled ahead of time, for machines without nvcc. The PyTorch integration (custom op, FX pass, ``torch.compile`` backend)
 lives in ``evtc.torch``.
 """
 from __future__ import annotations
@@ -33,6 +34,16 @@ from ._explain import Explanation, explain  # noqa: E402
 from ._gated import deinterleave_gate_up, interleave_gate_up  # noqa: E402
 from ._grouped import GroupedKernel, grouped  # noqa: E402
 from ._kernel import Kernel, Operand, compile  # noqa: E402
+from ._library import (  # noqa: E402
+    add_kernel_library,
+    build_kernel_library,
+    compiler_available,
+    compiler_runs,
+    kernel_libraries,
+    preset_kernel_list,
+    read_kernel_library,
+    record_kernels,
+)
 
 __version__ = "0.1.0"
 
@@ -51,6 +62,14 @@ def pass_names() -> list[str]:
 
 
 __all__ = [
+    "add_kernel_library",
+    "build_kernel_library",
+    "compiler_available",
+    "compiler_runs",
+    "kernel_libraries",
+    "preset_kernel_list",
+    "read_kernel_library",
+    "record_kernels",
     "Error",
     "EvtcRuntimeError",
     "Explanation",

@@ -65,6 +65,10 @@ class GroupedKernel(_Compiled):
     def output_size(self, rows: int, n: int) -> tuple[int, int]:
         return (rows, n // 2 if self.gated else n)
 
+    def in_library(self) -> bool:
+        """Whether a kernel library (:func:`evtc.add_kernel_library`) holds this kernel."""
+        return self._native.in_library()
+
     def compile(self) -> str:
         """Compiles the kernel now (or finds it in the disk cache); needs nvcc and the CUTLASS
         headers, not a GPU. Returns the library path."""

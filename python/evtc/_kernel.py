@@ -119,6 +119,11 @@ class Kernel(_Compiled):
         """Why a problem of this size would run unfused; empty when it would be fused."""
         return self._native.fallback_reason(m, n, k)
 
+    def in_library(self, m: int, n: int, k: int) -> bool:
+        """Whether a kernel library (:func:`evtc.add_kernel_library`) holds the fused kernel
+        problems of this size run with (so it needs no compile)."""
+        return self._native.in_library(m, n, k)
+
     # --- compiling ---------------------------------------------------------------------------
     def compile(self, m: int = 0, n: int = 0, k: int = 0) -> str:
         """Compiles the fused kernel for problems of this size (or finds it in the disk cache).

@@ -5,6 +5,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/map.h>
+#include <nanobind/stl/array.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -18,6 +19,7 @@
 #include "evtc/expression.hpp"
 #include "evtc/grouped.hpp"
 #include "evtc/ir_text.hpp"
+#include "evtc/kernel_library.hpp"
 #include "evtc/options.hpp"
 #include "evtc/passes.hpp"
 #include "evtc/runtime.hpp"
@@ -151,6 +153,29 @@ nb::dict explain(const std::string& expr, const std::string& dtype, bool passes)
   return out;
 }
 
+nb::dict library_dict(const KernelLibraryInfo& info) {
+  nb::dict d;
+  d["dir"] = info.dir;
+  d["arch"] = info.arch;
+  d["cutlass"] = info.cutlass;
+  d["nvcc"] = info.nvcc;
+  d["evtc"] = info.evtc;
+  d["created"] = info.created;
+  nb::list kernels;
+  for (const auto& k : info.kernels) {
+    nb::dict e;
+    e["key"] = k.key;
+    e["file"] = k.file;
+    e["label"] = k.label;
+    e["kind"] = k.kind;
+    e["bytes"] = k.bytes;
+    e["origin"] = k.origin_json;
+    kernels.append(e);
+  }
+  d["kernels"] = kernels;
+  return d;
+}
+
 // ParseError keeps its line and column as attributes of the Python exception.
 void register_exceptions(nb::module_& m) {
   static nb::exception<Error> error(m, "Error", PyExc_RuntimeError);
@@ -235,6 +260,7 @@ NB_MODULE(_evtc, m) {
              return k.config_for(m, n, kk).name();
            }, "m"_a, "n"_a, "k"_a)
       .def("fallback_reason", &Kernel::fallback_reason, "m"_a, "n"_a, "k"_a)
+      .def("in_library", &Kernel::in_library, "m"_a, "n"_a, "k"_a)
       .def("estimate", &Kernel::estimate, "m"_a, "n"_a, "k"_a, "unfused"_a)
       .def("run", &run_kernel, "a"_a, "b"_a, "tensors"_a, "dtypes"_a, "scalars"_a, "stream"_a);
 
@@ -255,6 +281,7 @@ NB_MODULE(_evtc, m) {
       .def("shape_reason", &GroupedKernel::shape_reason, "n"_a, "k"_a)
       .def("estimate", &GroupedKernel::estimate, "total_m"_a, "n"_a, "k"_a, "groups"_a, "unfused"_a)
       .def("compile", &GroupedKernel::compile, nb::call_guard<nb::gil_scoped_release>())
+      .def("in_library", &GroupedKernel::in_library)
       .def("run", &run_grouped, "x"_a, "w"_a, "offsets"_a, "tensors"_a, "dtypes"_a, "scalars"_a, "k_major"_a, "stream"_a);
 
   // The rules the PyTorch layer applies to framework tensors, from the one C++ source.
@@ -275,6 +302,31 @@ NB_MODULE(_evtc, m) {
           return print(parse(expr, dtype, dtype));
         }, "expr"_a, "dtype"_a = "bf16");
   m.def("explain", &explain, "expr"_a, "dtype"_a = "bf16", "passes"_a = false);
+  // Kernel libraries (evtc/kernel_library.hpp).
+  m.def("add_kernel_library", [](const std::string& dir) { return library_dict(add_kernel_library(dir)); }, "dir"_a);
+  m.def("read_kernel_library", [](const std::string& dir) { return library_dict(read_kernel_library(dir)); }, "dir"_a);
+  m.def("kernel_libraries", &kernel_libraries);
+  m.def("record_kernels", &record_kernels, "path"_a);
+  m.def("build_kernel_library",
+        [](const std::string& list, const std::string& dir) {
+          LibraryBuildResult r;
+          {
+            nb::gil_scoped_release release;
+            r = build_kernel_library(list, dir);
+          }
+          nb::dict d;
+          d["dir"] = r.dir;
+          d["kernels"] = r.kernels;
+          d["added"] = r.added;
+          d["compiled"] = r.compiled;
+          d["seconds"] = r.seconds;
+          d["errors"] = r.errors;
+          return d;
+        },
+        "kernel_list"_a, "dir"_a);
+  m.def("preset_kernel_list", &preset_kernel_list, "name"_a, "shapes"_a);
+  m.def("compiler_runs", &compiler_runs);
+  m.def("compiler_available", &compiler_available);
   m.def("pass_names", [] {
     std::vector<std::string> names;
     for (const PassInfo& p : pipeline_passes()) names.emplace_back(p.name);

@@ -5,8 +5,8 @@
 #include <fmt/format.h>
 #include <sys/wait.h>
 #include <unistd.h>
-#include <xxhash.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -23,6 +23,7 @@
 
 #include "evtc/error.hpp"
 #include "jit/environment.hpp"
+#include "jit/kernel_library.hpp"
 #include "jit/toolchain.hpp"
 
 namespace fs = std::filesystem;
@@ -52,13 +53,6 @@ void fsync_path(const fs::path& p) {
   }
 }
 
-std::string device_headers_digest(const std::string& include) {
-  std::string all;
-  for (const char* f : {"ops.cuh", "math.cuh", "op_list.inc", "abi.h", "reduce.cuh",
-                        "sm90_half_store.cuh", "sm90_register_node.cuh", "sm90_scalar_partials.cuh"})
-    all += read_file(fs::path(include) / "evtc" / "device" / f);
-  return fmt::format("{:016x}", XXH3_64bits(all.data(), all.size()));
-}
 
 // Runs argv with stdout and stderr into `log`; shows a progress line on stderr while it
 // takes longer than a second (only on a terminal). Returns the exit status.
@@ -121,6 +115,11 @@ std::string first_errors(const std::string& log, size_t max_lines) {
   return out;
 }
 
+std::atomic<size_t>& compiler_run_count() {
+  static std::atomic<size_t> n{0};
+  return n;
+}
+
 // The count of compile_slots() in use, and its wait.
 struct SlotState {
   std::mutex mu;
@@ -178,6 +177,7 @@ std::string compile_into_cache(const CompileRequest& req, const std::string& key
   write_file(tmp / "command.txt", command + "\n");
   if (env_flag("EVTC_PRINT_COMPILER_COMMAND")) fmt::print(stderr, "evtc: {}\n", command);
 
+  compiler_run_count().fetch_add(1);
   std::optional<CompileSlot> slot;  // plain epilogues are not held back
   if (req.needs_cutlass) slot.emplace();
   const int rc = run_compiler(argv, tmp / "compile.log", req.label);
@@ -209,7 +209,7 @@ std::string compile_into_cache(const CompileRequest& req, const std::string& key
 
 }  // namespace
 
-Library::Library(const std::string& path, const std::string& key) : path_(path), key_(key) {
+Library::Library(const std::string& path) : path_(path) {
   handle_ = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!handle_) throw RuntimeError(fmt::format("cannot load {}: {}", path, dlerror()));
 }
@@ -232,14 +232,10 @@ std::string cache_dir() {
 }
 
 std::string cache_key(const CompileRequest& req) {
-  const Toolchain& tc = toolchain(req.needs_cutlass);
-  std::string material = req.source;
-  for (const auto& f : kernel_flags(req.sm, req.needs_cutlass))
-    if (f.rfind("-L", 0) != 0) material += "\n" + f;  // install paths do not change the result
-  material += "\nnvcc " + tc.nvcc_version + "\ncutlass " + tc.cutlass_version +
-              "\ndevice headers " + device_headers_digest(tc.evtc_include);
-  return fmt::format("{:016x}", XXH3_64bits(material.data(), material.size()));
+  return cache_key_for(req, toolchain(req.needs_cutlass).nvcc_version);
 }
+
+size_t compiler_runs() { return compiler_run_count().load(); }
 
 namespace {
 
@@ -322,6 +318,11 @@ int compile_slots() {
 }
 
 std::shared_future<std::string> compile_in_background(const CompileRequest& req) {
+  if (auto path = library_kernel(req)) {
+    std::promise<std::string> done;
+    done.set_value(*path);
+    return done.get_future().share();
+  }
   compile_slots();  // a bad EVTC_COMPILE_JOBS fails here, before anything is queued
   const std::string key = cache_key(req);
   CompileTable& table = compile_table();
@@ -354,6 +355,7 @@ std::shared_future<std::string> compile_in_background(const CompileRequest& req)
 }
 
 std::string compile_cached(const CompileRequest& req) {
+  if (auto path = library_kernel(req)) return *path;
   CompileTable& table = compile_table();
   auto& mu = table.mu;
   auto& compiling = table.compiling;
@@ -394,7 +396,7 @@ std::shared_ptr<Library> load_or_compile(const CompileRequest& req) {
   static std::map<std::string, std::shared_ptr<Library>> loaded;
   std::lock_guard lock(mu);
   auto& lib = loaded[path];
-  if (!lib) lib = std::make_shared<Library>(path, cache_key(req));
+  if (!lib) lib = std::make_shared<Library>(path);
   return lib;
 }
 

@@ -20,18 +20,17 @@ namespace evtc::jit {
 
 class Library {
  public:
-  Library(const std::string& path, const std::string& key);
+  explicit Library(const std::string& path);
   ~Library();
   Library(const Library&) = delete;
   Library& operator=(const Library&) = delete;
   // Looks a symbol up; throws RuntimeError naming the library when it is missing.
   void* symbol(const char* name) const;
   const std::string& path() const { return path_; }
-  const std::string& key() const { return key_; }
 
  private:
   void* handle_;
-  std::string path_, key_;
+  std::string path_;
 };
 
 struct CompileRequest {
@@ -41,8 +40,9 @@ struct CompileRequest {
   int sm = 90;
 };
 
-// Returns the path of the compiled library for the request, compiling it if the disk cache
-// does not have it. Needs no GPU. Thread-safe: concurrent requests for one key compile it once.
+// Returns the path of the compiled library for the request: from a registered kernel library
+// (jit/kernel_library.hpp) if one has it, else the disk cache, compiling it if that does not
+// have it. Needs no GPU. Thread-safe: concurrent requests for one key compile it once.
 std::string compile_cached(const CompileRequest& request);
 // Starts compiling the request on one of evtc's background compile threads (or finds it
 // compiled: in the disk cache, or by an earlier call) and returns the library path's future;
@@ -55,10 +55,12 @@ std::shared_future<std::string> compile_in_background(const CompileRequest& requ
 int compile_slots();
 // compile_slots' value, read from the environment now (compile_slots reads it once).
 int compile_slots_from_env();
-// compile_cached, then loads the library (once per process and key).
+// How many nvcc processes this process has started.
+size_t compiler_runs();
+// compile_cached, then loads the library (once per process and path).
 std::shared_ptr<Library> load_or_compile(const CompileRequest& request);
 
-// The cache key a request maps to (16 hex digits).
+// The cache key a request maps to (16 hex digits); needs nvcc (its version is part of it).
 std::string cache_key(const CompileRequest& request);
 std::string cache_dir();
 

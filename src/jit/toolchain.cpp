@@ -1,7 +1,9 @@
 #include "jit/toolchain.hpp"
 
 #include <fmt/format.h>
+#include <xxhash.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstdlib>
@@ -123,12 +125,17 @@ const Toolchain& toolchain(bool need_cutlass) {
   return tc;
 }
 
-std::vector<std::string> kernel_flags(int sm, bool need_cutlass) {
+std::vector<std::string> code_flags(int sm, bool need_cutlass) {
   // -DNDEBUG matters: without it CUTLASS's asserts serialise the wgmma pipeline.
   std::vector<std::string> f = {"-std=c++17", "-O3", "-DNDEBUG", "--expt-relaxed-constexpr",
                                 "-Xcompiler=-fPIC", "-shared", "-lineinfo"};
   const std::string arch = sm == 90 && need_cutlass ? "90a" : std::to_string(sm);
   f.push_back(fmt::format("-gencode=arch=compute_{0},code=sm_{0}", arch));
+  return f;
+}
+
+std::vector<std::string> kernel_flags(int sm, bool need_cutlass) {
+  std::vector<std::string> f = code_flags(sm, need_cutlass);
   if (need_cutlass) {
     // CUTLASS builds TMA descriptors through the driver API: link the driver (its stub at
     // build time) so the library resolves those symbols itself when it is loaded.
@@ -137,6 +144,55 @@ std::vector<std::string> kernel_flags(int sm, bool need_cutlass) {
     f.push_back("-lcuda");
   }
   return f;
+}
+
+}  // namespace evtc::jit
+
+namespace evtc::jit {
+
+std::string cutlass_version_in_use() {
+  try {
+    return cutlass_version(find_cutlass());
+  } catch (const Error&) {
+    return EVTC_BUILT_CUTLASS_VERSION;
+  }
+}
+
+std::string device_headers_digest() {
+  std::string include;
+  try {
+    include = find_evtc_include();
+  } catch (const Error&) {
+    return "none";
+  }
+  const fs::path dir = fs::path(include) / "evtc" / "device";
+  std::vector<fs::path> files;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.is_regular_file(ec)) files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  XXH3_state_t* state = XXH3_createState();
+  XXH3_64bits_reset(state);
+  for (const fs::path& f : files) {
+    std::ifstream in(f, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    const std::string name = f.filename().string() + "\n", text = ss.str();
+    XXH3_64bits_update(state, name.data(), name.size());
+    XXH3_64bits_update(state, text.data(), text.size());
+  }
+  const uint64_t h = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  return fmt::format("{:016x}", h);
+}
+
+bool compiler_available() {
+  try {
+    toolchain(false);
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
 }
 
 }  // namespace evtc::jit

@@ -19,7 +19,19 @@ struct Toolchain {
 // saying what to install or set. `need_cutlass` false skips CUTLASS (fallback kernels).
 const Toolchain& toolchain(bool need_cutlass = true);
 
-// The nvcc flags every fused kernel is compiled with (without -I and -o).
+// The nvcc flags that decide a kernel's code (part of its cache key; without -I, -L and -o).
+// Needs no toolchain.
+std::vector<std::string> code_flags(int sm, bool need_cutlass);
+// code_flags plus the link flags (the driver library for CUTLASS kernels) of this toolkit.
 std::vector<std::string> kernel_flags(int sm, bool need_cutlass);
+
+// The CUTLASS version kernels are generated for: that of the headers the JIT finds, else the
+// one evtc was built with ("unknown" when neither is known). Needs no nvcc.
+std::string cutlass_version_in_use();
+// A digest of every file under evtc/device/ in evtc's device headers (sorted by name), the
+// code every generated kernel includes; "none" when the headers are not found. Needs no nvcc.
+std::string device_headers_digest();
+// Whether nvcc can be found (see toolchain); never throws.
+bool compiler_available();
 
 }  // namespace evtc::jit

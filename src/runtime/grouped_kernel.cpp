@@ -9,8 +9,11 @@
 #include "evtc/error.hpp"
 #include "evtc/grouped.hpp"
 #include "jit/kernel_cache.hpp"
+#include "jit/kernel_library.hpp"
 #include "runtime/bind.hpp"
 #include "runtime/cost_model.hpp"
+#include "runtime/kernel_requests.hpp"
+#include "evtc/options.hpp"
 
 namespace evtc {
 
@@ -41,16 +44,23 @@ struct GroupedKernel::Impl {
   mutable evtc_grouped_run_fn run = nullptr;
   mutable runtime::PointerChecks pointer_checks;
 
-  jit::CompileRequest request() const {
-    return {sm90::emit_grouped_kernel(graph, options.gemm, config).source, "grouped " + config.name(),
-            true, 90};
-  }
+  jit::CompileRequest request() const { return runtime::grouped_request(graph, options, config); }
   void load() const;
 };
+
+namespace runtime {
+
+jit::CompileRequest grouped_request(const Graph& graph, const GroupedOptions& options, const KernelConfig& config) {
+  return {sm90::emit_grouped_kernel(graph, options.gemm, config).source, "grouped " + config.name(), true, 90};
+}
+
+}  // namespace runtime
 
 void GroupedKernel::Impl::load() const {
   std::lock_guard lock(mu);
   if (library) return;
+  runtime::record_kernel(graph, option_text(options.gemm, options.cast_mode, options.precise_math, config), true,
+                         0, 0, 0, config);
   auto lib = jit::load_or_compile(request());
   auto version = reinterpret_cast<evtc_abi_version_fn>(lib->symbol("evtc_abi_version"));
   if (version() != EVTC_ABI_VERSION)
@@ -94,6 +104,8 @@ std::string GroupedKernel::compile() const {
   impl_->load();
   return impl_->library->path();
 }
+
+bool GroupedKernel::in_library() const { return jit::library_kernel(impl_->request()).has_value(); }
 
 std::string GroupedKernel::source() const { return impl_->request().source; }
 const Graph& GroupedKernel::graph() const { return impl_->graph; }

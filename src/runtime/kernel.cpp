@@ -12,8 +12,11 @@
 #include "evtc/error.hpp"
 #include "evtc/ir_text.hpp"
 #include "jit/environment.hpp"
+#include "jit/kernel_library.hpp"
 #include "runtime/cublaslt_gemm.hpp"
 #include "runtime/kernel_impl.hpp"
+#include "runtime/kernel_requests.hpp"
+#include "evtc/options.hpp"
 
 namespace evtc {
 
@@ -54,8 +57,25 @@ void Kernel::Impl::log_once(const std::string& reason) const {
     fmt::print(stderr, "evtc: running unfused (cuBLASLt + plain epilogue): {}\n", reason);
 }
 
-jit::CompileRequest Kernel::Impl::fused_request(const KernelConfig& config) const {
+namespace runtime {
+
+jit::CompileRequest fused_request(const Graph& graph, const CompileOptions& options, const KernelConfig& config) {
   return {sm90::emit_kernel(graph, options.gemm, config).source, config.name(), true, 90};
+}
+
+jit::CompileRequest fallback_request(const Graph& graph, const KernelSignature& signature) {
+  return {cuda::emit_fallback_kernel(graph, signature), "plain epilogue", false, 90};
+}
+
+}  // namespace runtime
+
+jit::CompileRequest Kernel::Impl::fused_request(const KernelConfig& config) const {
+  return runtime::fused_request(graph, options, config);
+}
+
+void Kernel::Impl::record(int64_t m, int64_t n, int64_t k, const KernelConfig& config) const {
+  runtime::record_kernel(graph, option_text(options.gemm, options.cast_mode, options.precise_math), false, m, n,
+                         k, config);
 }
 
 std::shared_ptr<jit::Library> Kernel::Impl::fused_library(const KernelConfig& config) const {
@@ -87,8 +107,7 @@ std::shared_ptr<jit::Library> Kernel::Impl::fallback_library() const {
     std::lock_guard lock(mu);
     if (fallback) return fallback;
   }
-  auto lib = jit::load_or_compile(
-      {cuda::emit_fallback_kernel(graph, signature), "plain epilogue", false, 90});
+  auto lib = jit::load_or_compile(runtime::fallback_request(graph, signature));
   std::lock_guard lock(mu);
   fallback = lib;
   return lib;
@@ -126,6 +145,7 @@ std::shared_ptr<const LaunchPlan> Kernel::Impl::plan_for(const runtime::BoundCal
   if (plan->fallback_reason.empty()) {
     try {
       const KernelConfig config = choose_config(call.m, call.n, call.k).config;
+      record(call.m, call.n, call.k, config);
       bool loaded = false;
       {
         std::lock_guard lock(mu);
@@ -235,14 +255,19 @@ std::string Kernel::library_path() const {
 }
 
 void Kernel::compile(int64_t m, int64_t n, int64_t k) {
-  const std::string path = jit::compile_cached(impl_->fused_request(config_for(m, n, k)));
+  const KernelConfig config = config_for(m, n, k);
+  const std::string path = jit::compile_cached(impl_->fused_request(config));
+  impl_->record(m, n, k, config);
   std::lock_guard lock(impl_->mu);
   impl_->fused_path = path;
 }
 
 std::string Kernel::compile_fallback() {
-  return jit::compile_cached({cuda::emit_fallback_kernel(impl_->graph, impl_->signature),
-                              "plain epilogue", false, 90});
+  return jit::compile_cached(runtime::fallback_request(impl_->graph, impl_->signature));
+}
+
+bool Kernel::in_library(int64_t m, int64_t n, int64_t k) const {
+  return jit::library_kernel(impl_->fused_request(config_for(m, n, k))).has_value();
 }
 
 std::string Kernel::fallback_reason(int64_t m, int64_t n, int64_t k) const {

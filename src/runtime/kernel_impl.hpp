@@ -94,6 +94,8 @@ struct Kernel::Impl {
   // The identity tuned choices are stored under; nullopt without a usable GPU.
   std::optional<tuning::ProblemIdentity> identity() const;
   jit::CompileRequest fused_request(const KernelConfig& config) const;
+  // Adds this kernel for problems of m×n×k with `config` to the kernel list being recorded.
+  void record(int64_t m, int64_t n, int64_t k, const KernelConfig& config) const;
   std::shared_ptr<jit::Library> fused_library(const KernelConfig& config) const;
   std::shared_ptr<jit::Library> fallback_library() const;
   std::string fallback_reason(int64_t m, int64_t n, int64_t k) const;

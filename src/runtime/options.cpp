@@ -61,6 +61,29 @@ ParseOptions parse_options(const OptionText& o) {
   return p;
 }
 
+OptionText option_text(const GemmDesc& gemm, CastMode cast_mode, bool precise_math,
+                       const std::optional<KernelConfig>& config) {
+  OptionText o;
+  o.a_dtype = dtype_name(gemm.a_dtype);
+  o.b_dtype = dtype_name(gemm.b_dtype);
+  o.a_layout = gemm.a_layout == Layout::row_major ? "row" : "col";
+  o.b_layout = gemm.b_layout == Layout::row_major ? "row" : "col";
+  o.cast_mode = cast_mode == CastMode::fast ? "fast" : "eager";
+  o.precise_math = precise_math;
+  if (config) o.config = config->name();
+  return o;
+}
+
+std::string option_text_json(const OptionText& o) {
+  nlohmann::json j = {{"a_dtype", o.a_dtype},       {"b_dtype", o.b_dtype},
+                      {"a_layout", o.a_layout},     {"b_layout", o.b_layout},
+                      {"cast_mode", o.cast_mode},   {"precise_math", o.precise_math},
+                      {"disable_fusion", o.disable_fusion}, {"wait_for_compile", o.wait_for_compile},
+                      {"operand_dtype", o.operand_dtype}, {"output_dtype", o.output_dtype}};
+  j["config"] = o.config ? nlohmann::json(*o.config) : nlohmann::json(nullptr);
+  return j.dump();
+}
+
 OptionText option_text_from_json(std::string_view text) {
   nlohmann::json j;
   try {

@@ -76,6 +76,38 @@ for c in "${cases[@]}"; do
   fi
 done
 echo "${#cases[@]} kernels, $jobs at a time: $((SECONDS - start)) s"
+
+# A kernel library (evtc aot build) made from one of the kernels above (found in the cache, so
+# only its plain epilogue compiles), then used with no nvcc: both kernels come from the
+# library, no cache entry is made; a damaged kernel file is refused.
+library_check() {
+  local expr="out D: bf16 = acc + bias[n]" config="coop_128x256x64_c2x1_streamk"
+  local lib="$work/library" out rc
+  out="$("$cli" aot build -o "$lib" --expr "$expr" --config "$config" 2>&1)" || { echo "aot build failed: $out"; return 1; }
+  echo "$out" | grep -Eq "2 kernels in $lib \(2 added, [01] compiled by nvcc" || { echo "aot build: unexpected report: $out"; return 1; }
+  out="$("$cli" aot show "$lib" 2>&1)" || { echo "aot show failed: $out"; return 1; }
+  echo "$out" | grep -q "usable here: yes" || { echo "aot show: $out"; return 1; }
+  out="$(EVTC_CACHE_DIR="$work/no-cache" CUDACXX=/nonexistent EVTC_KERNEL_LIBRARY="$lib" \
+         "$cli" compile "$expr" --config "$config" --fallback 2>&1)" || { echo "no-nvcc compile failed: $out"; return 1; }
+  [ "$(echo "$out" | grep -c "$lib/kernels/")" = 2 ] || { echo "no-nvcc compile did not use the library: $out"; return 1; }
+  [ ! -e "$work/no-cache/kernels" ] || { echo "no-nvcc compile made cache entries"; return 1; }
+  cp -r "$lib" "$work/damaged"
+  local fused
+  fused="$(echo "$out" | sed -n 's|^fused kernel: .*/kernels/\([0-9a-f]*\.so\).*|\1|p')"
+  printf 'ZZZZ' | dd of="$work/damaged/kernels/$fused" bs=1 seek=100 count=4 conv=notrunc 2>/dev/null
+  out="$(env -u EVTC_QUIET EVTC_CACHE_DIR="$work/no-cache" CUDACXX=/nonexistent EVTC_KERNEL_LIBRARY="$work/damaged" \
+         "$cli" compile "$expr" --config "$config" 2>&1)"
+  rc=$?
+  if [ "$rc" = 0 ] || ! echo "$out" | grep -q "does not match its manifest entry"; then
+    echo "a damaged library kernel was not refused (exit $rc): $out"
+    return 1
+  fi
+  echo "kernel library: built from the cache, used with no nvcc, damage refused"
+}
+if [ "$(cat "$work/bias_streamk.rc" 2>/dev/null)" = 0 ]; then
+  library_check || failed=1
+fi
+
 if [ "$failed" != 0 ]; then
   echo "generated sources kept in $work"
   exit 1

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "golden_files.hpp"
+#include "scoped_env.hpp"
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -34,6 +35,7 @@ using namespace evtc;
 namespace {
 
 using evtc::test::read_file;
+using evtc::test::ScopedEnv;
 
 size_t entries_in(const fs::path& dir) {
   std::error_code ec;
@@ -43,25 +45,6 @@ size_t entries_in(const fs::path& dir) {
   return n;
 }
 
-// Sets an environment variable for the lifetime of the object, then restores it.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::optional<std::string>& value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value) setenv(name, value->c_str(), 1);
-    else unsetenv(name);
-  }
-  ~ScopedEnv() {
-    if (old_) setenv(name_, old_->c_str(), 1);
-    else unsetenv(name_);
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
 
 // The fallback epilogue of a one-op graph, made unique to `tag`.
 jit::CompileRequest fallback_request(const std::string& tag) {

@@ -5,12 +5,18 @@ from __future__ import annotations
 
 from torch import fx
 
+from ... import _library
 from .. import _op, _spec
 from .._chain import Chain, Refused
 from .._fusion import (Fusion, check_output_shapes, escaping, expression, grow_trimmed, is_static, kernel_options,
                        problem_size, replace, spec_kernel_or_refuse)
 from .._gemm import GEMMS, UNSUPPORTED_GEMMS, start_chain
 from . import profitability
+
+
+# Where no nvcc exists, only kernels a kernel library holds can run fused.
+NO_COMPILER = ("no nvcc here to compile its kernel, and no kernel library holds it (see "
+               "evtc.add_kernel_library / EVTC_KERNEL_LIBRARY)")
 
 
 def run(graph: fx.Graph, settings, report) -> None:
@@ -44,6 +50,8 @@ def fuse(graph: fx.Graph, chain: Chain, settings) -> Fusion:
             raise Refused(reason)
     check_output_shapes(chain, outs)
     estimate = profitability.decide(chain, kernel, outs, settings)
+    if not _library.compiler_available() and not kernel.in_library(m, n, k):
+        raise Refused(NO_COMPILER)
     if settings.compile:
         # The configuration follows the problem's size: compile for the traced example size.
         kernel.compile_async(m, n, k)
@@ -73,6 +81,8 @@ def _fuse_grouped(graph: fx.Graph, chain: Chain, settings, outs) -> Fusion:
         raise Refused(reason)
     check_output_shapes(chain, outs)
     estimate = profitability.decide(chain, kernel, outs, settings)
+    if not _library.compiler_available() and not kernel.in_library():
+        raise Refused(NO_COMPILER)
     if settings.compile:
         kernel.compile_async()
     if chain.merged is None:

@@ -1,0 +1,80 @@
+"""Kernel libraries: kernels compiled ahead of time, run where no nvcc exists (docs/backend.md,
+"Kernel libraries").
+
+On a machine with nvcc and CUTLASS, record what a run compiles and build a library from it::
+
+    evtc.record_kernels("kernels.json")          # or EVTC_RECORD_KERNELS=kernels.json
+    ...run the model (torch.compile with the evtc backend, or evtc.compile kernels)...
+    evtc.build_kernel_library("model-kernels", "kernels.json")   # or `evtc aot build`
+
+Where it runs (no nvcc needed)::
+
+    evtc.add_kernel_library("model-kernels")     # or EVTC_KERNEL_LIBRARY=model-kernels
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterable, Optional, Union
+
+from . import _evtc
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def add_kernel_library(path: PathLike) -> dict[str, Any]:
+    """Verifies the library folder (its manifest; that its kernels are for this GPU and this
+    evtc's architecture, CUTLASS version, device headers and kernel ABI) and looks every kernel
+    up in it, before the disk cache and nvcc, from now on. Returns its manifest as a dict
+    (``dir``, ``arch``, ``cutlass``, ``nvcc``, ``evtc``, ``created``, ``kernels``). Raises
+    :class:`evtc.UserError` saying why when the library is refused."""
+    return _evtc.add_kernel_library(os.fspath(path))
+
+
+def kernel_libraries() -> list[str]:
+    """The library folders in use, in search order (``EVTC_KERNEL_LIBRARY``'s included)."""
+    return list(_evtc.kernel_libraries())
+
+
+def read_kernel_library(path: PathLike) -> dict[str, Any]:
+    """A library's manifest as a dict, without using the library."""
+    return _evtc.read_kernel_library(os.fspath(path))
+
+
+def record_kernels(path: Optional[PathLike]) -> None:
+    """Records every kernel this process compiles or loads from now on into the kernel list at
+    ``path`` (JSON; entries already in the file are kept), rewritten as kernels are added.
+    ``None`` stops recording. ``EVTC_RECORD_KERNELS=path`` records from the start."""
+    _evtc.record_kernels("" if path is None else os.fspath(path))
+
+
+def build_kernel_library(path: PathLike, kernels: Union[PathLike, dict, list]) -> dict[str, Any]:
+    """Compiles kernels into the library folder ``path`` (created, or added to), in parallel.
+    ``kernels`` is a kernel list: the path of its JSON file (as :func:`record_kernels` writes),
+    the list as a dict, or its ``"kernels"`` entries as a list. Needs nvcc and CUTLASS, not a
+    GPU. Returns ``{"dir", "kernels", "added", "compiled", "seconds", "errors"}``; kernels that
+    failed to compile are left out and named in ``errors``."""
+    if isinstance(kernels, list):
+        kernels = {"format": "evtc-kernel-list", "format_version": 1, "kernels": kernels}
+    if isinstance(kernels, dict):
+        text = json.dumps(kernels)
+    else:
+        with open(os.fspath(kernels)) as f:
+            text = f.read()
+    return _evtc.build_kernel_library(text, os.fspath(path))
+
+
+def preset_kernel_list(name: str = "transformer", shapes: Iterable[tuple[int, int, int]] = ()) -> dict:
+    """A preset kernel list of common epilogues (``"transformer"``: bias, GELU/SiLU/ReLU²,
+    SwiGLU/GeGLU, residual add, fp8 rowwise scales) for the given (M, N, K) shapes."""
+    return json.loads(_evtc.preset_kernel_list(name, [tuple(int(x) for x in s) for s in shapes]))
+
+
+def compiler_runs() -> int:
+    """How many nvcc processes this process has started."""
+    return int(_evtc.compiler_runs())
+
+
+def compiler_available() -> bool:
+    """Whether nvcc can be found here (``CUDACXX``, ``CUDA_HOME``, ``PATH``, the build's toolkit)."""
+    return bool(_evtc.compiler_available())

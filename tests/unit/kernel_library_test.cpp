@@ -1,0 +1,271 @@
+// Tests of kernel libraries and kernel lists (src/jit/kernel_library, src/runtime/aot.cpp)
+// that need no GPU and no nvcc run: the libraries here are written by hand, holding files
+// that stand in for kernels (nothing is loaded), so lookups, verification, refusals and
+// recording are checked without a compile. `evtc aot build` with real kernels is checked by
+// the nvcc test (tests/nvcc/compile_kernels.sh).
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "evtc/error.hpp"
+#include "evtc/expression.hpp"
+#include "evtc/ir_text.hpp"
+#include "evtc/kernel_library.hpp"
+#include "evtc/options.hpp"
+#include "golden_files.hpp"
+#include "jit/kernel_cache.hpp"
+#include "jit/kernel_library.hpp"
+#include "runtime/kernel_requests.hpp"
+#include "scoped_env.hpp"
+
+namespace fs = std::filesystem;
+using namespace evtc;
+using evtc::test::read_file;
+using evtc::test::ScopedEnv;
+using nlohmann::json;
+
+namespace {
+
+class KernelLibrary : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::random_device rd;
+    dir_ = fs::temp_directory_path() / fmt::format("evtc-library-test-{}-{:08x}", getpid(), rd());
+    fs::create_directories(dir_);
+    cache_.emplace("EVTC_CACHE_DIR", (dir_ / "cache").string());
+    env_.emplace("EVTC_KERNEL_LIBRARY", std::nullopt);
+    quiet_.emplace("EVTC_QUIET", "1");
+    jit::clear_libraries();
+  }
+  void TearDown() override {
+    jit::clear_libraries();
+    record_kernels("");
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  // A library in dir_/name holding a stand-in file for each request.
+  fs::path make_library(const std::string& name, const std::vector<jit::CompileRequest>& requests,
+                        const jit::LibraryIdentity& identity) {
+    const fs::path lib = dir_ / name;
+    fs::create_directories(lib / "kernels");
+    jit::LibraryManifest m;
+    m.identity = identity;
+    for (const auto& req : requests) {
+      jit::LibraryEntry e;
+      e.key = jit::cache_key_for(req, identity.nvcc);
+      e.file = "kernels/" + e.key + ".so";
+      std::ofstream(lib / e.file, std::ios::binary) << "stand-in for " << req.label << "\n";
+      e.bytes = fs::file_size(lib / e.file);
+      e.xxh3 = *jit::file_checksum((lib / e.file).string());
+      e.label = req.label;
+      e.kind = "plain";
+      m.kernels.push_back(e);
+    }
+    jit::write_manifest(lib.string(), m);
+    return lib;
+  }
+
+  static jit::LibraryIdentity identity() {
+    jit::LibraryIdentity id = jit::current_identity(90);
+    id.nvcc = "12.9.41";  // where it was built: need not be this machine's
+    return id;
+  }
+
+  static jit::CompileRequest request(const std::string& tag) {
+    return {"// not CUDA: nvcc would fail on this\n" + tag, "test " + tag, false, 90};
+  }
+
+  fs::path dir_;
+  std::optional<ScopedEnv> cache_, env_, quiet_;
+};
+
+TEST_F(KernelLibrary, KernelsComeFromTheLibraryWithoutACompile) {
+  const auto req = request("a");
+  const fs::path lib = make_library("lib", {req}, identity());
+  EXPECT_FALSE(jit::library_kernel(req).has_value());  // not registered yet
+  const KernelLibraryInfo info = add_kernel_library(lib.string());
+  EXPECT_EQ(info.kernels.size(), 1u);
+  EXPECT_EQ(info.nvcc, "12.9.41");
+  const size_t runs = jit::compiler_runs();
+  const std::string path = jit::compile_cached(req);  // would fail if nvcc ran on it
+  EXPECT_EQ(fs::path(path).parent_path().parent_path(), fs::weakly_canonical(lib));
+  EXPECT_EQ(jit::compile_in_background(req).get(), path);
+  EXPECT_EQ(jit::compiler_runs(), runs);
+  EXPECT_FALSE(jit::library_kernel(request("other")).has_value());
+  EXPECT_EQ(kernel_libraries(), std::vector<std::string>{fs::weakly_canonical(lib).string()});
+}
+
+TEST_F(KernelLibrary, EnvironmentVariableAddsLibraries) {
+  const auto a = request("env-a"), b = request("env-b");
+  const fs::path l1 = make_library("l1", {a}, identity());
+  const fs::path l2 = make_library("l2", {b}, identity());
+  ScopedEnv env("EVTC_KERNEL_LIBRARY", l1.string() + ":" + l2.string());
+  jit::clear_libraries();
+  EXPECT_TRUE(jit::library_kernel(a).has_value());
+  EXPECT_TRUE(jit::library_kernel(b).has_value());
+  EXPECT_EQ(kernel_libraries().size(), 2u);
+}
+
+TEST_F(KernelLibrary, LibrariesBuiltForSomethingElseAreRefused) {
+  struct Case {
+    const char* what;
+    std::function<void(jit::LibraryIdentity&)> change;
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {"cutlass", [](auto& id) { id.cutlass = "3.9.0"; }, "built with CUTLASS 3.9.0"},
+      {"arch", [](auto& id) { id.arch = "sm_100a"; id.sm = 100; }, "built for sm_100a"},
+      {"abi", [](auto& id) { id.abi = 1; }, "kernel ABI version 1"},
+      {"headers", [](auto& id) { id.device_headers = "0123456789abcdef"; }, "other evtc device headers"},
+  };
+  for (const Case& c : cases) {
+    jit::LibraryIdentity id = identity();
+    c.change(id);
+    const fs::path lib = make_library(std::string("bad-") + c.what, {request(c.what)}, id);
+    try {
+      add_kernel_library(lib.string());
+      ADD_FAILURE() << c.what << ": accepted";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("is refused"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(c.message), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(kernel_libraries().empty()) << c.what;
+  }
+}
+
+TEST_F(KernelLibrary, DamagedKernelFilesAreNotUsed) {
+  const auto req = request("damaged"), other = request("intact");
+  const fs::path lib = make_library("lib", {req, other}, identity());
+  // Same size, other bytes: only the checksum tells.
+  const fs::path file = lib / "kernels" / (jit::cache_key_for(req, "12.9.41") + ".so");
+  std::string bytes = read_file(file);
+  bytes[0] ^= 1;
+  std::ofstream(file, std::ios::binary) << bytes;
+  add_kernel_library(lib.string());
+  EXPECT_FALSE(jit::library_kernel(req).has_value());
+  EXPECT_TRUE(jit::library_kernel(other).has_value());
+  // A missing file is not used either.
+  fs::remove(lib / "kernels" / (jit::cache_key_for(other, "12.9.41") + ".so"));
+  jit::clear_libraries();
+  add_kernel_library(lib.string());
+  EXPECT_FALSE(jit::library_kernel(other).has_value());
+}
+
+TEST_F(KernelLibrary, MalformedManifestsSayWhat) {
+  auto expect_refused = [&](const fs::path& lib, const std::string& part) {
+    try {
+      add_kernel_library(lib.string());
+      ADD_FAILURE() << lib << " accepted";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  expect_refused(dir_ / "missing", "not a folder");
+  fs::create_directories(dir_ / "empty");
+  expect_refused(dir_ / "empty", "no manifest.json");
+  fs::create_directories(dir_ / "garbage");
+  std::ofstream(dir_ / "garbage" / "manifest.json") << "{not json";
+  expect_refused(dir_ / "garbage", "not valid JSON");
+  fs::create_directories(dir_ / "other");
+  std::ofstream(dir_ / "other" / "manifest.json") << R"J({"format": "something-else"})J";
+  expect_refused(dir_ / "other", "not an evtc kernel library manifest");
+  const fs::path lib = make_library("escape", {request("x")}, identity());
+  json m = json::parse(read_file(lib / "manifest.json"));
+  m["kernels"][0]["file"] = "../../etc/passwd";
+  std::ofstream(lib / "manifest.json") << m.dump();
+  expect_refused(lib, "outside the library");
+  m["kernels"][0]["file"] = "kernels/x.so";
+  m["kernels"][0].erase("xxh3");
+  std::ofstream(lib / "manifest.json") << m.dump();
+  expect_refused(lib, "missing a field");
+}
+
+// The kernels a process compiles are recorded as a kernel list; rebuilt from the list (IR text
+// and options), each kernel's code is the same, so its key finds the same library entry.
+TEST_F(KernelLibrary, RecordedKernelsRebuildToTheSameCode) {
+  const fs::path list = dir_ / "kernels.json";
+  record_kernels(list.string());
+  CompileOptions options;
+  options.gemm.b_layout = Layout::col_major;
+  options.cast_mode = CastMode::fast;
+  const Kernel kernel(parse_expression("f = acc * s[m] + bias[n]; out D: bf16 = gelu_tanh(f); out r = row_sum(f)"),
+                      options);
+  const KernelConfig config = kernel.config_for(1000, 4096, 2048);
+  const jit::CompileRequest fused = runtime::fused_request(kernel.graph(), options, config);
+  const jit::CompileRequest plain = runtime::fallback_request(kernel.graph(), kernel.signature());
+  add_kernel_library(make_library("lib", {fused, plain}, identity()).string());
+  ASSERT_TRUE(kernel.in_library(1000, 4096, 2048));
+  const size_t runs = jit::compiler_runs();
+  const_cast<Kernel&>(kernel).compile(1000, 4096, 2048);  // from the library, recorded
+  EXPECT_EQ(jit::compiler_runs(), runs);
+
+  const json recorded = json::parse(read_file(list));
+  EXPECT_EQ(recorded["format"], "evtc-kernel-list");
+  ASSERT_EQ(recorded["kernels"].size(), 1u);
+  const json& entry = recorded["kernels"][0];
+  ASSERT_EQ(entry["shapes"].size(), 1u);
+  EXPECT_EQ(entry["shapes"][0]["m"], 1000);
+  EXPECT_EQ(entry["shapes"][0]["config"], config.name());
+  EXPECT_EQ(entry["options"]["cast_mode"], "fast");
+
+  const CompileOptions again = compile_options(option_text_from_json(entry["options"].dump()));
+  const Kernel rebuilt(parse_canonical(entry["ir"].get<std::string>()), again);
+  EXPECT_EQ(runtime::fused_request(rebuilt.graph(), again, config).source, fused.source);
+  EXPECT_EQ(runtime::fallback_request(rebuilt.graph(), rebuilt.signature()).source, plain.source);
+
+  // A second shape adds to the entry; the same one again does not; a new process (here: a new
+  // recording of the same file) keeps what is there.
+  const_cast<Kernel&>(kernel).compile(1000, 4096, 2048);
+  record_kernels(list.string());
+  EXPECT_EQ(json::parse(read_file(list))["kernels"][0]["shapes"].size(), 1u);
+}
+
+TEST_F(KernelLibrary, RecordingRefusesToOverwriteOtherFiles) {
+  const fs::path other = dir_ / "notes.json";
+  std::ofstream(other) << R"J({"my": "data"})J";
+  EXPECT_THROW(record_kernels(other.string()), UserError);
+  EXPECT_EQ(read_file(other), R"J({"my": "data"})J");
+}
+
+TEST_F(KernelLibrary, MalformedKernelListsNameTheEntry) {
+  auto expect_error = [&](const std::string& list, const std::string& part) {
+    try {
+      build_kernel_library(list, (dir_ / "out").string());
+      ADD_FAILURE() << "accepted: " << list;
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  const std::string head = R"J({"format": "evtc-kernel-list", "format_version": 1, "kernels": )J";
+  expect_error("[]", "not an evtc kernel list");
+  expect_error(head + "{}}", "\"kernels\" must be an array");
+  expect_error(head + R"J([{"expr": "out D = acc"}, {"options": {}}]})J", "kernel list entry 2: needs one of");
+  expect_error(head + R"J([{"expr": "out D = acc", "shapes": [{"m": -1}]}]})J", "negative size");
+  expect_error(head + R"J([{"expr": "out D = acc", "shapes": [{"config": "fastest"}]}]})J",
+               "kernel list entry 1: 'fastest' is not a kernel configuration name");
+  expect_error(head + R"J([{"expr": "out D = acc", "options": {"a_dtype": "int3"}}]})J",
+               "kernel list entry 1: a_dtype: unknown dtype 'int3'");
+  expect_error(head + R"J([{"expr": "out D = frobnicate(acc)"}]})J", "kernel list entry 1:");
+  EXPECT_FALSE(fs::exists(dir_ / "out" / "manifest.json"));
+}
+
+TEST_F(KernelLibrary, PresetListsParse) {
+  const std::string list = preset_kernel_list("transformer", {{8192, 4096, 4096}, {128, 11008, 4096}});
+  const json j = json::parse(list);
+  EXPECT_GE(j["kernels"].size(), 8u);
+  for (const json& k : j["kernels"]) {
+    EXPECT_EQ(k["shapes"].size(), 2u);
+    const OptionText o = option_text_from_json(k["options"].dump());
+    EXPECT_NO_THROW(Kernel(parse_expression(k["expr"].get<std::string>(), parse_options(o)), compile_options(o)))
+        << k["expr"];
+  }
+  EXPECT_THROW(preset_kernel_list("llama", {}), UserError);
+}
+
+}  // namespace
