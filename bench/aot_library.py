@@ -184,7 +184,8 @@ def main() -> None:
         call(from_lib, x, w, b, lib_buf)
         assert lib.rstrip("/") in from_lib.library_path, from_lib.library_path
         assert kernels[name].library_path != from_lib.library_path
-        same_as_deploy = torch.equal(torch.load(deployed["outputs"][name]), jit_out[name])
+        (deployed_out,) = torch.load(deployed["outputs"][name]).values()
+        same_as_deploy = torch.equal(deployed_out, jit_out[name])
         c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         t = timed({"jit": lambda: call(kernels[name], x, w, b, jit_buf),
                    "library": lambda: call(from_lib, x, w, b, lib_buf),
