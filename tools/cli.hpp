@@ -4,8 +4,10 @@
 // bad input (an unknown option, a parse error in an expression).
 #pragma once
 #include <CLI/CLI.hpp>
+#include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "evtc/expression.hpp"
 #include "evtc/runtime.hpp"
@@ -40,6 +42,13 @@ struct GemmFlags {
   // fp8 A/B f32 operands and bf16 outputs.
   ParseOptions parse_options() const;
 };
+
+// A --shape value: MxNxK, positive sizes of at most 9 digits.
+struct Shape3 {
+  int64_t m, n, k;
+};
+// Parses --shape values; UserError naming the option and the bad value.
+std::vector<Shape3> parse_shapes(const std::vector<std::string>& items);
 
 // Prints progress of long work ("compiling 3/8"): on a terminal one line rewritten in place,
 // otherwise a line per step.

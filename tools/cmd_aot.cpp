@@ -3,7 +3,6 @@
 
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <sstream>
 
 #include "cli.hpp"
@@ -13,16 +12,6 @@
 
 namespace evtc::cli {
 namespace {
-
-std::array<int64_t, 3> parse_shape(const std::string& s) {
-  static const std::regex re(R"((\d{1,12})x(\d{1,12})x(\d{1,12}))");
-  std::smatch m;
-  if (!std::regex_match(s, m, re))
-    throw UserError(fmt::format("--shape: expected MxNxK with sizes of at most 12 digits (e.g. 8192x4096x4096), "
-                                "got '{}'",
-                                s));
-  return {std::stoll(m[1]), std::stoll(m[2]), std::stoll(m[3])};
-}
 
 std::string read_text(const std::string& path, const char* option) {
   std::ifstream f(path);
@@ -53,9 +42,10 @@ Command add_aot_command(CLI::App& app) {
       ->check(CLI::ExistingFile);
   build->add_option("--preset", a->preset, "A preset list of common epilogues")
       ->check(CLI::IsMember(kernel_list_presets()));
-  build->add_option("--shape", a->shapes,
-                    "Problem size MxNxK the --expr and --preset kernels are built for (repeatable; none: a "
-                    "shape of unknown size)");
+  build->add_option("--shape,-s", a->shapes,
+                    "Problem size MxNxK the --expr and --preset kernels are built for (repeat, or "
+                    "comma-separated; none: a shape of unknown size)")
+      ->delimiter(',');
   build->add_option("--config", a->configs, "Build --expr kernels with this configuration (repeatable)");
   a->gemm.add_to(build);
   build->add_flag("--precise", a->precise, "Full-precision transcendental math (--expr kernels)");
@@ -90,7 +80,7 @@ Command add_aot_command(CLI::App& app) {
             }
             (void)build;
             std::vector<std::array<int64_t, 3>> shapes;
-            for (const auto& s : a->shapes) shapes.push_back(parse_shape(s));
+            for (const Shape3& s : parse_shapes(a->shapes)) shapes.push_back({s.m, s.n, s.k});
             if (a->exprs.empty() && a->lists.empty() && a->preset.empty())
               throw UserError("aot build: nothing to build: give --expr, --list or --preset");
             if (!a->configs.empty() && a->exprs.empty())

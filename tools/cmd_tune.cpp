@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <regex>
 
 #include "cli.hpp"
 #include "evtc/error.hpp"
@@ -28,26 +27,6 @@ struct TuneArgs {
   int max_candidates = -1;
   std::string json;
 };
-
-struct Shape3 {
-  int64_t m, n, k;
-};
-
-std::vector<Shape3> parse_shapes(const std::vector<std::string>& items) {
-  static const std::regex re(R"((\d+)x(\d+)x(\d+))");
-  std::vector<Shape3> out;
-  for (const auto& item : items) {
-    std::smatch m;
-    if (!std::regex_match(item, m, re) || m[1].length() > 9 || m[2].length() > 9 || m[3].length() > 9)
-      throw UserError(fmt::format("--shape: '{}' is not MxNxK (e.g. 4096x4096x1024)", item));
-    Shape3 s{std::stoll(m[1]), std::stoll(m[2]), std::stoll(m[3])};
-    if (s.m <= 0 || s.n <= 0 || s.k <= 0)
-      throw UserError(fmt::format("--shape: '{}' has an empty dimension", item));
-    out.push_back(s);
-  }
-  if (out.empty()) throw UserError("no shape to tune: give --shape MxNxK (one or more)");
-  return out;
-}
 
 nlohmann::json result_json(const TuneResult& r) {
   nlohmann::json j{{"m", r.m}, {"n", r.n}, {"k", r.k}, {"best", r.best.name()},
@@ -76,6 +55,7 @@ void print_result(const TuneResult& r) {
 
 int tune(const TuneArgs& ta) {
   const std::vector<Shape3> shapes = parse_shapes(ta.shapes);
+  if (shapes.empty()) throw UserError("no shape to tune: give --shape MxNxK (one or more)");
   const ParseOptions popts = ta.gemm.parse_options();
   CompileOptions opts;
   opts.gemm = ta.gemm.desc();

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <vector>
 
@@ -65,6 +66,21 @@ ParseOptions GemmFlags::parse_options() const {
   p.operand_dtype = is_fp8(g.a_dtype) ? DType::f32 : g.a_dtype;
   p.output_dtype = is_fp8(g.a_dtype) ? DType::bf16 : g.a_dtype;
   return p;
+}
+
+std::vector<Shape3> parse_shapes(const std::vector<std::string>& items) {
+  static const std::regex re(R"((\d+)x(\d+)x(\d+))");
+  std::vector<Shape3> out;
+  for (const auto& item : items) {
+    std::smatch m;
+    if (!std::regex_match(item, m, re) || m[1].length() > 9 || m[2].length() > 9 || m[3].length() > 9)
+      throw UserError(fmt::format("--shape: '{}' is not MxNxK (e.g. 4096x4096x1024)", item));
+    Shape3 s{std::stoll(m[1]), std::stoll(m[2]), std::stoll(m[3])};
+    if (s.m <= 0 || s.n <= 0 || s.k <= 0)
+      throw UserError(fmt::format("--shape: '{}' has an empty dimension", item));
+    out.push_back(s);
+  }
+  return out;
 }
 
 ProgressFn progress_printer(const std::string& what) {

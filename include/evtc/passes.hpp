@@ -51,7 +51,8 @@ std::span<const PassInfo> pipeline_passes();
 const PassInfo* find_pass(std::string_view name);
 
 // Runs the whole pipeline. `observer` (if given) sees the graph after every pass and
-// whether the pass changed it (its canonical print differs).
+// whether the pass changed it (its canonical print differs). The result's nodes are numbered
+// in canonical order (evtc/ir_text.hpp), so equal graphs give equal results node for node.
 using PassObserver = std::function<void(const PassInfo& pass, const Graph& after, bool changed)>;
 Graph run_pipeline(const Graph& g, const PipelineOptions& options = {},
                    const PassObserver& observer = {});

@@ -60,7 +60,10 @@ Graph run_pipeline(const Graph& g, const PipelineOptions& options, const PassObs
     if (observer) observer(pass, after, print(current) != print(after));
     current = std::move(after);
   }
-  return current;
+  // Nodes renumbered in canonical order: the code generated from the result (value names, the
+  // order of operand slots) is then the same however the epilogue was written, so equal
+  // epilogues share their kernels, cache keys and library entries.
+  return parse_canonical(print(current));
 }
 
 }  // namespace evtc

@@ -226,6 +226,27 @@ TEST_F(KernelLibrary, RecordedKernelsRebuildToTheSameCode) {
   EXPECT_EQ(json::parse(read_file(list))["kernels"][0]["shapes"].size(), 1u);
 }
 
+// The pipeline's result is in canonical node order, so an epilogue's code does not depend on the
+// order it was written in: the PyTorch path's spec kernels (operands declared first, names in
+// graph order) and kernels rebuilt from a kernel list's IR text find the same library entries
+// for their plain epilogues too.
+TEST_F(KernelLibrary, EqualEpiloguesWrittenInAnotherOrderHaveTheSameCode) {
+  const CompileOptions options;
+  const Kernel a(parse_expression("input x0[n]: bf16\ninput x1[m,n]: bf16\nv0 = bf16(acc + x0)\n"
+                                  "v1 = bf16(x1 + v0)\nout D: bf16 = v1\n"),
+                 options);
+  const Kernel b(parse_canonical(print(a.graph())), options);
+  const Kernel c(parse_expression("input x1[m,n]: bf16\ninput x0[n]: bf16\nout D: bf16 = bf16(x1 + bf16(acc + x0))"),
+                 options);
+  const KernelConfig config = a.config_for(0, 0, 0);
+  for (const Kernel* other : {&b, &c}) {
+    EXPECT_EQ(runtime::fallback_request(other->graph(), other->signature()).source,
+              runtime::fallback_request(a.graph(), a.signature()).source);
+    EXPECT_EQ(runtime::fused_request(other->graph(), options, config).source,
+              runtime::fused_request(a.graph(), options, config).source);
+  }
+}
+
 TEST_F(KernelLibrary, RecordingRefusesToOverwriteOtherFiles) {
   const fs::path other = dir_ / "notes.json";
   std::ofstream(other) << R"J({"my": "data"})J";
