@@ -43,6 +43,13 @@ struct GemmFlags {
   ParseOptions parse_options() const;
 };
 
+// Writes `text` to the file at `path` (an option's value, e.g. --emit); UserError naming the
+// option, the path and why when it cannot be written completely.
+void write_output_file(const std::string& path, const std::string& text, const char* option);
+// Checks, before long work, that write_output_file could write `path` (not a folder, and its
+// folder exists and is writable); UserError otherwise.
+void check_output_path(const std::string& path, const char* option);
+
 // A --shape value: MxNxK, positive sizes of at most 9 digits.
 struct Shape3 {
   int64_t m, n, k;

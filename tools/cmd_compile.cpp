@@ -38,16 +38,26 @@ Command add_compile_command(CLI::App& app) {
               if (!opts.config) throw UserError(fmt::format("--config: '{}' is not a kernel config name", a->config));
             }
             Kernel kernel(parse_expression(read_expression_arg(a->expr), popts), opts);
+            const std::string not_fusable = kernel.fallback_reason(0, 0, 0);
+            if (!not_fusable.empty() && (!a->fallback || !a->emit.empty()))
+              throw UserError(fmt::format("no fused kernel to {}: {}{}", a->emit.empty() ? "compile" : "emit",
+                                          not_fusable,
+                                          a->fallback ? "" : " (--fallback compiles the unfused path's epilogue)"));
             if (!a->emit.empty()) {
-              std::ofstream f(a->emit);
-              f << sm90::emit_kernel(kernel.graph(), opts.gemm, kernel.config_for(0, 0, 0)).source;
+              write_output_file(a->emit,
+                                sm90::emit_kernel(kernel.graph(), opts.gemm, kernel.config_for(0, 0, 0)).source,
+                                "--emit");
               fmt::print("wrote {}\n", a->emit);
               if (a->emit_only) return kExitOk;
             }
             auto t0 = std::chrono::steady_clock::now();
-            kernel.compile();
-            fmt::print("fused kernel: {} ({:.3f} s)\n", kernel.library_path(),
-                       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+            if (!not_fusable.empty()) {
+              fmt::print("fused kernel: none ({})\n", not_fusable);
+            } else {
+              kernel.compile();
+              fmt::print("fused kernel: {} ({:.3f} s)\n", kernel.library_path(),
+                         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+            }
             if (a->fallback) {
               t0 = std::chrono::steady_clock::now();
               const std::string path = kernel.compile_fallback();

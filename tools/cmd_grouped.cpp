@@ -1,6 +1,7 @@
 // evtc grouped: a grouped (MoE) GEMM with a fused epilogue — compile it (no GPU needed), or
 // run one problem on random inputs, check every group against the fp64 reference and time it.
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <fstream>
@@ -29,6 +30,30 @@ std::vector<int64_t> parse_rows(const std::string& text) {
     rows.push_back(v);
   }
   return rows;
+}
+
+constexpr int64_t kMaxGroups = 1 << 16;
+
+// Refuses (naming the sizes) a problem whose offsets overflow int32 or whose host buffers (the
+// random inputs, the output read back and the fp64 reference) would not fit in this machine's
+// memory, instead of failing in an allocation.
+void check_problem_size(const std::vector<int64_t>& rows, int64_t n, int64_t k) {
+  constexpr int64_t kLimit = int64_t(1) << 40;  // no size product below overflows int64
+  int64_t total = 0;
+  for (int64_t r : rows) {
+    total += r;
+    if (total >= (int64_t(1) << 31))
+      throw UserError(fmt::format("the groups hold {} rows or more; the int32 group offsets hold at most {}",
+                                  total, (int64_t(1) << 31) - 1));
+  }
+  if (n >= kLimit || k >= kLimit) throw UserError(fmt::format("-n {} / -k {}: sizes this large cannot run", n, k));
+  const long double elements = (long double)total * k + (long double)rows.size() * n * k + 2.0L * total * n;
+  const long double bytes = elements * 8;  // fp64 host copies, at most
+  const long double memory = (long double)sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGE_SIZE);
+  if (bytes > memory)
+    throw UserError(fmt::format("G={} total M={} N={} K={} needs about {:.0f} GiB of host memory for its inputs "
+                                "and reference; this machine has {:.0f} GiB",
+                                rows.size(), total, n, k, double(bytes / (1 << 30)), double(memory / (1 << 30))));
 }
 
 }  // namespace
@@ -66,8 +91,18 @@ Command add_grouped_command(CLI::App& app) {
               if (!opts.config) throw UserError(fmt::format("--config: '{}' is not a kernel config name", a->config));
             }
             GroupedKernel kernel(parse_expression(read_expression_arg(a->expr)), opts);
+            // A problem to run is checked before anything is compiled or allocated.
+            std::vector<int64_t> rows;
+            if (!a->compile_only) {
+              if (a->n <= 0 || a->k <= 0) throw UserError("-n and -k are needed to run a grouped problem");
+              if (a->rows.empty() && (a->groups < 1 || a->groups > kMaxGroups))
+                throw UserError(fmt::format("-g: {} groups; expected 1 to {}", a->groups, kMaxGroups));
+              if (a->rows.empty() && a->m < 0) throw UserError(fmt::format("-m: {} rows is negative", a->m));
+              rows = a->rows.empty() ? std::vector<int64_t>(size_t(a->groups), a->m) : parse_rows(a->rows);
+              check_problem_size(rows, a->n, a->k);
+            }
             if (!a->emit.empty()) {
-              std::ofstream(a->emit) << kernel.source();
+              write_output_file(a->emit, kernel.source(), "--emit");
               fmt::print("wrote {}\n", a->emit);
             }
             auto t0 = std::chrono::steady_clock::now();
@@ -75,10 +110,6 @@ Command add_grouped_command(CLI::App& app) {
             fmt::print("grouped kernel: {} ({}, {:.3f} s)\n", path, kernel.config().name(),
                        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
             if (a->compile_only) return kExitOk;
-            if (a->n <= 0 || a->k <= 0) throw UserError("-n and -k are needed to run a grouped problem");
-            std::vector<int64_t> rows =
-                a->rows.empty() ? std::vector<int64_t>(size_t(std::max<int64_t>(a->groups, 1)), a->m)
-                                : parse_rows(a->rows);
             const int64_t total = std::accumulate(rows.begin(), rows.end(), int64_t(0));
             auto inputs = runtime::random_grouped_inputs(kernel, rows, a->n, a->k, 1);
             runtime::GroupedDeviceProblem problem(kernel, inputs, total);

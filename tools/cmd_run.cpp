@@ -35,6 +35,7 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 }
 
 int run(const RunArgs& ra) {
+  if (!ra.json.empty()) check_output_path(ra.json, "--json");
   const GemmDesc gemm = ra.gemm.desc();
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
@@ -174,10 +175,7 @@ int run(const RunArgs& ra) {
     }
   }
   cudaStreamDestroy(stream);
-  if (!ra.json.empty()) {
-    std::ofstream f(ra.json);
-    f << report.dump(2) << "\n";
-  }
+  if (!ra.json.empty()) write_output_file(ra.json, report.dump(2) + "\n", "--json");
   return rc;
 }
 

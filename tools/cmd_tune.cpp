@@ -56,6 +56,7 @@ void print_result(const TuneResult& r) {
 int tune(const TuneArgs& ta) {
   const std::vector<Shape3> shapes = parse_shapes(ta.shapes);
   if (shapes.empty()) throw UserError("no shape to tune: give --shape MxNxK (one or more)");
+  if (!ta.json.empty()) check_output_path(ta.json, "--json");
   const ParseOptions popts = ta.gemm.parse_options();
   CompileOptions opts;
   opts.gemm = ta.gemm.desc();
@@ -99,10 +100,7 @@ int tune(const TuneArgs& ta) {
     report.push_back(result_json(r));
   }
   cudaStreamDestroy(stream);
-  if (!ta.json.empty()) {
-    std::ofstream f(ta.json);
-    f << report.dump(2) << "\n";
-  }
+  if (!ta.json.empty()) write_output_file(ta.json, report.dump(2) + "\n", "--json");
   return kExitOk;
 }
 

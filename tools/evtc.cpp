@@ -3,6 +3,9 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -68,6 +71,32 @@ ParseOptions GemmFlags::parse_options() const {
   return p;
 }
 
+void write_output_file(const std::string& path, const std::string& text, const char* option) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw UserError(fmt::format("{}: cannot write '{}': it is a folder", option, path));
+  errno = 0;
+  std::ofstream f(path, std::ios::binary);
+  if (f) {
+    f << text;
+    f.close();
+  }
+  if (!f)
+    throw UserError(fmt::format("{}: cannot write '{}': {}", option, path,
+                                errno ? std::strerror(errno) : "write failed"));
+}
+
+void check_output_path(const std::string& path, const char* option) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) throw UserError(fmt::format("{}: cannot write '{}': it is a folder", option, path));
+  const fs::path parent = fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path();
+  if (!fs::is_directory(parent, ec))
+    throw UserError(fmt::format("{}: cannot write '{}': the folder {} does not exist", option, path, parent.string()));
+  if (access(parent.c_str(), W_OK) != 0 || (fs::exists(path, ec) && access(path.c_str(), W_OK) != 0))
+    throw UserError(fmt::format("{}: cannot write '{}': permission denied", option, path));
+}
+
 std::vector<Shape3> parse_shapes(const std::vector<std::string>& items) {
   static const std::regex re(R"((\d+)x(\d+)x(\d+))");
   std::vector<Shape3> out;
@@ -125,6 +154,15 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "{}\n", e.what());
     return kExitUsage;
   } catch (const evtc::Error& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    return kExitFailed;
+  } catch (const std::bad_alloc&) {
+    fmt::print(stderr, "error: out of host memory (are the problem sizes much larger than meant?)\n");
+    return kExitFailed;
+  } catch (const std::filesystem::filesystem_error& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    return kExitFailed;
+  } catch (const std::exception& e) {
     fmt::print(stderr, "error: {}\n", e.what());
     return kExitFailed;
   }

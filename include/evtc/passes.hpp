@@ -57,6 +57,16 @@ using PassObserver = std::function<void(const PassInfo& pass, const Graph& after
 Graph run_pipeline(const Graph& g, const PipelineOptions& options = {},
                    const PassObserver& observer = {});
 
+// The longest chain of operations from an input (acc, an operand, a constant) to an output:
+// a fused epilogue nests one CUTLASS visitor per operation along it, and nvcc's template
+// limits bound that nesting (chains of 48 compile, 54 do not). Counted without recursion, so
+// graphs of any depth are measured.
+inline constexpr size_t kMaxEpilogueDepth = 48;
+size_t epilogue_depth(const Graph& g);
+// Why the graph is too deep to fuse (empty when it is not); legality and the grouped kernels'
+// checks both use it.
+std::string depth_refusal(const Graph& g);
+
 // Whether the GEMM + epilogue can be fused on the target; reasons say why not.
 struct Legality {
   bool fusable() const { return reasons.empty(); }

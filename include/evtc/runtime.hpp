@@ -140,8 +140,9 @@ class Kernel {
   Kernel& operator=(Kernel&&) noexcept;
 
   // Compiles the fused kernel for problems of this size now (or finds it in the disk cache)
-  // instead of at the first call; needs no GPU. Sizes of 0 mean unknown. Throws if it cannot
-  // be compiled.
+  // instead of at the first call; needs no GPU. Sizes of 0 mean unknown. Throws UserError
+  // (with fallback_reason's text) when such problems would not be fused, RuntimeError when the
+  // kernel does not compile.
   void compile(int64_t m = 0, int64_t n = 0, int64_t k = 0);
   // The kernel configuration a problem of this size runs with: the options' config; else,
   // unless tuning is off, the choice tuned for this shape on the current GPU, or the nearest

@@ -159,7 +159,11 @@ std::string compile_into_cache(const CompileRequest& req, const std::string& key
   const fs::path final_dir = root / "kernels" / key;
   if (fs::exists(final_dir / "kernel.so")) return (final_dir / "kernel.so").string();
 
-  fs::create_directories(root / "tmp");
+  std::error_code dir_error;
+  fs::create_directories(root / "tmp", dir_error);
+  if (dir_error || access((root / "tmp").c_str(), W_OK) != 0)
+    throw RuntimeError(fmt::format("cannot use the kernel cache folder {}: {} (set EVTC_CACHE_DIR to a writable folder)",
+                                   root.string(), dir_error ? dir_error.message() : "it is not writable"));
   std::random_device rd;
   const fs::path tmp =
       root / "tmp" / fmt::format("{}-{}-{:08x}", key, static_cast<long>(getpid()), rd());

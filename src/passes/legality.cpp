@@ -113,6 +113,7 @@ class LegalityChecker {
     if (reductions > kMaxReductions)
       refuse(fmt::format("the epilogue has {} reduction outputs; at most {} can be fused",
                          reductions, kMaxReductions));
+    if (std::string why = depth_refusal(g_); !why.empty()) refuse(std::move(why));
     // Canonical order, so the reasons do not depend on the order the graph was built in.
     for (NodeId id : canonical_order(g_)) {
       const Node& n = g_.node(id);
@@ -166,6 +167,28 @@ class LegalityChecker {
 };
 
 }  // namespace
+
+size_t epilogue_depth(const Graph& g) {
+  // Inputs have lower ids than their users, so one pass in id order sees inputs first.
+  std::vector<size_t> depth(g.size(), 0);
+  size_t deepest = 0;
+  for (NodeId id = 0; id < g.size(); ++id) {
+    const Node& n = g.node(id);
+    size_t d = 0;
+    for (NodeId in : n.inputs) d = std::max(d, depth[in]);
+    depth[id] = n.inputs.empty() || n.kind == NodeKind::store ? d : d + 1;
+    deepest = std::max(deepest, depth[id]);
+  }
+  return deepest;
+}
+
+std::string depth_refusal(const Graph& g) {
+  const size_t d = epilogue_depth(g);
+  if (d <= kMaxEpilogueDepth) return "";
+  return fmt::format("the epilogue chains {} operations from an input to an output; at most {} nest in one "
+                     "fused kernel (deeper visitor trees exceed nvcc's template limits)",
+                     d, kMaxEpilogueDepth);
+}
 
 Legality check_legality(const Graph& g, const GemmDesc& gemm,
                         const std::map<std::string, OperandView>& views) {

@@ -255,6 +255,8 @@ std::string Kernel::library_path() const {
 }
 
 void Kernel::compile(int64_t m, int64_t n, int64_t k) {
+  if (const std::string why = impl_->fallback_reason(m, n, k); !why.empty())
+    throw UserError("no fused kernel to compile for this epilogue: " + why);
   const KernelConfig config = config_for(m, n, k);
   const std::string path = jit::compile_cached(impl_->fused_request(config));
   impl_->record(m, n, k, config);

@@ -4,6 +4,7 @@
 
 #include "evtc/error.hpp"
 #include "evtc/ir_text.hpp"
+#include "evtc/passes.hpp"
 
 namespace evtc::sm90 {
 
@@ -26,6 +27,7 @@ std::vector<std::string> grouped_refusals(const Graph& g, const GemmDesc& gemm) 
   // The one output: the [m,n] main output, else a gated [m,n/2] output.
   const std::string out = grouped_output_name(g);
   if (out.empty()) why.push_back("a grouped kernel needs an output ([m,n], or a gated [m,n/2])");
+  if (std::string deep = depth_refusal(g); !deep.empty()) why.push_back(std::move(deep));
   for (NodeId id = 0; id < g.size(); ++id) {
     const Node& n = g.node(id);
     switch (n.kind) {

@@ -1,0 +1,134 @@
+// Defects found by probing evtc as a hostile user would, each reproduced here: deep chains
+// (a stack overflow in the emitter, CUTLASS template errors past the nesting limit), compiles
+// of epilogues that cannot be fused, unchecked writes, and failures that escaped as aborts.
+// None needs a GPU or runs nvcc on a CUTLASS kernel.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "cli_runner.hpp"
+#include "evtc/error.hpp"
+#include "evtc/expression.hpp"
+#include "evtc/grouped.hpp"
+#include "evtc/kernel_library.hpp"
+#include "evtc/passes.hpp"
+#include "evtc/runtime.hpp"
+
+namespace fs = std::filesystem;
+using namespace evtc;
+using evtc::test::run_cli;
+
+namespace {
+
+// x{i+1} = silu(x{i}) + 1, `steps` times: 2 operations a step.
+std::string chain(int steps) {
+  std::string text = "x0 = acc\n";
+  for (int i = 0; i < steps; ++i) text += fmt::format("x{} = silu(x{}) + 1\n", i + 1, i);
+  return text + fmt::format("out D: bf16 = x{}\n", steps);
+}
+
+fs::path temp_path(const std::string& name) {
+  return fs::temp_directory_path() / fmt::format("evtc-robustness-{}-{}", getpid(), name);
+}
+
+fs::path write_temp(const std::string& name, const std::string& text) {
+  const fs::path p = temp_path(name);
+  std::ofstream(p) << text;
+  return p;
+}
+
+bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+TEST(Robustness, NestingDepthIsMeasuredWithoutRecursion) {
+  EXPECT_EQ(epilogue_depth(parse_expression(chain(24))), 48u);
+  EXPECT_EQ(epilogue_depth(parse_expression(chain(20000))), 40000u);  // overflowed the stack before
+  EXPECT_EQ(epilogue_depth(parse_expression("out D = acc")), 0u);
+}
+
+// 24 steps compile with nvcc, 27 do not (CUTLASS template errors): legality says so first.
+TEST(Robustness, LegalityRefusesChainsTooDeepToCompile) {
+  GemmDesc gemm;
+  EXPECT_TRUE(check_legality(run_pipeline(parse_expression(chain(24))), gemm).fusable());
+  const Legality deep = check_legality(run_pipeline(parse_expression(chain(25))), gemm);
+  ASSERT_FALSE(deep.fusable());
+  EXPECT_TRUE(has(deep.reasons[0], "chains 50 operations")) << deep.reasons[0];
+  EXPECT_THROW(GroupedKernel(parse_expression(chain(25))), UserError);
+}
+
+TEST(Robustness, KernelCompileRefusesWhatCannotBeFused) {
+  std::string many;
+  for (int i = 0; i < 12; ++i) many += fmt::format("out o{}: bf16 = acc * {}\n", i, i + 1);
+  for (const std::string& text : {many, chain(20000)}) {
+    Kernel k(parse_expression(text));
+    const size_t runs = compiler_runs();
+    try {
+      k.compile();
+      ADD_FAILURE() << "compiled";
+    } catch (const UserError& e) {
+      EXPECT_TRUE(has(e.what(), "no fused kernel to compile")) << e.what();
+    }
+    EXPECT_EQ(compiler_runs(), runs);
+  }
+}
+
+TEST(Robustness, CliCompileOfADeepChainIsRefusedNotACrash) {
+  const fs::path file = write_temp("deep.evt", chain(20000));
+  const fs::path out = temp_path("deep.cu");
+  const auto r = run_cli(fmt::format("compile {} --emit {}", file.string(), out.string()));
+  EXPECT_EQ(r.exit_code, 2) << r.output;  // was a segmentation fault
+  EXPECT_TRUE(has(r.output, "no fused kernel to emit")) << r.output;
+  EXPECT_FALSE(fs::exists(out));
+  fs::remove(file);
+}
+
+TEST(Robustness, CliCompileRefusesUnfusableEpiloguesBeforeNvcc) {
+  std::string many;
+  for (int i = 0; i < 12; ++i) many += fmt::format("out o{}: bf16 = acc * {}; ", i, i + 1);
+  const auto r = run_cli("compile '" + many + "'", "EVTC_CACHE_DIR=" + temp_path("cache").string());
+  EXPECT_EQ(r.exit_code, 2) << r.output;  // ran nvcc for 40 s and printed template errors before
+  EXPECT_TRUE(has(r.output, "at most 8 can be fused")) << r.output;
+  EXPECT_FALSE(fs::exists(temp_path("cache") / "tmp"));
+}
+
+TEST(Robustness, CliChecksEveryFileItWrites) {
+  auto r = run_cli("compile 'out D = acc' --emit /nonexistent-folder/x.cu --emit-only");
+  EXPECT_EQ(r.exit_code, 2) << r.output;  // printed "wrote" and exited 0 before
+  EXPECT_TRUE(has(r.output, "--emit: cannot write '/nonexistent-folder/x.cu'")) << r.output;
+  const fs::path dir = temp_path("folder");
+  fs::create_directories(dir);
+  r = run_cli(fmt::format("compile 'out D = acc' --emit {} --emit-only", dir.string()));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(has(r.output, "it is a folder")) << r.output;
+  r = run_cli(fmt::format("grouped 'out D = acc' --compile-only --emit {}", dir.string()));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  // --json is checked before the work it reports on (a GPU run, a tuning session).
+  r = run_cli("run 'out D = acc' -m 8 -n 8 -k 8 --json /nonexistent-folder/r.json");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(has(r.output, "--json: cannot write")) << r.output;
+  r = run_cli("tune 'out D = acc' -s 8x8x8 --json /nonexistent-folder/t.json");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  fs::remove_all(dir);
+}
+
+TEST(Robustness, CliTurnsEnvironmentFailuresIntoErrors) {
+  const fs::path file = write_temp("not-a-folder", "x");
+  const auto r = run_cli("compile 'out D = relu(acc)'", "EVTC_CACHE_DIR=" + file.string());
+  EXPECT_EQ(r.exit_code, 1) << r.output;  // std::filesystem_error aborted the CLI (134) before
+  EXPECT_TRUE(has(r.output, "cannot use the kernel cache folder")) << r.output;
+  fs::remove(file);
+}
+
+TEST(Robustness, CliRefusesGroupedProblemsTooLargeToAllocate) {
+  for (const std::string& sizes : {"-g 2 -m 64 -n 64 -k 1099511627776", "-g 1099511627776 -m 64 -n 64 -k 64",
+                                   "-g 4 -m 1099511627776 -n 64 -k 64", "-g 4 -m 100000 -n 100000 -k 100000"}) {
+    const auto r = run_cli("grouped 'out D = acc' " + sizes);
+    EXPECT_EQ(r.exit_code, 2) << sizes << ": " << r.output;  // std::bad_alloc aborted (134) before
+    EXPECT_FALSE(has(r.output, "terminate called")) << r.output;
+  }
+}
+
+}  // namespace
