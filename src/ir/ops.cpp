@@ -18,9 +18,9 @@ constexpr double kSqrt2OverPi = 0.79788456080286535587989211986876;
 // cost, CPU reference (fp64), device functor (evtc/device/ops.cuh).
 const OpInfo kOpTable[] = {
     {Op::relu, "relu", 1, 0, {}, {}, false, 1,
-     [](Args a, Args) { return a[0] > 0 ? a[0] : 0.0; }, "Relu"},
+     [](Args a, Args) { return a[0] > 0 || std::isnan(a[0]) ? a[0] : 0.0; }, "Relu"},
     {Op::relu_square, "relu_square", 1, 0, {}, {}, false, 2,
-     [](Args a, Args) { double r = a[0] > 0 ? a[0] : 0.0; return r * r; }, "ReluSquare"},
+     [](Args a, Args) { double r = a[0] > 0 || std::isnan(a[0]) ? a[0] : 0.0; return r * r; }, "ReluSquare"},
     {Op::sigmoid, "sigmoid", 1, 0, {}, {}, false, 8,
      [](Args a, Args) { return sigmoid_ref(a[0]); }, "Sigmoid"},
     {Op::silu, "silu", 1, 0, {}, {}, false, 8,
