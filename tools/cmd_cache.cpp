@@ -21,12 +21,17 @@ Command add_cache_command(CLI::App& app) {
   return {sub, [action] {
             const std::string dir = jit::cache_dir();
             if (*action == "clear") {
-              fmt::print("removed {} cached kernels from {}\n", jit::clear_cache(), dir);
-              return kExitOk;
+              const jit::ClearResult r = jit::clear_cache();
+              fmt::print("removed {} cached kernels from {}\n", r.removed, dir);
+              if (r.failed == 0) return kExitOk;
+              fmt::print(stderr, "error: could not remove {} item(s), e.g. {}\n", r.failed, r.first_error);
+              return kExitFailed;
             }
             if (*action == "info") {
               const auto s = jit::cache_stats();
-              fmt::print("cache: {}\nentries: {}\nsize: {:.1f} MiB\n", dir, s.entries, s.bytes / 1048576.0);
+              fmt::print("cache: {}\nentries: {}{}\nsize: {:.1f} MiB\n", dir, s.entries,
+                         s.damaged ? fmt::format(" ({} damaged: compiled again when next used)", s.damaged) : "",
+                         s.bytes / 1048576.0);
               try {
                 const auto& tc = jit::toolchain(true);
                 fmt::print("nvcc: {} ({})\ncutlass: {} ({})\n", tc.nvcc, tc.nvcc_version,
@@ -40,6 +45,7 @@ Command add_cache_command(CLI::App& app) {
             std::error_code ec;
             if (!fs::exists(kernels, ec)) return kExitOk;
             for (const auto& e : fs::directory_iterator(kernels, ec)) {
+              if (!e.is_directory(ec) || !fs::exists(e.path() / "kernel.so", ec)) continue;
               // The first comment lines of kernel.cu name what the entry is.
               std::ifstream f(e.path() / "kernel.cu");
               std::string first, second;

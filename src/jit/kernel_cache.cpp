@@ -2,11 +2,14 @@
 
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <fmt/format.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -24,6 +27,7 @@
 #include "evtc/error.hpp"
 #include "jit/environment.hpp"
 #include "jit/kernel_library.hpp"
+#include <nlohmann/json.hpp>
 #include "jit/toolchain.hpp"
 
 namespace fs = std::filesystem;
@@ -54,12 +58,111 @@ void fsync_path(const fs::path& p) {
 }
 
 
+// --- entry integrity ---------------------------------------------------------------------
+// A finished entry holds entry.json with its kernel.so's size and XXH3 checksum, written before
+// the entry is renamed into place. An entry is used only when its kernel.so matches: checked
+// once per process and file state (size, modification time), so a file changed later is
+// checked again.
+
+struct VerifiedFiles {
+  std::mutex mu;
+  std::map<std::string, std::pair<uintmax_t, fs::file_time_type>> ok;
+};
+
+VerifiedFiles& verified_files() {
+  static VerifiedFiles v;
+  return v;
+}
+
+void write_entry_record(const fs::path& dir, const std::string& label) {
+  const fs::path so = dir / "kernel.so";
+  const auto sum = file_checksum(so.string());
+  if (!sum) throw RuntimeError(fmt::format("cannot read the compiled kernel {}", so.string()));
+  nlohmann::json j = {{"bytes", fs::file_size(so)}, {"xxh3", *sum}, {"label", label}};
+  write_file(dir / "entry.json", j.dump() + "\n");
+}
+
+// Whether the entry folder holds a kernel.so that matches its entry.json.
+bool entry_intact(const fs::path& dir) {
+  const fs::path so = dir / "kernel.so";
+  std::error_code ec;
+  const uintmax_t size = fs::file_size(so, ec);
+  if (ec) return false;
+  const fs::file_time_type mtime = fs::last_write_time(so, ec);
+  if (ec || !fs::exists(dir / "entry.json", ec)) return false;
+  VerifiedFiles& v = verified_files();
+  {
+    std::lock_guard lock(v.mu);
+    if (auto it = v.ok.find(so.string()); it != v.ok.end() && it->second == std::pair{size, mtime}) return true;
+  }
+  try {
+    const nlohmann::json j = nlohmann::json::parse(read_file(dir / "entry.json"));
+    if (j.at("bytes").get<uintmax_t>() != size || j.at("xxh3").get<std::string>() != file_checksum(so.string()))
+      return false;
+  } catch (const std::exception&) {
+    return false;
+  }
+  std::lock_guard lock(v.mu);
+  v.ok[so.string()] = {size, mtime};
+  return true;
+}
+
+// Moves a damaged or incomplete entry out of the way (renamed first, so other processes never
+// see half of it), saying so once.
+void remove_damaged_entry(const fs::path& dir, const std::string& key) {
+  std::random_device rd;
+  const fs::path aside = dir.parent_path().parent_path() / "tmp" /
+                         fmt::format("{}-damaged-{}-{:08x}", key, static_cast<long>(getpid()), rd());
+  std::error_code ec;
+  fs::create_directories(aside.parent_path(), ec);
+  fs::rename(dir, aside, ec);
+  if (ec) return;  // gone already, or another process moved it
+  fs::remove_all(aside, ec);
+  if (!env_flag("EVTC_QUIET"))
+    fmt::print(stderr, "evtc: the cached kernel {} was incomplete or damaged (its kernel.so does not match "
+               "entry.json): compiling it again\n",
+               key);
+}
+
+// The process that made a tmp/ folder (named <key>-<pid>-<random>), or 0.
+long temp_owner(const std::string& name) {
+  const size_t first = name.find('-');
+  if (first == std::string::npos) return 0;
+  const size_t second = name.find('-', first + 1);
+  if (second == std::string::npos) return 0;
+  try {
+    return std::stol(name.substr(first + 1, second - first - 1));
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
+bool process_alive(long pid) { return pid > 0 && (::kill(pid_t(pid), 0) == 0 || errno == EPERM); }
+
+// Removes tmp/ folders whose process is gone (a killed compile, a full disk), once per process.
+void remove_stale_temporaries(const fs::path& root) {
+  static std::once_flag once;
+  std::call_once(once, [&] {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(root / "tmp", ec)) {
+      std::string name = e.path().filename().string();
+      const long owner = temp_owner(name.find("-damaged-") != std::string::npos
+                                        ? name.substr(0, name.find("-damaged-")) + name.substr(name.find("-damaged-") + 8)
+                                        : name);
+      if (owner != 0 && !process_alive(owner)) fs::remove_all(e.path(), ec);
+    }
+  });
+}
+
 // Runs argv with stdout and stderr into `log`; shows a progress line on stderr while it
 // takes longer than a second (only on a terminal). Returns the exit status.
 int run_compiler(const std::vector<std::string>& argv, const fs::path& log, const std::string& label) {
   pid_t pid = fork();
   if (pid < 0) throw RuntimeError("fork failed while starting nvcc");
   if (pid == 0) {
+    // nvcc does not outlive evtc's process (a killed compile left it running before).
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() == 1) _exit(127);  // the parent is already gone
     int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd >= 0) {
       dup2(fd, 1);
@@ -101,7 +204,8 @@ std::string first_errors(const std::string& log, size_t max_lines) {
   std::string line, out;
   size_t n = 0;
   while (std::getline(in, line) && n < max_lines)
-    if (line.find("error") != std::string::npos) {
+    if (line.find("error") != std::string::npos || line.find("No space left") != std::string::npos ||
+        line.find("fatal") != std::string::npos || line.find("Killed") != std::string::npos) {
       out += "  " + line + "\n";
       ++n;
     }
@@ -112,6 +216,7 @@ std::string first_errors(const std::string& log, size_t max_lines) {
     for (size_t i = lines.size() > max_lines ? lines.size() - max_lines : 0; i < lines.size(); ++i)
       out += "  " + lines[i] + "\n";
   }
+  if (out.empty()) out = "  (the compiler printed nothing; its command line is in command.txt beside the log)\n";
   return out;
 }
 
@@ -157,13 +262,16 @@ std::string compile_into_cache(const CompileRequest& req, const std::string& key
   const Toolchain& tc = toolchain(req.needs_cutlass);
   const fs::path root = cache_dir();
   const fs::path final_dir = root / "kernels" / key;
-  if (fs::exists(final_dir / "kernel.so")) return (final_dir / "kernel.so").string();
+  if (entry_intact(final_dir)) return (final_dir / "kernel.so").string();
+  std::error_code exists_error;
+  if (fs::exists(final_dir, exists_error)) remove_damaged_entry(final_dir, key);
 
   std::error_code dir_error;
   fs::create_directories(root / "tmp", dir_error);
   if (dir_error || access((root / "tmp").c_str(), W_OK) != 0)
     throw RuntimeError(fmt::format("cannot use the kernel cache folder {}: {} (set EVTC_CACHE_DIR to a writable folder)",
                                    root.string(), dir_error ? dir_error.message() : "it is not writable"));
+  remove_stale_temporaries(root);
   std::random_device rd;
   const fs::path tmp =
       root / "tmp" / fmt::format("{}-{}-{:08x}", key, static_cast<long>(getpid()), rd());
@@ -198,15 +306,22 @@ std::string compile_into_cache(const CompileRequest& req, const std::string& key
         req.label, (where / "kernel.cu").string(), (where / "compile.log").string(),
         replace_all(first_errors(read_file(where / "compile.log"), 8), tmp.string(), where.string())));
   }
+  write_entry_record(tmp, req.label);
   fsync_path(tmp / "kernel.so");
   fs::create_directories(final_dir.parent_path());
-  std::error_code ec;
-  fs::rename(tmp, final_dir, ec);
-  if (ec) {
-    // Another process finished the same key first: keep its entry, drop ours.
-    if (!env_flag("EVTC_KEEP_TEMPORARIES")) fs::remove_all(tmp, ec);
-    if (!fs::exists(final_dir / "kernel.so"))
-      throw RuntimeError(fmt::format("cannot move the compiled kernel into {}", final_dir.string()));
+  for (int attempt = 0;; ++attempt) {
+    std::error_code ec;
+    fs::rename(tmp, final_dir, ec);
+    if (!ec) break;
+    // Another process finished the same key first: keep its entry if it is intact, else
+    // replace it (once).
+    if (entry_intact(final_dir) || attempt > 0) {
+      if (!env_flag("EVTC_KEEP_TEMPORARIES")) fs::remove_all(tmp, ec);
+      if (!entry_intact(final_dir))
+        throw RuntimeError(fmt::format("cannot move the compiled kernel into {}", final_dir.string()));
+      break;
+    }
+    remove_damaged_entry(final_dir, key);
   }
   return (final_dir / "kernel.so").string();
 }
@@ -338,7 +453,7 @@ std::shared_future<std::string> compile_in_background(const CompileRequest& req)
     table.compiling.emplace(key, future);
     std::error_code ec;
     const fs::path done = fs::path(cache_dir()) / "kernels" / key / "kernel.so";
-    if (fs::exists(done, ec)) {
+    if (entry_intact(done.parent_path())) {
       promise->set_value(done.string());
       return future;
     }
@@ -374,8 +489,11 @@ std::string compile_cached(const CompileRequest& req) {
   }
   if (pending.valid()) {  // compiled, or being compiled by another thread
     std::string path = pending.get();
-    if (fs::exists(path)) return path;
-    // The entry went away (cache cleared or moved): forget it and compile again.
+    if (path.find("/kernels/") == std::string::npos || entry_intact(fs::path(path).parent_path())) {
+      std::error_code ec;
+      if (fs::exists(path, ec)) return path;
+    }
+    // The entry went away (cache cleared or moved) or was damaged: forget it and compile again.
     {
       std::lock_guard lock(mu);
       compiling.erase(key);
@@ -410,19 +528,40 @@ CacheStats cache_stats() {
   std::error_code ec;
   if (!fs::exists(kernels, ec)) return s;
   for (const auto& e : fs::directory_iterator(kernels, ec)) {
+    if (!e.is_directory(ec) || !fs::exists(e.path() / "kernel.so", ec)) continue;  // stray files, empty folders
     ++s.entries;
+    if (!entry_intact(e.path())) ++s.damaged;
     for (const auto& f : fs::recursive_directory_iterator(e.path(), ec))
       if (f.is_regular_file(ec)) s.bytes += f.file_size(ec);
   }
   return s;
 }
 
-size_t clear_cache() {
+ClearResult clear_cache() {
   const fs::path root = cache_dir();
-  size_t n = cache_stats().entries;
+  ClearResult r;
   std::error_code ec;
-  for (const char* sub : {"kernels", "failed", "tmp"}) fs::remove_all(root / sub, ec);
-  return n;
+  auto remove = [&](const fs::path& p, bool counts) {
+    std::error_code e;
+    const bool entry = counts && fs::exists(p / "kernel.so", e);
+    fs::remove_all(p, e);
+    if (e || fs::exists(p, e)) {
+      ++r.failed;
+      if (r.first_error.empty()) r.first_error = fmt::format("{}: {}", p.string(), e ? e.message() : "still there");
+    } else if (entry) {
+      ++r.removed;
+    }
+  };
+  for (const char* sub : {"kernels", "failed"})
+    for (const auto& e : fs::directory_iterator(root / sub, ec)) remove(e.path(), std::string(sub) == "kernels");
+  // Compiles in progress (their process is alive) keep their folders: clearing must not break them.
+  for (const auto& e : fs::directory_iterator(root / "tmp", ec)) {
+    const std::string name = e.path().filename().string();
+    if (!process_alive(temp_owner(name)) || name.find("-damaged-") != std::string::npos) remove(e.path(), false);
+  }
+  std::lock_guard lock(verified_files().mu);
+  verified_files().ok.clear();
+  return r;
 }
 
 }  // namespace evtc::jit

@@ -2,9 +2,12 @@
 // process, and loads them.
 //
 // Disk layout under $EVTC_CACHE_DIR (default ~/.cache/evtc):
-//   kernels/<key>/kernel.cu, kernel.so, compile.log, command.txt   a finished entry
+//   kernels/<key>/kernel.cu, kernel.so, entry.json, compile.log, command.txt   a finished entry
+//                (entry.json: kernel.so's size and XXH3 checksum, verified before it is used;
+//                 a damaged or incomplete entry is replaced by a new compile)
 //   failed/<key>/...                                               the last failed compile
-//   tmp/                                                           compiles in progress
+//   tmp/<key>-<pid>-<random>                                       compiles in progress (those of
+//                dead processes are removed at the next compile)
 // The key hashes the source (which names the graph hash, kernel config and arch), the
 // compile flags, the nvcc and CUTLASS versions and evtc's device headers. A compile writes
 // into a fresh folder under tmp/ and renames it into kernels/ when complete, so a crash or
@@ -65,11 +68,18 @@ std::string cache_key(const CompileRequest& request);
 std::string cache_dir();
 
 struct CacheStats {
-  size_t entries = 0;
+  size_t entries = 0;  // folders holding a kernel.so
+  size_t damaged = 0;  // of them, those whose kernel.so does not match entry.json
   size_t bytes = 0;
 };
 CacheStats cache_stats();
-// Removes every entry; returns how many were removed.
-size_t clear_cache();
+struct ClearResult {
+  size_t removed = 0;  // entries removed
+  size_t failed = 0;   // entries, failures or temporaries that could not be removed
+  std::string first_error;
+};
+// Removes every entry and kept failure, and the temporaries of compiles whose process is gone
+// (a compile in progress keeps its folder).
+ClearResult clear_cache();
 
 }  // namespace evtc::jit

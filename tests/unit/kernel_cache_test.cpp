@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -195,7 +196,7 @@ TEST_F(KernelCache, ConcurrentRequestsCompileOnce) {
   // EVTC_PRINT_COMPILER_COMMAND printed the one compile's command, as command.txt has it.
   EXPECT_EQ(err, "evtc: " + read_file(entry(key) / "command.txt"));
 
-  EXPECT_EQ(jit::clear_cache(), 1u);
+  EXPECT_EQ(jit::clear_cache().removed, 1u);
   EXPECT_EQ(entries_in(dir_ / "kernels"), 0u);
   EXPECT_EQ(jit::cache_stats().entries, 0u);
 }
@@ -300,21 +301,80 @@ TEST_F(KernelCache, BackgroundCompileErrorReachesTheFutureAndIsNotRemembered) {
   EXPECT_EQ(jit::cache_stats().entries, 0u);
 }
 
-TEST_F(KernelCache, ClearCacheRemovesEntriesFailuresAndTemporaries) {
-  for (const char* f : {"kernels/0000000000000001/kernel.so", "kernels/0000000000000002/kernel.so",
-                        "failed/0000000000000003/kernel.cu", "tmp/0000000000000004-1-2/kernel.cu"}) {
+// A pid no process has: a child that has exited and been waited for.
+long dead_pid() {
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  waitpid(child, nullptr, 0);
+  return child;
+}
+
+TEST_F(KernelCache, ClearCacheRemovesEntriesFailuresAndTemporariesOfDeadCompiles) {
+  const std::string dead = fmt::format("tmp/0000000000000004-{}-2/kernel.cu", dead_pid());
+  const std::string live = fmt::format("tmp/0000000000000005-{}-3/kernel.cu", static_cast<long>(getpid()));
+  for (const std::string& f : {std::string("kernels/0000000000000001/kernel.so"),
+                               std::string("kernels/0000000000000002/kernel.so"),
+                               std::string("failed/0000000000000003/kernel.cu"), dead, live}) {
     fs::create_directories((dir_ / f).parent_path());
     std::ofstream(dir_ / f) << "x";
   }
+  // Stray files and empty folders are not entries.
+  std::ofstream(dir_ / "kernels" / "stray.txt") << "x";
+  fs::create_directories(dir_ / "kernels" / "0000000000000009");
   std::ofstream(dir_ / "unrelated.txt") << "kept";
-  EXPECT_EQ(jit::cache_stats().entries, 2u);
-  EXPECT_EQ(jit::clear_cache(), 2u);
+  const jit::CacheStats stats = jit::cache_stats();
+  EXPECT_EQ(stats.entries, 2u);
+  EXPECT_EQ(stats.damaged, 2u);  // no entry.json: not made by a finished compile
+  const jit::ClearResult r = jit::clear_cache();
+  EXPECT_EQ(r.removed, 2u);
+  EXPECT_EQ(r.failed, 0u) << r.first_error;
   EXPECT_FALSE(fs::exists(dir_ / "kernels" / "0000000000000001"));
   EXPECT_FALSE(fs::exists(dir_ / "failed" / "0000000000000003"));
-  EXPECT_FALSE(fs::exists(dir_ / "tmp" / "0000000000000004-1-2"));
+  EXPECT_FALSE(fs::exists((dir_ / dead).parent_path()));
+  EXPECT_TRUE(fs::exists(dir_ / live)) << "a compile in progress lost its folder";
   EXPECT_TRUE(fs::exists(dir_ / "unrelated.txt"));
   EXPECT_EQ(jit::cache_stats().entries, 0u);
-  EXPECT_EQ(jit::clear_cache(), 0u);
+  EXPECT_EQ(jit::clear_cache().removed, 0u);
+}
+
+// A kernel.so changed after its entry was made (truncated, overwritten with bytes of the same
+// size, or missing) is not used: the next request compiles it again, into a whole entry.
+TEST_F(KernelCache, DamagedEntriesAreNotUsedAndHeal) {
+  const jit::CompileRequest req = fallback_request("damaged");
+  const std::string key = jit::cache_key(req);
+  const std::string path = jit::compile_cached(req);
+  const std::string good = read_file(path);
+  ASSERT_TRUE(fs::exists(entry(key) / "entry.json"));
+  EXPECT_EQ(jit::cache_stats().damaged, 0u);
+
+  const std::vector<std::function<void()>> damage = {
+      [&] { fs::resize_file(path, good.size() / 2); },
+      [&] {
+        std::string other = good;
+        other[other.size() / 2] ^= 0x5a;
+        std::ofstream(path, std::ios::binary) << other;
+        // Keep the size; a later modification time is what makes the check run again.
+        fs::last_write_time(path, fs::last_write_time(path) + std::chrono::seconds(2));
+      },
+      [&] { fs::remove(path); },
+      [&] { fs::remove(entry(key) / "entry.json"); },
+  };
+  testing::internal::CaptureStderr();
+  for (size_t i = 0; i < damage.size(); ++i) {
+    damage[i]();
+    if (i < 2) EXPECT_EQ(jit::cache_stats().damaged, 1u) << "damage " << i;
+    const size_t runs = jit::compiler_runs();
+    EXPECT_EQ(jit::compile_cached(req), path) << "damage " << i;
+    EXPECT_EQ(jit::compiler_runs(), runs + 1) << "damage " << i << ": not compiled again";
+    EXPECT_EQ(read_file(path).size(), good.size()) << "damage " << i;
+    EXPECT_EQ(jit::cache_stats().damaged, 0u) << "damage " << i;
+    EXPECT_EQ(jit::compile_in_background(req).get(), path);
+    EXPECT_EQ(jit::compiler_runs(), runs + 1) << "damage " << i << ": an intact entry compiled again";
+  }
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("was incomplete or damaged"), std::string::npos) << err;
+  // The temporaries of the replaced entries are gone.
+  EXPECT_EQ(entries_in(dir_ / "tmp"), 0u);
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 // None needs a GPU or runs nvcc on a CUTLASS kernel.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -129,6 +131,59 @@ TEST(Robustness, CliRefusesGroupedProblemsTooLargeToAllocate) {
     EXPECT_EQ(r.exit_code, 2) << sizes << ": " << r.output;  // std::bad_alloc aborted (134) before
     EXPECT_FALSE(has(r.output, "terminate called")) << r.output;
   }
+}
+
+TEST(Robustness, ACompilerThatPrintsNothingStillGivesAnError) {
+  const auto r = run_cli("compile 'out D = relu(acc)' --fallback",
+                         "EVTC_CACHE_DIR=" + temp_path("false-cache").string() + " CUDACXX=/bin/false");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(has(r.output, "the compiler printed nothing")) << r.output;  // an empty error list before
+  fs::remove_all(temp_path("false-cache"));
+}
+
+// A compile's nvcc does not outlive a killed evtc process, and its temporary folder is removed
+// by the next compile in that cache.
+TEST(Robustness, KilledCompilesLeaveNoCompilerAndNoTemporaries) {
+  const fs::path dir = temp_path("killed");
+  fs::create_directories(dir);
+  const fs::path fake = dir / "nvcc";
+  const fs::path pid_file = dir / "nvcc.pid";
+  // A stand-in compiler: answers --version, otherwise records its pid and hangs.
+  std::ofstream(fake) << "#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'Cuda compilation tools, release 13.0, "
+                         "V13.0.88'; exit 0; fi\necho $$ > "
+                      << pid_file.string() << ".tmp; mv " << pid_file.string() << ".tmp " << pid_file.string()
+                      << "\nexec sleep 60\n";
+  fs::permissions(fake, fs::perms::owner_all);
+  const pid_t cli = fork();
+  ASSERT_GE(cli, 0);
+  if (cli == 0) {
+    setenv("CUDACXX", fake.c_str(), 1);
+    setenv("EVTC_CACHE_DIR", (dir / "cache").c_str(), 1);
+    execl(EVTC_CLI_PATH, EVTC_CLI_PATH, "compile", "out D = relu(acc)", "--fallback", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  for (int i = 0; i < 200 && !fs::exists(pid_file); ++i) usleep(50000);
+  ASSERT_TRUE(fs::exists(pid_file)) << "the stand-in compiler did not start";
+  long compiler = 0;
+  std::ifstream(pid_file) >> compiler;
+  ASSERT_GT(compiler, 0);
+  kill(cli, SIGKILL);
+  waitpid(cli, nullptr, 0);
+  bool gone = false;
+  for (int i = 0; i < 100 && !gone; ++i) {
+    gone = kill(pid_t(compiler), 0) != 0;
+    if (!gone) usleep(50000);
+  }
+  EXPECT_TRUE(gone) << "the compiler outlived the killed evtc process";
+  if (!gone) kill(pid_t(compiler), SIGKILL);
+  ASSERT_EQ(std::distance(fs::directory_iterator(dir / "cache" / "tmp"), fs::directory_iterator()), 1);
+  // The next compile in this cache (here: one that fails at once) removes the dead folder.
+  run_cli("compile 'out D = relu(acc)' --fallback", "EVTC_CACHE_DIR=" + (dir / "cache").string() + " CUDACXX=/bin/false");
+  size_t left = 0;
+  for (const auto& e : fs::directory_iterator(dir / "cache" / "tmp"))
+    left += e.path().filename().string().find(std::to_string(cli)) != std::string::npos;
+  EXPECT_EQ(left, 0u) << "the killed compile's temporary folder is still there";
+  fs::remove_all(dir);
 }
 
 }  // namespace
