@@ -129,6 +129,7 @@ Command add_cache_command(CLI::App& app);
 Command add_tune_command(CLI::App& app);
 Command add_grouped_command(CLI::App& app);
 Command add_aot_command(CLI::App& app);
+Command add_fuzz_command(CLI::App& app);
 
 }  // namespace evtc::cli
 
@@ -140,7 +141,7 @@ int main(int argc, char** argv) {
   const std::vector<Command> commands = {
       add_explain_command(app), add_ref_command(app), add_run_command(app),
       add_compile_command(app), add_cache_command(app), add_tune_command(app),
-      add_grouped_command(app), add_aot_command(app)};
+      add_grouped_command(app), add_aot_command(app), add_fuzz_command(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

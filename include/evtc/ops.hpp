@@ -24,6 +24,14 @@ enum class Op : uint8_t {
 
 inline constexpr int kMaxOpAttrs = 1;
 
+// Where an op's argument gives finite, well-conditioned results (what random testing feeds it).
+enum class Domain : uint8_t {
+  any,       // every finite value
+  positive,  // > 0 (log, sqrt, rsqrt, pow's base)
+  nonzero,   // away from 0 (a reciprocal, a divisor)
+  bounded,   // |x| of a few units (exp's argument, pow's exponent: no overflow)
+};
+
 struct OpInfo {
   Op op;
   std::string_view name;
@@ -39,6 +47,8 @@ struct OpInfo {
   double (*cpu)(std::span<const double> args, std::span<const double> attrs);
   // Name of the device functor template in evtc/device/ops.cuh (namespace evtc::device).
   std::string_view cuda_functor;
+  // The domain of each argument (rows that leave it out take any value).
+  std::array<Domain, 3> domains{};
 };
 
 std::span<const OpInfo> op_table();

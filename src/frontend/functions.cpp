@@ -50,6 +50,8 @@ const std::vector<GatedFunctionInfo>& gated_functions() {
 }
 }  // namespace
 
+const std::vector<GatedFunctionInfo>& gated_function_table() { return gated_functions(); }
+
 std::optional<GatedFunctionInfo> find_gated_function(std::string_view name) {
   for (const GatedFunctionInfo& f : gated_functions())
     if (f.name == name) return f;

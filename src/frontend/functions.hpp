@@ -39,6 +39,8 @@ struct GatedFunctionInfo {
   std::vector<std::pair<std::string_view, double>> params;  // name, default
 };
 std::optional<GatedFunctionInfo> find_gated_function(std::string_view name);
+// Every gated function, gate and up first.
+const std::vector<GatedFunctionInfo>& gated_function_table();
 // The expression-language name of a reduction: sum, row_max, col_amax, ...
 std::string reduction_name(ReduceAxis axis, ReduceOp op);
 // Every function name, ops first (in op-table order), then reductions, then casts.

@@ -26,6 +26,7 @@ export EVTC_CACHE_DIR="$work/cache"
 export EVTC_QUIET=1
 
 # name | evtc compile options | expression (statements separated by ';')
+fuzz_cases=()
 cases=(
   "bias_silu_two_op_dag|--layout-b c|out acc_copy: bf16 = acc; out D: bf16 = silu(acc + bias[n])"
   "scale_res_c|--dtype f16|input C: f16; out D = scale[m] * acc + res[m,n] + beta * C"
@@ -37,6 +38,20 @@ cases=(
   "bias_streamk|--config coop_128x256x64_c2x1_streamk|out D: bf16 = acc + bias[n]"
   "w3_fp8|--dtype f8e4m3 --layout-b c|input sa[m]: f32; input sb[n]: f32; out D: bf16 = acc * sa[m] * sb[n]"
 )
+
+# Two random epilogues of `evtc fuzz` (eight outputs each), as it builds them.
+while IFS= read -r line; do
+  case "$line" in
+    "# "*) header="$line"; body="" ;;
+    *) body="${body:+$body; }$line" ;;
+  esac
+  if [ -n "${body:-}" ] && [ "$(printf '%s\n' "$body" | tr ';' '\n' | wc -l)" -ge 8 ] && [ "${#fuzz_cases[@]}" -lt 2 ]; then
+    opts="$(printf '%s' "$header" | sed -E 's/^# [a-z0-9]+ -m [0-9]+ -n [0-9]+ -k [0-9]+ (.*) --seed [0-9]+$/\1/')"
+    fuzz_cases+=("fuzz_${#fuzz_cases[@]}|$opts|$body")
+    body=""
+  fi
+done < <("$cli" fuzz --print --count 40 --min-outputs 8 --seed 7)
+cases+=("${fuzz_cases[@]}")
 
 compile_one() {
   local name="$1" options="$2" expr="$3"

@@ -1,0 +1,142 @@
+#include "testing/random_epilogue.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "evtc/ops.hpp"
+#include "frontend/functions.hpp"
+
+namespace evtc::testing {
+
+const char* kernel_kind_name(KernelKind k) {
+  switch (k) {
+    case KernelKind::dense: return "dense";
+    case KernelKind::gated: return "gated";
+    case KernelKind::fp8: return "fp8";
+  }
+  return "?";
+}
+
+std::string RandomKernel::text() const {
+  std::string t;
+  for (const RandomOutput& o : outputs) t += o.statement + "\n";
+  return t;
+}
+
+std::string RandomKernel::cli_options() const {
+  std::string o = fmt::format("--dtype {}", dtype_name(gemm.a_dtype));
+  if (gemm.b_dtype != gemm.a_dtype) o += fmt::format(" --dtype-b {}", dtype_name(gemm.b_dtype));
+  o += fmt::format(" --layout-a {} --layout-b {}", gemm.a_layout == Layout::row_major ? "r" : "c",
+                   gemm.b_layout == Layout::row_major ? "r" : "c");
+  return o;
+}
+
+EpilogueGenerator::EpilogueGenerator(uint64_t seed, GeneratorOptions options) : rng_(seed), options_(options) {}
+
+std::string EpilogueGenerator::leaf(bool fp8) {
+  (void)fp8;
+  static const char* kConstants[] = {"0.5", "-1.25", "2", "0.75", "-3", "1.5"};
+  switch (uniform(0, 9)) {
+    case 0: case 1: case 2: return "acc";
+    case 3: return fmt::format("r{}[n]", uniform(0, 2));
+    case 4: return fmt::format("c{}[m]", uniform(0, 1));
+    case 5: return fmt::format("x{}[m,n]", uniform(0, 1));
+    case 6: return fmt::format("s{}", uniform(0, 1));
+    case 7: return kConstants[uniform(0, 5)];
+    default: return "acc";
+  }
+}
+
+// A value in an op argument's domain (evtc::Domain).
+std::string EpilogueGenerator::guarded(int depth, bool fp8, uint8_t domain) {
+  const std::string v = value(depth, fp8);
+  switch (Domain(domain)) {
+    case Domain::positive:
+    case Domain::nonzero: return fmt::format("(abs({}) + 0.25)", v);
+    case Domain::bounded: return fmt::format("(tanh({}) * 2)", v);
+    case Domain::any: break;
+  }
+  return v;
+}
+
+std::string EpilogueGenerator::value(int depth, bool fp8) {
+  if (depth <= 0 || coin(0.25)) return leaf(fp8);
+  const auto ops = op_table();
+  const OpInfo& op = ops[size_t(uniform(0, int(ops.size()) - 1))];
+  std::vector<std::string> args;
+  for (int i = 0; i < op.arity; ++i) args.push_back(guarded(depth - 1, fp8, uint8_t(op.domains[size_t(i)])));
+  std::string v;
+  switch (op.op) {
+    case Op::add: v = fmt::format("({} + {})", args[0], args[1]); break;
+    case Op::sub: v = fmt::format("({} - {})", args[0], args[1]); break;
+    case Op::mul: v = fmt::format("({} * {})", args[0], args[1]); break;
+    case Op::div: v = fmt::format("({} / {})", args[0], args[1]); break;
+    case Op::leaky_relu:
+      v = coin(0.5) ? fmt::format("leaky_relu({})", args[0]) : fmt::format("leaky_relu({}, 0.2)", args[0]);
+      break;
+    default: {
+      v = std::string(op.name) + "(";
+      for (size_t i = 0; i < args.size(); ++i) v += (i ? ", " : "") + args[i];
+      v += ")";
+    }
+  }
+  // An intermediate rounding now and then (what a PyTorch graph's casts become).
+  if (coin(0.08)) v = fmt::format("bf16({})", v);
+  return v;
+}
+
+std::string EpilogueGenerator::output_dtype() {
+  const int r = uniform(0, 9);
+  return r < 7 ? "bf16" : r < 9 ? "f32" : "f16";
+}
+
+RandomKernel EpilogueGenerator::next() {
+  RandomKernel k;
+  const double pick = std::uniform_real_distribution<double>(0, 1)(rng_);
+  k.kind = pick < options_.gated_share ? KernelKind::gated
+           : pick < options_.gated_share + options_.fp8_share ? KernelKind::fp8
+                                                              : KernelKind::dense;
+  const bool fp8 = k.kind == KernelKind::fp8;
+  auto with_acc = [](const std::string& v) { return v.find("acc") == std::string::npos ? "(" + v + ") + acc" : v; };
+  if (k.kind == KernelKind::fp8) {
+    k.gemm.a_dtype = k.gemm.b_dtype = DType::f8e4m3;
+    k.gemm.a_layout = Layout::row_major;
+    k.gemm.b_layout = Layout::col_major;
+  } else {
+    k.gemm.a_dtype = k.gemm.b_dtype = coin(0.8) ? DType::bf16 : DType::f16;
+    k.gemm.a_layout = coin(0.85) ? Layout::row_major : Layout::col_major;
+    k.gemm.b_layout = coin(0.5) ? Layout::row_major : Layout::col_major;
+  }
+  if (k.kind == KernelKind::gated) {
+    const auto& table = frontend::gated_function_table();
+    const frontend::GatedFunctionInfo& f = table[size_t(uniform(2, int(table.size()) - 1))];  // not gate/up alone
+    std::string call = fmt::format("{}({}", f.name, with_acc(value(uniform(0, options_.max_depth - 1), false)));
+    if (!f.params.empty() && coin(0.5)) call += fmt::format(", alpha={}, limit={}", coin(0.5) ? 1.5 : 1.0, coin(0.5) ? 5 : 3);
+    call += ")";
+    k.outputs.push_back({"y", fmt::format("out y: {} = {}", output_dtype(), call), false});
+    return k;
+  }
+  const int outputs = uniform(std::clamp(options_.min_outputs, 1, std::max(1, options_.max_outputs)),
+                              std::max(1, options_.max_outputs));
+  for (int i = 0; i < outputs; ++i) {
+    const std::string name = fmt::format("o{}", i);
+    k.outputs.push_back(
+        {name, fmt::format("out {}: {} = {}", name, output_dtype(), with_acc(value(uniform(1, options_.max_depth), fp8))),
+         false});
+  }
+  if (!fp8 && coin(options_.reduction_share)) {
+    static const char* kReductions[] = {"row_sum", "col_sum", "sum", "row_max", "col_min", "amax", "col_amax"};
+    const int count = uniform(1, 2);
+    for (int i = 0; i < count; ++i) {
+      const std::string name = fmt::format("q{}", i);
+      k.outputs.push_back({name,
+                           fmt::format("out {} = {}({})", name, kReductions[uniform(0, 6)],
+                                       with_acc(value(uniform(0, 2), false))),
+                           true});
+    }
+  }
+  return k;
+}
+
+}  // namespace evtc::testing

@@ -1,0 +1,322 @@
+// evtc fuzz: random differential testing. Random epilogues (src/testing/random_epilogue), several
+// packed into each kernel as independent outputs, checked end to end against the fp64
+// reference: on the GPU the fused kernel and the unfused path (cuBLASLt + plain epilogue) on
+// sizes that are not tile multiples, with poisoned outputs; with --cpu (no GPU) the pass pipeline
+// against the reference before the passes, legality and both emitters. A mismatch prints a
+// ready-to-run `evtc run ... --check` line for the output alone.
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <future>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "backends/cuda/fallback_emitter.hpp"
+#include "backends/sm90/sm90_emitter.hpp"
+#include "cli.hpp"
+#include "evtc/error.hpp"
+#include "evtc/expression.hpp"
+#include "evtc/ir_text.hpp"
+#include "evtc/reference.hpp"
+#include "runtime/harness.hpp"
+#include "testing/random_epilogue.hpp"
+
+namespace evtc::cli {
+namespace {
+
+using testing::KernelKind;
+using testing::RandomKernel;
+
+struct FuzzArgs {
+  uint64_t seed = 1;
+  int count = 200, min_outputs = 1, max_outputs = 8, max_depth = 4, isolate = 5;
+  bool cpu = false, print = false;
+  std::string json;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+ParseOptions parse_options_for(const RandomKernel& k) {
+  ParseOptions p;
+  p.operand_dtype = k.kind == KernelKind::fp8 ? DType::f32 : k.gemm.a_dtype;
+  p.output_dtype = DType::bf16;
+  return p;
+}
+
+// Output dtypes of a graph, by name.
+std::map<std::string, DType> output_dtypes(const Graph& g) {
+  std::map<std::string, DType> out;
+  for (NodeId id : g.outputs()) out[g.node(id).name] = g.node(id).dtype;
+  return out;
+}
+
+struct Case {
+  RandomKernel kernel;
+  int64_t m = 0, n = 0, k = 0;
+  uint64_t seed = 0;
+};
+
+// Sizes that are not tile multiples and satisfy the kernel's alignment (16-byte rows of A,
+// B and the outputs; fp8 rows of 16 elements; even N for gated outputs).
+void choose_sizes(Case& c, std::mt19937_64& rng) {
+  auto pick = [&](int lo, int hi) { return int64_t(std::uniform_int_distribution<int>(lo, hi)(rng)); };
+  const bool a_col = c.kernel.gemm.a_layout == Layout::col_major;
+  c.m = a_col ? 8 * pick(9, 90) : 8 * pick(9, 90) + pick(1, 7);
+  c.n = 16 * pick(5, 40);
+  c.k = (c.kernel.kind == KernelKind::fp8 ? 16 : 8) * pick(8, 40);
+}
+
+std::string run_line(const Case& c, size_t output) {
+  std::string text = c.kernel.text_of(output);
+  if (!text.empty() && text.back() == '\n') text.pop_back();
+  return fmt::format("evtc run '{}' -m {} -n {} -k {} {} --seed {} --check", text, c.m, c.n, c.k,
+                     c.kernel.cli_options(), c.seed);
+}
+
+// --- CPU ----------------------------------------------------------------------------------
+
+int fuzz_cpu(const FuzzArgs& fa, const std::vector<Case>& cases, nlohmann::json& report) {
+  const auto t0 = std::chrono::steady_clock::now();
+  size_t graphs = 0, outputs = 0, fusable = 0, mismatches = 0, errors = 0;
+  for (const Case& c : cases) {
+    try {
+      const Graph g = parse_expression(c.kernel.text(), parse_options_for(c.kernel));
+      PipelineOptions popts;
+      popts.gemm = c.kernel.gemm;
+      const Graph after = run_pipeline(g, popts);
+      ++graphs;
+      // Small sizes: the reference before and after the passes agree within an output ulp.
+      ReferenceInputs in = random_reference_inputs(g, 5, 8, 8, c.kernel.gemm.a_dtype, c.kernel.gemm.b_dtype, c.seed);
+      const ReferenceOutputs before = evaluate_reference(g, in);
+      const ReferenceOutputs now = evaluate_reference(after, in);
+      const auto dtypes = output_dtypes(g);
+      for (const auto& [name, want] : before) {
+        ++outputs;
+        const Comparison cmp = compare_outputs(now.at(name), want, dtypes.at(name));
+        if (!cmp.pass) {
+          ++mismatches;
+          fmt::print("MISMATCH (passes) seed {} output {}: {}\n  {}\n", c.seed, name, cmp.describe(), c.kernel.text());
+        }
+      }
+      GemmDesc gemm = c.kernel.gemm;
+      if (check_legality(after, gemm).fusable()) {
+        ++fusable;
+        (void)sm90::emit_kernel(after, gemm, KernelConfig{});
+      }
+      (void)cuda::emit_fallback_kernel(after, make_signature(after));
+    } catch (const Error& e) {
+      ++errors;
+      fmt::print("ERROR seed {}: {}\n  {}\n", c.seed, e.what(), c.kernel.text());
+    }
+  }
+  const double secs = seconds_since(t0);
+  fmt::print("fuzz --cpu: {} graphs ({} outputs, {} fusable) through parse, passes, reference, legality and "
+             "emitters in {:.1f} s: {} mismatches, {} errors\n",
+             graphs, outputs, fusable, secs, mismatches, errors);
+  report["cpu"] = {{"graphs", graphs}, {"outputs", outputs}, {"fusable", fusable}, {"mismatches", mismatches},
+                   {"errors", errors}, {"seconds", secs}};
+  (void)fa;
+  return mismatches || errors ? kExitFailed : kExitOk;
+}
+
+// --- GPU ----------------------------------------------------------------------------------
+
+struct GpuCase {
+  const Case* c = nullptr;
+  std::unique_ptr<Kernel> fused, unfused;
+  std::string not_fused;  // why the fused path is not taken
+  std::future<void> compiling;
+  std::string compile_error;
+};
+
+CompileOptions options_for(const RandomKernel& k, bool disable) {
+  CompileOptions o;
+  o.gemm = k.gemm;
+  o.disable_fusion = disable;
+  return o;
+}
+
+// Runs `kernel` on the problem and compares every output with the reference; returns the
+// failing outputs' descriptions.
+std::vector<std::pair<std::string, std::string>> check_run(const Kernel& kernel, const ReferenceInputs& inputs,
+                                                           const ReferenceOutputs& want, ExecutionPath expect) {
+  runtime::DeviceProblem problem(kernel, inputs);
+  problem.poison_outputs(nullptr);
+  const ExecutionPath path = kernel.run(problem.arguments(), nullptr);
+  std::vector<std::pair<std::string, std::string>> bad;
+  if (path != expect)
+    bad.emplace_back("(path)", fmt::format("ran {}", path == ExecutionPath::fused ? "fused" : "unfused"));
+  for (const auto& c : runtime::check_outputs(kernel, problem.read_outputs(nullptr), want))
+    if (!c.comparison.pass) bad.emplace_back(c.name, c.comparison.describe());
+  return bad;
+}
+
+int fuzz_gpu(const FuzzArgs& fa, const std::vector<Case>& cases, nlohmann::json& report) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    cudaGetLastError();
+    fmt::print(stderr, "evtc fuzz: no CUDA device is available (--cpu runs the checks that need none)\n");
+    return kExitFailed;
+  }
+  setenv("EVTC_QUIET", "1", 0);
+  // Build every kernel, then compile them all at once (EVTC_COMPILE_JOBS at a time).
+  const auto t_compile = std::chrono::steady_clock::now();
+  std::vector<GpuCase> gpu(cases.size());
+  for (size_t i = 0; i < cases.size(); ++i) {
+    GpuCase& g = gpu[i];
+    g.c = &cases[i];
+    const Graph graph = parse_expression(cases[i].kernel.text(), parse_options_for(cases[i].kernel));
+    g.fused = std::make_unique<Kernel>(graph, options_for(cases[i].kernel, false));
+    g.unfused = std::make_unique<Kernel>(graph, options_for(cases[i].kernel, true));
+    g.not_fused = g.fused->fallback_reason(cases[i].m, cases[i].n, cases[i].k);
+    Kernel* f = g.fused.get();
+    Kernel* u = g.unfused.get();
+    const Case* c = g.c;
+    const bool fuse = g.not_fused.empty();
+    g.compiling = std::async(std::launch::async, [f, u, c, fuse] {
+      if (fuse) f->compile(c->m, c->n, c->k);
+      u->compile_fallback();
+    });
+  }
+  const ProgressFn progress = progress_printer("evtc fuzz");
+  size_t compiled = 0, compile_failures = 0;
+  for (GpuCase& g : gpu) {
+    try {
+      g.compiling.get();
+    } catch (const std::exception& e) {
+      g.compile_error = e.what();
+      ++compile_failures;
+    }
+    progress("compiling", int(++compiled), int(gpu.size()));
+  }
+  const double compile_s = seconds_since(t_compile);
+
+  const auto t_run = std::chrono::steady_clock::now();
+  size_t expressions = 0, fused_checks = 0, unfused_checks = 0;
+  nlohmann::json mismatches = nlohmann::json::array();
+  std::vector<std::pair<const Case*, size_t>> to_isolate;
+  for (size_t i = 0; i < gpu.size(); ++i) {
+    const GpuCase& g = gpu[i];
+    const Case& c = *g.c;
+    expressions += c.kernel.outputs.size();
+    auto note = [&](const std::string& path, const std::string& output, const std::string& what) {
+      size_t index = 0;
+      for (size_t o = 0; o < c.kernel.outputs.size(); ++o)
+        if (c.kernel.outputs[o].name == output) index = o;
+      fmt::print("MISMATCH kernel {} ({}), {} path, output {}: {}\n  {}\n", i, kernel_kind_name(c.kernel.kind), path,
+                 output, what, run_line(c, index));
+      mismatches.push_back({{"kernel", i}, {"path", path}, {"output", output}, {"what", what},
+                            {"run", run_line(c, index)}, {"kernel_text", c.kernel.text()}});
+      if (path == "fused" && output != "(path)") to_isolate.emplace_back(&c, index);
+    };
+    if (!g.compile_error.empty()) {
+      note(g.not_fused.empty() ? "fused" : "unfused", "(compile)", g.compile_error.substr(0, 400));
+      continue;
+    }
+    const ReferenceInputs inputs = random_reference_inputs(g.fused->graph(), c.m, c.n, c.k, c.kernel.gemm.a_dtype,
+                                                           c.kernel.gemm.b_dtype, c.seed);
+    const ReferenceOutputs want = evaluate_reference(g.fused->graph(), inputs);
+    try {
+      if (g.not_fused.empty()) {
+        for (const auto& [o, what] : check_run(*g.fused, inputs, want, ExecutionPath::fused)) note("fused", o, what);
+        ++fused_checks;
+      }
+      for (const auto& [o, what] : check_run(*g.unfused, inputs, want, ExecutionPath::fallback))
+        note("unfused", o, what);
+      ++unfused_checks;
+    } catch (const Error& e) {
+      note("run", "(error)", e.what());
+    }
+    progress("running", int(i + 1), int(gpu.size()));
+  }
+  const double run_s = seconds_since(t_run);
+
+  // Each fused mismatch again with its output alone (a new kernel): does it reproduce?
+  nlohmann::json isolated = nlohmann::json::array();
+  for (size_t j = 0; j < to_isolate.size() && int(j) < fa.isolate; ++j) {
+    const auto [c, index] = to_isolate[j];
+    const Graph graph = parse_expression(c->kernel.text_of(index), parse_options_for(c->kernel));
+    Kernel alone(graph, options_for(c->kernel, false));
+    const ReferenceInputs inputs =
+        random_reference_inputs(alone.graph(), c->m, c->n, c->k, c->kernel.gemm.a_dtype, c->kernel.gemm.b_dtype, c->seed);
+    std::string result;
+    try {
+      alone.compile(c->m, c->n, c->k);
+      const auto bad = check_run(alone, inputs, evaluate_reference(alone.graph(), inputs), ExecutionPath::fused);
+      result = bad.empty() ? "passes alone" : "fails alone: " + bad.front().second;
+    } catch (const std::exception& e) {
+      result = std::string("error alone: ") + e.what();
+    }
+    fmt::print("isolated: {}\n  {}\n", result, run_line(*c, index));
+    isolated.push_back({{"run", run_line(*c, index)}, {"result", result}});
+  }
+
+  size_t not_fused = 0;
+  for (const GpuCase& g : gpu) not_fused += !g.not_fused.empty();
+  fmt::print("fuzz: {} kernels ({} expressions; {} not fusable), {} fused and {} unfused runs checked against the "
+             "fp64 reference: {} mismatches, {} compile failures; compile {:.0f} s, runs {:.0f} s\n",
+             gpu.size(), expressions, not_fused, fused_checks, unfused_checks, mismatches.size(), compile_failures,
+             compile_s, run_s);
+  report["gpu"] = {{"kernels", gpu.size()},         {"expressions", expressions},
+                   {"not_fusable", not_fused},      {"fused_checks", fused_checks},
+                   {"unfused_checks", unfused_checks}, {"mismatches", mismatches},
+                   {"compile_failures", compile_failures}, {"isolated", isolated},
+                   {"compile_s", compile_s},        {"run_s", run_s}};
+  return mismatches.empty() ? kExitOk : kExitFailed;
+}
+
+}  // namespace
+
+Command add_fuzz_command(CLI::App& app) {
+  auto fa = std::make_shared<FuzzArgs>();
+  CLI::App* sub = app.add_subcommand(
+      "fuzz", "Random differential testing: random epilogues, fused and unfused, against the fp64 reference");
+  sub->add_option("--seed", fa->seed, "Seed of the random epilogues (a run is reproducible from it)");
+  sub->add_option("--count", fa->count, "Random expressions (outputs) to test, packed into kernels")
+      ->check(CLI::Range(1, 10000000));
+  sub->add_option("--min-outputs", fa->min_outputs, "Fewest [m,n] outputs packed into one kernel")
+      ->check(CLI::Range(1, 8));
+  sub->add_option("--max-outputs", fa->max_outputs, "Most [m,n] outputs packed into one kernel")->check(CLI::Range(1, 8));
+  sub->add_flag("--print", fa->print, "Print each kernel's epilogue and evtc options, then stop");
+  sub->add_option("--max-depth", fa->max_depth, "Most nested operations in one output")->check(CLI::Range(1, 12));
+  sub->add_flag("--cpu", fa->cpu,
+                "No GPU: the pass pipeline against the reference before it, legality and the emitters");
+  sub->add_option("--isolate", fa->isolate, "Fused mismatches re-run with their output alone (a compile each)")
+      ->check(CLI::Range(0, 1000));
+  sub->add_option("--json", fa->json, "Write the report as JSON to this file");
+  return {sub, [fa] {
+            if (!fa->json.empty()) check_output_path(fa->json, "--json");
+            testing::GeneratorOptions go;
+            go.min_outputs = fa->min_outputs;
+            go.max_outputs = fa->max_outputs;
+            go.max_depth = fa->max_depth;
+            testing::EpilogueGenerator gen(fa->seed, go);
+            std::mt19937_64 rng(fa->seed ^ 0x9e3779b97f4a7c15ull);
+            std::vector<Case> cases;
+            int expressions = 0;
+            while (expressions < fa->count) {
+              Case c;
+              c.kernel = gen.next();
+              c.seed = rng();
+              choose_sizes(c, rng);
+              expressions += int(c.kernel.outputs.size());
+              cases.push_back(std::move(c));
+            }
+            if (fa->print) {
+              for (const Case& c : cases)
+                fmt::print("# {} -m {} -n {} -k {} {} --seed {}\n{}", kernel_kind_name(c.kernel.kind), c.m, c.n, c.k,
+                           c.kernel.cli_options(), c.seed, c.kernel.text());
+              return kExitOk;
+            }
+            nlohmann::json report = {{"seed", fa->seed}, {"count", fa->count}, {"kernels", cases.size()}};
+            const int rc = fa->cpu ? fuzz_cpu(*fa, cases, report) : fuzz_gpu(*fa, cases, report);
+            if (!fa->json.empty()) write_output_file(fa->json, report.dump(2) + "\n", "--json");
+            return rc;
+          }};
+}
+
+}  // namespace evtc::cli
