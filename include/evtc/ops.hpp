@@ -30,6 +30,8 @@ enum class Domain : uint8_t {
   positive,  // > 0 (log, sqrt, rsqrt, pow's base)
   nonzero,   // away from 0 (a reciprocal, a divisor)
   bounded,   // |x| of a few units (exp's argument, pow's exponent: no overflow)
+  condition, // an input value, not a computed one (where's condition: a computed value near 0
+             // is 0 in f32 and not in fp64, or the other way, and where jumps between branches)
 };
 
 struct OpInfo {

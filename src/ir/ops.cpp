@@ -82,7 +82,7 @@ const OpInfo kOpTable[] = {
      [](Args a, Args) { return std::isnan(a[0]) ? a[0] : std::min(std::max(a[0], a[1]), a[2]); },
      "Clamp"},
     {Op::where, "where", 3, 0, {}, {}, false, 1,
-     [](Args a, Args) { return a[0] != 0.0 ? a[1] : a[2]; }, "Where"},
+     [](Args a, Args) { return a[0] != 0.0 ? a[1] : a[2]; }, "Where", {Domain::condition}},
     {Op::fma, "fma", 3, 0, {}, {}, false, 1,
      [](Args a, Args) { return a[0] * a[1] + a[2]; }, "Fma"},
 };

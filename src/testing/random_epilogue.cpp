@@ -50,12 +50,17 @@ std::string EpilogueGenerator::leaf(bool fp8) {
 
 // A value in an op argument's domain (evtc::Domain).
 std::string EpilogueGenerator::guarded(int depth, bool fp8, uint8_t domain) {
+  if (Domain(domain) == Domain::condition) {
+    static const char* kConditions[] = {"acc", "x0[m,n]", "r0[n]", "c0[m]"};
+    return kConditions[uniform(0, 3)];
+  }
   const std::string v = value(depth, fp8);
   switch (Domain(domain)) {
     case Domain::positive:
     case Domain::nonzero: return fmt::format("(abs({}) + 0.25)", v);
     case Domain::bounded: return fmt::format("(tanh({}) * 2)", v);
-    case Domain::any: break;
+    case Domain::any:
+    case Domain::condition: break;
   }
   return v;
 }
