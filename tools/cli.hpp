@@ -50,6 +50,13 @@ void write_output_file(const std::string& path, const std::string& text, const c
 // folder exists and is writable); UserError otherwise.
 void check_output_path(const std::string& path, const char* option);
 
+// Validators of numeric options, with messages that name the allowed values: a problem size
+// (an integer from 1 to 2^40; CLI11's own range check printed a 309-digit bound), a count that
+// may be 0, and a seed (a non-negative integer that fits 64 bits: "-1" wrapped around before).
+const CLI::Validator& size_value();
+const CLI::Validator& count_value();
+const CLI::Validator& seed_value();
+
 // A --shape value: MxNxK, positive sizes of at most 9 digits.
 struct Shape3 {
   int64_t m, n, k;

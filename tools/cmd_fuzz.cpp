@@ -315,7 +315,8 @@ Command add_fuzz_command(CLI::App& app) {
   auto fa = std::make_shared<FuzzArgs>();
   CLI::App* sub = app.add_subcommand(
       "fuzz", "Random differential testing: random epilogues, fused and unfused, against the fp64 reference");
-  sub->add_option("--seed", fa->seed, "Seed of the random epilogues (a run is reproducible from it)");
+  sub->add_option("--seed", fa->seed, "Seed of the random epilogues (a run is reproducible from it)")
+      ->check(seed_value());
   sub->add_option("--count", fa->count, "Random expressions (outputs) to test, packed into kernels")
       ->check(CLI::Range(1, 10000000));
   sub->add_option("--min-outputs", fa->min_outputs, "Fewest [m,n] outputs packed into one kernel")

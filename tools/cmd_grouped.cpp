@@ -68,11 +68,11 @@ Command add_grouped_command(CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
       "grouped", "Grouped (MoE) GEMM with a fused epilogue: compile, or run/check/time one problem");
   sub->add_option("expr", a->expr, "Expression, or a file holding one")->required();
-  sub->add_option("-g,--groups", a->groups, "Number of groups G");
-  sub->add_option("-m", a->m, "Rows per group (when --rows is not given)");
+  sub->add_option("-g,--groups", a->groups, "Number of groups G")->check(size_value());
+  sub->add_option("-m", a->m, "Rows per group (when --rows is not given)")->check(count_value());
   sub->add_option("--rows", a->rows, "Rows of each group, comma-separated (zeros allowed)");
-  sub->add_option("-n", a->n, "N (output columns)");
-  sub->add_option("-k", a->k, "K");
+  sub->add_option("-n", a->n, "N (output columns)")->check(size_value());
+  sub->add_option("-k", a->k, "K")->check(size_value());
   sub->add_option("--weights", a->weights, "Weight layout: nk (G×N×K, K-major) or kn (G×K×N)");
   sub->add_option("--config", a->config, "Kernel config name");
   sub->add_option("--emit", a->emit, "Write the generated CUDA source to this file");

@@ -133,10 +133,10 @@ Command add_ref_command(CLI::App& app) {
       "ref", "Evaluate an epilogue with the fp64 CPU reference on random inputs");
   sub->add_option("expression", args->expression, "An epilogue expression, or a file holding one")
       ->required();
-  sub->add_option("-m", args->m, "Rows of the output")->required();
-  sub->add_option("-n", args->n, "Columns of the output")->required();
-  sub->add_option("-k", args->k, "Inner dimension of A@B")->required();
-  sub->add_option("--seed", args->seed, "Seed of the random inputs")->capture_default_str();
+  sub->add_option("-m", args->m, "Rows of the output")->required()->check(size_value());
+  sub->add_option("-n", args->n, "Columns of the output")->required()->check(size_value());
+  sub->add_option("-k", args->k, "Inner dimension of A@B")->required()->check(size_value());
+  sub->add_option("--seed", args->seed, "Seed of the random inputs")->capture_default_str()->check(seed_value());
   sub->add_option("--dtype", args->dtype, "Element type of A and B")->capture_default_str();
   sub->add_option("--show", args->show, "Show the top-left SHOW x SHOW values of each output")
       ->capture_default_str()

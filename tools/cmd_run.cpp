@@ -185,9 +185,9 @@ Command add_run_command(CLI::App& app) {
   auto ra = std::make_shared<RunArgs>();
   CLI::App* sub = app.add_subcommand("run", "Run an epilogue fused with a GEMM on random inputs");
   sub->add_option("expr", ra->expr, "Expression, or a file holding one")->required();
-  sub->add_option("-m", ra->m, "M (rows of A and D)")->required()->check(CLI::PositiveNumber);
-  sub->add_option("-n", ra->n, "N (columns of B and D)")->required()->check(CLI::PositiveNumber);
-  sub->add_option("-k", ra->k, "K (columns of A, rows of B)")->required()->check(CLI::PositiveNumber);
+  sub->add_option("-m", ra->m, "M (rows of A and D)")->required()->check(size_value());
+  sub->add_option("-n", ra->n, "N (columns of B and D)")->required()->check(size_value());
+  sub->add_option("-k", ra->k, "K (columns of A, rows of B)")->required()->check(size_value());
   ra->gemm.add_to(sub);
   sub->add_flag("--check", ra->check, "Compare every output with the fp64 reference");
   sub->add_flag("--bench", ra->bench, "Time fused vs plain cuBLAS vs unfused (median of 50)");
@@ -195,7 +195,7 @@ Command add_run_command(CLI::App& app) {
   sub->add_flag("--tune", ra->tune, "Autotune this shape first (compile and time the candidates)");
   sub->add_option("--config", ra->config, "Kernel config, e.g. coop_128x256x64_c2x1_persistent");
   sub->add_option("--cast-mode", ra->cast_mode, "eager or fast")->capture_default_str();
-  sub->add_option("--seed", ra->seed, "Random seed for the inputs")->capture_default_str();
+  sub->add_option("--seed", ra->seed, "Random seed for the inputs")->capture_default_str()->check(seed_value());
   sub->add_option("--json", ra->json, "Write the results as JSON to this file");
   return {sub, [ra] { return run(*ra); }};
 }

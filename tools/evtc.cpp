@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -84,6 +85,50 @@ void write_output_file(const std::string& path, const std::string& text, const c
   if (!f)
     throw UserError(fmt::format("{}: cannot write '{}': {}", option, path,
                                 errno ? std::strerror(errno) : "write failed"));
+}
+
+namespace {
+
+// An integer from `lo` to `hi` written in decimal digits only (no sign, no overflow).
+CLI::Validator integer_in(int64_t lo, int64_t hi, const std::string& what) {
+  return CLI::Validator(
+      [lo, hi, what](std::string& text) -> std::string {
+        int64_t v = 0;
+        const char* end = text.data() + text.size();
+        const auto [ptr, ec] = std::from_chars(text.data(), end, v);
+        const bool digits = !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
+        if (!digits || ec != std::errc() || ptr != end || v < lo || v > hi)
+          return fmt::format("'{}' is not {} (an integer from {} to {})", text, what, lo, hi);
+        return {};
+      },
+      what);
+}
+
+}  // namespace
+
+const CLI::Validator& size_value() {
+  static const CLI::Validator v = integer_in(1, int64_t(1) << 40, "a size");
+  return v;
+}
+
+const CLI::Validator& count_value() {
+  static const CLI::Validator v = integer_in(0, int64_t(1) << 40, "a count");
+  return v;
+}
+
+const CLI::Validator& seed_value() {
+  static const CLI::Validator v = CLI::Validator(
+      [](std::string& text) -> std::string {
+        uint64_t v = 0;
+        const char* end = text.data() + text.size();
+        const auto [ptr, ec] = std::from_chars(text.data(), end, v);
+        if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos || ec != std::errc() ||
+            ptr != end)
+          return fmt::format("'{}' is not a seed (a non-negative integer below 2^64)", text);
+        return {};
+      },
+      "a seed");
+  return v;
 }
 
 void check_output_path(const std::string& path, const char* option) {

@@ -85,9 +85,14 @@ KernelSignature make_signature(const Graph& g);
 //  - otherwise (column and whole-matrix reductions included): cooperative 128×256×64,
 //    cluster 2×1.
 //  - an epilogue that stages so many [m,n] tensors in shared memory that a 128×256 tile
-//    keeps fewer than 3 main-loop stages: 128×128.
+//    keeps fewer than 3 main-loop stages: 128×128; and where even that keeps fewer than 2
+//    (CUTLASS's minimum), ping-pong 64×128, whose tiles stage half as much (not with column or
+//    whole-matrix reductions, which need the cooperative schedule: shared_memory_refusal).
 KernelConfig default_config(const Graph& g, const GemmDesc& gemm);
 // The choice above before the shared-memory check (by shape, dtypes and reductions only).
 KernelConfig default_config_for_shape(const Graph& g, const GemmDesc& gemm);
+// Why `c` cannot hold this epilogue: the [m,n] tensors it stages in shared memory leave fewer
+// than two main-loop stages (CUTLASS's kernels do not compile then). Empty when it can.
+std::string shared_memory_refusal(const Graph& g, const GemmDesc& gemm, const KernelConfig& c);
 
 }  // namespace evtc

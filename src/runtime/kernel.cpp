@@ -122,6 +122,7 @@ std::string Kernel::Impl::fallback_reason(int64_t m, int64_t n, int64_t k) const
   const Legality legal = check_legality(graph, g);
   std::string out;
   for (const auto& r : legal.reasons) out += (out.empty() ? "" : "; ") + r;
+  if (out.empty()) out = shared_memory_refusal(graph, options.gemm, choose_config(m, n, k).config);
   return out;
 }
 

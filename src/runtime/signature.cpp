@@ -1,5 +1,7 @@
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <regex>
@@ -81,10 +83,10 @@ OperandSlot slot_of(const Node& n) {
 namespace {
 
 // Shared memory the epilogue stages [m,n] tensors in, per CTA: CUTLASS's sm90 epilogue
-// subtiles are 128×32 here, with 4 stages for loads (aux operands, C) and 2 for stores
-// (D and extra [m,n] outputs). Gated [m,n/2] outputs and reductions stage nothing.
-size_t epilogue_smem_bytes(const Graph& g) {
-  constexpr size_t kSubtile = 128 * 32;
+// subtiles are (tile rows, at most 128)×32 here, with 4 stages for loads (aux operands, C) and 2
+// for stores (D and extra [m,n] outputs). Gated [m,n/2] outputs and reductions stage nothing.
+size_t epilogue_smem_bytes(const Graph& g, int tile_m = 128) {
+  const size_t kSubtile = size_t(std::min(tile_m, 128)) * 32;
   size_t bytes = 0;
   for (const Node& n : g.nodes()) {
     if (n.kind == NodeKind::aux || n.kind == NodeKind::source)
@@ -106,13 +108,45 @@ int mainloop_stages(const KernelConfig& c, const GemmDesc& gemm, size_t epilogue
 
 }  // namespace
 
+namespace {
+
+constexpr int kMinStages = 2;  // CUTLASS's sm90 main loops static_assert this many
+
+bool reduces_over_m(const Graph& g) {
+  for (const Node& n : g.nodes())
+    if (n.kind == NodeKind::reduce && n.axis != ReduceAxis::row) return true;
+  return false;
+}
+
+}  // namespace
+
+std::string shared_memory_refusal(const Graph& g, const GemmDesc& gemm, const KernelConfig& c) {
+  const size_t epilogue = epilogue_smem_bytes(g, c.tile_m);
+  if (mainloop_stages(c, gemm, epilogue) >= kMinStages) return "";
+  return fmt::format("the epilogue stages about {} KiB of [m,n] tensors in shared memory, which leaves configuration "
+                     "{} fewer than {} main-loop stages (fewer outputs or [m,n] operands would fit)",
+                     epilogue / 1024, c.name(), kMinStages);
+}
+
 KernelConfig default_config(const Graph& g, const GemmDesc& gemm) {
   KernelConfig c = default_config_for_shape(g, gemm);
   // An epilogue with many staged [m,n] tensors leaves a 128×256 tile too few main-loop
   // stages (fewer than 2 does not compile; fewer than 3 stalls on memory): use 128×128.
-  if (c.tile_n == 256 && mainloop_stages(c, gemm, epilogue_smem_bytes(g)) < 3) c.tile_n = 128;
+  if (c.tile_n == 256 && mainloop_stages(c, gemm, epilogue_smem_bytes(g, c.tile_m)) < 3) c.tile_n = 128;
+  // Wider still (eight outputs, f32 ones, [m,n] operands: `evtc fuzz` found them failing
+  // CUTLASS's stage assertion): 64-row ping-pong tiles stage half as much per tile. Column and
+  // whole-matrix reductions need the cooperative schedule: those are refused instead
+  // (shared_memory_refusal).
+  if (mainloop_stages(c, gemm, epilogue_smem_bytes(g, c.tile_m)) < kMinStages && !reduces_over_m(g)) {
+    KernelConfig p = KernelConfig::of(MainloopSchedule::pingpong, 64, 128);
+    p.tile_k = c.tile_k;
+    p.fp8_fast_accum = c.fp8_fast_accum;
+    p.precise_math = c.precise_math;
+    c = p;
+  }
   return c;
 }
+
 
 namespace {
 

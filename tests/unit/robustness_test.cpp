@@ -16,6 +16,7 @@
 #include "evtc/error.hpp"
 #include "evtc/expression.hpp"
 #include "evtc/grouped.hpp"
+#include "evtc/kernel.hpp"
 #include "evtc/kernel_library.hpp"
 #include "evtc/passes.hpp"
 #include "evtc/runtime.hpp"
@@ -130,6 +131,45 @@ TEST(Robustness, CliRefusesGroupedProblemsTooLargeToAllocate) {
     const auto r = run_cli("grouped 'out D = acc' " + sizes);
     EXPECT_EQ(r.exit_code, 2) << sizes << ": " << r.output;  // std::bad_alloc aborted (134) before
     EXPECT_FALSE(has(r.output, "terminate called")) << r.output;
+  }
+}
+
+// Eight outputs with f32 ones and [m,n] operands left CUTLASS's main loop no shared memory
+// (its "Stages set to value 2 or more" assertion, found by evtc fuzz): the configuration moves
+// to 64-row tiles, or, with a column reduction (cooperative only), the epilogue is refused.
+TEST(Robustness, WideEpiloguesGetConfigurationsThatCompileOrAreRefused) {
+  std::string wide;
+  for (int i = 0; i < 8; ++i) wide += fmt::format("out o{}: {} = acc * x{}[m,n]\n", i, i % 2 ? "f32" : "bf16", i % 2);
+  GemmDesc gemm;
+  gemm.m = 4096;
+  gemm.n = 4096;
+  gemm.k = 4096;
+  const Graph g = run_pipeline(parse_expression(wide));
+  const KernelConfig c = default_config(g, gemm);
+  EXPECT_EQ(c.tile_m, 64) << c.name();
+  EXPECT_EQ(shared_memory_refusal(g, gemm, c), "") << c.name();
+  EXPECT_NE(shared_memory_refusal(g, gemm, KernelConfig::of(MainloopSchedule::cooperative, 128, 128)), "");
+  const Kernel reduced(parse_expression(wide + "out q = col_sum(acc)\n"));
+  EXPECT_TRUE(has(reduced.fallback_reason(4096, 4096, 4096), "main-loop stages"))
+      << reduced.fallback_reason(4096, 4096, 4096);
+  // An ordinary epilogue keeps its configuration.
+  EXPECT_EQ(default_config(run_pipeline(parse_expression("out D: bf16 = silu(acc + bias[n])")), gemm).tile_m, 128);
+}
+
+TEST(Robustness, NumericOptionsSayWhatTheyTake) {
+  struct Case {
+    const char* args;
+    const char* message;
+  };
+  for (const Case& c : {Case{"ref 'out D = acc' -m 99999999999999999999 -n 2 -k 2", "'99999999999999999999' is not a size"},
+                        Case{"ref 'out D = acc' -m 2 -n 2 -k 2 --seed -1", "'-1' is not a seed"},
+                        Case{"run 'out D = acc' -m 0 -n 8 -k 8", "'0' is not a size (an integer from 1 to"},
+                        Case{"run 'out D = acc' -m x -n 8 -k 8", "'x' is not a size"},
+                        Case{"fuzz --cpu --seed 1e3", "'1e3' is not a seed"}}) {
+    const auto r = run_cli(c.args);
+    EXPECT_EQ(r.exit_code, 2) << c.args << ": " << r.output;  // -1 wrapped, overflow clamped before
+    EXPECT_TRUE(has(r.output, c.message)) << c.args << ": " << r.output;
+    EXPECT_LT(r.output.size(), 300u) << "a 309-digit range again? " << r.output;
   }
 }
 
