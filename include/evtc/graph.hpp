@@ -13,8 +13,10 @@
 #include <cstdint>
 #include <initializer_list>
 #include <span>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "evtc/ops.hpp"
@@ -125,6 +127,10 @@ class Graph {
   NodeId push(Node n);
   std::vector<Node> nodes_;
   std::vector<NodeId> outputs_;
+  // Indexes that keep add() constant-time per node: the accumulator and source C nodes, and the
+  // node of every named load and output by name.
+  std::optional<NodeId> accum_, source_;
+  std::unordered_map<std::string, NodeId> named_;
 };
 
 // Builder operators and functions (each checks its operands).

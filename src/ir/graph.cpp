@@ -126,7 +126,11 @@ std::string Graph::describe(NodeId id) const {
 NodeId Graph::push(Node n) {
   nodes_.push_back(std::move(n));
   const auto id = static_cast<NodeId>(nodes_.size() - 1);
-  if (nodes_.back().kind == NodeKind::store) outputs_.push_back(id);
+  const Node& added = nodes_.back();
+  if (added.kind == NodeKind::store) outputs_.push_back(id);
+  if (added.kind == NodeKind::accum) accum_ = id;
+  if (added.kind == NodeKind::source) source_ = id;
+  if (added.kind == NodeKind::store || is_named_load(added)) named_.emplace(added.name, id);
   return id;
 }
 
@@ -156,17 +160,15 @@ NodeId Graph::add(Node n) {
     case NodeKind::accum:
       n.dtype = DType::f32;
       n.shape = Shape::full;
-      for (NodeId i = 0; i < nodes_.size(); ++i)
-        if (nodes_[i].kind == NodeKind::accum) return i;
+      if (accum_) return *accum_;
       break;
     case NodeKind::source:
       n.shape = Shape::full;
-      for (NodeId i = 0; i < nodes_.size(); ++i) {
-        if (nodes_[i].kind != NodeKind::source) continue;
-        if (nodes_[i].dtype != n.dtype)
+      if (source_) {
+        if (nodes_[*source_].dtype != n.dtype)
           throw UserError(fmt::format("the source matrix C is used as {} and as {}",
-                                      dtype_name(nodes_[i].dtype), dtype_name(n.dtype)));
-        return i;
+                                      dtype_name(nodes_[*source_].dtype), dtype_name(n.dtype)));
+        return *source_;
       }
       break;
     case NodeKind::scalar:
@@ -249,12 +251,10 @@ NodeId Graph::add(Node n) {
       if (n.shape == Shape::half && n.layout != Layout::row_major)
         throw UserError(fmt::format(
             "output '{}' is a gated [m,n/2] value: it can only be stored row-major", n.name));
-      for (const Node& other : nodes_) {
-        if (other.kind == NodeKind::store && other.name == n.name)
+      if (const auto it = named_.find(n.name); it != named_.end()) {
+        if (nodes_[it->second].kind == NodeKind::store)
           throw UserError(fmt::format("output '{}' is defined twice", n.name));
-        if (is_named_load(other) && other.name == n.name)
-          throw UserError(fmt::format("output '{}' has the same name as an input operand",
-                                      n.name));
+        throw UserError(fmt::format("output '{}' has the same name as an input operand", n.name));
       }
       break;
     }
@@ -263,15 +263,14 @@ NodeId Graph::add(Node n) {
   if (is_named_load(n)) {
     if (!is_identifier(n.name))
       throw UserError(fmt::format("operand name '{}' is not an identifier", n.name));
-    for (NodeId i = 0; i < nodes_.size(); ++i) {
-      const Node& other = nodes_[i];
-      if (other.kind == NodeKind::store && other.name == n.name)
+    if (const auto it = named_.find(n.name); it != named_.end()) {
+      const Node& other = nodes_[it->second];
+      if (other.kind == NodeKind::store)
         throw UserError(fmt::format("operand '{}' has the same name as an output", n.name));
-      if (!is_named_load(other) || other.name != n.name) continue;
       if (load_signature(other) != load_signature(n))
         throw UserError(fmt::format("operand '{}' is used as {} and as {}", n.name,
                                     load_signature(other), load_signature(n)));
-      return i;
+      return it->second;
     }
   }
   return push(std::move(n));
