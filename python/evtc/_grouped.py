@@ -7,7 +7,7 @@ import threading
 from typing import Any, Optional
 
 from . import _evtc
-from ._kernel import _TORCH_DTYPES, Operand, _Compiled, _is_torch_tensor, _pool, _split_operands, _torch_dlpack
+from ._kernel import _TORCH_DTYPES, Operand, _Compiled, _is_torch_tensor, _pool, _require_cuda, _split_operands, _torch_dlpack
 
 
 class GroupedKernel(_Compiled):
@@ -112,6 +112,7 @@ class GroupedKernel(_Compiled):
 
         if w.dim() != 3:
             raise _evtc.UserError(f"w has shape {list(w.shape)}: expected G × K × N (3 dimensions)")
+        _require_cuda([("x", x), ("w", w), ("offsets", offsets), *operands.items(), *outputs.items()])
         if name not in outputs:
             outputs[name] = torch.empty(self.output_size(int(x.shape[0]), int(w.shape[2])),
                                         dtype=getattr(torch, _TORCH_DTYPES[self.output.dtype]),

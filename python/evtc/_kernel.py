@@ -185,6 +185,7 @@ class Kernel(_Compiled):
     def _call_torch(self, a, b, out, stream, operands):
         import torch
 
+        _require_cuda([("A", a), ("B", b), *operands.items(), *out.items()])
         m, n = int(a.shape[0]), int(b.shape[-1])
         outputs = dict(out)
         for o in self.outputs:
@@ -207,6 +208,17 @@ class Kernel(_Compiled):
     def __repr__(self) -> str:
         outs = ", ".join(f"{o.name}: {o.dtype}" for o in self.outputs)
         return f"<evtc.Kernel {self.hash} -> {outs}>"
+
+
+def _require_cuda(named_tensors) -> None:
+    """Raises UserError naming the first torch tensor not on a CUDA device: checked before
+    anything asks torch for a CUDA stream, which without a GPU fails naming no operand."""
+    import torch
+
+    for name, t in named_tensors:
+        if isinstance(t, torch.Tensor) and t.device.type != "cuda":
+            raise _evtc.UserError(f"operand {name} is not on a CUDA device (it is on {t.device}): "
+                                  f"evtc's kernels run on the GPU; move it with .cuda()")
 
 
 def _split_operands(operands: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float]]:

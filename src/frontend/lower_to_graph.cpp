@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cctype>
+
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -194,6 +196,16 @@ Value GraphLowering::name_value(const Expr& e) {
     return load(name, d.shape, d.dtype, d.by_pointer, d.layout, e.loc);
   }
   if (find_function(name)) fail(e.loc, fmt::format("'{0}' is a function: call it as {0}(...)", name));
+  // nan and inf read as numbers but would be parameters named so (with whatever value a call
+  // passes): refused rather than taken silently.
+  {
+    std::string lower(name);
+    for (char& ch : lower) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+    if (lower == "nan" || lower == "inf" || lower == "infinity")
+      fail(e.loc, fmt::format("'{}' is not a number in expressions (it would be a runtime scalar parameter of "
+                              "that name): write a finite constant, or give the parameter another name",
+                              name));
+  }
   // Any other name is a runtime scalar parameter, passed by value.
   return load(name, Shape::scalar, DType::f32, false, Layout::row_major, e.loc);
 }

@@ -211,3 +211,13 @@ def test_grouped_kernel_checks_torch_operands_before_running():
     x = torch.zeros(4, 8, dtype=torch.bfloat16)
     with pytest.raises(evtc.UserError, match=r"w has shape \[8, 16\]: expected G × K × N \(3 dimensions\)"):
         k(x, torch.zeros(8, 16, dtype=torch.bfloat16), torch.tensor([4], dtype=torch.int32))
+
+
+def test_torch_tensors_off_the_gpu_are_named():
+    torch = pytest.importorskip("torch")
+    k = evtc.compile("out D: bf16 = silu(acc)")
+    with pytest.raises(evtc.UserError, match="operand A is not on a CUDA device"):
+        k(torch.randn(8, 8).bfloat16(), torch.randn(8, 8).bfloat16().t())
+    g = evtc.grouped("out y: bf16 = silu(acc)")
+    with pytest.raises(evtc.UserError, match="operand x is not on a CUDA device"):
+        g(torch.randn(8, 8).bfloat16(), torch.randn(2, 8, 8).bfloat16(), torch.tensor([4, 8], dtype=torch.int32))

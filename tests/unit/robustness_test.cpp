@@ -156,6 +156,19 @@ TEST(Robustness, WideEpiloguesGetConfigurationsThatCompileOrAreRefused) {
   EXPECT_EQ(default_config(run_pipeline(parse_expression("out D: bf16 = silu(acc + bias[n])")), gemm).tile_m, 128);
 }
 
+TEST(Robustness, NanAndInfAreNotSilentlyParameters) {
+  for (const char* text : {"out D = acc * nan", "out D = acc + inf", "out D = max(acc, -Infinity)"}) {
+    try {
+      parse_expression(text);
+      ADD_FAILURE() << text << ": parsed (as a scalar parameter named so)";
+    } catch (const ParseError& e) {
+      EXPECT_TRUE(has(e.what(), "is not a number in expressions")) << e.what();
+      EXPECT_EQ(e.line(), 1) << e.what();
+    }
+  }
+  EXPECT_NO_THROW(parse_expression("out D = acc * nanny + info"));  // ordinary parameter names
+}
+
 TEST(Robustness, NumericOptionsSayWhatTheyTake) {
   struct Case {
     const char* args;
