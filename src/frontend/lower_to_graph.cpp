@@ -134,6 +134,17 @@ void GraphLowering::assign(const Statement& s) {
   values_.emplace(std::string(s.name), NamedValue{v.id, s.name_loc});
 }
 
+bool GraphLowering::reads_accumulator(NodeId id) {
+  // Node ids grow as nodes are added and inputs come first: extend the table in id order.
+  for (NodeId i = NodeId(reads_acc_.size()); i < g_.size(); ++i) {
+    const Node& n = g_.node(i);
+    bool reads = n.kind == NodeKind::accum;
+    for (NodeId in : n.inputs) reads = reads || reads_acc_[in];
+    reads_acc_.push_back(reads);
+  }
+  return reads_acc_[id];
+}
+
 void GraphLowering::output(const Statement& s) {
   check_new_name(s.name, s.name_loc, false);
   const Value v = value_of(*s.value);
@@ -144,6 +155,11 @@ void GraphLowering::output(const Statement& s) {
   checked(s.value->start, [&] {
     return g_.store(s.name, v, dtype, s.layout.value_or(Layout::row_major));
   });
+  // The rule the verify pass checks, here with the output's place in the source.
+  if (!reads_accumulator(v.id))
+    fail(s.value->start, fmt::format("output '{}' does not depend on the accumulator acc; every output of a "
+                                     "GEMM epilogue must be computed from it",
+                                     s.name));
   values_.emplace(std::string(s.name), NamedValue{v.id, s.name_loc});
 }
 

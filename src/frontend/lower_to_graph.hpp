@@ -68,6 +68,9 @@ class GraphLowering {
   std::map<std::string, Declaration, std::less<>> declared_;
   std::map<std::string, NamedValue, std::less<>> values_;  // intermediates and outputs
   std::map<std::string, Loc, std::less<>> operands_;       // first use of each input operand
+  // Whether each node reads the accumulator (filled up to the graph's size when an output asks).
+  std::vector<bool> reads_acc_;
+  bool reads_accumulator(NodeId id);
   std::optional<Loc> source_used_;                         // first use of C
 };
 

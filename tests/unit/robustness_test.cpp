@@ -169,6 +169,21 @@ TEST(Robustness, NanAndInfAreNotSilentlyParameters) {
   EXPECT_NO_THROW(parse_expression("out D = acc * nanny + info"));  // ordinary parameter names
 }
 
+// The verify pass's rule (every output reads acc) is checked where the expression is read, so
+// its error has a line and column, and `evtc explain` (which runs no pass) refuses it too.
+TEST(Robustness, OutputsThatIgnoreTheAccumulatorAreRefusedWithALocation) {
+  try {
+    parse_expression("x = y[m,n] * 2\nout D = acc + x\nout E = x * 3");
+    ADD_FAILURE() << "parsed";
+  } catch (const ParseError& e) {
+    EXPECT_EQ(e.line(), 3) << e.what();
+    EXPECT_TRUE(has(e.what(), "output 'E' does not depend on the accumulator acc")) << e.what();
+  }
+  const auto r = run_cli("explain 'out D = C * 2'");
+  EXPECT_EQ(r.exit_code, 2) << r.output;  // printed the graph and exited 0 before
+  EXPECT_TRUE(has(r.output, "expr:1:9")) << r.output;
+}
+
 TEST(Robustness, NumericOptionsSayWhatTheyTake) {
   struct Case {
     const char* args;
