@@ -5,7 +5,6 @@
 
 #include <chrono>
 #include <cstdlib>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -25,6 +24,7 @@
 #include "jit/kernel_cache.hpp"
 #include "jit/kernel_library.hpp"
 #include "jit/toolchain.hpp"
+#include "runtime/autotuner.hpp"
 #include "runtime/kernel_requests.hpp"
 
 namespace fs = std::filesystem;
@@ -213,15 +213,6 @@ void read_record_env(Recorder& r) {
   }
 }
 
-std::string utc_now() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
 KernelLibraryInfo info_of(const std::string& dir, const jit::LibraryManifest& m) {
   KernelLibraryInfo info;
   info.dir = dir;
@@ -388,7 +379,7 @@ LibraryBuildResult build_kernel_library(const std::string& list_json, const std:
     present.insert(key);
     ++result.added;
   }
-  manifest.created = utc_now();
+  manifest.created = tuning::utc_now();
   jit::write_manifest(dir, manifest);
   result.kernels = manifest.kernels.size();
   result.compiled = jit::compiler_runs() - runs_before;
