@@ -182,11 +182,8 @@ std::optional<KernelConfig> one_wave_config(const GemmDesc& g, int sms) {
 
 KernelConfig default_config_for_shape(const Graph& g, const GemmDesc& gemm) {
   KernelConfig c;  // cooperative 128×256×64, cluster 2×1
-  bool reduces = false, reduces_over_m = false;  // any reduction; a column or whole-matrix one
-  for (const Node& n : g.nodes()) {
-    reduces |= n.kind == NodeKind::reduce;
-    reduces_over_m |= n.kind == NodeKind::reduce && n.axis != ReduceAxis::row;
-  }
+  bool reduces = false;  // any reduction (reduces_over_m: a column or whole-matrix one)
+  for (const Node& n : g.nodes()) reduces |= n.kind == NodeKind::reduce;
   if (is_fp8(gemm.a_dtype) || is_fp8(gemm.b_dtype)) {
     c.tile_k = 128;
     c.fp8_fast_accum = gemm.fp8_fast_accum;
@@ -212,7 +209,7 @@ KernelConfig default_config_for_shape(const Graph& g, const GemmDesc& gemm) {
   // elementwise and gated epilogues); column and whole-matrix ones the cooperative schedule.
   if (!reduces)
     if (auto one = one_wave_config(gemm, device.sm_count)) return *one;
-  if (reduces_over_m) return c;
+  if (reduces_over_m(g)) return c;
   // Several waves: the cooperative 128×256 tile, or ping-pong 128×128 (two tiles in flight per
   // multiprocessor, each half the work) where the main loop is short (K ≤ 2048: the
   // ping-pong schedule hides the epilogue behind the other tile's main loop) or where its
