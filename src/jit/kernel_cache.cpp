@@ -111,8 +111,10 @@ bool entry_intact(const fs::path& dir) {
 // see half of it), saying so once.
 void remove_damaged_entry(const fs::path& dir, const std::string& key) {
   std::random_device rd;
+  // Named like a compile folder (<key>-<pid>-<random>): if this process dies before removing it,
+  // the next compile in the cache removes it as a dead process's temporary.
   const fs::path aside = dir.parent_path().parent_path() / "tmp" /
-                         fmt::format("{}-damaged-{}-{:08x}", key, static_cast<long>(getpid()), rd());
+                         fmt::format("{}-{}-{:08x}", key, static_cast<long>(getpid()), rd());
   std::error_code ec;
   fs::create_directories(aside.parent_path(), ec);
   fs::rename(dir, aside, ec);
@@ -145,10 +147,7 @@ void remove_stale_temporaries(const fs::path& root) {
   std::call_once(once, [&] {
     std::error_code ec;
     for (const auto& e : fs::directory_iterator(root / "tmp", ec)) {
-      std::string name = e.path().filename().string();
-      const long owner = temp_owner(name.find("-damaged-") != std::string::npos
-                                        ? name.substr(0, name.find("-damaged-")) + name.substr(name.find("-damaged-") + 8)
-                                        : name);
+      const long owner = temp_owner(e.path().filename().string());
       if (owner != 0 && !process_alive(owner)) fs::remove_all(e.path(), ec);
     }
   });
@@ -556,8 +555,7 @@ ClearResult clear_cache() {
     for (const auto& e : fs::directory_iterator(root / sub, ec)) remove(e.path(), std::string(sub) == "kernels");
   // Compiles in progress (their process is alive) keep their folders: clearing must not break them.
   for (const auto& e : fs::directory_iterator(root / "tmp", ec)) {
-    const std::string name = e.path().filename().string();
-    if (!process_alive(temp_owner(name)) || name.find("-damaged-") != std::string::npos) remove(e.path(), false);
+    if (!process_alive(temp_owner(e.path().filename().string()))) remove(e.path(), false);
   }
   std::lock_guard lock(verified_files().mu);
   verified_files().ok.clear();
