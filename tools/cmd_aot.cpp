@@ -92,7 +92,7 @@ Command add_aot_command(CLI::App& app) {
               const ParseOptions p = a->gemm.parse_options();
               o.operand_dtype = dtype_name(p.operand_dtype);
               o.output_dtype = dtype_name(p.output_dtype);
-              nlohmann::json list = {{"format", "evtc-kernel-list"}, {"format_version", 1}, {"kernels", nlohmann::json::array()}};
+              nlohmann::json kernels = nlohmann::json::array();
               for (const auto& e : a->exprs) {
                 nlohmann::json s = nlohmann::json::array();
                 for (const auto& [m, n, k] : shapes) {
@@ -103,9 +103,9 @@ Command add_aot_command(CLI::App& app) {
                   for (const auto& c : a->configs) s.push_back({{"config", c}});
                 nlohmann::json entry = {{"expr", read_expression_arg(e)}, {"options", nlohmann::json::parse(option_text_json(o))}};
                 if (!s.empty()) entry["shapes"] = s;
-                list["kernels"].push_back(entry);
+                kernels.push_back(entry);
               }
-              lists.emplace_back("--expr", list.dump());
+              lists.emplace_back("--expr", kernel_list_of(kernels.dump()));
             }
             for (const auto& l : a->lists) lists.emplace_back("--list " + l, read_text(l, "--list"));
             if (!a->preset.empty()) lists.emplace_back("--preset " + a->preset, preset_kernel_list(a->preset, shapes));

@@ -54,6 +54,10 @@ std::vector<std::string> kernel_libraries();
 // A library's manifest, read and checked for form but not for use here.
 KernelLibraryInfo read_kernel_library(const std::string& dir);
 
+// A kernel list (JSON text) holding `kernels_json`, a JSON array of entries as above; UserError
+// when it is not an array.
+std::string kernel_list_of(const std::string& kernels_json);
+
 // Records every kernel this process compiles or loads (Kernel per problem shape and
 // configuration, GroupedKernel) into the kernel list at `path`, adding to the list already
 // there; the file is rewritten (atomically) as kernels are added. "" stops recording.

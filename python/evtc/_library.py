@@ -55,8 +55,8 @@ def build_kernel_library(path: PathLike, kernels: Union[PathLike, dict, list]) -
     GPU. Returns ``{"dir", "kernels", "added", "compiled", "seconds", "errors"}``; kernels that
     failed to compile are left out and named in ``errors``."""
     if isinstance(kernels, list):
-        kernels = {"format": "evtc-kernel-list", "format_version": 1, "kernels": kernels}
-    if isinstance(kernels, dict):
+        text = _evtc.kernel_list_of(json.dumps(kernels))
+    elif isinstance(kernels, dict):
         text = json.dumps(kernels)
     else:
         with open(os.fspath(kernels)) as f:

@@ -325,6 +325,7 @@ NB_MODULE(_evtc, m) {
         },
         "kernel_list"_a, "dir"_a);
   m.def("preset_kernel_list", &preset_kernel_list, "name"_a, "shapes"_a);
+  m.def("kernel_list_of", &kernel_list_of, "kernels_json"_a);
   m.def("compiler_runs", &compiler_runs);
   m.def("compiler_available", &compiler_available);
   m.def("pass_names", [] {

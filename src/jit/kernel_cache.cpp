@@ -521,6 +521,29 @@ std::shared_ptr<Library> load_or_compile(const CompileRequest& req) {
   return lib;
 }
 
+void write_file_atomically(const std::string& path, const std::string& text) {
+  const fs::path target(path);
+  std::random_device rd;
+  const fs::path tmp = target.parent_path() /
+                       fmt::format(".{}-{}-{:08x}.tmp", target.filename().string(), static_cast<long>(getpid()), rd());
+  {
+    std::ofstream f(tmp, std::ios::binary);
+    f << text;
+    f.close();
+    if (!f) {
+      std::error_code ec;
+      fs::remove(tmp, ec);
+      throw RuntimeError(fmt::format("cannot write {}", path));
+    }
+  }
+  std::error_code ec;
+  fs::rename(tmp, target, ec);
+  if (ec) {
+    fs::remove(tmp, ec);
+    throw RuntimeError(fmt::format("cannot write {}: {}", path, ec.message()));
+  }
+}
+
 CacheStats cache_stats() {
   CacheStats s;
   const fs::path kernels = fs::path(cache_dir()) / "kernels";

@@ -63,6 +63,10 @@ size_t compiler_runs();
 // compile_cached, then loads the library (once per process and path).
 std::shared_ptr<Library> load_or_compile(const CompileRequest& request);
 
+// Writes `text` to `path` through a temporary file in the same folder renamed over it, so a
+// reader sees the old file or the new one, never half of one. RuntimeError naming `path`.
+void write_file_atomically(const std::string& path, const std::string& text);
+
 // The cache key a request maps to (16 hex digits); needs nvcc (its version is part of it).
 std::string cache_key(const CompileRequest& request);
 std::string cache_dir();

@@ -1,7 +1,6 @@
 #include "jit/kernel_library.hpp"
 
 #include <fmt/format.h>
-#include <unistd.h>
 #include <xxhash.h>
 
 #include <cstdio>
@@ -11,7 +10,6 @@
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <random>
 #include <set>
 #include <sstream>
 
@@ -166,20 +164,7 @@ void write_manifest(const std::string& dir, const LibraryManifest& m) {
     kernels.push_back(std::move(k));
   }
   j["kernels"] = std::move(kernels);
-  std::random_device rd;
-  const fs::path tmp = fs::path(dir) / fmt::format(".manifest-{}-{:08x}.json", long(getpid()), rd());
-  {
-    std::ofstream f(tmp);
-    f << j.dump(1) << "\n";
-    f.close();
-    if (!f) throw RuntimeError(fmt::format("cannot write {}", tmp.string()));
-  }
-  std::error_code ec;
-  fs::rename(tmp, fs::path(dir) / "manifest.json", ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    throw RuntimeError(fmt::format("cannot write {}: {}", (fs::path(dir) / "manifest.json").string(), ec.message()));
-  }
+  write_file_atomically((fs::path(dir) / "manifest.json").string(), j.dump(1) + "\n");
 }
 
 namespace {

@@ -48,6 +48,10 @@ struct ListItem {
   std::vector<ListShape> shapes;
 };
 
+json list_of(json kernels) {
+  return {{"format", kListFormat}, {"format_version", kListVersion}, {"kernels", std::move(kernels)}};
+}
+
 // A kernel list's entries; UserError naming the entry (1-based) and what is wrong.
 std::vector<ListItem> parse_kernel_list(const std::string& text) {
   json j;
@@ -104,27 +108,6 @@ json code_options(const OptionText& o) {
   for (const char* k : {"disable_fusion", "wait_for_compile", "operand_dtype", "output_dtype"}) j.erase(k);
   if (j["config"].is_null()) j.erase("config");
   return j;
-}
-
-void write_atomically(const fs::path& path, const std::string& text) {
-  std::random_device rd;
-  const fs::path tmp = path.parent_path() / fmt::format(".{}-{}-{:08x}", path.filename().string(), long(getpid()), rd());
-  {
-    std::ofstream f(tmp);
-    f << text;
-    f.close();
-    if (!f) {
-      std::error_code ec;
-      fs::remove(tmp, ec);
-      throw RuntimeError(fmt::format("cannot write {}", path.string()));
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    throw RuntimeError(fmt::format("cannot write {}: {}", path.string(), ec.message()));
-  }
 }
 
 // --- recording ---------------------------------------------------------------------------
@@ -191,8 +174,7 @@ struct Recorder {
       kernels.push_back(e);
     }
     if (new_shape) kernels[it->second]["shapes"].push_back(shape);
-    json list = {{"format", kListFormat}, {"format_version", kListVersion}, {"kernels", kernels}};
-    write_atomically(path, list.dump(1) + "\n");
+    jit::write_file_atomically(path, list_of(kernels).dump(1) + "\n");
   }
 };
 
@@ -387,6 +369,17 @@ LibraryBuildResult build_kernel_library(const std::string& list_json, const std:
   return result;
 }
 
+std::string kernel_list_of(const std::string& kernels_json) {
+  json kernels;
+  try {
+    kernels = json::parse(kernels_json);
+  } catch (const json::exception& e) {
+    throw UserError(fmt::format("kernel list entries: not valid JSON: {}", e.what()));
+  }
+  if (!kernels.is_array()) throw UserError("kernel list entries must be a JSON array");
+  return list_of(std::move(kernels)).dump(1) + "\n";
+}
+
 std::vector<std::string> kernel_list_presets() { return {"transformer"}; }
 
 std::string preset_kernel_list(const std::string& name, const std::vector<std::array<int64_t, 3>>& shapes) {
@@ -407,7 +400,7 @@ std::string preset_kernel_list(const std::string& name, const std::vector<std::a
       {"out D = geglu(acc)", bf16},
       {"input sa[m]: f32\ninput sb[n]: f32\nout D: bf16 = acc * sa[m] * sb[n]", fp8},
   };
-  json list = {{"format", kListFormat}, {"format_version", kListVersion}, {"kernels", json::array()}};
+  json list = list_of(json::array());
   for (const auto& [expr, options] : exprs) {
     json s = json::array();
     for (const auto& [m, n, k] : shapes) s.push_back({{"m", m}, {"n", n}, {"k", k}});

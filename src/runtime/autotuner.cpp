@@ -1,7 +1,6 @@
 #include "runtime/autotuner.hpp"
 
 #include <fmt/format.h>
-#include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
@@ -11,11 +10,11 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <random>
 #include <sstream>
 #include <tuple>
 
 #include "evtc/error.hpp"
+#include "jit/kernel_cache.hpp"
 
 namespace fs = std::filesystem;
 
@@ -268,16 +267,7 @@ TuningStore::TuningStore(std::string cache_dir, const ProblemIdentity& id)
 std::string TuningStore::save(const TuningRecord& r) const {
   fs::create_directories(folder_);
   const fs::path final_path = fs::path(folder_) / fmt::format("{}x{}x{}.json", r.m, r.n, r.k);
-  std::random_device rd;
-  const fs::path tmp = fs::path(folder_) / fmt::format(".{}.{}.{:x}.tmp", final_path.filename().string(),
-                                                       ::getpid(), rd());
-  {
-    std::ofstream f(tmp, std::ios::binary);
-    f << r.to_json();
-    f.flush();
-    if (!f) throw RuntimeError(fmt::format("cannot write the tuning record {}", tmp.string()));
-  }
-  fs::rename(tmp, final_path);  // atomic: readers see the old record or the new one
+  jit::write_file_atomically(final_path.string(), r.to_json());  // readers see the old record or the new one
   return final_path.string();
 }
 
