@@ -276,6 +276,26 @@ TEST_F(KernelLibrary, MalformedKernelListsNameTheEntry) {
   EXPECT_FALSE(fs::exists(dir_ / "out" / "manifest.json"));
 }
 
+TEST_F(KernelLibrary, LibrariesOfAnotherToolchainAreNotAddedTo) {
+  jit::LibraryIdentity other = identity();
+  other.cutlass = "3.9.0";
+  const fs::path lib = make_library("other", {request("o")}, other);
+  const std::string list = kernel_list_of(R"J([{"expr": "out D = relu(acc)"}])J");
+  try {
+    build_kernel_library(list, lib.string());
+    ADD_FAILURE() << "added to";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot add to the kernel library"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("built with CUTLASS 3.9.0"), std::string::npos) << e.what();
+  }
+  try {
+    kernel_list_of(R"J({"expr": "out D = acc"})J");
+    ADD_FAILURE() << "an object taken as entries";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("must be a JSON array"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(KernelLibrary, PresetListsParse) {
   const std::string list = preset_kernel_list("transformer", {{8192, 4096, 4096}, {128, 11008, 4096}});
   const json j = json::parse(list);

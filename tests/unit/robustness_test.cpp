@@ -126,11 +126,16 @@ TEST(Robustness, CliTurnsEnvironmentFailuresIntoErrors) {
 }
 
 TEST(Robustness, CliRefusesGroupedProblemsTooLargeToAllocate) {
-  for (const std::string& sizes : {"-g 2 -m 64 -n 64 -k 1099511627776", "-g 1099511627776 -m 64 -n 64 -k 64",
-                                   "-g 4 -m 1099511627776 -n 64 -k 64", "-g 4 -m 100000 -n 100000 -k 100000"}) {
-    const auto r = run_cli("grouped 'out D = acc' " + sizes);
+  const std::pair<const char*, const char*> cases[] = {
+      {"-g 2 -m 64 -n 64 -k 1099511627776", "sizes this large cannot run"},
+      {"-g 1099511627776 -m 64 -n 64 -k 64", "-g: 1099511627776 groups; expected 1 to 65536"},
+      {"-g 4 -m 1099511627776 -n 64 -k 64", "the int32 group offsets hold at most 2147483647"},
+      {"-g 4 -m 100000 -n 100000 -k 100000", "of host memory for its inputs and reference"}};
+  for (const auto& [sizes, message] : cases) {
+    const auto r = run_cli(std::string("grouped 'out D = acc' ") + sizes);
     EXPECT_EQ(r.exit_code, 2) << sizes << ": " << r.output;  // std::bad_alloc aborted (134) before
     EXPECT_FALSE(has(r.output, "terminate called")) << r.output;
+    EXPECT_TRUE(has(r.output, message)) << sizes << ": " << r.output;
   }
 }
 
@@ -199,6 +204,16 @@ TEST(Robustness, NumericOptionsSayWhatTheyTake) {
     EXPECT_TRUE(has(r.output, c.message)) << c.args << ": " << r.output;
     EXPECT_LT(r.output.size(), 300u) << "a 309-digit range again? " << r.output;
   }
+}
+
+TEST(Robustness, AotBuildSaysWhatItNeeds) {
+  auto r = run_cli("aot build -o " + temp_path("lib").string());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(has(r.output, "nothing to build: give --expr, --list or --preset")) << r.output;
+  r = run_cli("aot build -o " + temp_path("lib").string() + " --preset transformer --config coop_128x256x64_c2x1_persistent");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(has(r.output, "--config: applies to --expr kernels")) << r.output;
+  EXPECT_FALSE(fs::exists(temp_path("lib") / "manifest.json"));
 }
 
 TEST(Robustness, ACompilerThatPrintsNothingStillGivesAnError) {
