@@ -155,7 +155,10 @@ void remove_stale_temporaries(const fs::path& root) {
 
 // Runs argv with stdout and stderr into `log`; shows a progress line on stderr while it
 // takes longer than a second (only on a terminal). Returns the exit status.
-int run_compiler(const std::vector<std::string>& argv, const fs::path& log, const std::string& label) {
+// Runs nvcc (argv) with its output into `log`; on a terminal, shows the time it has been
+// running when `show_progress`.
+int run_compiler(const std::vector<std::string>& argv, const fs::path& log, const std::string& label,
+                 bool show_progress = true) {
   pid_t pid = fork();
   if (pid < 0) throw RuntimeError("fork failed while starting nvcc");
   if (pid == 0) {
@@ -173,7 +176,7 @@ int run_compiler(const std::vector<std::string>& argv, const fs::path& log, cons
     execv(args[0], args.data());
     _exit(127);
   }
-  const bool show = isatty(2) && !env_flag("EVTC_QUIET");
+  const bool show = show_progress && isatty(2) && !env_flag("EVTC_QUIET");
   const auto start = std::chrono::steady_clock::now();
   bool shown = false;
   int status = 0;
@@ -257,6 +260,82 @@ class CompileSlot {
   CompileSlot& operator=(const CompileSlot&) = delete;
 };
 
+std::string command_line(const std::vector<std::string>& argv) {
+  std::string command;
+  for (const auto& a : argv) command += (command.empty() ? "" : " ") + a;
+  return command;
+}
+
+// A string as GNU as reads it between double quotes, inside a C++ string literal.
+std::string assembler_string_in_cpp(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '"') out += R"(\\\")";         // as reads \" ; in C++ each character escaped
+    else if (c == '\\') out += R"(\\\\)";  // as reads \\ ; likewise
+    else out += c;
+  }
+  return out;
+}
+
+// CompileRequest::in_parts: the device and host parts in parallel, then the link. Writes
+// command.txt and compile.log (the three logs in turn) into `tmp`; returns nvcc's exit code
+// (the first that failed).
+int compile_in_parts(const CompileRequest& req, const Toolchain& tc, const fs::path& tmp) {
+  const std::vector<std::string> includes = {"-I" + tc.cutlass_include, "-I" + tc.evtc_include};
+  auto argv_of = [&](const std::vector<std::string>& flags, const fs::path& out, std::vector<std::string> inputs) {
+    std::vector<std::string> argv = {tc.nvcc};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    argv.insert(argv.end(), includes.begin(), includes.end());
+    argv.push_back("-o");
+    argv.push_back(out.string());
+    argv.insert(argv.end(), inputs.begin(), inputs.end());
+    return argv;
+  };
+  const std::string source = (tmp / "kernel.cu").string();
+  const auto device = argv_of(device_part_flags(req.sm), tmp / "kernel.cubin", {source});
+  const auto host = argv_of(host_part_flags(req.sm), tmp / "host.o", {source});
+  // The cubin becomes the host part's evtc_kernel_image (hidden: each library its own).
+  write_file(tmp / "image.cpp",
+             "// The device part's cubin, as the host part's evtc_kernel_image.\n"
+             "__asm__(\".section .rodata\\n.balign 128\\n.globl evtc_kernel_image\\n"
+             ".hidden evtc_kernel_image\\n.type evtc_kernel_image, @object\\nevtc_kernel_image:\\n"
+             ".incbin \\\"" + assembler_string_in_cpp((tmp / "kernel.cubin").string()) +
+             "\\\"\\n.byte 0\\n.previous\\n\");\n");
+  std::vector<std::string> link = {tc.nvcc};
+  for (const auto& f : link_parts_flags(req.sm)) link.push_back(f);
+  link.push_back("-o");
+  link.push_back((tmp / "kernel.so").string());
+  link.push_back((tmp / "host.o").string());
+  link.push_back((tmp / "image.cpp").string());
+  write_file(tmp / "command.txt", command_line(device) + "\n" + command_line(host) + "\n" + command_line(link) + "\n");
+  if (env_flag("EVTC_PRINT_COMPILER_COMMAND"))
+    fmt::print(stderr, "evtc: {}\nevtc: {}\nevtc: {}\n", command_line(device), command_line(host), command_line(link));
+
+  auto device_run = std::async(std::launch::async, [&] {
+    return run_compiler(device, tmp / "compile-device.log", req.label);
+  });
+  const int host_rc = run_compiler(host, tmp / "compile-host.log", req.label, false);
+  const int device_rc = device_run.get();
+  int rc = device_rc != 0 ? device_rc : host_rc;
+  std::string log;  // each part's output under its name; empty when no part printed anything
+  auto add_log = [&](const char* part, const char* file, int exit_code) {
+    const std::string text = read_file(tmp / file);
+    if (!text.empty()) log += fmt::format("== {} (exit {})\n{}", part, exit_code, text);
+  };
+  add_log("device part", "compile-device.log", device_rc);
+  add_log("host part", "compile-host.log", host_rc);
+  if (rc == 0) {
+    rc = run_compiler(link, tmp / "compile-link.log", req.label, false);
+    add_log("link", "compile-link.log", rc);
+  }
+  write_file(tmp / "compile.log", log);
+  std::error_code ec;
+  for (const char* name : {"compile-device.log", "compile-host.log", "compile-link.log"}) fs::remove(tmp / name, ec);
+  if (rc == 0)  // the library holds both parts
+    for (const char* name : {"kernel.cubin", "host.o", "image.cpp"}) fs::remove(tmp / name, ec);
+  return rc;
+}
+
 std::string compile_into_cache(const CompileRequest& req, const std::string& key) {
   const Toolchain& tc = toolchain(req.needs_cutlass);
   const fs::path root = cache_dir();
@@ -276,22 +355,25 @@ std::string compile_into_cache(const CompileRequest& req, const std::string& key
       root / "tmp" / fmt::format("{}-{}-{:08x}", key, static_cast<long>(getpid()), rd());
   fs::create_directories(tmp);
   write_file(tmp / "kernel.cu", req.source);
-  std::vector<std::string> argv = {tc.nvcc};
-  for (const auto& f : kernel_flags(req.sm, req.needs_cutlass)) argv.push_back(f);
-  if (req.needs_cutlass) argv.push_back("-I" + tc.cutlass_include);
-  argv.push_back("-I" + tc.evtc_include);
-  argv.push_back("-o");
-  argv.push_back((tmp / "kernel.so").string());
-  argv.push_back((tmp / "kernel.cu").string());
-  std::string command;
-  for (const auto& a : argv) command += (command.empty() ? "" : " ") + a;
-  write_file(tmp / "command.txt", command + "\n");
-  if (env_flag("EVTC_PRINT_COMPILER_COMMAND")) fmt::print(stderr, "evtc: {}\n", command);
-
   compiler_run_count().fetch_add(1);
   std::optional<CompileSlot> slot;  // plain epilogues are not held back
   if (req.needs_cutlass) slot.emplace();
-  const int rc = run_compiler(argv, tmp / "compile.log", req.label);
+  int rc = 0;
+  if (req.in_parts && req.needs_cutlass) {
+    rc = compile_in_parts(req, tc, tmp);
+  } else {
+    std::vector<std::string> argv = {tc.nvcc};
+    for (const auto& f : kernel_flags(req.sm, req.needs_cutlass)) argv.push_back(f);
+    if (req.needs_cutlass) argv.push_back("-I" + tc.cutlass_include);
+    argv.push_back("-I" + tc.evtc_include);
+    argv.push_back("-o");
+    argv.push_back((tmp / "kernel.so").string());
+    argv.push_back((tmp / "kernel.cu").string());
+    const std::string command = command_line(argv);
+    write_file(tmp / "command.txt", command + "\n");
+    if (env_flag("EVTC_PRINT_COMPILER_COMMAND")) fmt::print(stderr, "evtc: {}\n", command);
+    rc = run_compiler(argv, tmp / "compile.log", req.label);
+  }
   slot.reset();
   if (rc != 0) {
     const fs::path failed = root / "failed" / key;

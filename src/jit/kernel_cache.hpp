@@ -41,6 +41,11 @@ struct CompileRequest {
   std::string label;          // shown in progress lines, e.g. the kernel config name
   bool needs_cutlass = true;  // fused kernels; false for plain CUDA fallback epilogues
   int sm = 90;
+  // Compile the source as two parts in parallel, the kernel alone into a cubin (EVTC_PART=1)
+  // and the host code (EVTC_PART=2), then link them into one library: the host half
+  // (template instantiation on the host, the host compiler) no longer adds to the device
+  // half's time. For sources written for it (dense CUTLASS kernels).
+  bool in_parts = false;
 };
 
 // Returns the path of the compiled library for the request: from a registered kernel library

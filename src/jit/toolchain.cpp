@@ -125,24 +125,67 @@ const Toolchain& toolchain(bool need_cutlass) {
   return tc;
 }
 
+namespace {
+
+// CUTLASS's sm90 kernels need the architecture-specific target (wgmma, setmaxnreg).
+std::string gencode_flag(int sm, bool need_cutlass) {
+  const std::string arch = sm == 90 && need_cutlass ? "90a" : std::to_string(sm);
+  return fmt::format("-gencode=arch=compute_{0},code=sm_{0}", arch);
+}
+
+}  // namespace
+
 std::vector<std::string> code_flags(int sm, bool need_cutlass) {
   // -DNDEBUG matters: without it CUTLASS's asserts serialise the wgmma pipeline.
   std::vector<std::string> f = {"-std=c++17", "-O3", "-DNDEBUG", "--expt-relaxed-constexpr",
                                 "-Xcompiler=-fPIC", "-shared", "-lineinfo"};
-  const std::string arch = sm == 90 && need_cutlass ? "90a" : std::to_string(sm);
-  f.push_back(fmt::format("-gencode=arch=compute_{0},code=sm_{0}", arch));
+  f.push_back(gencode_flag(sm, need_cutlass));
   return f;
 }
 
+namespace {
+
+// CUTLASS builds TMA descriptors through the driver API: link the driver (its stub at build
+// time) so the library resolves those symbols itself when it is loaded.
+void add_driver_library(std::vector<std::string>& f) {
+  const fs::path stubs = fs::path(toolchain(false).nvcc).parent_path().parent_path() / "lib64" / "stubs";
+  if (fs::exists(stubs / "libcuda.so")) f.push_back("-L" + stubs.string());
+  f.push_back("-lcuda");
+}
+
+// code_flags without the ones that make a shared library.
+std::vector<std::string> compile_only_flags(int sm) {
+  std::vector<std::string> f;
+  for (const std::string& flag : code_flags(sm, true))
+    if (flag != "-shared") f.push_back(flag);
+  return f;
+}
+
+}  // namespace
+
 std::vector<std::string> kernel_flags(int sm, bool need_cutlass) {
   std::vector<std::string> f = code_flags(sm, need_cutlass);
-  if (need_cutlass) {
-    // CUTLASS builds TMA descriptors through the driver API: link the driver (its stub at
-    // build time) so the library resolves those symbols itself when it is loaded.
-    const fs::path stubs = fs::path(toolchain(false).nvcc).parent_path().parent_path() / "lib64" / "stubs";
-    if (fs::exists(stubs / "libcuda.so")) f.push_back("-L" + stubs.string());
-    f.push_back("-lcuda");
-  }
+  if (need_cutlass) add_driver_library(f);
+  return f;
+}
+
+std::vector<std::string> device_part_flags(int sm) {
+  std::vector<std::string> f = compile_only_flags(sm);
+  f.push_back("-cubin");
+  f.push_back("-DEVTC_PART=1");
+  return f;
+}
+
+std::vector<std::string> host_part_flags(int sm) {
+  std::vector<std::string> f = compile_only_flags(sm);
+  f.push_back("-c");
+  f.push_back("-DEVTC_PART=2");
+  return f;
+}
+
+std::vector<std::string> link_parts_flags(int sm) {
+  std::vector<std::string> f = {"-Xcompiler=-fPIC", "-shared", gencode_flag(sm, true)};
+  add_driver_library(f);
   return f;
 }
 

@@ -24,6 +24,12 @@ const Toolchain& toolchain(bool need_cutlass = true);
 std::vector<std::string> code_flags(int sm, bool need_cutlass);
 // code_flags plus the link flags (the driver library for CUTLASS kernels) of this toolkit.
 std::vector<std::string> kernel_flags(int sm, bool need_cutlass);
+// A CUTLASS kernel compiled in parts (CompileRequest::in_parts): the device part's flags (its
+// kernel alone, into a cubin), the host part's (an object), and the link's (the host object
+// and the cubin's image into the library). The code flags are code_flags' (one key for both).
+std::vector<std::string> device_part_flags(int sm);
+std::vector<std::string> host_part_flags(int sm);
+std::vector<std::string> link_parts_flags(int sm);
 
 // The CUTLASS version kernels are generated for: that of the headers the JIT finds, else the
 // one evtc was built with ("unknown" when neither is known). Needs no nvcc.

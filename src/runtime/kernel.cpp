@@ -60,7 +60,9 @@ void Kernel::Impl::log_once(const std::string& reason) const {
 namespace runtime {
 
 jit::CompileRequest fused_request(const Graph& graph, const CompileOptions& options, const KernelConfig& config) {
-  return {sm90::emit_kernel(graph, options.gemm, config).source, config.name(), true, 90};
+  jit::CompileRequest request{sm90::emit_kernel(graph, options.gemm, config).source, config.name(), true, 90};
+  request.in_parts = true;
+  return request;
 }
 
 jit::CompileRequest fallback_request(const Graph& graph, const KernelSignature& signature) {

@@ -573,12 +573,20 @@ std::string Sm90Emitter::assemble(const Visitor& root) {
             : "#include <cutlass/gemm/kernel/sm90_gemm_tma_warpspecialized_pingpong.hpp>\n";
   s += R"(
 #include <cstring>
+#include <mutex>
 
 #include "evtc/device/abi.h"
 #include "evtc/device/ops.cuh"
 #include "evtc/device/reduce.cuh"
 #include "evtc/device/sm90_half_store.cuh"
 #include "evtc/device/sm90_scalar_partials.cuh"
+
+// Compiled whole (EVTC_PART 0: one nvcc run), or as two parts that compile in parallel: the
+// kernel alone into a cubin (1), and the host code (2), which loads that cubin from the
+// library it is linked into.
+#ifndef EVTC_PART
+#define EVTC_PART 0
+#endif
 
 namespace {
 
@@ -633,6 +641,26 @@ using GemmKernel = cutlass::gemm::kernel::GemmUniversal<
     cute::Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue, {}>;
 using GemmArguments = typename GemmKernel::Arguments;
 using GemmParams = typename GemmKernel::Params;
+
+}}  // namespace
+
+#if EVTC_PART != 2
+// The kernel: CUTLASS's device_kernel<GemmKernel> under a name the host part can look up.
+extern "C" __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, GemmKernel::MinBlocksPerMultiprocessor)
+evtc_gemm_kernel(CUTLASS_GRID_CONSTANT const GemmParams params) {{
+  extern __shared__ char smem[];
+  GemmKernel op;
+  op(params, smem);
+}}
+#endif
+
+#if EVTC_PART != 1
+#if EVTC_PART == 2
+// The device part's cubin, linked into this library by the compile (evtc_kernel_image.S).
+extern "C" __attribute__((visibility("hidden"))) const unsigned char evtc_kernel_image[];
+#endif
+
+namespace {{
 
 )",
                    align_c, align_d,
@@ -812,6 +840,26 @@ bool same_call(const LaunchEntry& e, const evtc_gemm_args& a, void* workspace, i
          (kScalarSlots == 0 || std::memcmp(e.scalars, a.scalars, sizeof(double) * kScalarSlots) == 0);
 }
 
+// The kernel's handle for the launch APIs: its own symbol when compiled whole, else the
+// entry of the cubin this library holds, loaded on first use (into every device's context).
+const void* gemm_kernel(cudaError_t* error) {
+#if EVTC_PART == 0
+  *error = cudaSuccess;
+  return reinterpret_cast<const void*>(&evtc_gemm_kernel);
+#else
+  static cudaKernel_t kernel = nullptr;
+  static cudaError_t status = cudaSuccess;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    cudaLibrary_t library = nullptr;
+    status = cudaLibraryLoadData(&library, evtc_kernel_image, nullptr, nullptr, 0, nullptr, nullptr, 0);
+    if (status == cudaSuccess) status = cudaLibraryGetKernel(&kernel, library, "evtc_gemm_kernel");
+  });
+  *error = status;
+  return status == cudaSuccess ? reinterpret_cast<const void*>(kernel) : nullptr;
+#endif
+}
+
 // What GemmUniversalAdapter::initialize does, into a cache entry.
 cutlass::Status prepare(LaunchEntry& e, const evtc_gemm_args& a, void* workspace, int device,
                         cudaStream_t s) {
@@ -824,7 +872,12 @@ cutlass::Status prepare(LaunchEntry& e, const evtc_gemm_args& a, void* workspace
   if (status != cutlass::Status::kSuccess) return status;
   e.params = GemmKernel::to_underlying_arguments(e.args, workspace);
   e.grid = GemmKernel::get_grid_shape(e.params);
-  const void* kernel = reinterpret_cast<const void*>(&cutlass::device_kernel<GemmKernel>);
+  cudaError_t load_error = cudaSuccess;
+  const void* kernel = gemm_kernel(&load_error);
+  if (!kernel) {
+    cudaGetLastError();
+    return cutlass::Status::kErrorInternal;
+  }
   constexpr int smem = GemmKernel::SharedStorageSize;
   if (smem >= (48 << 10) &&
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) {
@@ -864,8 +917,10 @@ cudaError_t launch(LaunchEntry& e, cudaStream_t s) {
     config.numAttrs = 1;
   }
   void* params[] = {&e.params};
-  return cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(&cutlass::device_kernel<GemmKernel>),
-                             params);
+  cudaError_t load_error = cudaSuccess;
+  const void* kernel = gemm_kernel(&load_error);
+  if (!kernel) return load_error;
+  return cudaLaunchKernelExC(&config, kernel, params);
 }
 
 }  // namespace
@@ -890,6 +945,11 @@ size_t evtc_workspace_size(const evtc_gemm_args* a) {
 }
 
 int evtc_run(const evtc_gemm_args* a, void* workspace, void* stream, char* why, size_t why_size) {
+  cudaError_t load_error = cudaSuccess;
+  if (!gemm_kernel(&load_error)) {
+    set_reason(why, why_size, cudaGetErrorString(load_error));
+    return EVTC_ERROR_LAUNCH;
+  }
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   int device = 0;
   cudaGetDevice(&device);
@@ -934,6 +994,7 @@ int evtc_run(const evtc_gemm_args* a, void* workspace, void* stream, char* why, 
 }
 
 }  // extern "C"
+#endif  // EVTC_PART != 1
 )";
   return s;
 }
