@@ -155,10 +155,12 @@ void remove_stale_temporaries(const fs::path& root) {
 
 // Runs argv with stdout and stderr into `log`; shows a progress line on stderr while it
 // takes longer than a second (only on a terminal). Returns the exit status.
-// Runs nvcc (argv) with its output into `log`; on a terminal, shows the time it has been
-// running when `show_progress`.
+// Runs nvcc (argv) in the folder `cwd` with its output into `log`; on a terminal, shows the
+// time it has been running when `show_progress`. Compiles run in their own folder and name
+// their files relatively: nvcc writes source paths into the PTX, and ptxas cannot read one
+// holding a double quote.
 int run_compiler(const std::vector<std::string>& argv, const fs::path& log, const std::string& label,
-                 bool show_progress = true) {
+                 const fs::path& cwd, bool show_progress = true) {
   pid_t pid = fork();
   if (pid < 0) throw RuntimeError("fork failed while starting nvcc");
   if (pid == 0) {
@@ -169,6 +171,10 @@ int run_compiler(const std::vector<std::string>& argv, const fs::path& log, cons
     if (fd >= 0) {
       dup2(fd, 1);
       dup2(fd, 2);
+    }
+    if (chdir(cwd.c_str()) != 0) {
+      perror("evtc: cannot enter the compile folder");
+      _exit(126);
     }
     std::vector<char*> args;
     for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
@@ -266,17 +272,6 @@ std::string command_line(const std::vector<std::string>& argv) {
   return command;
 }
 
-// A string as GNU as reads it between double quotes, inside a C++ string literal.
-std::string assembler_string_in_cpp(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    if (c == '"') out += R"(\\\")";         // as reads \" ; in C++ each character escaped
-    else if (c == '\\') out += R"(\\\\)";  // as reads \\ ; likewise
-    else out += c;
-  }
-  return out;
-}
-
 // CompileRequest::in_parts: the device and host parts in parallel, then the link. Writes
 // command.txt and compile.log (the three logs in turn) into `tmp`; returns nvcc's exit code
 // (the first that failed).
@@ -291,30 +286,28 @@ int compile_in_parts(const CompileRequest& req, const Toolchain& tc, const fs::p
     argv.insert(argv.end(), inputs.begin(), inputs.end());
     return argv;
   };
-  const std::string source = (tmp / "kernel.cu").string();
-  const auto device = argv_of(device_part_flags(req.sm), tmp / "kernel.cubin", {source});
-  const auto host = argv_of(host_part_flags(req.sm), tmp / "host.o", {source});
+  const auto device = argv_of(device_part_flags(req.sm), "kernel.cubin", {"kernel.cu"});
+  const auto host = argv_of(host_part_flags(req.sm), "host.o", {"kernel.cu"});
   // The cubin becomes the host part's evtc_kernel_image (hidden: each library its own).
   write_file(tmp / "image.cpp",
              "// The device part's cubin, as the host part's evtc_kernel_image.\n"
              "__asm__(\".section .rodata\\n.balign 128\\n.globl evtc_kernel_image\\n"
              ".hidden evtc_kernel_image\\n.type evtc_kernel_image, @object\\nevtc_kernel_image:\\n"
-             ".incbin \\\"" + assembler_string_in_cpp((tmp / "kernel.cubin").string()) +
-             "\\\"\\n.byte 0\\n.previous\\n\");\n");
+             ".incbin \\\"kernel.cubin\\\"\\n.byte 0\\n.previous\\n\");\n");
   std::vector<std::string> link = {tc.nvcc};
   for (const auto& f : link_parts_flags(req.sm)) link.push_back(f);
   link.push_back("-o");
-  link.push_back((tmp / "kernel.so").string());
-  link.push_back((tmp / "host.o").string());
-  link.push_back((tmp / "image.cpp").string());
+  link.push_back("kernel.so");
+  link.push_back("host.o");
+  link.push_back("image.cpp");
   write_file(tmp / "command.txt", command_line(device) + "\n" + command_line(host) + "\n" + command_line(link) + "\n");
   if (env_flag("EVTC_PRINT_COMPILER_COMMAND"))
     fmt::print(stderr, "evtc: {}\nevtc: {}\nevtc: {}\n", command_line(device), command_line(host), command_line(link));
 
   auto device_run = std::async(std::launch::async, [&] {
-    return run_compiler(device, tmp / "compile-device.log", req.label);
+    return run_compiler(device, tmp / "compile-device.log", req.label, tmp);
   });
-  const int host_rc = run_compiler(host, tmp / "compile-host.log", req.label, false);
+  const int host_rc = run_compiler(host, tmp / "compile-host.log", req.label, tmp, false);
   const int device_rc = device_run.get();
   int rc = device_rc != 0 ? device_rc : host_rc;
   std::string log;  // each part's output under its name; empty when no part printed anything
@@ -325,7 +318,7 @@ int compile_in_parts(const CompileRequest& req, const Toolchain& tc, const fs::p
   add_log("device part", "compile-device.log", device_rc);
   add_log("host part", "compile-host.log", host_rc);
   if (rc == 0) {
-    rc = run_compiler(link, tmp / "compile-link.log", req.label, false);
+    rc = run_compiler(link, tmp / "compile-link.log", req.label, tmp, false);
     add_log("link", "compile-link.log", rc);
   }
   write_file(tmp / "compile.log", log);
@@ -344,6 +337,10 @@ std::string compile_into_cache(const CompileRequest& req, const std::string& key
   std::error_code exists_error;
   if (fs::exists(final_dir, exists_error)) remove_damaged_entry(final_dir, key);
 
+  if (root.string().find('"') != std::string::npos)  // nvcc writes the source's path into the PTX
+    throw RuntimeError(fmt::format("the kernel cache folder {} has a double quote in its path, which nvcc cannot "
+                                   "compile in: set EVTC_CACHE_DIR to another folder",
+                                   root.string()));
   std::error_code dir_error;
   fs::create_directories(root / "tmp", dir_error);
   if (dir_error || access((root / "tmp").c_str(), W_OK) != 0)
@@ -367,12 +364,12 @@ std::string compile_into_cache(const CompileRequest& req, const std::string& key
     if (req.needs_cutlass) argv.push_back("-I" + tc.cutlass_include);
     argv.push_back("-I" + tc.evtc_include);
     argv.push_back("-o");
-    argv.push_back((tmp / "kernel.so").string());
-    argv.push_back((tmp / "kernel.cu").string());
+    argv.push_back("kernel.so");
+    argv.push_back("kernel.cu");
     const std::string command = command_line(argv);
     write_file(tmp / "command.txt", command + "\n");
     if (env_flag("EVTC_PRINT_COMPILER_COMMAND")) fmt::print(stderr, "evtc: {}\n", command);
-    rc = run_compiler(argv, tmp / "compile.log", req.label);
+    rc = run_compiler(argv, tmp / "compile.log", req.label, tmp);
   }
   slot.reset();
   if (rc != 0) {

@@ -22,7 +22,8 @@ if [ -z "${EVTC_CUTLASS_DIR:-}" ] || [ ! -f "$EVTC_CUTLASS_DIR/include/cutlass/c
 fi
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/evtc-nvcc-test-XXXXXX")"
-export EVTC_CACHE_DIR="$work/cache"
+# A cache path with a space: compiles run in their folder and must not split it.
+export EVTC_CACHE_DIR="$work/kernel cache"
 export EVTC_QUIET=1
 
 # name | evtc compile options | expression (statements separated by ';')

@@ -224,6 +224,18 @@ TEST(Robustness, ACompilerThatPrintsNothingStillGivesAnError) {
   fs::remove_all(temp_path("false-cache"));
 }
 
+// nvcc writes the source's path into the PTX, where ptxas cannot read a double quote: a cache
+// folder whose path holds one is refused before any compile, naming it.
+TEST(Robustness, ACachePathWithADoubleQuoteIsRefusedBeforeCompiling) {
+  const std::string dir = temp_path("quote\"d").string();
+  const auto r = run_cli("compile 'out D = relu(acc)'", "EVTC_CACHE_DIR='" + dir + "'");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(has(r.output, "has a double quote in its path")) << r.output;
+  EXPECT_TRUE(has(r.output, dir)) << r.output;
+  EXPECT_FALSE(fs::exists(fs::path(dir) / "tmp")) << "a compile started";
+  fs::remove_all(dir);
+}
+
 // A compile's nvcc does not outlive a killed evtc process, and its temporary folder is removed
 // by the next compile in that cache.
 TEST(Robustness, KilledCompilesLeaveNoCompilerAndNoTemporaries) {
