@@ -503,8 +503,8 @@ TEST(Sm90Emitter, HostCodeReusesTheParamsOfARepeatedCall) {
   const std::string run = section(s, "int evtc_run(", "}", true);
   EXPECT_NE(run.find("thread_local LaunchCache cache;"), std::string::npos) << run;
   EXPECT_NE(run.find("same_call(c, *a, workspace, device)"), std::string::npos) << run;
-  EXPECT_NE(run.find("prepare(*e, *a, workspace, device, s)"), std::string::npos) << run;
-  EXPECT_NE(run.find("launch(*e, s)"), std::string::npos) << run;
+  EXPECT_NE(run.find("prepare(*e, kernel, *a, workspace, device, s)"), std::string::npos) << run;
+  EXPECT_NE(run.find("launch(*e, kernel, s)"), std::string::npos) << run;
   // Stream-K's tile counters are set up again for every launch, cached or not.
   EXPECT_NE(run.find("GemmKernel::initialize_workspace(e->args, workspace, s, nullptr)"), std::string::npos) << run;
   // The comparison covers every field of evtc_gemm_args but the two table pointers, whose

@@ -656,7 +656,7 @@ evtc_gemm_kernel(CUTLASS_GRID_CONSTANT const GemmParams params) {{
 
 #if EVTC_PART != 1
 #if EVTC_PART == 2
-// The device part's cubin, linked into this library by the compile (evtc_kernel_image.S).
+// The device part's cubin, linked into this library by the compile (an .incbin of it).
 extern "C" __attribute__((visibility("hidden"))) const unsigned char evtc_kernel_image[];
 #endif
 
@@ -861,7 +861,7 @@ const void* gemm_kernel(cudaError_t* error) {
 }
 
 // What GemmUniversalAdapter::initialize does, into a cache entry.
-cutlass::Status prepare(LaunchEntry& e, const evtc_gemm_args& a, void* workspace, int device,
+cutlass::Status prepare(LaunchEntry& e, const void* kernel, const evtc_gemm_args& a, void* workspace, int device,
                         cudaStream_t s) {
   e.valid = false;
   e.args = gemm_arguments(a, nullptr);
@@ -872,12 +872,6 @@ cutlass::Status prepare(LaunchEntry& e, const evtc_gemm_args& a, void* workspace
   if (status != cutlass::Status::kSuccess) return status;
   e.params = GemmKernel::to_underlying_arguments(e.args, workspace);
   e.grid = GemmKernel::get_grid_shape(e.params);
-  cudaError_t load_error = cudaSuccess;
-  const void* kernel = gemm_kernel(&load_error);
-  if (!kernel) {
-    cudaGetLastError();
-    return cutlass::Status::kErrorInternal;
-  }
   constexpr int smem = GemmKernel::SharedStorageSize;
   if (smem >= (48 << 10) &&
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) {
@@ -901,7 +895,7 @@ cutlass::Status prepare(LaunchEntry& e, const evtc_gemm_args& a, void* workspace
 }
 
 // GemmUniversalAdapter::run for sm90: the cluster shape as a launch attribute.
-cudaError_t launch(LaunchEntry& e, cudaStream_t s) {
+cudaError_t launch(LaunchEntry& e, const void* kernel, cudaStream_t s) {
   cudaLaunchConfig_t config{};
   config.gridDim = e.grid;
   config.blockDim = GemmKernel::get_block_shape();
@@ -917,9 +911,6 @@ cudaError_t launch(LaunchEntry& e, cudaStream_t s) {
     config.numAttrs = 1;
   }
   void* params[] = {&e.params};
-  cudaError_t load_error = cudaSuccess;
-  const void* kernel = gemm_kernel(&load_error);
-  if (!kernel) return load_error;
   return cudaLaunchKernelExC(&config, kernel, params);
 }
 
@@ -946,7 +937,8 @@ size_t evtc_workspace_size(const evtc_gemm_args* a) {
 
 int evtc_run(const evtc_gemm_args* a, void* workspace, void* stream, char* why, size_t why_size) {
   cudaError_t load_error = cudaSuccess;
-  if (!gemm_kernel(&load_error)) {
+  const void* kernel = gemm_kernel(&load_error);
+  if (!kernel) {
     set_reason(why, why_size, cudaGetErrorString(load_error));
     return EVTC_ERROR_LAUNCH;
   }
@@ -972,13 +964,13 @@ int evtc_run(const evtc_gemm_args* a, void* workspace, void* stream, char* why, 
   } else {
     e = &cache.entries[cache.next];
     cache.next = (cache.next + 1) % kCacheEntries;
-    cutlass::Status status = prepare(*e, *a, workspace, device, s);
+    cutlass::Status status = prepare(*e, kernel, *a, workspace, device, s);
     if (status != cutlass::Status::kSuccess) {
       set_reason(why, why_size, cutlassGetStatusString(status));
       return EVTC_ERROR_CANNOT_IMPLEMENT;
     }
   }
-  if (cudaError_t err = launch(*e, s); err != cudaSuccess) {
+  if (cudaError_t err = launch(*e, kernel, s); err != cudaSuccess) {
     e->valid = false;
     set_reason(why, why_size, cudaGetErrorString(err));
     return EVTC_ERROR_LAUNCH;
