@@ -153,12 +153,9 @@ void remove_stale_temporaries(const fs::path& root) {
   });
 }
 
-// Runs argv with stdout and stderr into `log`; shows a progress line on stderr while it
-// takes longer than a second (only on a terminal). Returns the exit status.
-// Runs nvcc (argv) in the folder `cwd` with its output into `log`; on a terminal, shows the
-// time it has been running when `show_progress`. Compiles run in their own folder and name
-// their files relatively: nvcc writes source paths into the PTX, and ptxas cannot read one
-// holding a double quote.
+// Runs argv in the folder `cwd` with stdout and stderr into `log`; with `show_progress`, shows
+// a progress line on stderr while it takes longer than a second (only on a terminal). Returns
+// the exit status. Compiles run in their own folder and name their files relatively.
 int run_compiler(const std::vector<std::string>& argv, const fs::path& log, const std::string& label,
                  const fs::path& cwd, bool show_progress = true) {
   pid_t pid = fork();
@@ -272,37 +269,44 @@ std::string command_line(const std::vector<std::string>& argv) {
   return command;
 }
 
+// nvcc with `flags` and `includes`, writing `out` from `inputs` (names in the compile's folder).
+std::vector<std::string> nvcc_argv(const Toolchain& tc, const std::vector<std::string>& flags,
+                                   const std::vector<std::string>& includes, const std::string& out,
+                                   const std::vector<std::string>& inputs) {
+  std::vector<std::string> argv = {tc.nvcc};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  argv.insert(argv.end(), includes.begin(), includes.end());
+  argv.push_back("-o");
+  argv.push_back(out);
+  argv.insert(argv.end(), inputs.begin(), inputs.end());
+  return argv;
+}
+
+// Writes a compile's command lines into its command.txt, and prints them when
+// EVTC_PRINT_COMPILER_COMMAND is set.
+void record_commands(const fs::path& tmp, const std::vector<std::vector<std::string>>& commands) {
+  std::string text;
+  for (const auto& argv : commands) text += command_line(argv) + "\n";
+  write_file(tmp / "command.txt", text);
+  if (env_flag("EVTC_PRINT_COMPILER_COMMAND"))
+    for (const auto& argv : commands) fmt::print(stderr, "evtc: {}\n", command_line(argv));
+}
+
 // CompileRequest::in_parts: the device and host parts in parallel, then the link. Writes
 // command.txt and compile.log (the three logs in turn) into `tmp`; returns nvcc's exit code
 // (the first that failed).
 int compile_in_parts(const CompileRequest& req, const Toolchain& tc, const fs::path& tmp) {
   const std::vector<std::string> includes = {"-I" + tc.cutlass_include, "-I" + tc.evtc_include};
-  auto argv_of = [&](const std::vector<std::string>& flags, const fs::path& out, std::vector<std::string> inputs) {
-    std::vector<std::string> argv = {tc.nvcc};
-    argv.insert(argv.end(), flags.begin(), flags.end());
-    argv.insert(argv.end(), includes.begin(), includes.end());
-    argv.push_back("-o");
-    argv.push_back(out.string());
-    argv.insert(argv.end(), inputs.begin(), inputs.end());
-    return argv;
-  };
-  const auto device = argv_of(device_part_flags(req.sm), "kernel.cubin", {"kernel.cu"});
-  const auto host = argv_of(host_part_flags(req.sm), "host.o", {"kernel.cu"});
+  const auto device = nvcc_argv(tc, device_part_flags(req.sm), includes, "kernel.cubin", {"kernel.cu"});
+  const auto host = nvcc_argv(tc, host_part_flags(req.sm), includes, "host.o", {"kernel.cu"});
   // The cubin becomes the host part's evtc_kernel_image (hidden: each library its own).
   write_file(tmp / "image.cpp",
              "// The device part's cubin, as the host part's evtc_kernel_image.\n"
              "__asm__(\".section .rodata\\n.balign 128\\n.globl evtc_kernel_image\\n"
              ".hidden evtc_kernel_image\\n.type evtc_kernel_image, @object\\nevtc_kernel_image:\\n"
              ".incbin \\\"kernel.cubin\\\"\\n.byte 0\\n.previous\\n\");\n");
-  std::vector<std::string> link = {tc.nvcc};
-  for (const auto& f : link_parts_flags(req.sm)) link.push_back(f);
-  link.push_back("-o");
-  link.push_back("kernel.so");
-  link.push_back("host.o");
-  link.push_back("image.cpp");
-  write_file(tmp / "command.txt", command_line(device) + "\n" + command_line(host) + "\n" + command_line(link) + "\n");
-  if (env_flag("EVTC_PRINT_COMPILER_COMMAND"))
-    fmt::print(stderr, "evtc: {}\nevtc: {}\nevtc: {}\n", command_line(device), command_line(host), command_line(link));
+  const auto link = nvcc_argv(tc, link_parts_flags(req.sm), {}, "kernel.so", {"host.o", "image.cpp"});
+  record_commands(tmp, {device, host, link});
 
   auto device_run = std::async(std::launch::async, [&] {
     return run_compiler(device, tmp / "compile-device.log", req.label, tmp);
@@ -359,16 +363,10 @@ std::string compile_into_cache(const CompileRequest& req, const std::string& key
   if (req.in_parts && req.needs_cutlass) {
     rc = compile_in_parts(req, tc, tmp);
   } else {
-    std::vector<std::string> argv = {tc.nvcc};
-    for (const auto& f : kernel_flags(req.sm, req.needs_cutlass)) argv.push_back(f);
-    if (req.needs_cutlass) argv.push_back("-I" + tc.cutlass_include);
-    argv.push_back("-I" + tc.evtc_include);
-    argv.push_back("-o");
-    argv.push_back("kernel.so");
-    argv.push_back("kernel.cu");
-    const std::string command = command_line(argv);
-    write_file(tmp / "command.txt", command + "\n");
-    if (env_flag("EVTC_PRINT_COMPILER_COMMAND")) fmt::print(stderr, "evtc: {}\n", command);
+    std::vector<std::string> includes = {"-I" + tc.evtc_include};
+    if (req.needs_cutlass) includes.insert(includes.begin(), "-I" + tc.cutlass_include);
+    const auto argv = nvcc_argv(tc, kernel_flags(req.sm, req.needs_cutlass), includes, "kernel.so", {"kernel.cu"});
+    record_commands(tmp, {argv});
     rc = run_compiler(argv, tmp / "compile.log", req.label, tmp);
   }
   slot.reset();
