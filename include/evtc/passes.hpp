@@ -114,7 +114,25 @@ struct DagPlan {
   // Indexed by NodeId: true when the node is computed once and its value shared by all its
   // uses (a CUTLASS topological visitor); false when each use re-emits it (a tree node).
   std::vector<bool> shared;
+  // The main output's value (what the collective epilogue stores as D), when there is one,
+  // and the other outputs' stores, by name.
+  std::optional<NodeId> d_value;
+  std::vector<NodeId> terminals;
+  // true: the epilogue is one nested tree (one output and nothing shared); false: a
+  // topological visitor whose entries are the `materialised` values (the shared ones, D's
+  // value, and every operand of an op one of whose operand trees reaches a materialised
+  // value, since a tree node cannot take inputs from a topological visitor), each computed
+  // once, with the values between them as nested trees.
+  bool tree = true;
+  std::vector<bool> materialised;
+  // Indexed by NodeId: how many times the backend emits each load (a leaf): once when it is
+  // materialised, else once per live use. Every emitted aux load or row broadcast has shared
+  // memory of its own, which the shared-memory model counts.
+  std::vector<int> reads;
 };
-DagPlan plan_dag(const Graph& g);
+// d_name: the output the collective epilogue stores as D ("" when none does).
+DagPlan plan_dag(const Graph& g, std::string_view d_name = "");
+// The values an output store consumes: its input, or a reduction's input.
+std::vector<NodeId> store_operands(const Graph& g, NodeId store);
 
 }  // namespace evtc

@@ -4,9 +4,11 @@
 //
 // Not a graph rewrite: the result (evtc::DagPlan, evtc/passes.hpp) is indexed by the
 // graph's node ids.
-//  - loads (scalars, row/column vectors, aux, C) and the accumulator are leaves: re-reading
-//    them at each use costs a register or shared-memory read, less than a topological
-//    visitor's bookkeeping, so they are never shared;
+//  - loads (scalars, row/column vectors, aux, C) and the accumulator are leaves, never
+//    shared: re-reading a scalar, a vector or C at each use costs a register or shared-memory
+//    read, less than a topological visitor's bookkeeping. An aux operand is loaded again at
+//    each use, with shared-memory stages of its own (DagPlan::reads counts them for the
+//    shared-memory model);
 //  - a compute or cast node with more than one use is shared. Uses are counted per operand
 //    edge, by nodes that reach an output: relu(x)*relu(x) uses relu(x) twice.
 #pragma once

@@ -9,6 +9,7 @@
 
 #include "evtc/ir_text.hpp"
 #include "evtc/kernel.hpp"
+#include "evtc/passes.hpp"
 #include "runtime/autotuner.hpp"
 #include "runtime/device_info.hpp"
 
@@ -82,16 +83,28 @@ OperandSlot slot_of(const Node& n) {
 
 namespace {
 
-// Shared memory the epilogue stages [m,n] tensors in, per CTA: CUTLASS's sm90 epilogue
-// subtiles are (tile rows, at most 128)×32 here, with 4 stages for loads (aux operands, C) and 2
-// for stores (D and extra [m,n] outputs), and about 8 KiB per reduction. Gated [m,n/2] outputs
-// stage nothing.
-size_t epilogue_smem_bytes(const Graph& g, int tile_m = 128) {
-  const size_t kSubtile = size_t(std::min(tile_m, 128)) * 32;
-  size_t bytes = 0;
-  for (const Node& n : g.nodes()) {
-    if (n.kind == NodeKind::aux || n.kind == NodeKind::source)
-      bytes += 4 * kSubtile * dtype_bytes(n.dtype);
+// Shared memory of the epilogue per CTA, after CUTLASS's sm90 epilogue: subtiles of (tile
+// rows, at most 128)×32; 4 stages for each emitted aux load (an operand read at several places
+// is loaded at each place the backend emits it: plan_dag's `reads`); 2 for each [m,n] store
+// (D and the extra outputs); a tile row for each emitted row broadcast; about 8 KiB per
+// reduction and 1 KiB of pipeline state. Gated [m,n/2] outputs stage nothing. Checked against
+// sizeof(CollectiveEpilogue::SharedStorage) of generated kernels: an fp8 epilogue of eight
+// outputs reading one f32 [m,n] operand at two places stages 179 KiB at 64×128 (the model:
+// 178.75 KiB), which leaves one main-loop stage; a backward-style epilogue with three aux
+// operands and three outputs 144.5 KiB at 128×128 (the model: 145 KiB).
+size_t epilogue_smem_bytes(const Graph& g, const KernelConfig& c) {
+  const size_t kSubtile = size_t(std::min(c.tile_m, 128)) * 32;
+  const DagPlan plan = plan_dag(g, make_signature(g).d_name);
+  size_t bytes = 1024;
+  for (NodeId id = 0; id < g.size(); ++id) {
+    const Node& n = g.node(id);
+    const size_t reads = size_t(plan.reads[id]);
+    if (n.kind == NodeKind::aux)
+      bytes += reads * 4 * kSubtile * dtype_bytes(n.dtype);
+    else if (n.kind == NodeKind::source)
+      bytes += (reads > 0 ? 4 : 0) * kSubtile * dtype_bytes(n.dtype);  // the collective's C buffer
+    else if (n.kind == NodeKind::row_vec)
+      bytes += reads * size_t(c.tile_n) * dtype_bytes(n.dtype);
     else if (n.kind == NodeKind::store && n.shape == Shape::full)
       bytes += 2 * kSubtile * dtype_bytes(n.dtype);
     else if (n.kind == NodeKind::reduce)
@@ -101,11 +114,13 @@ size_t epilogue_smem_bytes(const Graph& g, int tile_m = 128) {
   return bytes;
 }
 
-// Main-loop stages left beside the epilogue's shared memory (227 KiB per CTA on sm90).
+// Main-loop stages left beside the epilogue's shared memory (227 KiB per CTA on sm90); each
+// stage holds an A and a B tile and its pipeline barriers.
 int mainloop_stages(const KernelConfig& c, const GemmDesc& gemm, size_t epilogue_bytes) {
-  constexpr size_t kSmem = 232448, kReserved = 1024;
-  const size_t stage = size_t(c.tile_m * dtype_bytes(gemm.a_dtype) + c.tile_n * dtype_bytes(gemm.b_dtype)) *
-                       size_t(c.tile_k);
+  constexpr size_t kSmem = 232448, kReserved = 1024, kBarriers = 32;
+  const size_t stage =
+      size_t(c.tile_m * dtype_bytes(gemm.a_dtype) + c.tile_n * dtype_bytes(gemm.b_dtype)) * size_t(c.tile_k) +
+      kBarriers;
   if (epilogue_bytes + kReserved >= kSmem) return 0;
   return int((kSmem - kReserved - epilogue_bytes) / stage);
 }
@@ -125,7 +140,7 @@ bool reduces_over_m(const Graph& g) {
 }  // namespace
 
 std::string shared_memory_refusal(const Graph& g, const GemmDesc& gemm, const KernelConfig& c) {
-  const size_t epilogue = epilogue_smem_bytes(g, c.tile_m);
+  const size_t epilogue = epilogue_smem_bytes(g, c);
   if (mainloop_stages(c, gemm, epilogue) >= kMinStages) return "";
   return fmt::format("the epilogue stages about {} KiB of [m,n] tensors in shared memory, which leaves configuration "
                      "{} fewer than {} main-loop stages (fewer outputs or [m,n] operands would fit)",
@@ -136,12 +151,12 @@ KernelConfig default_config(const Graph& g, const GemmDesc& gemm) {
   KernelConfig c = default_config_for_shape(g, gemm);
   // An epilogue with many staged [m,n] tensors leaves a 128×256 tile too few main-loop
   // stages (fewer than 2 does not compile; fewer than 3 stalls on memory): use 128×128.
-  if (c.tile_n == 256 && mainloop_stages(c, gemm, epilogue_smem_bytes(g, c.tile_m)) < 3) c.tile_n = 128;
+  if (c.tile_n == 256 && mainloop_stages(c, gemm, epilogue_smem_bytes(g, c)) < 3) c.tile_n = 128;
   // Wider still (eight outputs, f32 ones, [m,n] operands: `evtc fuzz` found them failing
   // CUTLASS's stage assertion): 64-row ping-pong tiles stage half as much per tile. Column and
   // whole-matrix reductions need the cooperative schedule: those are refused instead
   // (shared_memory_refusal).
-  if (mainloop_stages(c, gemm, epilogue_smem_bytes(g, c.tile_m)) < kMinStages && !reduces_over_m(g)) {
+  if (mainloop_stages(c, gemm, epilogue_smem_bytes(g, c)) < kMinStages && !reduces_over_m(g)) {
     KernelConfig p = KernelConfig::of(MainloopSchedule::pingpong, 64, 128);
     p.tile_k = c.tile_k;
     p.fp8_fast_accum = c.fp8_fast_accum;

@@ -482,6 +482,38 @@ TEST(PassPlanDag, LoadsAreNeverSharedAndDeadUsesDoNotCount) {
   for (auto v : {acc, s, c, aux, e}) EXPECT_FALSE(plan.shared[v.id]) << g.describe(v.id);
 }
 
+// The emitted-load counts the shared-memory model reads: in one tree every use of an aux operand
+// is its own load; in a topological visitor an operand of an op that takes materialised values
+// is materialised itself and loaded once.
+TEST(PassPlanDag, ReadsCountEachEmittedLoad) {
+  {
+    Graph g;
+    auto acc = g.accum();
+    auto x = g.aux("x", DType::f32);
+    g.store("D", exp(acc * x) + x, DType::bf16);
+    const DagPlan plan = plan_dag(g, "D");
+    EXPECT_TRUE(plan.tree);
+    EXPECT_EQ(plan.reads[x.id], 2);
+  }
+  {
+    Graph g;
+    auto acc = g.accum();
+    auto x = g.aux("x", DType::f32);
+    auto f = acc * x;  // shared: D and g1 use it
+    g.store("D", f, DType::bf16);
+    g.store("g1", f * x, DType::bf16);  // takes f (materialised), so x is materialised too
+    g.store("g2", sigmoid(acc + x), DType::bf16);
+    const DagPlan plan = plan_dag(g, "D");
+    EXPECT_FALSE(plan.tree);
+    ASSERT_TRUE(plan.d_value.has_value());
+    EXPECT_EQ(*plan.d_value, f.id);
+    EXPECT_EQ(plan.terminals.size(), 2u);
+    EXPECT_TRUE(plan.materialised[f.id]);
+    EXPECT_TRUE(plan.materialised[x.id]);
+    EXPECT_EQ(plan.reads[x.id], 1);
+  }
+}
+
 // --- the activation table ------------------------------------------------------------------
 
 TEST(PassFoldActivations, EveryTableEntryHasAGoldenCase) {

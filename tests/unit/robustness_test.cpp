@@ -161,6 +161,31 @@ TEST(Robustness, WideEpiloguesGetConfigurationsThatCompileOrAreRefused) {
   EXPECT_EQ(default_config(run_pipeline(parse_expression("out D: bf16 = silu(acc + bias[n])")), gemm).tile_m, 128);
 }
 
+// An fp8 epilogue of eight outputs whose f32 [m,n] operand x0 is read at two places (two aux
+// loads, 32 KiB of shared memory each at 64-row tiles) failed CUTLASS's stage assertion at
+// pingpong_64x128x128 (found by evtc fuzz, seed 31): the model counted x0 once. It is refused.
+TEST(Robustness, AnOperandLoadedAtTwoPlacesCountsTwiceInSharedMemory) {
+  const std::string text =
+      "out o0: bf16 = (abs(log((abs(r1[n]) + 0.25)))) + acc\n"
+      "out o1: bf16 = (r1[n] * acc)\n"
+      "out o2: f32 = gelu(min(hardswish((s1 - x0[m,n])), reciprocal((abs(acc) + 0.25))))\n"
+      "out o3: bf16 = (acc - abs(s0))\n"
+      "out o4: bf16 = fma(x1[m,n], acc, acc)\n"
+      "out o5: bf16 = (silu(gelu_tanh(reciprocal((abs(relu_square(r2[n])) + 0.25))))) + acc\n"
+      "out o6: f16 = (c1[m]) + acc\n"
+      "out o7: f32 = rsqrt((abs(fma(min(neg(x0[m,n]), bf16(log((abs(acc) + 0.25)))), acc, "
+      "log((abs(quick_gelu(acc)) + 0.25)))) + 0.25))\n";
+  ParseOptions p;
+  p.operand_dtype = DType::f32;
+  CompileOptions o;
+  o.gemm.a_dtype = o.gemm.b_dtype = DType::f8e4m3;
+  o.gemm.b_layout = Layout::col_major;
+  const Kernel k(parse_expression(text, p), o);
+  const std::string why = k.fallback_reason(280, 624, 320);
+  EXPECT_TRUE(has(why, "fewer than 2 main-loop stages")) << why;
+  EXPECT_TRUE(has(why, "pingpong_64x128x128")) << why;
+}
+
 TEST(Robustness, NanAndInfAreNotSilentlyParameters) {
   for (const char* text : {"out D = acc * nan", "out D = acc + inf", "out D = max(acc, -Infinity)"}) {
     try {

@@ -315,14 +315,7 @@ class Sm90Emitter {
 
   // --- lowering to trees and a topological visitor -------------------------------------
 
-  // Operand values of an op: a value node's inputs, or what a terminal store consumes (a
-  // reduction store consumes the reduced value).
-  std::vector<NodeId> op_inputs(NodeId id) const {
-    const Node& n = g_.node(id);
-    if (n.kind != NodeKind::store) return n.inputs;
-    const Node& in = g_.node(n.inputs[0]);
-    return in.kind == NodeKind::reduce ? in.inputs : n.inputs;
-  }
+  std::vector<NodeId> op_inputs(NodeId id) const { return store_operands(g_, id); }
   bool is_leaf(NodeId id) const { return g_.node(id).inputs.empty(); }
 
   // amax(x) reduces |x|: an abs node in front of a max reduction.
@@ -387,49 +380,31 @@ class Sm90Emitter {
   Visitor as_f32() { return identity_f32("main output (as f32)"); }
 
   Visitor plan_and_emit_visitors() {
-    // Values used more than once are computed once and shared (plan_dag: leaves are re-read).
-    const DagPlan plan = plan_dag(g_);
-    std::set<NodeId> shared;
-    for (NodeId v = 0; v < g_.size(); ++v)
-      if (plan.shared[v]) shared.insert(v);
-
+    // Values used more than once are computed once and shared; what becomes a topological
+    // visitor's entry is decided by plan_dag, which the shared-memory model reads too.
+    const DagPlan plan = plan_dag(g_, sig_.d_name);
+    EVTC_INTERNAL_ASSERT(plan.terminals == terminals_ && plan.d_value == d_value_, "visitor plan outputs");
     const size_t outputs = terminals_.size() + (d_value_ ? 1 : 0);
     EVTC_INTERNAL_ASSERT(outputs > 0, "graph without outputs");
-    if (shared.empty() && outputs == 1) {
+    if (plan.tree) {
       if (d_value_) return yields_f32(*d_value_) ? tree(*d_value_) : evt(as_f32(), {tree(*d_value_)});
       const NodeId t = terminals_.front();
       return terminal_tree(t, tree(op_inputs(t)[0]));
     }
-    return topological(shared);
+    return topological(plan.materialised);
   }
 
-  Visitor topological(const std::set<NodeId>& shared) {
-    // Materialised values: shared ones and the main output's value. An op whose operands'
-    // trees reach a materialised value takes all its operands as materialised values
-    // (a tree node cannot take inputs from a topological visitor), so promote them.
-    std::set<NodeId> mat = shared;
-    if (d_value_) mat.insert(*d_value_);
-    auto reaches = [&](auto&& self, NodeId v) -> bool {  // v's tree (below v) hits mat
+  Visitor topological(const std::vector<bool>& mat) {
+    auto reaches = [&](auto&& self, NodeId v) -> bool {  // v's tree (below v) hits a materialised value
       for (NodeId in : g_.node(v).inputs)
-        if (mat.count(in) || (!is_leaf(in) && self(self, in))) return true;
+        if (mat[in] || (!is_leaf(in) && self(self, in))) return true;
       return false;
     };
     auto op_reaches = [&](const std::vector<NodeId>& ins) {
       for (NodeId in : ins)
-        if (mat.count(in) || (!is_leaf(in) && reaches(reaches, in))) return true;
+        if (mat[in] || (!is_leaf(in) && reaches(reaches, in))) return true;
       return false;
     };
-    for (bool changed = true; changed;) {
-      changed = false;
-      std::vector<std::vector<NodeId>> op_sets;
-      for (NodeId v : mat) op_sets.push_back(g_.node(v).inputs);
-      for (NodeId t : terminals_) op_sets.push_back(op_inputs(t));
-      for (const auto& ins : op_sets) {
-        if (!op_reaches(ins)) continue;
-        for (NodeId in : ins)
-          if (mat.insert(in).second) changed = true;
-      }
-    }
     // Order: operands first (post-order from the terminals, then the main output last).
     std::vector<NodeId> order;  // materialised values
     std::map<NodeId, int> index;
@@ -461,7 +436,7 @@ class Sm90Emitter {
     for (NodeId t : terminals_) {
       const auto ins = op_inputs(t);
       const NodeId in = ins[0];
-      if (mat.count(in)) {
+      if (mat[in]) {
         visit(visit, in);
         int src = index.at(in);
         if (terminal_needs_abs(t)) src = add_entry(abs_op(), {src});
