@@ -33,7 +33,7 @@ using testing::RandomKernel;
 struct FuzzArgs {
   uint64_t seed = 1;
   int count = 200, min_outputs = 1, max_outputs = 8, max_depth = 4, isolate = 5;
-  bool cpu = false, print = false;
+  bool cpu = false, print = false, integers = false;
   std::string json;
 };
 
@@ -66,7 +66,13 @@ struct Case {
   RandomKernel kernel;
   int64_t m = 0, n = 0, k = 0;
   uint64_t seed = 0;
+  bool integers = false;  // integer-valued inputs, exact results
 };
+
+ReferenceInputs inputs_for(const Case& c, const Graph& g) {
+  return c.integers ? random_integer_inputs(g, c.m, c.n, c.k, c.seed)
+                    : random_reference_inputs(g, c.m, c.n, c.k, c.kernel.gemm.a_dtype, c.kernel.gemm.b_dtype, c.seed);
+}
 
 // Sizes that are not tile multiples and satisfy the kernel's alignment (16-byte rows of A,
 // B and the outputs; fp8 rows of 16 elements; even N for gated outputs).
@@ -83,8 +89,8 @@ void choose_sizes(Case& c, std::mt19937_64& rng) {
 std::string run_line(const Case& c, size_t output) {
   std::string text = c.kernel.text_of(output);
   if (!text.empty() && text.back() == '\n') text.pop_back();
-  return fmt::format("evtc run '{}' -m {} -n {} -k {} {} --seed {} --check", text, c.m, c.n, c.k,
-                     c.kernel.cli_options(), c.seed);
+  return fmt::format("evtc run '{}' -m {} -n {} -k {} {} --seed {}{} --check", text, c.m, c.n, c.k,
+                     c.kernel.cli_options(), c.seed, c.integers ? " --integer-inputs" : "");
 }
 
 // --- CPU ----------------------------------------------------------------------------------
@@ -100,7 +106,9 @@ int fuzz_cpu(const FuzzArgs& fa, const std::vector<Case>& cases, nlohmann::json&
       const Graph after = run_pipeline(g, popts);
       ++graphs;
       // Small sizes: the reference before and after the passes agree within an output ulp.
-      ReferenceInputs in = random_reference_inputs(g, 5, 8, 8, c.kernel.gemm.a_dtype, c.kernel.gemm.b_dtype, c.seed);
+      ReferenceInputs in = c.integers ? random_integer_inputs(g, 5, 8, 8, c.seed)
+                                      : random_reference_inputs(g, 5, 8, 8, c.kernel.gemm.a_dtype,
+                                                                c.kernel.gemm.b_dtype, c.seed);
       const ReferenceOutputs before = evaluate_reference(g, in);
       const ReferenceOutputs now = evaluate_reference(after, in);
       const auto dtypes = output_dtypes(g);
@@ -162,23 +170,25 @@ bool boundary_flips(const Comparison& c) {
 struct RunResult {
   std::vector<std::pair<std::string, std::string>> bad;  // output, what
   size_t boundary = 0;                                  // outputs failed only by boundary flips
+  size_t exact = 0;                                     // elements that had to match bit for bit
 };
 
 // Runs `kernel` on the problem and compares every output with the reference.
 RunResult check_run(const Kernel& kernel, const RandomKernel& random, const ReferenceInputs& inputs,
-                    const ReferenceOutputs& want, ExecutionPath expect) {
+                    const runtime::Expected& expected, ExecutionPath expect) {
   runtime::DeviceProblem problem(kernel, inputs);
   problem.poison_outputs(nullptr);
   const ExecutionPath path = kernel.run(problem.arguments(), nullptr);
   RunResult r;
   if (path != expect)
     r.bad.emplace_back("(path)", fmt::format("ran {}", path == ExecutionPath::fused ? "fused" : "unfused"));
-  for (const auto& c : runtime::check_outputs(kernel, problem.read_outputs(nullptr), want)) {
+  for (const auto& c : runtime::check_outputs(kernel, problem.read_outputs(nullptr), expected)) {
+    r.exact += c.comparison.exact;
     if (c.comparison.pass) continue;
     bool intermediate = false;
     for (const auto& o : random.outputs)
       if (o.name == c.name) intermediate = rounds_intermediates(o.statement);
-    if (intermediate && boundary_flips(c.comparison)) ++r.boundary;
+    if (intermediate && c.comparison.exact_mismatch == 0 && boundary_flips(c.comparison)) ++r.boundary;
     else r.bad.emplace_back(c.name, c.comparison.describe());
   }
   return r;
@@ -225,7 +235,7 @@ int fuzz_gpu(const FuzzArgs& fa, const std::vector<Case>& cases, nlohmann::json&
   const double compile_s = seconds_since(t_compile);
 
   const auto t_run = std::chrono::steady_clock::now();
-  size_t expressions = 0, fused_checks = 0, unfused_checks = 0, fused_expressions = 0, boundary = 0;
+  size_t expressions = 0, fused_checks = 0, unfused_checks = 0, fused_expressions = 0, boundary = 0, exact = 0;
   nlohmann::json mismatches = nlohmann::json::array(), compile_errors = nlohmann::json::array();
   std::vector<std::pair<const Case*, size_t>> to_isolate;
   for (size_t i = 0; i < gpu.size(); ++i) {
@@ -250,20 +260,21 @@ int fuzz_gpu(const FuzzArgs& fa, const std::vector<Case>& cases, nlohmann::json&
                                 {"sizes", {c.m, c.n, c.k}}, {"options", c.kernel.cli_options()}});
       continue;
     }
-    const ReferenceInputs inputs = random_reference_inputs(g.fused->graph(), c.m, c.n, c.k, c.kernel.gemm.a_dtype,
-                                                           c.kernel.gemm.b_dtype, c.seed);
-    const ReferenceOutputs want = evaluate_reference(g.fused->graph(), inputs);
+    const ReferenceInputs inputs = inputs_for(c, g.fused->graph());
+    const runtime::Expected expected = runtime::expected_outputs(*g.fused, inputs, c.integers);
     try {
       if (g.not_fused.empty()) {
-        const RunResult r = check_run(*g.fused, c.kernel, inputs, want, ExecutionPath::fused);
+        const RunResult r = check_run(*g.fused, c.kernel, inputs, expected, ExecutionPath::fused);
         for (const auto& [o, what] : r.bad) note("fused", o, what);
         boundary += r.boundary;
+        exact += r.exact;
         ++fused_checks;
         fused_expressions += c.kernel.outputs.size();
       }
-      const RunResult r = check_run(*g.unfused, c.kernel, inputs, want, ExecutionPath::fallback);
+      const RunResult r = check_run(*g.unfused, c.kernel, inputs, expected, ExecutionPath::fallback);
       for (const auto& [o, what] : r.bad) note("unfused", o, what);
       boundary += r.boundary;
+      exact += r.exact;
       ++unfused_checks;
     } catch (const Error& e) {
       note("run", "(error)", e.what());
@@ -278,13 +289,12 @@ int fuzz_gpu(const FuzzArgs& fa, const std::vector<Case>& cases, nlohmann::json&
     const auto [c, index] = to_isolate[j];
     const Graph graph = parse_expression(c->kernel.text_of(index), parse_options_for(c->kernel));
     Kernel alone(graph, options_for(c->kernel, false));
-    const ReferenceInputs inputs =
-        random_reference_inputs(alone.graph(), c->m, c->n, c->k, c->kernel.gemm.a_dtype, c->kernel.gemm.b_dtype, c->seed);
+    const ReferenceInputs inputs = inputs_for(*c, alone.graph());
     std::string result;
     try {
       alone.compile(c->m, c->n, c->k);
-      const RunResult r =
-          check_run(alone, c->kernel, inputs, evaluate_reference(alone.graph(), inputs), ExecutionPath::fused);
+      const RunResult r = check_run(alone, c->kernel, inputs, runtime::expected_outputs(alone, inputs, c->integers),
+                                    ExecutionPath::fused);
       result = r.bad.empty() ? "passes alone" : "fails alone: " + r.bad.front().second;
     } catch (const std::exception& e) {
       result = std::string("error alone: ") + e.what();
@@ -296,16 +306,18 @@ int fuzz_gpu(const FuzzArgs& fa, const std::vector<Case>& cases, nlohmann::json&
   size_t not_fused = 0;
   for (const GpuCase& g : gpu) not_fused += !g.not_fused.empty();
   fmt::print("fuzz: {} kernels ({} expressions; {} not fusable), {} fused kernels ({} expressions) and {} unfused "
-             "runs checked against the fp64 reference: {} mismatches, {} compile failures, {} outputs off only by "
+             "runs checked against the fp64 reference{}: {} mismatches, {} compile failures, {} outputs off only by "
              "intermediate-rounding flips; compile {:.0f} s, runs {:.0f} s\n",
-             gpu.size(), expressions, not_fused, fused_checks, fused_expressions, unfused_checks, mismatches.size(),
-             compile_failures, boundary, compile_s, run_s);
+             gpu.size(), expressions, not_fused, fused_checks, fused_expressions, unfused_checks,
+             fa.integers ? fmt::format(" on integer inputs ({} elements bit for bit)", exact) : std::string(),
+             mismatches.size(), compile_failures, boundary, compile_s, run_s);
   report["gpu"] = {{"kernels", gpu.size()},         {"expressions", expressions},
                    {"fused_expressions", fused_expressions}, {"boundary_flips", boundary},
                    {"not_fusable", not_fused},      {"fused_checks", fused_checks},
                    {"unfused_checks", unfused_checks}, {"mismatches", mismatches},
                    {"compile_failures", compile_failures}, {"compile_errors", compile_errors}, {"isolated", isolated},
-                   {"compile_s", compile_s},        {"run_s", run_s}};
+                   {"compile_s", compile_s},        {"run_s", run_s},
+                   {"integer_inputs", fa.integers}, {"exact_elements", exact}};
   return mismatches.empty() && compile_failures == 0 ? kExitOk : kExitFailed;
 }
 
@@ -328,6 +340,8 @@ Command add_fuzz_command(CLI::App& app) {
                 "No GPU: the pass pipeline against the reference before it, legality and the emitters");
   sub->add_option("--isolate", fa->isolate, "Fused mismatches re-run with their output alone (a compile each)")
       ->check(CLI::Range(0, 1000));
+  sub->add_flag("--integers", fa->integers,
+                "Integer-valued inputs and only ops exact on integers: results must match the reference bit for bit");
   sub->add_option("--json", fa->json, "Write the report as JSON to this file");
   return {sub, [fa] {
             if (!fa->json.empty()) check_output_path(fa->json, "--json");
@@ -335,6 +349,7 @@ Command add_fuzz_command(CLI::App& app) {
             go.min_outputs = fa->min_outputs;
             go.max_outputs = fa->max_outputs;
             go.max_depth = fa->max_depth;
+            go.integers = fa->integers;
             testing::EpilogueGenerator gen(fa->seed, go);
             std::mt19937_64 rng(fa->seed ^ 0x9e3779b97f4a7c15ull);
             std::vector<Case> cases;
@@ -343,14 +358,15 @@ Command add_fuzz_command(CLI::App& app) {
               Case c;
               c.kernel = gen.next();
               c.seed = rng();
+              c.integers = fa->integers;
               choose_sizes(c, rng);
               expressions += int(c.kernel.outputs.size());
               cases.push_back(std::move(c));
             }
             if (fa->print) {
               for (const Case& c : cases) {
-                fmt::print("# {} -m {} -n {} -k {} {} --seed {}\n", kernel_kind_name(c.kernel.kind), c.m, c.n, c.k,
-                           c.kernel.cli_options(), c.seed);
+                fmt::print("# {} -m {} -n {} -k {} {} --seed {}{}\n", kernel_kind_name(c.kernel.kind), c.m, c.n, c.k,
+                           c.kernel.cli_options(), c.seed, c.integers ? " --integer-inputs" : "");
                 const Kernel k(parse_expression(c.kernel.text(), parse_options_for(c.kernel)),
                                options_for(c.kernel, false));
                 if (const std::string why = k.fallback_reason(c.m, c.n, c.k); !why.empty())
@@ -359,7 +375,8 @@ Command add_fuzz_command(CLI::App& app) {
               }
               return kExitOk;
             }
-            nlohmann::json report = {{"seed", fa->seed}, {"count", fa->count}, {"kernels", cases.size()}};
+            nlohmann::json report = {{"seed", fa->seed}, {"count", fa->count}, {"kernels", cases.size()},
+                                     {"integers", fa->integers}};
             const int rc = fa->cpu ? fuzz_cpu(*fa, cases, report) : fuzz_gpu(*fa, cases, report);
             if (!fa->json.empty()) write_output_file(fa->json, report.dump(2) + "\n", "--json");
             return rc;

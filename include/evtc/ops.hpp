@@ -51,6 +51,10 @@ struct OpInfo {
   std::string_view cuda_functor;
   // The domain of each argument (rows that leave it out take any value).
   std::array<Domain, 3> domains{};
+  // On integer-valued arguments the result is an integer, computed exactly in f32 while it
+  // stays below 2^24 (add, mul, max, relu, ...): random testing's integer mode checks these
+  // bit for bit.
+  bool exact_on_integers = false;
 };
 
 std::span<const OpInfo> op_table();

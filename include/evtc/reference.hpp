@@ -28,6 +28,14 @@ struct ReferenceOptions {
   // false: compute nodes in fp64 (the truth). true: round every compute result to its dtype
   // (f32), as the GPU does.
   bool round_compute = false;
+  // Nonzero: every compute result and the accumulator become v·(1 + perturb·s), s = ±1 drawn
+  // per node and element from perturb_seed. A model of the device's rounding and approximation
+  // error: how far the outputs move from the unperturbed reference estimates how much each
+  // element amplifies such errors (its condition), which random testing adds to its bound.
+  double perturb = 0;
+  uint64_t perturb_seed = 0;
+  // true: outputs keep the value they would be stored from, unrounded to their dtype.
+  bool unrounded_outputs = false;
 };
 
 // By output name: [m,n] outputs m×n row-major; gated [m,n/2] outputs m×n/2 row-major; row reductions m values, col reductions n,
@@ -53,6 +61,12 @@ ReferenceOutputs evaluate_reference(const Graph& g, const ReferenceInputs& input
 // whose algorithm differs between standard libraries.
 ReferenceInputs random_reference_inputs(const Graph& g, int64_t m, int64_t n, int64_t k,
                                         DType a_dtype, DType b_dtype, uint64_t seed);
+
+// Integer-valued inputs for exact testing (what CUTLASS's own testbed does): A and B from
+// {-1, 0, 1}, C and every operand from {-3, ..., 3}, each input its own stream of (seed, name).
+// Every dtype holds these exactly, and an epilogue of ops exact on integers (OpInfo) computes
+// integers exactly while they stay below 2^24, so the device must match the reference bit for bit.
+ReferenceInputs random_integer_inputs(const Graph& g, int64_t m, int64_t n, int64_t k, uint64_t seed);
 
 // --- comparing device results with the reference ---------------------------------------
 //
@@ -86,6 +100,8 @@ struct Comparison {
   double rel_l2 = 0;        // ||got - want|| / ||want|| over elements where both are finite
   size_t mismatches = 0;    // elements outside the per-element bound (NaN ones included)
   size_t nan_mismatch = 0;  // elements where exactly one of got and want is NaN
+  size_t exact = 0;         // elements that had to match bit for bit (mismatches include theirs)
+  size_t exact_mismatch = 0;
   bool pass = false;
   double rtol = 0, atol = 0, max_rel_l2 = 0;  // the bounds applied
   // The first element that failed, if any: its index and values.
@@ -100,5 +116,12 @@ Comparison compare_outputs(std::span<const double> got, std::span<const double> 
                            DType dtype, double atol_scale = 1.0);
 Comparison compare_outputs(std::span<const double> got, std::span<const double> want,
                            const Tolerance& tolerance, double atol_scale = 1.0);
+// With an extra allowance per element (`slack`, empty or as long as `want`), added to that
+// element's bound, and ||slack|| / ||want|| added to the rel_l2 bound; and elements that must
+// match exactly (`exact`, empty or as long as `want`: nonzero where the device computes the
+// value exactly, as with integer inputs), counted in Comparison::exact.
+Comparison compare_outputs(std::span<const double> got, std::span<const double> want,
+                           const Tolerance& tolerance, double atol_scale, std::span<const double> slack,
+                           std::span<const char> exact = {});
 
 }  // namespace evtc

@@ -37,12 +37,12 @@ std::optional<Function> find_function(std::string_view name) {
 namespace {
 const std::vector<GatedFunctionInfo>& gated_functions() {
   static const std::vector<GatedFunctionInfo> table = {
-      {GatedFunction::gate, "gate", {}},
-      {GatedFunction::up, "up", {}},
+      {GatedFunction::gate, "gate", {}, true},
+      {GatedFunction::up, "up", {}, true},
       {GatedFunction::swiglu, "swiglu", {}},
       {GatedFunction::geglu, "geglu", {}},
       {GatedFunction::geglu_tanh, "geglu_tanh", {}},
-      {GatedFunction::reglu, "reglu", {}},
+      {GatedFunction::reglu, "reglu", {}, true},
       {GatedFunction::gptoss_swiglu, "gptoss_swiglu", {{"alpha", 1.702}, {"limit", 7.0}}},
       {GatedFunction::swiglu7, "swiglu7", {}},
   };

@@ -37,6 +37,7 @@ struct GatedFunctionInfo {
   GatedFunction fn;
   std::string_view name;
   std::vector<std::pair<std::string_view, double>> params;  // name, default
+  bool exact_on_integers = false;  // as OpInfo::exact_on_integers
 };
 std::optional<GatedFunctionInfo> find_gated_function(std::string_view name);
 // Every gated function, gate and up first.

@@ -35,19 +35,42 @@ double rms_of_finite(std::span<const double> values) {
 
 Comparison compare_outputs(std::span<const double> got, std::span<const double> want,
                            const Tolerance& tolerance, double atol_scale) {
+  return compare_outputs(got, want, tolerance, atol_scale, {});
+}
+
+Comparison compare_outputs(std::span<const double> got, std::span<const double> want,
+                           const Tolerance& tolerance, double atol_scale, std::span<const double> slack,
+                           std::span<const char> exact) {
   if (got.size() != want.size())
     throw UserError(fmt::format("cannot compare {} values with a reference of {} values",
                                 got.size(), want.size()));
+  if (!slack.empty() && slack.size() != want.size())
+    throw UserError(fmt::format("cannot compare with {} allowances for {} values", slack.size(), want.size()));
+  if (!exact.empty() && exact.size() != want.size())
+    throw UserError(fmt::format("cannot compare with {} exactness flags for {} values", exact.size(), want.size()));
   Comparison c;
   c.count = got.size();
   c.rtol = tolerance.rtol;
   c.max_rel_l2 = tolerance.max_rel_l2;
   c.atol = tolerance.rtol * rms_of_finite(want) * atol_scale;
-  double diff_sq = 0.0, want_sq = 0.0;
+  double diff_sq = 0.0, want_sq = 0.0, slack_sq = 0.0;
   for (size_t i = 0; i < got.size(); ++i) {
+    const double allowance = slack.empty() || !std::isfinite(slack[i]) ? 0.0 : slack[i];
     const double g = got[i], w = want[i];
     bool bad = false;
-    if (std::isnan(g) || std::isnan(w)) {
+    const bool must_equal = !exact.empty() && exact[i];
+    if (must_equal) {
+      ++c.exact;
+      bad = !(g == w || (std::isnan(g) && std::isnan(w)));
+      c.exact_mismatch += bad;
+      if (std::isfinite(g) && std::isfinite(w)) {
+        const double d = std::fabs(g - w);
+        c.max_abs = std::max(c.max_abs, d);
+        if (w != 0.0) c.max_rel = std::max(c.max_rel, d / std::fabs(w));
+        diff_sq += d * d;
+        want_sq += w * w;
+      }
+    } else if (std::isnan(g) || std::isnan(w)) {
       bad = std::isnan(g) != std::isnan(w);
       c.nan_mismatch += bad;
     } else if (std::isinf(g) || std::isinf(w)) {
@@ -58,7 +81,8 @@ Comparison compare_outputs(std::span<const double> got, std::span<const double> 
       if (w != 0.0) c.max_rel = std::max(c.max_rel, d / std::fabs(w));
       diff_sq += d * d;
       want_sq += w * w;
-      bad = d > c.atol + c.rtol * std::fabs(w);
+      slack_sq += allowance * allowance;
+      bad = d > c.atol + c.rtol * std::fabs(w) + allowance;
     }
     if (bad && c.mismatches++ == 0) {
       c.first_bad = i;
@@ -69,6 +93,7 @@ Comparison compare_outputs(std::span<const double> got, std::span<const double> 
   c.rel_l2 = want_sq > 0.0   ? std::sqrt(diff_sq / want_sq)
              : diff_sq > 0.0 ? std::numeric_limits<double>::infinity()
                              : 0.0;
+  if (want_sq > 0.0) c.max_rel_l2 += std::sqrt(slack_sq / want_sq);
   c.pass = c.mismatches == 0 && c.rel_l2 <= c.max_rel_l2;
   return c;
 }
@@ -83,6 +108,7 @@ std::string Comparison::describe() const {
       "{}: {} values, max_abs {:.3g}, max_rel {:.3g}, rel_l2 {:.3g} (bound {:.3g}), {} outside "
       "|got-want| <= {:.3g} + {:.3g}*|want|",
       pass ? "PASS" : "FAIL", count, max_abs, max_rel, rel_l2, max_rel_l2, mismatches, atol, rtol);
+  if (exact > 0) s += fmt::format(", {} of {} exact values differ", exact_mismatch, exact);
   if (nan_mismatch > 0) s += fmt::format(", {} NaN where the other is not", nan_mismatch);
   if (mismatches > 0)
     s += fmt::format("; first at [{}]: got {}, want {}", first_bad, first_bad_got, first_bad_want);

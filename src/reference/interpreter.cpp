@@ -152,6 +152,20 @@ Array load(const Node& node, const ReferenceInputs& in, const ReferenceOptions& 
   }
 }
 
+// ±1 for (seed, node, element): ReferenceOptions::perturb's signs.
+double perturb_sign(uint64_t seed, NodeId node, size_t i) {
+  uint64_t z = seed ^ (uint64_t(node) << 40) ^ uint64_t(i);  // splitmix64's finaliser
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return (z ^ (z >> 31)) & 1 ? 1.0 : -1.0;
+}
+
+void perturb(Array& a, NodeId node, const ReferenceOptions& options) {
+  if (options.perturb == 0) return;
+  for (size_t i = 0; i < a.data.size(); ++i)
+    a.data[i] *= 1.0 + options.perturb * perturb_sign(options.perturb_seed, node, i);
+}
+
 Array compute(const Node& node, std::span<const Array* const> args, const Extent& e,
               bool round_result) {
   const OpInfo& info = op_info(node.op);
@@ -257,14 +271,19 @@ ReferenceOutputs evaluate_reference(const Graph& g, const ReferenceInputs& input
       case NodeKind::compute:
         values[id] = compute(node, std::span(args.data(), node.inputs.size()), e,
                              options.round_compute);
+        perturb(values[id], id, options);
         break;
       case NodeKind::cast: values[id] = rounded(args[0]->shape, args[0]->data, node.dtype); break;
       case NodeKind::reduce: values[id] = reduce(node, *args[0], e); break;
       case NodeKind::pair: values[id] = select_pairs(node, *args[0], e); break;
       case NodeKind::store:
-        outputs[node.name] = rounded(args[0]->shape, args[0]->data, node.dtype).data;
+        outputs[node.name] = options.unrounded_outputs ? args[0]->data
+                                                       : rounded(args[0]->shape, args[0]->data, node.dtype).data;
         break;
-      default: values[id] = load(node, inputs, options); break;
+      default:
+        values[id] = load(node, inputs, options);
+        if (node.kind == NodeKind::accum) perturb(values[id], id, options);
+        break;
     }
     for (NodeId in : node.inputs)
       if (--uses_left[in] == 0) values[in] = Array{};

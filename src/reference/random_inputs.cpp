@@ -48,7 +48,42 @@ std::vector<double> random_values(uint64_t seed, std::string_view stream, size_t
   return v;
 }
 
+// Integers drawn uniformly from [-bound, bound].
+std::vector<double> random_integers(uint64_t seed, std::string_view stream, size_t count, int bound) {
+  std::mt19937_64 rng(XXH3_64bits_withSeed(stream.data(), stream.size(), seed));
+  std::vector<double> v(count);
+  for (double& x : v) x = static_cast<double>(int64_t(rng() % uint64_t(2 * bound + 1)) - bound);
+  return v;
+}
+
 }  // namespace
+
+ReferenceInputs random_integer_inputs(const Graph& g, int64_t m, int64_t n, int64_t k, uint64_t seed) {
+  if (m <= 0 || n <= 0 || k <= 0)
+    throw UserError(
+        fmt::format("problem size m={}, n={}, k={}: every size must be positive", m, n, k));
+  ReferenceInputs in;
+  in.m = m;
+  in.n = n;
+  in.k = k;
+  const auto mn = static_cast<size_t>(m * n);
+  in.a = random_integers(seed, "gemm:A", static_cast<size_t>(m * k), 1);
+  in.b = random_integers(seed, "gemm:B", static_cast<size_t>(k * n), 1);
+  for (const Node& node : g.nodes()) {
+    if (node.kind == NodeKind::source) {
+      in.c = random_integers(seed, "gemm:C", mn, 3);
+      continue;
+    }
+    if (!node.is_load() || node.kind == NodeKind::accum) continue;
+    if (node.kind == NodeKind::scalar && node.scalar_kind == ScalarKind::constant) continue;
+    const size_t count = node.shape == Shape::scalar ? 1
+                         : node.shape == Shape::row  ? static_cast<size_t>(n)
+                         : node.shape == Shape::col  ? static_cast<size_t>(m)
+                                                     : mn;
+    in.operands[node.name] = random_integers(seed, "operand:" + node.name, count, 3);
+  }
+  return in;
+}
 
 ReferenceInputs random_reference_inputs(const Graph& g, int64_t m, int64_t n, int64_t k,
                                         DType a_dtype, DType b_dtype, uint64_t seed) {

@@ -210,6 +210,54 @@ std::vector<OutputCheck> check_outputs(const Kernel& kernel, const ReferenceOutp
   return checks;
 }
 
+Expected expected_outputs(const Kernel& kernel, const ReferenceInputs& inputs, bool integer_inputs) {
+  const Graph& g = kernel.graph();
+  Expected e;
+  e.want = evaluate_reference(g, inputs);
+  ReferenceOptions perturbed;
+  perturbed.perturb = !kernel.options().precise_math && uses_fast_math(g) ? std::ldexp(1.0, -11) : std::ldexp(1.0, -23);
+  perturbed.perturb_seed = 0x5eed;
+  const ReferenceOutputs moved = evaluate_reference(g, inputs, perturbed);
+  for (const auto& [name, want] : e.want) {
+    std::vector<double>& slack = e.slack[name];
+    slack.resize(want.size());
+    const std::vector<double>& m = moved.at(name);
+    for (size_t i = 0; i < want.size(); ++i) slack[i] = 2 * std::fabs(m[i] - want[i]);
+  }
+  if (integer_inputs) {
+    ReferenceOptions exact_values, f32_values;
+    exact_values.unrounded_outputs = f32_values.unrounded_outputs = true;
+    f32_values.round_compute = true;
+    const ReferenceOutputs truth = evaluate_reference(g, inputs, exact_values);
+    const ReferenceOutputs chain = evaluate_reference(g, inputs, f32_values);
+    for (NodeId id : g.outputs()) {
+      const Node& s = g.node(id);
+      const Node& in = g.node(s.inputs[0]);
+      if (in.kind == NodeKind::reduce && in.reduce_op == ReduceOp::sum) continue;
+      const std::vector<double>& t = truth.at(s.name);
+      const std::vector<double>& c = chain.at(s.name);
+      std::vector<char>& exact = e.exact[s.name];
+      exact.resize(t.size());
+      for (size_t i = 0; i < t.size(); ++i) exact[i] = t[i] == c[i] || (std::isnan(t[i]) && std::isnan(c[i]));
+    }
+  }
+  return e;
+}
+
+std::vector<OutputCheck> check_outputs(const Kernel& kernel, const ReferenceOutputs& got, const Expected& expected) {
+  std::vector<OutputCheck> checks;
+  for (const auto& [name, ref] : expected.want) {
+    auto it = got.find(name);
+    if (it == got.end()) throw InternalError(fmt::format("output '{}' was not read back", name));
+    const auto exact = expected.exact.find(name);
+    checks.push_back({name, compare_outputs(it->second, ref, output_tolerance(kernel, name), 1.0,
+                                            expected.slack.at(name),
+                                            exact == expected.exact.end() ? std::span<const char>{}
+                                                                          : std::span<const char>(exact->second))});
+  }
+  return checks;
+}
+
 double median_ms(const std::function<void()>& launch, cudaStream_t stream, int warmup,
                  int iterations) {
   for (int i = 0; i < warmup; ++i) launch();

@@ -67,6 +67,23 @@ struct OutputCheck {
 std::vector<OutputCheck> check_outputs(const Kernel& kernel, const ReferenceOutputs& got,
                                        const ReferenceOutputs& want);
 
+// What a kernel's outputs on `inputs` must match, and the allowance per element:
+//  - want: the fp64 reference;
+//  - slack: twice how far each output element moves when every computed value (and the
+//    accumulator) is perturbed by the device's relative error (2^-11 where the epilogue uses
+//    the fast hardware math forms, else 2^-23): an estimate of how much that element amplifies
+//    such errors (pow of a tanh, a difference of close values), added to its bound;
+//  - exact (integer inputs): elements the device computes exactly, which must match bit for
+//    bit: those whose evaluation with every computed value rounded to f32 equals the fp64 one
+//    before the output's rounding, outside sum reductions (whose order the device chooses).
+struct Expected {
+  ReferenceOutputs want;
+  std::map<std::string, std::vector<double>> slack;
+  std::map<std::string, std::vector<char>> exact;
+};
+Expected expected_outputs(const Kernel& kernel, const ReferenceInputs& inputs, bool integer_inputs);
+std::vector<OutputCheck> check_outputs(const Kernel& kernel, const ReferenceOutputs& got, const Expected& expected);
+
 // Median time in milliseconds of `launch` on `stream`, each launch timed with its own pair
 // of CUDA events after `warmup` untimed launches.
 double median_ms(const std::function<void()>& launch, cudaStream_t stream, int warmup = 10,

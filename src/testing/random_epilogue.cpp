@@ -37,13 +37,14 @@ EpilogueGenerator::EpilogueGenerator(uint64_t seed, GeneratorOptions options) : 
 std::string EpilogueGenerator::leaf(bool fp8) {
   (void)fp8;
   static const char* kConstants[] = {"0.5", "-1.25", "2", "0.75", "-3", "1.5"};
+  static const char* kIntegers[] = {"1", "-1", "2", "-2", "3", "-3"};
   switch (uniform(0, 9)) {
     case 0: case 1: case 2: return "acc";
     case 3: return fmt::format("r{}[n]", uniform(0, 2));
     case 4: return fmt::format("c{}[m]", uniform(0, 1));
     case 5: return fmt::format("x{}[m,n]", uniform(0, 1));
     case 6: return fmt::format("s{}", uniform(0, 1));
-    case 7: return kConstants[uniform(0, 5)];
+    case 7: return options_.integers ? kIntegers[uniform(0, 5)] : kConstants[uniform(0, 5)];
     default: return "acc";
   }
 }
@@ -67,8 +68,10 @@ std::string EpilogueGenerator::guarded(int depth, bool fp8, uint8_t domain) {
 
 std::string EpilogueGenerator::value(int depth, bool fp8) {
   if (depth <= 0 || coin(0.25)) return leaf(fp8);
-  const auto ops = op_table();
-  const OpInfo& op = ops[size_t(uniform(0, int(ops.size()) - 1))];
+  std::vector<const OpInfo*> ops;
+  for (const OpInfo& o : op_table())
+    if (!options_.integers || o.exact_on_integers) ops.push_back(&o);
+  const OpInfo& op = *ops[size_t(uniform(0, int(ops.size()) - 1))];
   std::vector<std::string> args;
   for (int i = 0; i < op.arity; ++i) args.push_back(guarded(depth - 1, fp8, uint8_t(op.domains[size_t(i)])));
   std::string v;
@@ -114,8 +117,13 @@ RandomKernel EpilogueGenerator::next() {
     k.gemm.b_layout = coin(0.5) ? Layout::row_major : Layout::col_major;
   }
   if (k.kind == KernelKind::gated) {
-    const auto& table = frontend::gated_function_table();
-    const frontend::GatedFunctionInfo& f = table[size_t(uniform(2, int(table.size()) - 1))];  // not gate/up alone
+    // Not gate/up alone, except where only those and reglu are exact on integers.
+    std::vector<const frontend::GatedFunctionInfo*> table;
+    for (const auto& g : frontend::gated_function_table())
+      if (options_.integers ? g.exact_on_integers
+                            : g.fn != frontend::GatedFunction::gate && g.fn != frontend::GatedFunction::up)
+        table.push_back(&g);
+    const frontend::GatedFunctionInfo& f = *table[size_t(uniform(0, int(table.size()) - 1))];
     std::string call = fmt::format("{}({}", f.name, with_acc(value(uniform(0, options_.max_depth - 1), false)));
     if (!f.params.empty() && coin(0.5)) call += fmt::format(", alpha={}, limit={}", coin(0.5) ? 1.5 : 1.0, coin(0.5) ? 5 : 3);
     call += ")";

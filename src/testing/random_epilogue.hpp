@@ -44,6 +44,10 @@ struct GeneratorOptions {
   int min_outputs = 1, max_outputs = 8;  // [m,n] outputs per dense kernel (1..8)
   int max_depth = 4;       // nesting of ops in one output
   double gated_share = 0.15, fp8_share = 0.1, reduction_share = 0.15;
+  // Only ops and gated functions that are exact on integers (the op table's column), and
+  // integer constants: with integer-valued inputs (random_integer_inputs) every value is an
+  // integer the device computes exactly, so results must match the reference bit for bit.
+  bool integers = false;
 };
 
 class EpilogueGenerator {

@@ -3,6 +3,7 @@
 // epilogues that parse and can be fused (so the GPU run tests fused kernels, not refusals).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <set>
 #include <string>
 
@@ -55,6 +56,35 @@ TEST(RandomEpilogue, CoversTheOpTableAndEveryKernelKind) {
     if (f.name != "gate" && f.name != "up") EXPECT_NE(all.find(std::string(f.name) + "("), std::string::npos) << f.name;
   for (const char* r : {"row_sum(", "col_sum(", "col_amax(", "bf16(", "out o7"})
     EXPECT_NE(all.find(r), std::string::npos) << r;
+}
+
+// The integer mode uses only what the op table marks exact on integers, and integer constants.
+TEST(RandomEpilogue, IntegerModeUsesOnlyOpsExactOnIntegers) {
+  evtc::testing::GeneratorOptions o;
+  o.integers = true;
+  evtc::testing::EpilogueGenerator gen(3, o);
+  std::set<Op> used;
+  std::set<std::string> gated;
+  for (int i = 0; i < 2000; ++i) {
+    const evtc::testing::RandomKernel k = gen.next();
+    ParseOptions p;
+    p.operand_dtype = k.kind == evtc::testing::KernelKind::fp8 ? DType::f32 : k.gemm.a_dtype;
+    const Graph g = parse_expression(k.text(), p);
+    for (const Node& n : g.nodes()) {
+      if (n.kind == NodeKind::compute) {
+        used.insert(n.op);
+        EXPECT_TRUE(op_info(n.op).exact_on_integers) << op_info(n.op).name << " in " << k.text();
+      }
+      if (n.kind == NodeKind::scalar && n.scalar_kind == ScalarKind::constant)
+        EXPECT_EQ(n.value, std::round(n.value)) << k.text();
+    }
+    for (const auto& f : frontend::gated_function_table())
+      if (k.text().find(std::string(f.name) + "(") != std::string::npos) gated.insert(std::string(f.name));
+  }
+  size_t exact_ops = 0;
+  for (const OpInfo& op : op_table()) exact_ops += op.exact_on_integers;
+  EXPECT_EQ(used.size(), exact_ops);  // every exact op appears
+  EXPECT_EQ(gated, (std::set<std::string>{"gate", "up", "reglu"}));
 }
 
 }  // namespace

@@ -694,3 +694,84 @@ TEST(OutputTolerance, AWideOutputOfARoundedValueHasTheRoundedTypesTolerance) {
   EXPECT_EQ(runtime::output_tolerance(k, "y").max_rel_l2, tolerance_for(DType::bf16).max_rel_l2);
   EXPECT_EQ(runtime::output_tolerance(k, "D").rtol, tolerance_for(DType::f32).rtol);
 }
+
+// --- integer inputs, exact elements and the condition allowance --------------------------------
+
+TEST(ReferenceRandom, IntegerInputsAreSmallIntegersOfEveryOperand) {
+  const Graph g = parse_expression("out D = acc * x[m,n] + bias[n] + c[m] + s + C");
+  const ReferenceInputs in = random_integer_inputs(g, 37, 24, 40, 7);
+  auto all_integers = [](const std::vector<double>& v, double bound) {
+    for (double x : v)
+      if (x != std::round(x) || std::fabs(x) > bound) return false;
+    return true;
+  };
+  EXPECT_TRUE(all_integers(in.a, 1));
+  EXPECT_TRUE(all_integers(in.b, 1));
+  EXPECT_TRUE(all_integers(in.c, 3));
+  for (const char* name : {"x", "bias", "c", "s"}) EXPECT_TRUE(all_integers(in.operands.at(name), 3)) << name;
+  // Not all zero, and a fresh draw for another seed.
+  EXPECT_NE(std::count(in.a.begin(), in.a.end(), 0.0), static_cast<long>(in.a.size()));
+  EXPECT_NE(random_integer_inputs(g, 37, 24, 40, 8).a, in.a);
+}
+
+// With integer inputs an epilogue of ops exact on integers evaluates to the same values with every
+// computed value rounded to f32 as in fp64: what lets the device be checked bit for bit.
+TEST(ReferenceRandom, ExactOpsOnIntegerInputsAreExactInF32) {
+  const Graph g = parse_expression(
+      "out D: f32 = fma(relu(acc), x[m,n], square(max(acc, s)) - abs(bias[n]) * clamp(acc, -2, 3))");
+  for (const OpInfo& op : op_table())
+    if (op.name == "fma" || op.name == "relu" || op.name == "square" || op.name == "clamp")
+      EXPECT_TRUE(op.exact_on_integers) << op.name;
+  const ReferenceInputs in = random_integer_inputs(g, 64, 48, 96, 3);
+  ReferenceOptions f32;
+  f32.round_compute = true;
+  EXPECT_EQ(evaluate_reference(g, in).at("D"), evaluate_reference(g, in, f32).at("D"));
+}
+
+TEST(ReferenceCompare, ExactElementsMustMatchBitForBit) {
+  std::vector<double> want(100, 1000.0), got = want;
+  got[17] = 1000.0 + std::ldexp(1.0, -13);  // far inside f32's tolerance
+  std::vector<char> exact(100, 1);
+  const Comparison c = compare_outputs(got, want, tolerance_for(DType::f32), 1.0, {}, exact);
+  EXPECT_FALSE(c.pass) << c.describe();
+  EXPECT_EQ(c.exact, 100u);
+  EXPECT_EQ(c.exact_mismatch, 1u);
+  EXPECT_EQ(c.first_bad, 17u);
+  EXPECT_NE(c.describe().find("1 of 100 exact values differ"), std::string::npos) << c.describe();
+  exact[17] = 0;  // the same difference where the device need not be exact passes
+  EXPECT_TRUE(compare_outputs(got, want, tolerance_for(DType::f32), 1.0, {}, exact).pass);
+}
+
+// pow(b, tanh(r) * 2): an error of 2^-11 in tanh (the fast hardware form) moves the result by
+// ln(b) times as much, beyond bf16's bound where b is large (found by evtc fuzz, seed 31). The
+// perturbed reference measures that amplification, and the allowance covers it; a well-conditioned
+// output gets an allowance far below its tolerance.
+TEST(ReferenceCompare, ConditionAllowanceFollowsTheAmplification) {
+  const Graph g = parse_expression("out P: f32 = pow(abs(acc) * 40 + 0.25, tanh(r[n]) * 2)\nout Q: f32 = acc + r[n]");
+  const ReferenceInputs in = random_reference_inputs(g, 32, 64, 64, DType::bf16, DType::bf16, 11);
+  const ReferenceOutputs want = evaluate_reference(g, in);
+  ReferenceOptions p;
+  p.perturb = std::ldexp(1.0, -11);
+  p.perturb_seed = 5;
+  const ReferenceOutputs moved = evaluate_reference(g, in, p);
+  auto ratio = [&](const std::string& name) {  // largest |moved - want| over |want| + rms(want)
+    const std::vector<double>& v = want.at(name);
+    double sq = 0, r = 0;
+    for (double x : v) sq += x * x;
+    const double rms = std::sqrt(sq / double(v.size()));
+    for (size_t i = 0; i < v.size(); ++i) r = std::max(r, std::fabs(moved.at(name)[i] - v[i]) / (std::fabs(v[i]) + rms));
+    return r;
+  };
+  EXPECT_GT(ratio("P"), std::ldexp(1.0, -9));  // amplified past the fast-math bound
+  EXPECT_LT(ratio("Q"), std::ldexp(1.0, -10)); // not amplified
+  // A device result off by the amplified error: outside the bound alone, inside with the allowance.
+  const std::vector<double>& w = want.at("P");
+  std::vector<double> got(w.size()), slack(w.size());
+  for (size_t i = 0; i < w.size(); ++i) {
+    slack[i] = 2 * std::fabs(moved.at("P")[i] - w[i]);
+    got[i] = w[i] + (moved.at("P")[i] - w[i]);
+  }
+  Tolerance t{std::ldexp(1.0, -9), std::ldexp(1.0, -10)};
+  EXPECT_FALSE(compare_outputs(got, w, t).pass);
+  EXPECT_TRUE(compare_outputs(got, w, t, 1.0, slack).pass);
+}
