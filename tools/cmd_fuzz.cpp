@@ -11,7 +11,9 @@
 #include <chrono>
 #include <future>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
+#include <semaphore>
 #include <thread>
 
 #include "backends/cuda/fallback_emitter.hpp"
@@ -21,6 +23,7 @@
 #include "evtc/expression.hpp"
 #include "evtc/ir_text.hpp"
 #include "evtc/reference.hpp"
+#include "jit/kernel_cache.hpp"
 #include "runtime/harness.hpp"
 #include "testing/random_epilogue.hpp"
 
@@ -33,6 +36,7 @@ using testing::RandomKernel;
 struct FuzzArgs {
   uint64_t seed = 1;
   int count = 200, min_outputs = 1, max_outputs = 8, max_depth = 4, isolate = 5;
+  double compile_for = 0;  // > 0: start no compile after this many seconds
   bool cpu = false, print = false, integers = false;
   std::string json;
 };
@@ -147,8 +151,9 @@ struct GpuCase {
   const Case* c = nullptr;
   std::unique_ptr<Kernel> fused, unfused;
   std::string not_fused;  // why the fused path is not taken
-  std::future<void> compiling;
+  std::future<bool> compiling;  // false: not compiled (past --compile-for)
   std::string compile_error;
+  bool skipped = false;
 };
 
 // Whether an output's epilogue rounds an intermediate value to a narrower type (bf16(...),
@@ -204,6 +209,11 @@ int fuzz_gpu(const FuzzArgs& fa, const std::vector<Case>& cases, nlohmann::json&
   setenv("EVTC_QUIET", "1", 0);
   // Build every kernel, then compile them all at once (EVTC_COMPILE_JOBS at a time).
   const auto t_compile = std::chrono::steady_clock::now();
+  std::optional<std::chrono::steady_clock::time_point> deadline;
+  if (fa.compile_for > 0)
+    deadline = t_compile + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                               std::chrono::duration<double>(fa.compile_for));
+  std::counting_semaphore<> turns(jit::compile_slots());
   std::vector<GpuCase> gpu(cases.size());
   for (size_t i = 0; i < cases.size(); ++i) {
     GpuCase& g = gpu[i];
@@ -216,16 +226,28 @@ int fuzz_gpu(const FuzzArgs& fa, const std::vector<Case>& cases, nlohmann::json&
     Kernel* u = g.unfused.get();
     const Case* c = g.c;
     const bool fuse = g.not_fused.empty();
-    g.compiling = std::async(std::launch::async, [f, u, c, fuse] {
-      if (fuse) f->compile(c->m, c->n, c->k);
+    g.compiling = std::async(std::launch::async, [f, u, c, fuse, deadline, &turns] {
+      // One turn per compile slot, so that the deadline is checked when a kernel's compile
+      // would start; cache hits take a turn briefly.
+      if (fuse) {
+        turns.acquire();
+        struct Release {
+          std::counting_semaphore<>& t;
+          ~Release() { t.release(); }
+        } release{turns};
+        if (deadline && std::chrono::steady_clock::now() > *deadline) return false;
+        f->compile(c->m, c->n, c->k);
+      }
       u->compile_fallback();
+      return true;
     });
   }
   const ProgressFn progress = progress_printer("evtc fuzz");
-  size_t compiled = 0, compile_failures = 0;
+  size_t compiled = 0, compile_failures = 0, skipped = 0;
   for (GpuCase& g : gpu) {
     try {
-      g.compiling.get();
+      g.skipped = !g.compiling.get();
+      skipped += g.skipped;
     } catch (const std::exception& e) {
       g.compile_error = e.what();
       ++compile_failures;
@@ -241,7 +263,7 @@ int fuzz_gpu(const FuzzArgs& fa, const std::vector<Case>& cases, nlohmann::json&
   for (size_t i = 0; i < gpu.size(); ++i) {
     const GpuCase& g = gpu[i];
     const Case& c = *g.c;
-    expressions += c.kernel.outputs.size();
+    if (!g.skipped) expressions += c.kernel.outputs.size();
     auto note = [&](const std::string& path, const std::string& output, const std::string& what) {
       size_t index = 0;
       for (size_t o = 0; o < c.kernel.outputs.size(); ++o)
@@ -252,6 +274,7 @@ int fuzz_gpu(const FuzzArgs& fa, const std::vector<Case>& cases, nlohmann::json&
                             {"run", run_line(c, index)}, {"kernel_text", c.kernel.text()}});
       if (path == "fused" && output != "(path)") to_isolate.emplace_back(&c, index);
     };
+    if (g.skipped) continue;
     if (!g.compile_error.empty()) {
       const std::string first = g.compile_error.substr(0, 600);
       fmt::print("COMPILE FAILURE kernel {} ({}): {}\n  kernel: {}\n", i, kernel_kind_name(c.kernel.kind), first,
@@ -311,14 +334,18 @@ int fuzz_gpu(const FuzzArgs& fa, const std::vector<Case>& cases, nlohmann::json&
              gpu.size(), expressions, not_fused, fused_checks, fused_expressions, unfused_checks,
              fa.integers ? fmt::format(" on integer inputs ({} elements bit for bit)", exact) : std::string(),
              mismatches.size(), compile_failures, boundary, compile_s, run_s);
-  report["gpu"] = {{"kernels", gpu.size()},         {"expressions", expressions},
+  if (skipped)
+    fmt::print("fuzz: {} kernels not compiled within --compile-for {} s were skipped (their expressions are not "
+               "counted); the kernels compiled are in the cache for the next run\n",
+               skipped, fa.compile_for);
+  report["gpu"] = {{"kernels", gpu.size() - skipped}, {"skipped_kernels", skipped}, {"expressions", expressions},
                    {"fused_expressions", fused_expressions}, {"boundary_flips", boundary},
                    {"not_fusable", not_fused},      {"fused_checks", fused_checks},
                    {"unfused_checks", unfused_checks}, {"mismatches", mismatches},
                    {"compile_failures", compile_failures}, {"compile_errors", compile_errors}, {"isolated", isolated},
                    {"compile_s", compile_s},        {"run_s", run_s},
                    {"integer_inputs", fa.integers}, {"exact_elements", exact}};
-  return mismatches.empty() && compile_failures == 0 ? kExitOk : kExitFailed;
+  return mismatches.empty() && compile_failures == 0 && skipped == 0 ? kExitOk : kExitFailed;
 }
 
 }  // namespace
@@ -340,6 +367,10 @@ Command add_fuzz_command(CLI::App& app) {
                 "No GPU: the pass pipeline against the reference before it, legality and the emitters");
   sub->add_option("--isolate", fa->isolate, "Fused mismatches re-run with their output alone (a compile each)")
       ->check(CLI::Range(0, 1000));
+  sub->add_option("--compile-for", fa->compile_for,
+                  "Start no new compile after this many seconds: kernels not compiled by then are skipped (and the "
+                  "run fails), the compiled ones stay cached for the next run")
+      ->check(CLI::NonNegativeNumber);
   sub->add_flag("--integers", fa->integers,
                 "Integer-valued inputs and only ops exact on integers: results must match the reference bit for bit");
   sub->add_option("--json", fa->json, "Write the report as JSON to this file");
