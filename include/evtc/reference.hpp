@@ -34,6 +34,10 @@ struct ReferenceOptions {
   // element amplifies such errors (its condition), which random testing adds to its bound.
   double perturb = 0;
   uint64_t perturb_seed = 0;
+  // Nonzero: the accumulator also gets perturb_accumulator × its rms added, with a random sign
+  // per element: the main loop's error is absolute (a sum of K products rounded as it goes),
+  // so an element that cancels to about 0 moves by as much as any other.
+  double perturb_accumulator = 0;
   // true: outputs keep the value they would be stored from, unrounded to their dtype.
   bool unrounded_outputs = false;
 };

@@ -167,6 +167,8 @@ class Kernel {
   // Whether a kernel library (evtc/kernel_library.hpp) holds the fused kernel problems of
   // this size run with, so that it needs no compile.
   bool in_library(int64_t m, int64_t n, int64_t k) const;
+  // Whether that fused kernel is compiled already (in a kernel library or the disk cache).
+  bool is_compiled(int64_t m, int64_t n, int64_t k) const;
   // Runs on `stream`. Returns the path taken (fused, or fallback with the reason logged once).
   ExecutionPath run(const Arguments& args, cudaStream_t stream = nullptr) const;
   // Why a problem of this size would not be fused; empty if it would be.

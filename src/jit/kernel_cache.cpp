@@ -549,6 +549,13 @@ std::shared_future<std::string> compile_in_background(const CompileRequest& req)
   return future;
 }
 
+std::optional<std::string> compiled_kernel(const CompileRequest& req) {
+  if (auto path = library_kernel(req)) return path;
+  const fs::path dir = fs::path(cache_dir()) / "kernels" / cache_key(req);
+  if (entry_intact(dir)) return (dir / "kernel.so").string();
+  return std::nullopt;
+}
+
 std::string compile_cached(const CompileRequest& req) {
   if (auto path = library_kernel(req)) return *path;
   CompileTable& table = compile_table();

@@ -17,6 +17,7 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace evtc::jit {
@@ -52,6 +53,8 @@ struct CompileRequest {
 // (jit/kernel_library.hpp) if one has it, else the disk cache, compiling it if that does not
 // have it. Needs no GPU. Thread-safe: concurrent requests for one key compile it once.
 std::string compile_cached(const CompileRequest& request);
+// The compiled library's path when a kernel library or the disk cache holds it (no compile).
+std::optional<std::string> compiled_kernel(const CompileRequest& request);
 // Starts compiling the request on one of evtc's background compile threads (or finds it
 // compiled: in the disk cache, or by an earlier call) and returns the library path's future;
 // get() rethrows a compile error. Shares compile_cached's in-process table, so a kernel being

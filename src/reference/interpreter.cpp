@@ -166,6 +166,15 @@ void perturb(Array& a, NodeId node, const ReferenceOptions& options) {
     a.data[i] *= 1.0 + options.perturb * perturb_sign(options.perturb_seed, node, i);
 }
 
+void perturb_accumulator(Array& a, NodeId node, const ReferenceOptions& options) {
+  if (options.perturb_accumulator == 0) return;
+  double sq = 0;
+  for (double v : a.data) sq += std::isfinite(v) ? v * v : 0.0;
+  const double step = options.perturb_accumulator * std::sqrt(sq / double(std::max<size_t>(1, a.data.size())));
+  for (size_t i = 0; i < a.data.size(); ++i)
+    a.data[i] += step * perturb_sign(options.perturb_seed ^ 0xacc, node, i);
+}
+
 Array compute(const Node& node, std::span<const Array* const> args, const Extent& e,
               bool round_result) {
   const OpInfo& info = op_info(node.op);
@@ -282,7 +291,10 @@ ReferenceOutputs evaluate_reference(const Graph& g, const ReferenceInputs& input
         break;
       default:
         values[id] = load(node, inputs, options);
-        if (node.kind == NodeKind::accum) perturb(values[id], id, options);
+        if (node.kind == NodeKind::accum) {
+          perturb(values[id], id, options);
+          perturb_accumulator(values[id], id, options);
+        }
         break;
     }
     for (NodeId in : node.inputs)

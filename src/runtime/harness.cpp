@@ -217,6 +217,16 @@ Expected expected_outputs(const Kernel& kernel, const ReferenceInputs& inputs, b
   ReferenceOptions perturbed;
   perturbed.perturb = !kernel.options().precise_math && uses_fast_math(g) ? std::ldexp(1.0, -11) : std::ldexp(1.0, -23);
   perturbed.perturb_seed = 0x5eed;
+  // The main loop's absolute error, relative to the accumulator's rms: fp8 products are added
+  // with fewer bits than fp32 carries (output_tolerance's fp8 terms); 16-bit ones in fp32.
+  const GemmDesc& gemm = kernel.options().gemm;
+  if (is_fp8(gemm.a_dtype) || is_fp8(gemm.b_dtype)) {
+    const auto& config = kernel.options().config;
+    const bool fast_accum = gemm.fp8_fast_accum || (config && config->fp8_fast_accum);
+    perturbed.perturb_accumulator = std::ldexp(1.0, fast_accum ? -7 : -11);
+  } else {
+    perturbed.perturb_accumulator = std::ldexp(1.0, -19);
+  }
   const ReferenceOutputs moved = evaluate_reference(g, inputs, perturbed);
   for (const auto& [name, want] : e.want) {
     std::vector<double>& slack = e.slack[name];

@@ -71,8 +71,11 @@ std::vector<OutputCheck> check_outputs(const Kernel& kernel, const ReferenceOutp
 //  - want: the fp64 reference;
 //  - slack: twice how far each output element moves when every computed value (and the
 //    accumulator) is perturbed by the device's relative error (2^-11 where the epilogue uses
-//    the fast hardware math forms, else 2^-23): an estimate of how much that element amplifies
-//    such errors (pow of a tanh, a difference of close values), added to its bound;
+//    the fast hardware math forms, else 2^-23), and the accumulator also by the main loop's
+//    absolute error (2^-11 of its rms for fp8 A/B, 2^-7 with fast accumulation, 2^-19 for
+//    16-bit A/B): an estimate of how much that element amplifies such errors (a pow of a
+//    tanh, a product with a large operand, a `where` whose condition is a sum that cancels to
+//    0), added to its bound;
 //  - exact (integer inputs): elements the device computes exactly, which must match bit for
 //    bit: those whose evaluation with every computed value rounded to f32 equals the fp64 one
 //    before the output's rounding, outside sum reductions (whose order the device chooses).

@@ -275,6 +275,10 @@ bool Kernel::in_library(int64_t m, int64_t n, int64_t k) const {
   return jit::library_kernel(impl_->fused_request(config_for(m, n, k))).has_value();
 }
 
+bool Kernel::is_compiled(int64_t m, int64_t n, int64_t k) const {
+  return jit::compiled_kernel(impl_->fused_request(config_for(m, n, k))).has_value();
+}
+
 std::string Kernel::fallback_reason(int64_t m, int64_t n, int64_t k) const {
   return impl_->fallback_reason(m, n, k);
 }

@@ -378,3 +378,18 @@ TEST_F(KernelCache, DamagedEntriesAreNotUsedAndHeal) {
 }
 
 }  // namespace
+
+namespace {
+// compiled_kernel: a cache lookup that never compiles (`evtc fuzz --compile-for` uses it to tell
+// a compiled kernel, which needs no compile slot, from one that would start nvcc).
+TEST_F(KernelCache, CompiledKernelFindsOnlyIntactEntries) {
+  const jit::CompileRequest req = fallback_request("compiled_kernel lookup");
+  EXPECT_FALSE(jit::compiled_kernel(req).has_value());
+  EXPECT_EQ(entries_in(dir_ / "kernels"), 0u) << "a lookup must not compile";
+  const std::string path = jit::compile_cached(req);
+  ASSERT_TRUE(jit::compiled_kernel(req).has_value());
+  EXPECT_EQ(*jit::compiled_kernel(req), path);
+  std::ofstream(path, std::ios::trunc) << "damaged";
+  EXPECT_FALSE(jit::compiled_kernel(req).has_value()) << "a damaged entry is not compiled";
+}
+}  // namespace
