@@ -171,8 +171,15 @@ void perturb_accumulator(Array& a, NodeId node, const ReferenceOptions& options)
   double sq = 0;
   for (double v : a.data) sq += std::isfinite(v) ? v * v : 0.0;
   const double step = options.perturb_accumulator * std::sqrt(sq / double(std::max<size_t>(1, a.data.size())));
-  for (size_t i = 0; i < a.data.size(); ++i)
-    a.data[i] += step * perturb_sign(options.perturb_seed ^ 0xacc, node, i);
+  // Within a step of 0 the zero-ness flips (0 becomes ±step, a value within a step becomes 0):
+  // a device sum that cancels may end exactly at 0 where fp64's does not, or the other way,
+  // and a `where` on it then takes the other branch.
+  for (size_t i = 0; i < a.data.size(); ++i) {
+    double& v = a.data[i];
+    if (v == 0.0) v = step * perturb_sign(options.perturb_seed ^ 0xacc, node, i);
+    else if (std::fabs(v) <= step) v = 0.0;
+    else v += step * perturb_sign(options.perturb_seed ^ 0xacc, node, i);
+  }
 }
 
 Array compute(const Node& node, std::span<const Array* const> args, const Extent& e,
