@@ -3,7 +3,9 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <fmt/format.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -13,6 +15,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
+#include <cstring>
+#include <ctime>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -263,6 +267,119 @@ class CompileSlot {
   CompileSlot& operator=(const CompileSlot&) = delete;
 };
 
+// --- one compile per kernel across processes and hosts -----------------------------------
+
+std::string host_name() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "unknown-host";
+  return name;
+}
+
+double lock_timeout_s() {
+  const char* raw = std::getenv("EVTC_LOCK_TIMEOUT");
+  const std::string v = raw ? raw : "";
+  if (v.empty()) return 1800.0;
+  try {
+    size_t used = 0;
+    const double s = std::stod(v, &used);
+    if (used == v.size() && s > 0) return s;
+  } catch (const std::exception&) {
+  }
+  throw UserError(fmt::format("EVTC_LOCK_TIMEOUT='{}': expected a number of seconds greater than 0", v));
+}
+
+}  // namespace
+
+std::optional<EntryLock> EntryLock::try_acquire(const std::string& path, std::string* holder) {
+  const fs::path file(path);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const int fd = ::open(file.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0644);
+    if (fd >= 0) {
+      const std::string owner = fmt::format("{} {}\n", host_name(), static_cast<long>(getpid()));
+      const bool written = ::write(fd, owner.data(), owner.size()) == static_cast<ssize_t>(owner.size());
+      ::close(fd);
+      if (!written) {
+        ::unlink(file.c_str());
+        throw RuntimeError(fmt::format("cannot write the compile lock {}", path));
+      }
+      return EntryLock(path);
+    }
+    if (errno != EEXIST)
+      throw RuntimeError(fmt::format("cannot create the compile lock {}: {}", path, std::strerror(errno)));
+    // Held: by whom, and is its owner still there?
+    std::string host;
+    long pid = 0;
+    {
+      std::ifstream in(file);
+      in >> host >> pid;
+    }
+    struct stat st {};
+    if (::stat(file.c_str(), &st) != 0) continue;  // released meanwhile: try again
+    const double age = std::difftime(std::time(nullptr), st.st_mtime);
+    const bool stale = host.empty() ? age > 10.0  // the owner died before writing its name
+                       : host == host_name() ? !process_alive(pid)
+                                             : age > lock_timeout_s();
+    if (holder) *holder = host.empty() ? "a process" : fmt::format("process {} on {}", pid, host);
+    if (!stale) return std::nullopt;
+    // Take the stale lock out of the way atomically (of two processes that find it stale, one
+    // renames it), then try again.
+    std::random_device rd;
+    const fs::path aside = file.string() + fmt::format(".stale-{}-{:08x}", static_cast<long>(getpid()), rd());
+    if (::rename(file.c_str(), aside.c_str()) == 0) ::unlink(aside.c_str());
+  }
+  return std::nullopt;
+}
+
+EntryLock::~EntryLock() {
+  if (!path_.empty()) ::unlink(path_.c_str());
+}
+
+EntryLock::EntryLock(EntryLock&& o) noexcept : path_(std::move(o.path_)) { o.path_.clear(); }
+
+EntryLock& EntryLock::operator=(EntryLock&& o) noexcept {
+  if (this != &o) {
+    if (!path_.empty()) ::unlink(path_.c_str());
+    path_ = std::move(o.path_);
+    o.path_.clear();
+  }
+  return *this;
+}
+
+std::string machine_slot_dir() {
+  if (const char* d = std::getenv("EVTC_MACHINE_SLOT_DIR"); d && *d) return d;
+  return (fs::temp_directory_path() / fmt::format("evtc-compile-slots-{}", static_cast<long>(getuid()))).string();
+}
+
+MachineSlot::MachineSlot(int slots, const std::string& dir, const std::function<void()>& on_wait) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  bool waited = false;
+  for (;;) {
+    for (int i = 0; i < slots; ++i) {
+      const fs::path file = fs::path(dir) / fmt::format("slot-{}", i);
+      const int fd = ::open(file.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0666);
+      if (fd < 0) {
+        if (i == 0 && ec) return;  // no slot folder: no machine-wide cap (the in-process one holds)
+        continue;
+      }
+      if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {
+        fd_ = fd;  // released by close, or by the kernel when this process dies
+        return;
+      }
+      ::close(fd);
+    }
+    if (!waited && on_wait) on_wait();
+    waited = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+MachineSlot::~MachineSlot() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+namespace {
+
 std::string command_line(const std::vector<std::string>& argv) {
   std::string command;
   for (const auto& a : argv) command += (command.empty() ? "" : " ") + a;
@@ -351,6 +468,23 @@ std::string compile_into_cache(const CompileRequest& req, const std::string& key
     throw RuntimeError(fmt::format("cannot use the kernel cache folder {}: {} (set EVTC_CACHE_DIR to a writable folder)",
                                    root.string(), dir_error ? dir_error.message() : "it is not writable"));
   remove_stale_temporaries(root);
+
+  // One process compiles a key; others (on this host or another sharing the folder) wait for
+  // its entry.
+  fs::create_directories(root / "locks", dir_error);
+  std::optional<EntryLock> lock;
+  for (bool announced = false;;) {
+    std::string holder;
+    lock = EntryLock::try_acquire((root / "locks" / (key + ".lock")).string(), &holder);
+    if (lock) break;
+    if (entry_intact(final_dir)) return (final_dir / "kernel.so").string();
+    if (!announced && !env_flag("EVTC_QUIET"))
+      fmt::print(stderr, "evtc: waiting for {}, which is compiling {} into the cache\n", holder, req.label);
+    announced = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  if (entry_intact(final_dir)) return (final_dir / "kernel.so").string();  // finished meanwhile
+
   std::random_device rd;
   const fs::path tmp =
       root / "tmp" / fmt::format("{}-{}-{:08x}", key, static_cast<long>(getpid()), rd());
@@ -358,7 +492,15 @@ std::string compile_into_cache(const CompileRequest& req, const std::string& key
   write_file(tmp / "kernel.cu", req.source);
   compiler_run_count().fetch_add(1);
   std::optional<CompileSlot> slot;  // plain epilogues are not held back
-  if (req.needs_cutlass) slot.emplace();
+  std::optional<MachineSlot> machine_slot;
+  if (req.needs_cutlass) {
+    slot.emplace();
+    machine_slot.emplace(compile_slots(), machine_slot_dir(), [&] {
+      if (!env_flag("EVTC_QUIET"))
+        fmt::print(stderr, "evtc: {} kernel compiles are running on this machine; {} waits for one to finish\n",
+                   compile_slots(), req.label);
+    });
+  }
   int rc = 0;
   if (req.in_parts && req.needs_cutlass) {
     rc = compile_in_parts(req, tc, tmp);

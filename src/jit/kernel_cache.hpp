@@ -60,6 +60,45 @@ std::optional<std::string> compiled_kernel(const CompileRequest& request);
 // get() rethrows a compile error. Shares compile_cached's in-process table, so a kernel being
 // compiled by a compile_cached call elsewhere is not compiled twice.
 std::shared_future<std::string> compile_in_background(const CompileRequest& request);
+// The lock of one cache entry while a process compiles it: the file locks/<key>.lock, created
+// exclusively (O_CREAT | O_EXCL, which local disks and NFS honour) and holding "host pid", so
+// that processes needing one kernel (torchrun ranks, replicas sharing a network cache) run one
+// nvcc and the others wait for the entry. A lock is stale, and is taken over, when its owner is
+// on this host and no longer runs, or is on another host and the lock is older than
+// EVTC_LOCK_TIMEOUT seconds (default 1800). Released (the file removed) on destruction.
+class EntryLock {
+ public:
+  // The lock, or nullopt while another live process holds it (`holder` then names it).
+  static std::optional<EntryLock> try_acquire(const std::string& path, std::string* holder = nullptr);
+  ~EntryLock();
+  EntryLock(EntryLock&& o) noexcept;
+  EntryLock& operator=(EntryLock&& o) noexcept;
+  EntryLock(const EntryLock&) = delete;
+  EntryLock& operator=(const EntryLock&) = delete;
+
+ private:
+  explicit EntryLock(std::string path) : path_(std::move(path)) {}
+  std::string path_;
+};
+
+// One of `slots` kernel compiles on this machine, across processes: an flock on one of the files
+// slot-0 ... slot-(slots-1) in `dir` (released when the holder closes it or dies). Waits for a
+// free one, calling on_wait once if it has to. Every CUTLASS compile holds one
+// (compile_slots() of them, in machine_slot_dir()), so N processes run at most EVTC_COMPILE_JOBS
+// heavy nvcc compiles together, not N times as many.
+class MachineSlot {
+ public:
+  MachineSlot(int slots, const std::string& dir, const std::function<void()>& on_wait = {});
+  ~MachineSlot();
+  MachineSlot(const MachineSlot&) = delete;
+  MachineSlot& operator=(const MachineSlot&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+// EVTC_MACHINE_SLOT_DIR, default <temp>/evtc-compile-slots-<uid> (a local folder: the cap is per machine).
+std::string machine_slot_dir();
+
 // How many CUTLASS kernels compile at once in this process (nvcc processes, whichever thread
 // asks): EVTC_COMPILE_JOBS, default the CPU count. Plain epilogues (a second each) are
 // not limited, so the unfused path never waits behind fused kernels.

@@ -393,3 +393,113 @@ TEST_F(KernelCache, CompiledKernelFindsOnlyIntactEntries) {
   EXPECT_FALSE(jit::compiled_kernel(req).has_value()) << "a damaged entry is not compiled";
 }
 }  // namespace
+
+namespace {
+
+std::string this_host() {
+  char name[256] = {};
+  gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
+// Two processes need one kernel at the same moment (torchrun ranks, replicas sharing a cache):
+// one runs nvcc, the other waits for its entry.
+TEST_F(KernelCache, TwoProcessesNeedingOneKernelCompileItOnce) {
+  const jit::CompileRequest req = fallback_request("two processes");
+  int go[2];
+  ASSERT_EQ(pipe(go), 0);
+  const size_t before = jit::compiler_runs();  // the child inherits the count
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    char c;
+    (void)!read(go[0], &c, 1);  // start together with the parent
+    int rc = 100;
+    try {
+      const std::string path = jit::compile_cached(req);
+      rc = fs::exists(path) ? static_cast<int>(jit::compiler_runs() - before) : 101;
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "{}\n", e.what());
+    }
+    _exit(rc);
+  }
+  ScopedEnv quiet("EVTC_QUIET", "1");
+  (void)!write(go[1], "x", 1);
+  const std::string path = jit::compile_cached(req);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child did not exit";
+  const int child_runs = WEXITSTATUS(status);
+  ASSERT_LT(child_runs, 100) << "the child's compile failed";
+  EXPECT_EQ(jit::compiler_runs() - before + size_t(child_runs), 1u) << "nvcc ran in both processes";
+  EXPECT_TRUE(fs::exists(path));
+  EXPECT_EQ(entries_in(dir_ / "locks"), 0u) << "a lock was left behind";
+  close(go[0]);
+  close(go[1]);
+}
+
+TEST_F(KernelCache, EntryLocksOfLiveOwnersHoldAndStaleOnesAreTakenOver) {
+  fs::create_directories(dir_ / "locks");
+  const std::string file = (dir_ / "locks" / "k.lock").string();
+  auto write_lock = [&](const std::string& owner) { std::ofstream(file, std::ios::trunc) << owner << "\n"; };
+  std::string holder;
+
+  write_lock(fmt::format("{} {}", this_host(), static_cast<long>(getppid())));  // alive, this host
+  EXPECT_FALSE(jit::EntryLock::try_acquire(file, &holder).has_value());
+  EXPECT_EQ(holder, fmt::format("process {} on {}", static_cast<long>(getppid()), this_host()));
+
+  write_lock(fmt::format("{} {}", this_host(), dead_pid()));  // its owner died
+  {
+    auto lock = jit::EntryLock::try_acquire(file);
+    ASSERT_TRUE(lock.has_value());
+    EXPECT_NE(read_file(file).find(std::to_string(getpid())), std::string::npos) << "the lock names its owner";
+  }
+  EXPECT_FALSE(fs::exists(file)) << "released on destruction";
+
+  write_lock("another-host 4242");  // another host: only its age tells
+  EXPECT_FALSE(jit::EntryLock::try_acquire(file).has_value());
+  fs::last_write_time(file, fs::file_time_type::clock::now() - std::chrono::seconds(60));
+  {
+    ScopedEnv timeout("EVTC_LOCK_TIMEOUT", "30");
+    EXPECT_TRUE(jit::EntryLock::try_acquire(file).has_value());
+  }
+  ScopedEnv bad("EVTC_LOCK_TIMEOUT", "soon");
+  write_lock("another-host 4242");
+  EXPECT_THROW(jit::EntryLock::try_acquire(file), UserError);
+}
+
+// The machine-wide cap: a second process waits for the one slot the first holds.
+TEST_F(KernelCache, MachineSlotsCapCompilesAcrossProcesses) {
+  const std::string slots = (dir_ / "slots").string();
+  int go[2], report[2];
+  ASSERT_EQ(pipe(go), 0);
+  ASSERT_EQ(pipe(report), 0);
+  // The child is forked before the parent takes the slot, so it does not share the slot's open
+  // file (a flock belongs to it, and a forked copy would keep it held).
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    char c;
+    (void)!read(go[0], &c, 1);
+    jit::MachineSlot slot(1, slots, [&] { (void)!write(report[1], "w", 1); });
+    (void)!write(report[1], "g", 1);
+    _exit(0);
+  }
+  std::optional<jit::MachineSlot> held;
+  held.emplace(1, slots);
+  const auto t0 = std::chrono::steady_clock::now();
+  (void)!write(go[1], "x", 1);
+  char c = 0;
+  ASSERT_EQ(read(report[0], &c, 1), 1);
+  EXPECT_EQ(c, 'w') << "the child got a slot while the parent held the only one";
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  held.reset();
+  ASSERT_EQ(read(report[0], &c, 1), 1);
+  EXPECT_EQ(c, 'g');
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(300));
+  int status = 0;
+  waitpid(child, &status, 0);
+  for (int fd : {go[0], go[1], report[0], report[1]}) close(fd);
+}
+
+}  // namespace
