@@ -1,8 +1,9 @@
-// evtc cache ls|info|clear: the on-disk kernel cache.
+// evtc cache ls|info|clear|prune: the on-disk kernel cache.
 #include <fmt/format.h>
 
+#include <chrono>
 #include <filesystem>
-#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "cli.hpp"
 #include "jit/kernel_cache.hpp"
@@ -11,27 +12,61 @@
 namespace fs = std::filesystem;
 
 namespace evtc::cli {
+namespace {
+
+double age_seconds(fs::file_time_type t) {
+  return std::chrono::duration<double>(fs::file_time_type::clock::now() - t).count();
+}
+
+std::string age_text(double s) {
+  if (s < 120) return fmt::format("{:.0f} s", s);
+  if (s < 7200) return fmt::format("{:.0f} min", s / 60);
+  if (s < 172800) return fmt::format("{:.0f} h", s / 3600);
+  return fmt::format("{:.0f} d", s / 86400);
+}
+
+// The first line of an entry's expression, shortened for one line of a listing.
+std::string one_line(const std::string& expression) {
+  std::string line;
+  for (char c : expression) line += c == '\n' ? ';' : c;
+  while (!line.empty() && (line.back() == ';' || line.back() == ' ')) line.pop_back();
+  for (size_t p = line.find(";"); p != std::string::npos; p = line.find(";", p + 2)) line.insert(p + 1, " ");
+  return line.size() > 100 ? line.substr(0, 97) + "..." : line;
+}
+
+}  // namespace
 
 Command add_cache_command(CLI::App& app) {
-  CLI::App* sub = app.add_subcommand("cache", "Inspect or clear the kernel cache");
-  auto action = std::make_shared<std::string>();
-  sub->add_option("action", *action, "ls, info or clear")
-      ->required()
-      ->check(CLI::IsMember({"ls", "info", "clear"}));
-  return {sub, [action] {
+  CLI::App* sub = app.add_subcommand("cache", "Inspect, prune or clear the kernel cache");
+  sub->require_subcommand(1);
+  CLI::App* ls = sub->add_subcommand("ls", "List the cached kernels, least recently used first");
+  auto json = std::make_shared<bool>(false);
+  ls->add_flag("--json", *json, "One JSON object per kernel (key, label, expression, bytes, age_s, intact)");
+  CLI::App* info = sub->add_subcommand("info", "The cache folder, its size and the toolchain");
+  CLI::App* clear = sub->add_subcommand("clear", "Remove every cached kernel (compiles in progress are kept)");
+  CLI::App* prune = sub->add_subcommand(
+      "prune", "Remove kernels not used for a while, then least recently used ones down to a size");
+  auto max_size = std::make_shared<std::string>();
+  auto unused_days = std::make_shared<double>(-1);
+  prune->add_option("--max-size", *max_size, "Keep at most this much (bytes, or 512M, 10G); default EVTC_CACHE_SIZE_LIMIT");
+  prune->add_option("--unused-days", *unused_days, "Remove kernels no process has loaded for this many days")
+      ->check(CLI::NonNegativeNumber);
+  return {sub, [=] {
             const std::string dir = jit::cache_dir();
-            if (*action == "clear") {
+            if (clear->parsed()) {
               const jit::ClearResult r = jit::clear_cache();
               fmt::print("removed {} cached kernels from {}\n", r.removed, dir);
               if (r.failed == 0) return kExitOk;
               fmt::print(stderr, "error: could not remove {} item(s), e.g. {}\n", r.failed, r.first_error);
               return kExitFailed;
             }
-            if (*action == "info") {
+            if (info->parsed()) {
               const auto s = jit::cache_stats();
-              fmt::print("cache: {}\nentries: {}{}\nsize: {:.1f} MiB\n", dir, s.entries,
+              const auto limit = jit::cache_size_limit();
+              fmt::print("cache: {}\nentries: {}{}\nsize: {:.1f} MiB (limit: {})\n", dir, s.entries,
                          s.damaged ? fmt::format(" ({} damaged: compiled again when next used)", s.damaged) : "",
-                         s.bytes / 1048576.0);
+                         s.bytes / 1048576.0,
+                         limit ? fmt::format("{:.1f} MiB, EVTC_CACHE_SIZE_LIMIT", *limit / 1048576.0) : "none");
               try {
                 const auto& tc = jit::toolchain(true);
                 fmt::print("nvcc: {} ({})\ncutlass: {} ({})\n", tc.nvcc, tc.nvcc_version,
@@ -41,17 +76,29 @@ Command add_cache_command(CLI::App& app) {
               }
               return kExitOk;
             }
-            const fs::path kernels = fs::path(dir) / "kernels";
-            std::error_code ec;
-            if (!fs::exists(kernels, ec)) return kExitOk;
-            for (const auto& e : fs::directory_iterator(kernels, ec)) {
-              if (!e.is_directory(ec) || !fs::exists(e.path() / "kernel.so", ec)) continue;
-              // The first comment lines of kernel.cu name what the entry is.
-              std::ifstream f(e.path() / "kernel.cu");
-              std::string first, second;
-              std::getline(f, first);
-              std::getline(f, second);
-              fmt::print("{}  {}\n", e.path().filename().string(), second.size() > 3 ? second.substr(3) : "");
+            if (prune->parsed()) {
+              std::optional<size_t> bytes =
+                  max_size->empty() ? jit::cache_size_limit() : std::optional(jit::parse_size(*max_size, "--max-size"));
+              std::optional<std::chrono::seconds> unused;
+              if (*unused_days >= 0) unused = std::chrono::seconds(static_cast<int64_t>(*unused_days * 86400));
+              const jit::PruneResult r = jit::prune_cache(bytes, unused);
+              fmt::print("removed {} cached kernels ({:.1f} MiB) from {}; {} kept ({:.1f} MiB)\n", r.removed,
+                         r.bytes_freed / 1048576.0, dir, r.kept, r.kept_bytes / 1048576.0);
+              if (r.failed == 0) return kExitOk;
+              fmt::print(stderr, "error: could not remove {} kernel(s), e.g. {}\n", r.failed, r.first_error);
+              return kExitFailed;
+            }
+            // ls
+            for (const jit::CacheEntry& e : jit::cache_entries()) {
+              const double age = age_seconds(e.last_used);
+              if (*json) {
+                const nlohmann::json j = {{"key", e.key},     {"label", e.label}, {"expression", e.expression},
+                                          {"bytes", e.bytes}, {"age_s", age},     {"intact", e.intact}};
+                fmt::print("{}\n", j.dump());
+              } else {
+                fmt::print("{}  {:<36}  {:>7.1f} MiB  {:>6}  {}{}\n", e.key, e.label, e.bytes / 1048576.0,
+                           age_text(age), one_line(e.expression), e.intact ? "" : "  (damaged)");
+              }
             }
             return kExitOk;
           }};

@@ -10,6 +10,7 @@
 
 #include "evtc/error.hpp"
 #include "evtc/ir_text.hpp"
+#include "frontend/functions.hpp"
 
 namespace evtc {
 namespace {
@@ -417,6 +418,71 @@ std::string to_json(const Graph& g, int indent) {
   }
   json root{{"nodes", nodes}, {"outputs", outputs}, {"hash", graph_hash_hex(g)}};
   return root.dump(indent);
+}
+
+std::string expression_text(const Graph& g) {
+  const std::vector<NodeId> order = canonical_order(g);
+  std::vector<int> uses(g.size(), 0);
+  for (NodeId id = 0; id < g.size(); ++id)
+    for (NodeId in : g.node(id).inputs) ++uses[in];
+  std::vector<std::string> text(g.size());
+  std::string lines;
+  int named = 0;
+  auto number = [](double v) { return fmt::format("{}", v); };
+  // Post-order from the outputs (in canonical order), so every operand is written before its user.
+  std::vector<char> done(g.size(), 0);
+  auto visit = [&](auto&& self, NodeId id) -> void {
+    if (done[id]) return;
+    for (NodeId in : g.node(id).inputs) self(self, in);
+    done[id] = 1;
+    const Node& n = g.node(id);
+    auto arg = [&](size_t i) { return text[n.inputs[i]]; };
+    std::string t;
+    switch (n.kind) {
+      case NodeKind::accum: t = "acc"; break;
+      case NodeKind::source: t = "C"; break;
+      case NodeKind::scalar:
+        if (n.scalar_kind != ScalarKind::constant) t = n.name;
+        else if (n.dtype == DType::f32) t = number(n.value);
+        else t = fmt::format("{}({})", dtype_name(n.dtype), number(n.value));  // a constant folded through a cast
+        break;
+      case NodeKind::row_vec: t = n.name + "[n]"; break;
+      case NodeKind::col_vec: t = n.name + "[m]"; break;
+      case NodeKind::aux: t = n.name + "[m,n]"; break;
+      case NodeKind::cast: t = fmt::format("{}({})", dtype_name(n.dtype), arg(0)); break;
+      case NodeKind::pair: t = fmt::format("{}({})", pair_part_name(n.part), arg(0)); break;
+      case NodeKind::reduce: t = fmt::format("{}({})", frontend::reduction_name(n.axis, n.reduce_op), arg(0)); break;
+      case NodeKind::compute: {
+        const OpInfo& op = op_info(n.op);
+        static const std::pair<Op, const char*> kInfix[] = {{Op::add, " + "}, {Op::sub, " - "}, {Op::mul, " * "}, {Op::div, " / "}};
+        for (const auto& [o, sym] : kInfix)
+          if (n.op == o) t = fmt::format("({}{}{})", arg(0), sym, arg(1));
+        if (t.empty()) {
+          t = std::string(op.name) + "(";
+          for (size_t i = 0; i < n.inputs.size(); ++i) t += (i ? ", " : "") + arg(i);
+          for (int a = 0; a < op.num_attrs; ++a)
+            if (n.attrs[size_t(a)] != op.attr_defaults[size_t(a)]) t += ", " + number(n.attrs[size_t(a)]);
+          t += ")";
+        }
+        break;
+      }
+      case NodeKind::store:
+        lines += fmt::format("out {}{} = {}\n", n.name,
+                             g.node(n.inputs[0]).kind == NodeKind::reduce ? "" : ": " + std::string(dtype_name(n.dtype)),
+                             arg(0));
+        return;
+    }
+    const bool leaf = n.inputs.empty();
+    if (uses[id] > 1 && !leaf) {
+      const std::string name = fmt::format("v{}", named++);
+      lines += fmt::format("{} = {}\n", name, t);
+      t = name;
+    }
+    text[id] = t;
+  };
+  for (NodeId id : order)
+    if (g.node(id).kind == NodeKind::store) visit(visit, id);
+  return lines;
 }
 
 }  // namespace evtc

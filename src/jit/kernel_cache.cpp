@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -78,11 +79,11 @@ VerifiedFiles& verified_files() {
   return v;
 }
 
-void write_entry_record(const fs::path& dir, const std::string& label) {
+void write_entry_record(const fs::path& dir, const std::string& label, const std::string& expression) {
   const fs::path so = dir / "kernel.so";
   const auto sum = file_checksum(so.string());
   if (!sum) throw RuntimeError(fmt::format("cannot read the compiled kernel {}", so.string()));
-  nlohmann::json j = {{"bytes", fs::file_size(so)}, {"xxh3", *sum}, {"label", label}};
+  nlohmann::json j = {{"bytes", fs::file_size(so)}, {"xxh3", *sum}, {"label", label}, {"expression", expression}};
   write_file(dir / "entry.json", j.dump() + "\n");
 }
 
@@ -524,7 +525,7 @@ std::string compile_into_cache(const CompileRequest& req, const std::string& key
         req.label, (where / "kernel.cu").string(), (where / "compile.log").string(),
         replace_all(first_errors(read_file(where / "compile.log"), 8), tmp.string(), where.string())));
   }
-  write_entry_record(tmp, req.label);
+  write_entry_record(tmp, req.label, req.expression);
   fsync_path(tmp / "kernel.so");
   fs::create_directories(final_dir.parent_path());
   for (int attempt = 0;; ++attempt) {
@@ -540,6 +541,12 @@ std::string compile_into_cache(const CompileRequest& req, const std::string& key
       break;
     }
     remove_damaged_entry(final_dir, key);
+  }
+  if (const auto limit = cache_size_limit()) {
+    const PruneResult pruned = prune_cache(limit, std::nullopt);
+    if (pruned.removed > 0 && !env_flag("EVTC_QUIET"))
+      fmt::print(stderr, "evtc: removed {} least recently used kernels ({:.1f} MiB) to keep the cache under "
+                         "EVTC_CACHE_SIZE_LIMIT\n", pruned.removed, pruned.bytes_freed / 1048576.0);
   }
   return (final_dir / "kernel.so").string();
 }
@@ -743,7 +750,13 @@ std::shared_ptr<Library> load_or_compile(const CompileRequest& req) {
   static std::map<std::string, std::shared_ptr<Library>> loaded;
   std::lock_guard lock(mu);
   auto& lib = loaded[path];
-  if (!lib) lib = std::make_shared<Library>(path);
+  if (!lib) {
+    lib = std::make_shared<Library>(path);
+    // Last use, for least-recently-used pruning: the entry record's time.
+    std::error_code ec;
+    const fs::path record = fs::path(path).parent_path() / "entry.json";
+    if (fs::exists(record, ec)) fs::last_write_time(record, fs::file_time_type::clock::now(), ec);
+  }
   return lib;
 }
 
@@ -783,6 +796,93 @@ CacheStats cache_stats() {
       if (f.is_regular_file(ec)) s.bytes += f.file_size(ec);
   }
   return s;
+}
+
+std::vector<CacheEntry> cache_entries() {
+  std::vector<CacheEntry> out;
+  const fs::path kernels = fs::path(cache_dir()) / "kernels";
+  std::error_code ec;
+  if (!fs::exists(kernels, ec)) return out;
+  for (const auto& e : fs::directory_iterator(kernels, ec)) {
+    if (!e.is_directory(ec) || !fs::exists(e.path() / "kernel.so", ec)) continue;
+    CacheEntry c;
+    c.key = e.path().filename().string();
+    c.intact = entry_intact(e.path());
+    for (const auto& f : fs::recursive_directory_iterator(e.path(), ec))
+      if (f.is_regular_file(ec)) c.bytes += f.file_size(ec);
+    const fs::path record = e.path() / "entry.json";
+    c.last_used = fs::last_write_time(fs::exists(record, ec) ? record : e.path() / "kernel.so", ec);
+    try {
+      const nlohmann::json j = nlohmann::json::parse(read_file(record));
+      c.label = j.value("label", "");
+      c.expression = j.value("expression", "");
+    } catch (const std::exception&) {
+    }
+    out.push_back(std::move(c));
+  }
+  std::sort(out.begin(), out.end(), [](const CacheEntry& a, const CacheEntry& b) {
+    return a.last_used != b.last_used ? a.last_used < b.last_used : a.key < b.key;
+  });
+  return out;
+}
+
+PruneResult prune_cache(std::optional<size_t> max_bytes, std::optional<std::chrono::seconds> unused_for) {
+  PruneResult r;
+  const std::vector<CacheEntry> entries = cache_entries();
+  size_t total = 0;
+  for (const CacheEntry& e : entries) total += e.bytes;
+  const auto now = fs::file_time_type::clock::now();
+  const fs::path kernels = fs::path(cache_dir()) / "kernels";
+  for (const CacheEntry& e : entries) {  // least recently used first
+    const bool old = unused_for && now - e.last_used > *unused_for;
+    const bool over = max_bytes && total > *max_bytes;
+    if (!old && !over) {
+      ++r.kept;
+      r.kept_bytes += e.bytes;
+      continue;
+    }
+    std::error_code ec;
+    fs::remove_all(kernels / e.key, ec);
+    if (ec) {
+      if (r.failed++ == 0) r.first_error = fmt::format("{}: {}", (kernels / e.key).string(), ec.message());
+      ++r.kept;
+      r.kept_bytes += e.bytes;
+      continue;
+    }
+    ++r.removed;
+    r.bytes_freed += e.bytes;
+    total -= e.bytes;
+  }
+  return r;
+}
+
+size_t parse_size(const std::string& text, const std::string& what) {
+  size_t used = 0;
+  double v = -1;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+  }
+  std::string suffix = text.substr(std::min(used, text.size()));
+  if (!suffix.empty() && (suffix.back() == 'B' || suffix.back() == 'b')) suffix.pop_back();
+  if (!suffix.empty() && (suffix.back() == 'i')) suffix.pop_back();
+  double scale = 1;
+  if (suffix == "K" || suffix == "k") scale = 1024.0;
+  else if (suffix == "M" || suffix == "m") scale = 1024.0 * 1024;
+  else if (suffix == "G" || suffix == "g") scale = 1024.0 * 1024 * 1024;
+  else if (suffix == "T" || suffix == "t") scale = 1024.0 * 1024 * 1024 * 1024;
+  else if (!suffix.empty()) v = -1;
+  if (used == 0 || !(v >= 0) || v * scale > 1e18)
+    throw UserError(fmt::format("{}: '{}' is not a size (a number of bytes, or with a K, M, G or T suffix: 512M, 10G)",
+                                what, text));
+  return static_cast<size_t>(v * scale);
+}
+
+std::optional<size_t> cache_size_limit() {
+  const char* v = std::getenv("EVTC_CACHE_SIZE_LIMIT");
+  const size_t bytes = v && *v ? parse_size(v, "EVTC_CACHE_SIZE_LIMIT") : size_t(10) << 30;
+  if (bytes == 0) return std::nullopt;
+  return bytes;
 }
 
 ClearResult clear_cache() {

@@ -14,6 +14,9 @@
 // a concurrent process never leaves a half entry: if another process finished the same key
 // first, its entry is kept and ours dropped.
 #pragma once
+#include <chrono>
+#include <filesystem>
+#include <vector>
 #include <functional>
 #include <future>
 #include <memory>
@@ -40,6 +43,7 @@ class Library {
 struct CompileRequest {
   std::string source;
   std::string label;          // shown in progress lines, e.g. the kernel config name
+  std::string expression;     // the epilogue (expression_text), recorded in the entry; not in the key
   bool needs_cutlass = true;  // fused kernels; false for plain CUDA fallback epilogues
   int sm = 90;
   // Compile the source as two parts in parallel, the kernel alone into a cubin (EVTC_PART=1)
@@ -124,6 +128,29 @@ struct CacheStats {
   size_t bytes = 0;
 };
 CacheStats cache_stats();
+
+// One entry of the disk cache, as `evtc cache ls` shows it.
+struct CacheEntry {
+  std::string key, label, expression;
+  size_t bytes = 0;                          // every file of the entry
+  std::filesystem::file_time_type last_used;  // when a process last loaded it (or compiled it)
+  bool intact = true;                         // kernel.so matches entry.json
+};
+// Entries, least recently used first.
+std::vector<CacheEntry> cache_entries();
+struct PruneResult {
+  size_t removed = 0, bytes_freed = 0, failed = 0, kept = 0, kept_bytes = 0;
+  std::string first_error;
+};
+// Removes entries not used for `unused_for` (when given), then least recently used ones until
+// the cache holds at most `max_bytes` (when given). Removing an entry a process has loaded is
+// safe: its mapping stays valid, and the next process compiles it again.
+PruneResult prune_cache(std::optional<size_t> max_bytes, std::optional<std::chrono::seconds> unused_for);
+// EVTC_CACHE_SIZE_LIMIT (bytes, or with a K/M/G/T suffix of powers of 1024; 0: none), default 10G:
+// after each compile the cache is pruned to it, least recently used entries first.
+std::optional<size_t> cache_size_limit();
+// "10G", "512M", "123": bytes; throws UserError naming `what` on anything else.
+size_t parse_size(const std::string& text, const std::string& what);
 struct ClearResult {
   size_t removed = 0;  // entries removed
   size_t failed = 0;   // entries, failures or temporaries that could not be removed

@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "backends/sm90/sm90_grouped_emitter.hpp"
+#include "evtc/ir_text.hpp"
 #include "evtc/device/abi.h"
 #include "evtc/device/grouped_abi.h"
 #include "evtc/error.hpp"
@@ -51,7 +52,8 @@ struct GroupedKernel::Impl {
 namespace runtime {
 
 jit::CompileRequest grouped_request(const Graph& graph, const GroupedOptions& options, const KernelConfig& config) {
-  return {sm90::emit_grouped_kernel(graph, options.gemm, config).source, "grouped " + config.name(), true, 90};
+  return {sm90::emit_grouped_kernel(graph, options.gemm, config).source, "grouped " + config.name(),
+          expression_text(graph), true, 90};
 }
 
 }  // namespace runtime

@@ -60,13 +60,14 @@ void Kernel::Impl::log_once(const std::string& reason) const {
 namespace runtime {
 
 jit::CompileRequest fused_request(const Graph& graph, const CompileOptions& options, const KernelConfig& config) {
-  jit::CompileRequest request{sm90::emit_kernel(graph, options.gemm, config).source, config.name(), true, 90};
+  jit::CompileRequest request{sm90::emit_kernel(graph, options.gemm, config).source, config.name(), expression_text(graph),
+                              true, 90};
   request.in_parts = true;
   return request;
 }
 
 jit::CompileRequest fallback_request(const Graph& graph, const KernelSignature& signature) {
-  return {cuda::emit_fallback_kernel(graph, signature), "plain epilogue", false, 90};
+  return {cuda::emit_fallback_kernel(graph, signature), "plain epilogue", expression_text(graph), false, 90};
 }
 
 }  // namespace runtime

@@ -1,6 +1,10 @@
 // Errors of the backend-facing commands (compile, run, cache), asserted by their text.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
 #include "cli_runner.hpp"
 
 using evtc::test::run_cli;
@@ -67,4 +71,42 @@ TEST(CliBackend, Fp8NeedsKMajorOperands) {
   EXPECT_NE(r.output.find("fp8 A and B must both be K-major with 16-byte rows"), std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("B is row-major K×N: pass B column-major"), std::string::npos) << r.output;
+}
+
+// cache ls (and --json) shows each kernel's key, label, expression, size and age; prune removes
+// down to a size; sizes are checked.
+TEST(CliBackend, CacheListsAndPrunes) {
+  const std::string dir = "/tmp/evtc-cli-test-cache-ls";
+  std::filesystem::remove_all(dir);
+  for (const char* key : {"00000000000000a1", "00000000000000b2"}) {
+    const std::filesystem::path e = std::filesystem::path(dir) / "kernels" / key;
+    std::filesystem::create_directories(e);
+    std::ofstream(e / "kernel.so") << std::string(1000, 'x');
+    std::ofstream(e / "entry.json") << R"({"bytes": 1000, "xxh3": "0", "label": "coop_128x256x64_c2x1_persistent", "expression": "out D: bf16 = silu((acc + bias[n]))\n"})";
+  }
+  const auto ls = run_cli("cache ls", "EVTC_CACHE_DIR=" + dir);
+  EXPECT_EQ(ls.exit_code, 0) << ls.output;
+  EXPECT_NE(ls.output.find("00000000000000a1  coop_128x256x64_c2x1_persistent"), std::string::npos) << ls.output;
+  EXPECT_NE(ls.output.find("out D: bf16 = silu((acc + bias[n]))"), std::string::npos) << ls.output;
+  const auto js = run_cli("cache ls --json", "EVTC_CACHE_DIR=" + dir);
+  EXPECT_EQ(js.exit_code, 0) << js.output;
+  size_t lines = 0;
+  for (size_t p = js.output.find('{'); p != std::string::npos; p = js.output.find("\n{", p + 1)) {
+    const auto j = nlohmann::json::parse(js.output.substr(p, js.output.find('\n', p + 1) - p));
+    EXPECT_EQ(j.at("label"), "coop_128x256x64_c2x1_persistent");
+    EXPECT_EQ(j.at("expression"), "out D: bf16 = silu((acc + bias[n]))\n");
+    EXPECT_GE(j.at("bytes").get<size_t>(), 1000u);
+    ++lines;
+  }
+  EXPECT_EQ(lines, 2u) << js.output;
+  const auto bad = run_cli("cache prune --max-size ten", "EVTC_CACHE_DIR=" + dir);
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("--max-size: 'ten' is not a size"), std::string::npos) << bad.output;
+  const auto pr = run_cli("cache prune --max-size 0", "EVTC_CACHE_DIR=" + dir);
+  EXPECT_EQ(pr.exit_code, 0) << pr.output;
+  EXPECT_NE(pr.output.find("removed 2 cached kernels"), std::string::npos) << pr.output;
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::path(dir) / "kernels" / "00000000000000a1"));
+  const auto none = run_cli("cache", "EVTC_CACHE_DIR=" + dir);
+  EXPECT_EQ(none.exit_code, 2) << "an action is required: " << none.output;
+  std::filesystem::remove_all(dir);
 }

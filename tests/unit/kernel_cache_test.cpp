@@ -503,3 +503,61 @@ TEST_F(KernelCache, MachineSlotsCapCompilesAcrossProcesses) {
 }
 
 }  // namespace
+
+namespace {
+
+jit::CompileRequest described_request(const std::string& tag) {
+  jit::CompileRequest req = fallback_request(tag);
+  req.expression = "out D: bf16 = relu(acc)\n";
+  return req;
+}
+
+// Listing and pruning: entries carry their expression and label, least recently used first;
+// prune removes the unused and then the oldest down to a size; EVTC_CACHE_SIZE_LIMIT prunes
+// after each compile.
+TEST_F(KernelCache, EntriesAreListedAndPrunedLeastRecentlyUsedFirst) {
+  ScopedEnv quiet("EVTC_QUIET", "1");
+  ScopedEnv limit("EVTC_CACHE_SIZE_LIMIT", "0");
+  std::vector<std::string> keys;
+  for (const char* tag : {"lru a", "lru b", "lru c"}) {
+    const jit::CompileRequest req = described_request(tag);
+    jit::compile_cached(req);
+    keys.push_back(jit::cache_key(req));
+  }
+  // a used 3 days ago, b 2 days ago, c now.
+  const auto now = fs::file_time_type::clock::now();
+  fs::last_write_time(entry(keys[0]) / "entry.json", now - std::chrono::hours(72));
+  fs::last_write_time(entry(keys[1]) / "entry.json", now - std::chrono::hours(48));
+  std::vector<jit::CacheEntry> entries = jit::cache_entries();
+  ASSERT_EQ(entries.size(), 3u);
+  EXPECT_EQ(entries[0].key, keys[0]);
+  EXPECT_EQ(entries[2].key, keys[2]);
+  EXPECT_EQ(entries[0].expression, "out D: bf16 = relu(acc)\n");
+  EXPECT_EQ(entries[0].label, "test lru a");
+  EXPECT_TRUE(entries[0].intact);
+  EXPECT_GT(entries[0].bytes, 0u);
+
+  jit::PruneResult r = jit::prune_cache(std::nullopt, std::chrono::hours(60));  // unused for 2.5 days
+  EXPECT_EQ(r.removed, 1u);
+  EXPECT_FALSE(fs::exists(entry(keys[0])));
+  r = jit::prune_cache(entries[2].bytes + 1, std::nullopt);  // room for one: the most recent stays
+  EXPECT_EQ(r.removed, 1u);
+  EXPECT_EQ(r.kept, 1u);
+  EXPECT_FALSE(fs::exists(entry(keys[1])));
+  EXPECT_TRUE(fs::exists(entry(keys[2]) / "kernel.so"));
+
+  // The limit applies after a compile: the new entry stays, the older one goes.
+  ScopedEnv small("EVTC_CACHE_SIZE_LIMIT", std::to_string(entries[2].bytes + 1));
+  fs::last_write_time(entry(keys[2]) / "entry.json", now - std::chrono::hours(1));
+  const jit::CompileRequest d = described_request("lru d");
+  jit::compile_cached(d);
+  EXPECT_TRUE(fs::exists(entry(jit::cache_key(d)) / "kernel.so"));
+  EXPECT_FALSE(fs::exists(entry(keys[2])));
+
+  EXPECT_EQ(jit::parse_size("10G", "x"), size_t(10) << 30);
+  EXPECT_EQ(jit::parse_size("512MiB", "x"), size_t(512) << 20);
+  EXPECT_EQ(jit::parse_size("123", "x"), 123u);
+  for (const char* bad : {"", "ten", "-1G", "5Q", "1e30"}) EXPECT_THROW(jit::parse_size(bad, "x"), UserError) << bad;
+}
+
+}  // namespace

@@ -78,7 +78,7 @@ class KernelLibrary : public ::testing::Test {
   }
 
   static jit::CompileRequest request(const std::string& tag) {
-    return {"// not CUDA: nvcc would fail on this\n" + tag, "test " + tag, false, 90};
+    return {"// not CUDA: nvcc would fail on this\n" + tag, "test " + tag, "", false, 90};
   }
 
   fs::path dir_;

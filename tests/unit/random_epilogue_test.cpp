@@ -8,6 +8,7 @@
 #include <string>
 
 #include "evtc/expression.hpp"
+#include "evtc/ir_text.hpp"
 #include "evtc/ops.hpp"
 #include "evtc/passes.hpp"
 #include "frontend/functions.hpp"
@@ -87,4 +88,31 @@ TEST(RandomEpilogue, IntegerModeUsesOnlyOpsExactOnIntegers) {
   EXPECT_EQ(gated, (std::set<std::string>{"gate", "up", "reglu"}));
 }
 
+}  // namespace
+
+namespace {
+// expression_text writes a graph back in the expression language (the cache listing shows it):
+// it parses to the same graph (after the passes, which share equal constants), for every kind of
+// random epilogue, before and after the passes.
+TEST(ExpressionText, RoundTripsRandomEpilogues) {
+  evtc::testing::EpilogueGenerator gen(7);
+  for (int i = 0; i < 500; ++i) {
+    const evtc::testing::RandomKernel k = gen.next();
+    ParseOptions p;
+    p.operand_dtype = k.kind == evtc::testing::KernelKind::fp8 ? DType::f32 : k.gemm.a_dtype;
+    for (const Graph& g : {parse_expression(k.text(), p), run_pipeline(parse_expression(k.text(), p))}) {
+      const std::string text = expression_text(g);
+      ParseOptions back = p;
+      Graph again;
+      try {
+        again = parse_expression(text, back);
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << e.what() << "\n" << text << "\nfrom\n" << k.text();
+        continue;
+      }
+      // The same graph up to how constants are shared (one constant node, or one per use).
+      EXPECT_EQ(print(run_pipeline(again)), print(run_pipeline(g))) << text << "\nfrom\n" << k.text();
+    }
+  }
+}
 }  // namespace
