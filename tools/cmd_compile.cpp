@@ -24,8 +24,8 @@ Command add_compile_command(CLI::App& app) {
   sub->add_option("expr", a->expr, "Expression, or a file holding one")->required();
   a->gemm.add_to(sub);
   sub->add_option("--config", a->config, "Kernel config name");
-  sub->add_option("--emit", a->emit, "Write the generated CUDA source to this file");
-  sub->add_flag("--emit-only", a->emit_only, "Only write the source (with --emit), do not compile");
+  CLI::Option* emit = sub->add_option("--emit", a->emit, "Write the generated CUDA source to this file");
+  sub->add_flag("--emit-only", a->emit_only, "Only write the source (with --emit), do not compile")->needs(emit);
   sub->add_flag("--fallback", a->fallback, "Also compile the unfused fallback epilogue");
   sub->add_flag("--precise", a->precise, "Full-precision transcendental math");
   return {sub, [a] {

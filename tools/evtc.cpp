@@ -7,6 +7,7 @@
 #include <charconv>
 #include <cstring>
 #include <filesystem>
+#include <cctype>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -27,6 +28,13 @@ std::string read_expression_arg(const std::string& arg) {
       return ss.str();
     }
   }
+  // Every statement has a '=', so an argument without one, without a call, and shaped like a
+  // path (a folder or an extension) is a file name that does not exist.
+  const bool path_like = arg.find('/') != std::string::npos ||
+                         (arg.rfind('.') != std::string::npos && arg.rfind('.') + 1 < arg.size() &&
+                          std::isalpha(static_cast<unsigned char>(arg[arg.rfind('.') + 1])));
+  if (arg.find('=') == std::string::npos && arg.find('(') == std::string::npos && path_like)
+    throw UserError(fmt::format("no such file: '{}' (and it is not an expression: statements are `out NAME = ...`)", arg));
   return arg;
 }
 

@@ -110,3 +110,20 @@ TEST(CliBackend, CacheListsAndPrunes) {
   EXPECT_EQ(none.exit_code, 2) << "an action is required: " << none.output;
   std::filesystem::remove_all(dir);
 }
+
+// --emit-only does nothing without --emit (it used to compile for ~20 s instead), and a file
+// name that does not exist is named as such (it used to be parsed as an expression).
+TEST(CliBackend, EmitOnlyNeedsEmitAndMissingFilesAreNamed) {
+  const auto r = run_cli("compile 'out D = acc' --emit-only");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--emit-only requires --emit"), std::string::npos) << r.output;
+  for (const char* cmd : {"compile examples/w1_bias_silu.ev --emit-only --emit /dev/null", "explain missing.evt",
+                          "ref nowhere/k.evt -m 8 -n 8 -k 8"}) {
+    const auto m = run_cli(cmd);
+    EXPECT_EQ(m.exit_code, 2) << cmd << ": " << m.output;
+    EXPECT_NE(m.output.find("no such file: '"), std::string::npos) << cmd << ": " << m.output;
+  }
+  // An expression without a statement keeps the parser's hint.
+  const auto e = run_cli("explain 'silu(acc)'");
+  EXPECT_NE(e.output.find("write `out D = ...`"), std::string::npos) << e.output;
+}
