@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "evtc/error.hpp"
 #include "runtime/host_convert.hpp"
@@ -27,6 +28,18 @@ bool uses_fast_math(const Graph& g) {
     }
   }
   return false;
+}
+
+// Whether the kernel's epilogue runs the fast hardware math forms.
+bool fast_math(const Kernel& kernel) { return !kernel.options().precise_math && uses_fast_math(kernel.graph()); }
+
+// For fp8 A/B, whether the main loop accumulates in the tensor cores throughout K (fast
+// accumulation); nullopt for 16-bit A/B, whose products are added in fp32.
+std::optional<bool> fp8_fast_accumulation(const Kernel& kernel) {
+  const GemmDesc& gemm = kernel.options().gemm;
+  if (!is_fp8(gemm.a_dtype) && !is_fp8(gemm.b_dtype)) return std::nullopt;
+  const auto& config = kernel.options().config;
+  return gemm.fp8_fast_accum || (config && config->fp8_fast_accum);
 }
 
 }  // namespace
@@ -173,8 +186,7 @@ Tolerance output_tolerance(const Kernel& kernel, const std::string& output) {
       t.rtol = std::max(t.rtol, c.rtol);
       t.max_rel_l2 = std::max(t.max_rel_l2, c.max_rel_l2);
     }
-    const bool fast = !kernel.options().precise_math && uses_fast_math(g);
-    if (fast) {
+    if (fast_math(kernel)) {
       t.rtol = std::max(t.rtol, std::ldexp(1.0, -9));
       t.max_rel_l2 = std::max(t.max_rel_l2, std::ldexp(1.0, -10));
     }
@@ -182,12 +194,9 @@ Tolerance output_tolerance(const Kernel& kernel, const std::string& output) {
     // default main loop promotes those partial sums into fp32 every few K blocks; the
     // fast-accumulation one never does, and its accumulator drifts further (about 2^-9 of
     // the row's magnitude at K = 2048).
-    const GemmDesc& gemm = kernel.options().gemm;
-    if (is_fp8(gemm.a_dtype) || is_fp8(gemm.b_dtype)) {
-      const auto& config = kernel.options().config;
-      const bool fast_accum = gemm.fp8_fast_accum || (config && config->fp8_fast_accum);
-      t.rtol = std::max(t.rtol, std::ldexp(1.0, fast_accum ? -6 : -11));
-      t.max_rel_l2 = std::max(t.max_rel_l2, std::ldexp(1.0, fast_accum ? -8 : -12));
+    if (const std::optional<bool> fast_accum = fp8_fast_accumulation(kernel)) {
+      t.rtol = std::max(t.rtol, std::ldexp(1.0, *fast_accum ? -6 : -11));
+      t.max_rel_l2 = std::max(t.max_rel_l2, std::ldexp(1.0, *fast_accum ? -8 : -12));
     }
     const Node& in = g.node(s.inputs[0]);
     if (in.kind == NodeKind::reduce && in.reduce_op == ReduceOp::sum) {
@@ -215,18 +224,12 @@ Expected expected_outputs(const Kernel& kernel, const ReferenceInputs& inputs, b
   Expected e;
   e.want = evaluate_reference(g, inputs);
   ReferenceOptions perturbed;
-  perturbed.perturb = !kernel.options().precise_math && uses_fast_math(g) ? std::ldexp(1.0, -11) : std::ldexp(1.0, -23);
+  perturbed.perturb = fast_math(kernel) ? std::ldexp(1.0, -11) : std::ldexp(1.0, -23);
   perturbed.perturb_seed = 0x5eed;
   // The main loop's absolute error, relative to the accumulator's rms: fp8 products are added
   // with fewer bits than fp32 carries (output_tolerance's fp8 terms); 16-bit ones in fp32.
-  const GemmDesc& gemm = kernel.options().gemm;
-  if (is_fp8(gemm.a_dtype) || is_fp8(gemm.b_dtype)) {
-    const auto& config = kernel.options().config;
-    const bool fast_accum = gemm.fp8_fast_accum || (config && config->fp8_fast_accum);
-    perturbed.perturb_accumulator = std::ldexp(1.0, fast_accum ? -7 : -11);
-  } else {
-    perturbed.perturb_accumulator = std::ldexp(1.0, -19);
-  }
+  const std::optional<bool> fast_accum = fp8_fast_accumulation(kernel);
+  perturbed.perturb_accumulator = std::ldexp(1.0, !fast_accum ? -19 : *fast_accum ? -7 : -11);
   const ReferenceOutputs moved = evaluate_reference(g, inputs, perturbed);
   for (const auto& [name, want] : e.want) {
     std::vector<double>& slack = e.slack[name];
