@@ -132,6 +132,10 @@ struct DagPlan {
 };
 // d_name: the output the collective epilogue stores as D ("" when none does).
 DagPlan plan_dag(const Graph& g, std::string_view d_name = "");
+// Whether an op with these operands takes them as topological-visitor entries: one of them is
+// materialised, or the tree below one of them reaches a materialised value (a tree node
+// cannot take inputs from a topological visitor).
+bool reaches_materialised(const Graph& g, const std::vector<bool>& materialised, const std::vector<NodeId>& operands);
 // The values an output store consumes: its input, or a reduction's input.
 std::vector<NodeId> store_operands(const Graph& g, NodeId store);
 

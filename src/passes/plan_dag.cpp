@@ -13,6 +13,18 @@ std::vector<NodeId> store_operands(const Graph& g, NodeId store) {
   return in.kind == NodeKind::reduce ? in.inputs : n.inputs;
 }
 
+bool reaches_materialised(const Graph& g, const std::vector<bool>& mat, const std::vector<NodeId>& operands) {
+  auto reaches = [&](auto&& self, NodeId v) -> bool {  // v or its tree (below v) hits a materialised value
+    if (mat[v]) return true;
+    for (NodeId in : g.node(v).inputs)
+      if (self(self, in)) return true;
+    return false;
+  };
+  for (NodeId in : operands)
+    if (reaches(reaches, in)) return true;
+  return false;
+}
+
 DagPlan plan_dag(const Graph& g, std::string_view d_name) {
   // Only uses by nodes that reach an output count: a dead user is never emitted.
   const std::vector<bool> live = passes::live_nodes(g);
@@ -44,17 +56,6 @@ DagPlan plan_dag(const Graph& g, std::string_view d_name) {
     std::vector<bool>& mat = plan.materialised;
     for (NodeId i = 0; i < g.size(); ++i) mat[i] = plan.shared[i];
     if (plan.d_value) mat[*plan.d_value] = true;
-    auto is_leaf = [&](NodeId v) { return g.node(v).inputs.empty(); };
-    auto reaches = [&](auto&& self, NodeId v) -> bool {  // v's tree (below v) hits a materialised value
-      for (NodeId in : g.node(v).inputs)
-        if (mat[in] || (!is_leaf(in) && self(self, in))) return true;
-      return false;
-    };
-    auto op_reaches = [&](const std::vector<NodeId>& ins) {
-      for (NodeId in : ins)
-        if (mat[in] || (!is_leaf(in) && reaches(reaches, in))) return true;
-      return false;
-    };
     for (bool changed = true; changed;) {
       changed = false;
       std::vector<std::vector<NodeId>> op_sets;
@@ -62,7 +63,7 @@ DagPlan plan_dag(const Graph& g, std::string_view d_name) {
         if (mat[v]) op_sets.push_back(g.node(v).inputs);
       for (NodeId t : plan.terminals) op_sets.push_back(store_operands(g, t));
       for (const auto& ins : op_sets) {
-        if (!op_reaches(ins)) continue;
+        if (!reaches_materialised(g, mat, ins)) continue;
         for (NodeId in : ins)
           if (!mat[in]) mat[in] = changed = true;
       }

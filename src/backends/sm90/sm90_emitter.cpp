@@ -395,16 +395,6 @@ class Sm90Emitter {
   }
 
   Visitor topological(const std::vector<bool>& mat) {
-    auto reaches = [&](auto&& self, NodeId v) -> bool {  // v's tree (below v) hits a materialised value
-      for (NodeId in : g_.node(v).inputs)
-        if (mat[in] || (!is_leaf(in) && self(self, in))) return true;
-      return false;
-    };
-    auto op_reaches = [&](const std::vector<NodeId>& ins) {
-      for (NodeId in : ins)
-        if (mat[in] || (!is_leaf(in) && reaches(reaches, in))) return true;
-      return false;
-    };
     // Order: operands first (post-order from the terminals, then the main output last).
     std::vector<NodeId> order;  // materialised values
     std::map<NodeId, int> index;
@@ -422,7 +412,7 @@ class Sm90Emitter {
     auto visit = [&](auto&& self, NodeId v) -> void {
       if (index.count(v)) return;
       const auto& ins = g_.node(v).inputs;
-      if (!is_leaf(v) && op_reaches(ins)) {
+      if (!is_leaf(v) && reaches_materialised(g_, mat, ins)) {
         std::vector<int> idx;
         for (NodeId in : ins) {
           self(self, in);
