@@ -56,9 +56,11 @@ std::vector<double> random_integers(uint64_t seed, std::string_view stream, size
   return v;
 }
 
-}  // namespace
-
-ReferenceInputs random_integer_inputs(const Graph& g, int64_t m, int64_t n, int64_t k, uint64_t seed) {
+// A problem's inputs: A (m×k), B (k×n), C when g reads it and every operand g names, each
+// drawn by draw(stream, count, dtype) with a stream name of its own ("gemm:A", "operand:bias").
+template <class Draw>
+ReferenceInputs problem_inputs(const Graph& g, int64_t m, int64_t n, int64_t k, DType a_dtype, DType b_dtype,
+                               const Draw& draw) {
   if (m <= 0 || n <= 0 || k <= 0)
     throw UserError(
         fmt::format("problem size m={}, n={}, k={}: every size must be positive", m, n, k));
@@ -67,11 +69,11 @@ ReferenceInputs random_integer_inputs(const Graph& g, int64_t m, int64_t n, int6
   in.n = n;
   in.k = k;
   const auto mn = static_cast<size_t>(m * n);
-  in.a = random_integers(seed, "gemm:A", static_cast<size_t>(m * k), 1);
-  in.b = random_integers(seed, "gemm:B", static_cast<size_t>(k * n), 1);
+  in.a = draw("gemm:A", static_cast<size_t>(m * k), a_dtype);
+  in.b = draw("gemm:B", static_cast<size_t>(k * n), b_dtype);
   for (const Node& node : g.nodes()) {
     if (node.kind == NodeKind::source) {
-      in.c = random_integers(seed, "gemm:C", mn, 3);
+      in.c = draw("gemm:C", mn, node.dtype);
       continue;
     }
     if (!node.is_load() || node.kind == NodeKind::accum) continue;
@@ -80,39 +82,27 @@ ReferenceInputs random_integer_inputs(const Graph& g, int64_t m, int64_t n, int6
                          : node.shape == Shape::row  ? static_cast<size_t>(n)
                          : node.shape == Shape::col  ? static_cast<size_t>(m)
                                                      : mn;
-    in.operands[node.name] = random_integers(seed, "operand:" + node.name, count, 3);
+    in.operands[node.name] = draw("operand:" + node.name, count, node.dtype);
   }
   return in;
 }
 
+}  // namespace
+
+ReferenceInputs random_integer_inputs(const Graph& g, int64_t m, int64_t n, int64_t k, uint64_t seed) {
+  return problem_inputs(g, m, n, k, DType::f32, DType::f32, [&](const std::string& stream, size_t count, DType) {
+    return random_integers(seed, stream, count, stream == "gemm:A" || stream == "gemm:B" ? 1 : 3);
+  });
+}
+
 ReferenceInputs random_reference_inputs(const Graph& g, int64_t m, int64_t n, int64_t k,
                                         DType a_dtype, DType b_dtype, uint64_t seed) {
-  if (m <= 0 || n <= 0 || k <= 0)
-    throw UserError(
-        fmt::format("problem size m={}, n={}, k={}: every size must be positive", m, n, k));
-  ReferenceInputs in;
-  in.m = m;
-  in.n = n;
-  in.k = k;
-  const auto mn = static_cast<size_t>(m * n);
-  // k^(-1/4) each, so that every element of A@B, a sum of k products, has variance about 1.
-  const double ab_stddev = std::pow(static_cast<double>(k), -0.25);
-  in.a = random_values(seed, "gemm:A", static_cast<size_t>(m * k), ab_stddev, a_dtype);
-  in.b = random_values(seed, "gemm:B", static_cast<size_t>(k * n), ab_stddev, b_dtype);
-  for (const Node& node : g.nodes()) {
-    if (node.kind == NodeKind::source) {
-      in.c = random_values(seed, "gemm:C", mn, 1.0, node.dtype);
-      continue;
-    }
-    if (!node.is_load() || node.kind == NodeKind::accum) continue;
-    if (node.kind == NodeKind::scalar && node.scalar_kind == ScalarKind::constant) continue;
-    const size_t count = node.shape == Shape::scalar ? 1
-                         : node.shape == Shape::row  ? static_cast<size_t>(n)
-                         : node.shape == Shape::col  ? static_cast<size_t>(m)
-                                                     : mn;
-    in.operands[node.name] = random_values(seed, "operand:" + node.name, count, 1.0, node.dtype);
-  }
-  return in;
+  // k^(-1/4) for A and B, so that every element of A@B, a sum of k products, has variance
+  // about 1; 1 for the rest.
+  const double ab_stddev = k > 0 ? std::pow(static_cast<double>(k), -0.25) : 1.0;
+  return problem_inputs(g, m, n, k, a_dtype, b_dtype, [&](const std::string& stream, size_t count, DType dtype) {
+    return random_values(seed, stream, count, stream == "gemm:A" || stream == "gemm:B" ? ab_stddev : 1.0, dtype);
+  });
 }
 
 }  // namespace evtc
