@@ -4,6 +4,7 @@
 #include <chrono>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "cli.hpp"
 #include "jit/kernel_cache.hpp"
@@ -25,12 +26,12 @@ std::string age_text(double s) {
   return fmt::format("{:.0f} d", s / 86400);
 }
 
-// The first line of an entry's expression, shortened for one line of a listing.
+// An entry's expression on one line (its statements joined by "; "), shortened for a listing.
 std::string one_line(const std::string& expression) {
-  std::string line;
-  for (char c : expression) line += c == '\n' ? ';' : c;
-  while (!line.empty() && (line.back() == ';' || line.back() == ' ')) line.pop_back();
-  for (size_t p = line.find(";"); p != std::string::npos; p = line.find(";", p + 2)) line.insert(p + 1, " ");
+  std::string line, statement;
+  std::istringstream in(expression);
+  while (std::getline(in, statement))
+    if (!statement.empty()) line += (line.empty() ? "" : "; ") + statement;
   return line.size() > 100 ? line.substr(0, 97) + "..." : line;
 }
 
