@@ -793,3 +793,21 @@ TEST(ReferenceCompare, AccumulatorPerturbationCoversABranchOnACancellingSum) {
     else EXPECT_LT(slack, 0.01) << i;
   }
 }
+
+TEST(ReferenceCompare, RejectsAllowancesAndExactFlagsOfTheWrongLength) {
+  const std::vector<double> v(4, 1.0), three(3, 0.0);
+  const std::vector<char> flags(3, 1);
+  try {
+    compare_outputs(v, v, tolerance_for(DType::f32), 1.0, three);
+    ADD_FAILURE() << "accepted 3 allowances for 4 values";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot compare with 3 allowances for 4 values"), std::string::npos) << e.what();
+  }
+  try {
+    compare_outputs(v, v, tolerance_for(DType::f32), 1.0, {}, flags);
+    ADD_FAILURE() << "accepted 3 exactness flags for 4 values";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot compare with 3 exactness flags for 4 values"), std::string::npos)
+        << e.what();
+  }
+}
