@@ -124,7 +124,7 @@ def main() -> int:
     args = ap.parse_args()
     import torch
 
-    env = dict(os.environ, EVTC_QUIET="1", EVTC_TUNE="off")
+    env = dict(os.environ, EVTC_LOG="warning", EVTC_TUNE="off")
     env.setdefault("EVTC_CACHE_DIR", tempfile.mkdtemp(prefix="evtc-default-configs-"))
     out = pathlib.Path(args.out)
     raw = out / "raw"

@@ -134,7 +134,7 @@ def main():
     env = dict(os.environ)
     env.setdefault("EVTC_TUNE_MAX_CANDIDATES", "4")
     env["EVTC_TUNE"] = "ahead"
-    env["EVTC_QUIET"] = "1"
+    env["EVTC_LOG"] = "warning"
     raw = ROOT / "bench" / "results" / "raw"
     shutil.rmtree(raw, ignore_errors=True)
     (raw / "plain").mkdir(parents=True)

@@ -23,11 +23,27 @@ struct Command {
   std::function<int()> run;  // called when it was chosen; returns the exit code
 };
 
-// An argument that is either an expression or the path of a file holding one.
-std::string read_expression_arg(const std::string& arg);
+// An argument that is either an expression or the path of a file holding one: its text, and
+// the name diagnostics give it (the file's path, or "expr").
+struct ExpressionArg {
+  std::string text;
+  std::string name;
+};
+// UserError "no such file" for a path-shaped argument (no '=', no call) that names no file.
+ExpressionArg read_expression_arg(const std::string& arg);
+// read_expression_arg, then parse_expression with diagnostics naming the file.
+Graph parse_expression_arg(const std::string& arg, const ParseOptions& options = {});
 
-// A --layout-a/--layout-b value: r (row) or c (col); UserError naming the option otherwise.
-Layout parse_layout(const std::string& s, const char* which);
+// A --layout-a/--layout-b value (layout_value() has checked it): r or row, c or col.
+Layout parse_layout(const std::string& s);
+
+// Validators listing their choices in --help and in their error: a dtype (the canonical names
+// of dtype_names(); aliases such as bfloat16 or e4m3 are accepted and made canonical) and a
+// layout (r or c; row and col accepted).
+const CLI::Validator& dtype_value();
+const CLI::Validator& layout_value();
+// A kernel configuration name (KernelConfig::parse), e.g. coop_128x256x64_c2x1_persistent.
+const CLI::Validator& config_value();
 
 // The GEMM options run, compile and tune share: --dtype (A's, and B's unless --dtype-b),
 // --dtype-b, --layout-a, --layout-b and --fast-accum (fp8 only).
@@ -43,11 +59,11 @@ struct GemmFlags {
   ParseOptions parse_options() const;
 };
 
-// Writes `text` to the file at `path` (an option's value, e.g. --emit); UserError naming the
-// option, the path and why when it cannot be written completely.
+// Writes `text` to the file at `path` (an option's value, e.g. --emit); RuntimeError (exit 1)
+// naming the option, the path and why when it cannot be written completely.
 void write_output_file(const std::string& path, const std::string& text, const char* option);
 // Checks, before long work, that write_output_file could write `path` (not a folder, and its
-// folder exists and is writable); UserError otherwise.
+// folder exists and is writable); RuntimeError (exit 1) naming the path otherwise.
 void check_output_path(const std::string& path, const char* option);
 
 // Validators of numeric options, with messages that name the allowed values: a problem size
@@ -63,6 +79,10 @@ struct Shape3 {
 };
 // Parses --shape values; UserError naming the option and the bad value.
 std::vector<Shape3> parse_shapes(const std::vector<std::string>& items);
+
+// Whether a CUDA device is available; if not, says so on stderr as "evtc COMMAND: no CUDA device
+// is available (HINT)". Commands that run on the GPU call it before compiling anything.
+bool have_gpu(const char* command, const char* hint);
 
 // Prints progress of long work ("compiling 3/8"): on a terminal one line rewritten in place,
 // otherwise a line per step.

@@ -46,7 +46,8 @@ Command add_aot_command(CLI::App& app) {
                     "Problem size MxNxK the --expr and --preset kernels are built for (repeat, or "
                     "comma-separated; none: a shape of unknown size)")
       ->delimiter(',');
-  build->add_option("--config", a->configs, "Build --expr kernels with this configuration (repeatable)");
+  build->add_option("--config", a->configs, "Build --expr kernels with this configuration (repeatable)")
+      ->check(config_value());
   a->gemm.add_to(build);
   build->add_flag("--precise", a->precise, "Full-precision transcendental math (--expr kernels)");
 
@@ -101,7 +102,7 @@ Command add_aot_command(CLI::App& app) {
                 }
                 if (shapes.empty())
                   for (const auto& c : a->configs) s.push_back({{"config", c}});
-                nlohmann::json entry = {{"expr", read_expression_arg(e)}, {"options", nlohmann::json::parse(option_text_json(o))}};
+                nlohmann::json entry = {{"expr", read_expression_arg(e).text}, {"options", nlohmann::json::parse(option_text_json(o))}};
                 if (!s.empty()) entry["shapes"] = s;
                 kernels.push_back(entry);
               }

@@ -23,7 +23,7 @@ Command add_compile_command(CLI::App& app) {
   CLI::App* sub = app.add_subcommand("compile", "Generate and compile the fused kernel (no GPU needed)");
   sub->add_option("expr", a->expr, "Expression, or a file holding one")->required();
   a->gemm.add_to(sub);
-  sub->add_option("--config", a->config, "Kernel config name");
+  sub->add_option("--config", a->config, "Kernel config name")->check(config_value());
   CLI::Option* emit = sub->add_option("--emit", a->emit, "Write the generated CUDA source to this file");
   sub->add_flag("--emit-only", a->emit_only, "Only write the source (with --emit), do not compile")->needs(emit);
   sub->add_flag("--fallback", a->fallback, "Also compile the unfused fallback epilogue");
@@ -33,11 +33,8 @@ Command add_compile_command(CLI::App& app) {
             CompileOptions opts;
             opts.gemm = a->gemm.desc();
             opts.precise_math = a->precise;
-            if (!a->config.empty()) {
-              opts.config = KernelConfig::parse(a->config);
-              if (!opts.config) throw UserError(fmt::format("--config: '{}' is not a kernel config name", a->config));
-            }
-            Kernel kernel(parse_expression(read_expression_arg(a->expr), popts), opts);
+            if (!a->config.empty()) opts.config = KernelConfig::parse(a->config);  // config_value() checked it
+            Kernel kernel(parse_expression_arg(a->expr, popts), opts);
             const std::string not_fusable = kernel.fallback_reason(0, 0, 0);
             if (!not_fusable.empty() && (!a->fallback || !a->emit.empty()))
               throw UserError(fmt::format("no fused kernel to {}: {}{}", a->emit.empty() ? "compile" : "emit",

@@ -24,13 +24,6 @@ struct ExplainArgs {
   std::string dtype = "bf16";
 };
 
-// Diagnostics name the file when the argument is one, else "expr".
-std::string source_name(const std::string& arg) {
-  std::error_code ec;
-  if (arg.find('\n') == std::string::npos && std::filesystem::is_regular_file(arg, ec)) return arg;
-  return "expr";
-}
-
 std::string pass_names() {
   std::string names;
   for (const PassInfo& p : pipeline_passes()) names += (names.empty() ? "" : ", ") + std::string(p.name);
@@ -40,8 +33,7 @@ std::string pass_names() {
 int run_explain(const ExplainArgs& args) {
   ParseOptions options;
   options.operand_dtype = options.output_dtype = *parse_dtype(args.dtype);
-  Graph g = parse_expression(read_expression_arg(args.expression), options,
-                             source_name(args.expression));
+  Graph g = parse_expression_arg(args.expression, options);
 
   if (!args.pass.empty()) {
     const PassInfo* pass = find_pass(args.pass);
@@ -90,14 +82,7 @@ Command add_explain_command(CLI::App& app) {
           ->type_name("NAME");
   sub->add_option("--dtype", args->dtype,
                   "dtype of operands and [m,n] outputs the expression does not declare")
-      ->check(CLI::Validator(
-          [](std::string& s) {
-            return parse_dtype(s) ? std::string()
-                                  : fmt::format("unknown dtype '{}' (expected f32, f16, bf16, "
-                                                "f8e4m3 or f8e5m2)",
-                                                s);
-          },
-          "DTYPE"))
+      ->check(dtype_value())
       ->capture_default_str();
   passes->excludes(pass);
   json->excludes(passes);

@@ -20,6 +20,7 @@
 #include "backends/sm90/sm90_emitter.hpp"
 #include "cli.hpp"
 #include "evtc/error.hpp"
+#include "evtc/log.hpp"
 #include "evtc/expression.hpp"
 #include "evtc/ir_text.hpp"
 #include "evtc/reference.hpp"
@@ -200,13 +201,8 @@ RunResult check_run(const Kernel& kernel, const RandomKernel& random, const Refe
 }
 
 int fuzz_gpu(const FuzzArgs& fa, const std::vector<Case>& cases, nlohmann::json& report) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    cudaGetLastError();
-    fmt::print(stderr, "evtc fuzz: no CUDA device is available (--cpu runs the checks that need none)\n");
-    return kExitFailed;
-  }
-  setenv("EVTC_QUIET", "1", 0);
+  if (!have_gpu("fuzz", "--cpu runs the checks that need none")) return kExitFailed;
+  set_default_log_level(LogLevel::error);  // hundreds of compiles: the progress line says enough
   // Build every kernel, then compile them all at once (EVTC_COMPILE_JOBS at a time).
   const auto t_compile = std::chrono::steady_clock::now();
   std::optional<std::chrono::steady_clock::time_point> deadline;

@@ -73,8 +73,10 @@ Command add_grouped_command(CLI::App& app) {
   sub->add_option("--rows", a->rows, "Rows of each group, comma-separated (zeros allowed)");
   sub->add_option("-n", a->n, "N (output columns)")->check(size_value());
   sub->add_option("-k", a->k, "K")->check(size_value());
-  sub->add_option("--weights", a->weights, "Weight layout: nk (G×N×K, K-major) or kn (G×K×N)");
-  sub->add_option("--config", a->config, "Kernel config name");
+  sub->add_option("--weights", a->weights, "Weight layout: nk (G×N×K, K-major) or kn (G×K×N)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"nk", "kn"}));
+  sub->add_option("--config", a->config, "Kernel config name")->check(config_value());
   sub->add_option("--emit", a->emit, "Write the generated CUDA source to this file");
   sub->add_flag("--compile-only", a->compile_only, "Compile the kernel and print its path (no GPU needed)");
   sub->add_flag("--check", a->check, "Compare every group with the fp64 reference");
@@ -82,15 +84,10 @@ Command add_grouped_command(CLI::App& app) {
   sub->add_flag("--precise", a->precise, "Full-precision transcendental math");
   return {sub, [a] {
             GroupedOptions opts;
-            if (a->weights != "nk" && a->weights != "kn")
-              throw UserError(fmt::format("--weights: '{}' is not nk or kn", a->weights));
             opts.gemm.b_layout = a->weights == "nk" ? Layout::col_major : Layout::row_major;
             opts.precise_math = a->precise;
-            if (!a->config.empty()) {
-              opts.config = KernelConfig::parse(a->config);
-              if (!opts.config) throw UserError(fmt::format("--config: '{}' is not a kernel config name", a->config));
-            }
-            GroupedKernel kernel(parse_expression(read_expression_arg(a->expr)), opts);
+            if (!a->config.empty()) opts.config = KernelConfig::parse(a->config);  // config_value() checked it
+            GroupedKernel kernel(parse_expression_arg(a->expr), opts);
             // A problem to run is checked before anything is compiled or allocated.
             std::vector<int64_t> rows;
             if (!a->compile_only) {
@@ -100,6 +97,7 @@ Command add_grouped_command(CLI::App& app) {
               if (a->rows.empty() && a->m < 0) throw UserError(fmt::format("-m: {} rows is negative", a->m));
               rows = a->rows.empty() ? std::vector<int64_t>(size_t(a->groups), a->m) : parse_rows(a->rows);
               check_problem_size(rows, a->n, a->k);
+              if (!have_gpu("grouped", "--compile-only builds the kernel without running it")) return kExitFailed;
             }
             if (!a->emit.empty()) {
               write_output_file(a->emit, kernel.source(), "--emit");

@@ -99,13 +99,9 @@ void print_summary(const std::vector<double>& v) {
 }
 
 int run_ref(const RefArgs& a) {
-  const std::optional<DType> ab_dtype = parse_dtype(a.dtype);
-  if (!ab_dtype)
-    throw UserError(fmt::format("--dtype: unknown element type '{}' (f32, f16, bf16, f8e4m3, "
-                                "f8e5m2)",
-                                a.dtype));
+  const std::optional<DType> ab_dtype = parse_dtype(a.dtype);  // dtype_value() has checked it
   check_problem_size(a);
-  const Graph g = parse_expression(read_expression_arg(a.expression));
+  const Graph g = parse_expression_arg(a.expression);
   const ReferenceInputs inputs =
       random_reference_inputs(g, a.m, a.n, a.k, *ab_dtype, *ab_dtype, a.seed);
   ReferenceOptions options;
@@ -137,7 +133,7 @@ Command add_ref_command(CLI::App& app) {
   sub->add_option("-n", args->n, "Columns of the output")->required()->check(size_value());
   sub->add_option("-k", args->k, "Inner dimension of A@B")->required()->check(size_value());
   sub->add_option("--seed", args->seed, "Seed of the random inputs")->capture_default_str()->check(seed_value());
-  sub->add_option("--dtype", args->dtype, "Element type of A and B")->capture_default_str();
+  sub->add_option("--dtype", args->dtype, "Element type of A and B")->capture_default_str()->check(dtype_value());
   sub->add_option("--show", args->show, "Show the top-left SHOW x SHOW values of each output")
       ->capture_default_str()
       ->check(CLI::Range(0, 64));

@@ -37,26 +37,13 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 int run(const RunArgs& ra) {
   if (!ra.json.empty()) check_output_path(ra.json, "--json");
   const GemmDesc gemm = ra.gemm.desc();
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    cudaGetLastError();
-    fmt::print(stderr, "evtc run: no CUDA device is available (use `evtc compile` to build the "
-                       "kernel without running it)\n");
-    return kExitFailed;
-  }
-  const Graph g = parse_expression(read_expression_arg(ra.expr), ra.gemm.parse_options());
+  const Graph g = parse_expression_arg(ra.expr, ra.gemm.parse_options());
+  if (!have_gpu("run", "use `evtc compile` to build the kernel without running it")) return kExitFailed;
   CompileOptions opts;
   opts.gemm = gemm;
   opts.precise_math = ra.precise;
-  if (ra.cast_mode == "fast") opts.cast_mode = CastMode::fast;
-  else if (ra.cast_mode != "eager") throw UserError("--cast-mode: expected eager or fast");
-  if (!ra.config.empty()) {
-    opts.config = KernelConfig::parse(ra.config);
-    if (!opts.config)
-      throw UserError(fmt::format("--config: '{}' is not a kernel config name (e.g. "
-                                  "coop_128x256x64_c2x1_persistent)",
-                                  ra.config));
-  }
+  if (ra.cast_mode == "fast") opts.cast_mode = CastMode::fast;  // --cast-mode's check: eager or fast
+  if (!ra.config.empty()) opts.config = KernelConfig::parse(ra.config);  // config_value() has checked it
   // The cost of a disk-cache hit in a new process is measured from here: the CUDA context
   // exists; building the Kernel, finding its compiled library and the first call are timed.
   cudaFree(nullptr);
@@ -64,7 +51,7 @@ int run(const RunArgs& ra) {
   Kernel kernel(g, opts);
   const double construct_s = seconds_since(t_construct);
   nlohmann::json report;
-  report["expression"] = read_expression_arg(ra.expr);
+  report["expression"] = read_expression_arg(ra.expr).text;
   report["m"] = ra.m;
   report["n"] = ra.n;
   report["k"] = ra.k;
@@ -139,7 +126,6 @@ int run(const RunArgs& ra) {
     CompileOptions unfused_opts = opts;
     unfused_opts.disable_fusion = true;
     Kernel unfused(g, unfused_opts);
-    setenv("EVTC_QUIET", "1", 0);
     const double unfused_ms = runtime::median_ms([&] { unfused.run(args, stream); }, stream);
     const DType d_dtype = kernel.signature().d_name.empty() ? DType::bf16 : kernel.signature().d_dtype;
     runtime::DeviceBuffer d(size_t(ra.m) * ra.n * dtype_bytes(d_dtype));
@@ -198,8 +184,10 @@ Command add_run_command(CLI::App& app) {
   sub->add_flag("--bench", ra->bench, "Time fused vs plain cuBLAS vs unfused (median of 50)");
   sub->add_flag("--precise", ra->precise, "Full-precision transcendental math");
   sub->add_flag("--tune", ra->tune, "Autotune this shape first (compile and time the candidates)");
-  sub->add_option("--config", ra->config, "Kernel config, e.g. coop_128x256x64_c2x1_persistent");
-  sub->add_option("--cast-mode", ra->cast_mode, "eager or fast")->capture_default_str();
+  sub->add_option("--config", ra->config, "Kernel config, e.g. coop_128x256x64_c2x1_persistent")->check(config_value());
+  sub->add_option("--cast-mode", ra->cast_mode, "Round where eager PyTorch rounds (eager), or only at outputs (fast)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"eager", "fast"}));
   sub->add_option("--seed", ra->seed, "Random seed for the inputs")->capture_default_str()->check(seed_value());
   sub->add_option("--json", ra->json, "Write the results as JSON to this file");
   return {sub, [ra] { return run(*ra); }};

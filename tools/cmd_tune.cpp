@@ -62,7 +62,7 @@ int tune(const TuneArgs& ta) {
   opts.gemm = ta.gemm.desc();
   opts.precise_math = ta.precise;
   if (ta.max_candidates >= 0) opts.tune_max_candidates = ta.max_candidates;
-  Kernel kernel(parse_expression(read_expression_arg(ta.expr), popts), opts);
+  Kernel kernel(parse_expression_arg(ta.expr, popts), opts);
 
   // Every shape's candidates, compiled at once.
   std::vector<KernelConfig> all;
@@ -77,12 +77,7 @@ int tune(const TuneArgs& ta) {
     for (const KernelConfig& c : all) fmt::print("{}\n", c.name());
     return kExitOk;
   }
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    cudaGetLastError();
-    fmt::print(stderr, "evtc tune: no CUDA device is available (candidates are timed on the GPU)\n");
-    return kExitFailed;
-  }
+  if (!have_gpu("tune", "candidates are timed on the GPU")) return kExitFailed;
   fmt::print("{} shape(s), {} distinct candidate configuration(s)\n", shapes.size(), all.size());
   const auto errors = kernel.compile_configs(all, progress_printer("evtc tune"));
   for (const auto& [name, e] : errors) fmt::print(stderr, "{} did not compile: {}\n", name, e.substr(0, 300));

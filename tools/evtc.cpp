@@ -15,18 +15,19 @@
 
 #include "cli.hpp"
 #include "evtc/error.hpp"
+#include "evtc/log.hpp"
 
 namespace evtc::cli {
 
-std::string read_expression_arg(const std::string& arg) {
+ExpressionArg read_expression_arg(const std::string& arg) {
   // A file if one exists by that name (and the argument has no newline); else the text.
-  if (arg.find('\n') == std::string::npos) {
+  std::error_code ec;
+  if (arg.find('\n') == std::string::npos && std::filesystem::is_regular_file(arg, ec)) {
     std::ifstream f(arg);
-    if (f) {
-      std::stringstream ss;
-      ss << f.rdbuf();
-      return ss.str();
-    }
+    if (!f) throw UserError(fmt::format("cannot read '{}': {}", arg, std::strerror(errno)));
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return {ss.str(), arg};
   }
   // Every statement has a '=', so an argument without one, without a call, and shaped like a
   // path (a folder or an extension) is a file name that does not exist.
@@ -35,35 +36,79 @@ std::string read_expression_arg(const std::string& arg) {
                           std::isalpha(static_cast<unsigned char>(arg[arg.rfind('.') + 1])));
   if (arg.find('=') == std::string::npos && arg.find('(') == std::string::npos && path_like)
     throw UserError(fmt::format("no such file: '{}' (and it is not an expression: statements are `out NAME = ...`)", arg));
-  return arg;
+  return {arg, "expr"};
 }
 
-Layout parse_layout(const std::string& s, const char* which) {
+Graph parse_expression_arg(const std::string& arg, const ParseOptions& options) {
+  const ExpressionArg e = read_expression_arg(arg);
+  return parse_expression(e.text, options, e.name);
+}
+
+Layout parse_layout(const std::string& s) {
   if (s == "r" || s == "row") return Layout::row_major;
   if (s == "c" || s == "col") return Layout::col_major;
-  throw UserError(fmt::format("--layout-{}: expected r or c, got '{}'", which, s));
+  throw InternalError(fmt::format("layout '{}' passed layout_value()", s));
+}
+
+const CLI::Validator& dtype_value() {
+  static const CLI::Validator v = CLI::Validator(
+      [](std::string& text) -> std::string {
+        const auto t = parse_dtype(text);
+        if (!t) return fmt::format("unknown dtype '{}' (expected {})", text, fmt::join(dtype_names(), ", "));
+        text = std::string(dtype_name(*t));
+        return {};
+      },
+      fmt::format("{{{}}}", fmt::join(dtype_names(), ",")));
+  return v;
+}
+
+const CLI::Validator& layout_value() {
+  static const CLI::Validator v = CLI::Validator(
+      [](std::string& text) -> std::string {
+        if (text == "r" || text == "row" || text == "c" || text == "col") return {};
+        return fmt::format("unknown layout '{}' (expected r or c)", text);
+      },
+      "{r,c}");
+  return v;
+}
+
+const CLI::Validator& config_value() {
+  static const CLI::Validator v = CLI::Validator(
+      [](std::string& text) -> std::string {
+        if (KernelConfig::parse(text)) return {};
+        return fmt::format("'{}' is not a kernel config name (e.g. coop_128x256x64_c2x1_persistent; "
+                           "`evtc tune --list-candidates` lists a shape's)",
+                           text);
+      },
+      "CONFIG");
+  return v;
 }
 
 void GemmFlags::add_to(CLI::App* sub) {
-  sub->add_option("--dtype", dtype, "A/B dtype, and default operand/output dtype")->capture_default_str();
-  sub->add_option("--dtype-b", dtype_b, "B's dtype when it differs from A's (e.g. f8e5m2)");
-  sub->add_option("--layout-a", layout_a, "A layout: r (row-major M×K) or c")->capture_default_str();
+  sub->add_option("--dtype", dtype, "A/B dtype, and default operand/output dtype")
+      ->capture_default_str()
+      ->check(dtype_value());
+  sub->add_option("--dtype-b", dtype_b, "B's dtype when it differs from A's (e.g. f8e5m2)")->check(dtype_value());
+  sub->add_option("--layout-a", layout_a, "A layout: r (row-major M×K) or c")
+      ->capture_default_str()
+      ->check(layout_value());
   sub->add_option("--layout-b", layout_b, "B layout: r (row-major K×N) or c (N×K, K-major)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(layout_value());
   sub->add_flag("--fast-accum", fast_accum,
                 "fp8 A/B: accumulate in the tensor cores throughout K (faster, less accurate)");
 }
 
 GemmDesc GemmFlags::desc() const {
   GemmDesc g;
+  // dtype_value() has checked both.
   const auto a = parse_dtype(dtype);
-  if (!a) throw UserError(fmt::format("--dtype: unknown dtype '{}'", dtype));
   const auto b = dtype_b.empty() ? a : parse_dtype(dtype_b);
-  if (!b) throw UserError(fmt::format("--dtype-b: unknown dtype '{}'", dtype_b));
+  if (!a || !b) throw InternalError(fmt::format("dtype '{}'/'{}' passed dtype_value()", dtype, dtype_b));
   g.a_dtype = *a;
   g.b_dtype = *b;
-  g.a_layout = parse_layout(layout_a, "a");
-  g.b_layout = parse_layout(layout_b, "b");
+  g.a_layout = parse_layout(layout_a);
+  g.b_layout = parse_layout(layout_b);
   if (fast_accum && !is_fp8(*a) && !is_fp8(*b))
     throw UserError(fmt::format("--fast-accum: only fp8 A/B have a fast-accumulation main loop, "
                                 "but A and B are {}",
@@ -83,7 +128,7 @@ ParseOptions GemmFlags::parse_options() const {
 void write_output_file(const std::string& path, const std::string& text, const char* option) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec))
-    throw UserError(fmt::format("{}: cannot write '{}': it is a folder", option, path));
+    throw RuntimeError(fmt::format("{}: cannot write '{}': it is a folder", option, path));
   errno = 0;
   std::ofstream f(path, std::ios::binary);
   if (f) {
@@ -91,8 +136,8 @@ void write_output_file(const std::string& path, const std::string& text, const c
     f.close();
   }
   if (!f)
-    throw UserError(fmt::format("{}: cannot write '{}': {}", option, path,
-                                errno ? std::strerror(errno) : "write failed"));
+    throw RuntimeError(fmt::format("{}: cannot write '{}': {}", option, path,
+                                   errno ? std::strerror(errno) : "write failed"));
 }
 
 namespace {
@@ -142,12 +187,14 @@ const CLI::Validator& seed_value() {
 void check_output_path(const std::string& path, const char* option) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  if (fs::is_directory(path, ec)) throw UserError(fmt::format("{}: cannot write '{}': it is a folder", option, path));
+  if (fs::is_directory(path, ec))
+    throw RuntimeError(fmt::format("{}: cannot write '{}': it is a folder", option, path));
   const fs::path parent = fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path();
   if (!fs::is_directory(parent, ec))
-    throw UserError(fmt::format("{}: cannot write '{}': the folder {} does not exist", option, path, parent.string()));
+    throw RuntimeError(
+        fmt::format("{}: cannot write '{}': the folder {} does not exist", option, path, parent.string()));
   if (access(parent.c_str(), W_OK) != 0 || (fs::exists(path, ec) && access(path.c_str(), W_OK) != 0))
-    throw UserError(fmt::format("{}: cannot write '{}': permission denied", option, path));
+    throw RuntimeError(fmt::format("{}: cannot write '{}': permission denied", option, path));
 }
 
 std::vector<Shape3> parse_shapes(const std::vector<std::string>& items) {
@@ -163,6 +210,14 @@ std::vector<Shape3> parse_shapes(const std::vector<std::string>& items) {
     out.push_back(s);
   }
   return out;
+}
+
+bool have_gpu(const char* command, const char* hint) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0) return true;
+  cudaGetLastError();
+  fmt::print(stderr, "evtc {}: no CUDA device is available ({})\n", command, hint);
+  return false;
 }
 
 ProgressFn progress_printer(const std::string& what) {
@@ -191,6 +246,12 @@ int main(int argc, char** argv) {
   CLI::App app{"evtc: fuses GEMM epilogues into CUTLASS Epilogue-Visitor-Tree kernels"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("evtc ") + EVTC_CLI_VERSION);
+  std::string log_level;
+  app.add_option("--log", log_level,
+                 "Messages to show: error, warning, info (each compile's start and end; the default) or "
+                 "debug (also nvcc's command lines); EVTC_LOG sets the same")
+      ->check(CLI::IsMember(evtc::log_level_names()))
+      ->type_name("LEVEL");
   const std::vector<Command> commands = {
       add_explain_command(app), add_ref_command(app), add_run_command(app),
       add_compile_command(app), add_cache_command(app), add_tune_command(app),
@@ -201,6 +262,7 @@ int main(int argc, char** argv) {
     const int rc = app.exit(e);
     return rc == 0 ? kExitOk : kExitUsage;
   }
+  if (!log_level.empty()) evtc::set_log_level(*evtc::parse_log_level(log_level));
   try {
     for (const Command& c : commands)
       if (c.app->parsed()) return c.run();

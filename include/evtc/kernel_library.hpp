@@ -89,6 +89,18 @@ std::string preset_kernel_list(const std::string& name, const std::vector<std::a
 // How many nvcc processes this process has started (0 where every kernel came from a
 // library or the disk cache).
 size_t compiler_runs();
+
+// A kernel this process needed that was not in a library or the disk cache: compiled here with
+// nvcc ("compiled"), or compiled by another process (on this host or another sharing the cache
+// folder) while this one waited for it ("waited"). `seconds` is the compile's or the wait's.
+struct CompileEvent {
+  std::string key;    // the cache key (the entry's folder name)
+  std::string label;  // the kernel, as compile messages name it
+  std::string what;   // "compiled" or "waited"
+  double seconds = 0;
+};
+// This process's compile events, in the order they finished.
+std::vector<CompileEvent> compile_events();
 // Whether nvcc can be found here (CUDACXX, CUDA_HOME, PATH, the build's toolkit).
 bool compiler_available();
 

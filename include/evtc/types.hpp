@@ -4,13 +4,18 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace evtc {
 
 enum class DType : uint8_t { f32, f16, bf16, f8e4m3, f8e5m2 };
 
 std::string_view dtype_name(DType t);
+// Canonical names (f32, f16, bf16, f8e4m3, f8e5m2) and their aliases (float32, bfloat16, e4m3,
+// float8_e4m3fn, ...: PyTorch's and NumPy's spellings).
 std::optional<DType> parse_dtype(std::string_view name);
+// The canonical names of every DType, in enum order (for help texts and messages).
+const std::vector<std::string>& dtype_names();
 int dtype_bits(DType t);
 inline int dtype_bytes(DType t) { return dtype_bits(t) / 8; }
 bool is_fp8(DType t);

@@ -47,6 +47,16 @@ std::optional<DType> parse_dtype(std::string_view s) {
   return std::nullopt;
 }
 
+const std::vector<std::string>& dtype_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (DType t : {DType::f32, DType::f16, DType::bf16, DType::f8e4m3, DType::f8e5m2})
+      v.emplace_back(dtype_name(t));
+    return v;
+  }();
+  return names;
+}
+
 int dtype_bits(DType t) {
   switch (t) {
     case DType::f32: return 32;

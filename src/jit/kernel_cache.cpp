@@ -31,6 +31,7 @@
 
 #include "evtc/error.hpp"
 #include "jit/environment.hpp"
+#include "jit/logging.hpp"
 #include "jit/kernel_library.hpp"
 #include <nlohmann/json.hpp>
 #include "jit/toolchain.hpp"
@@ -125,10 +126,9 @@ void remove_damaged_entry(const fs::path& dir, const std::string& key) {
   fs::rename(dir, aside, ec);
   if (ec) return;  // gone already, or another process moved it
   fs::remove_all(aside, ec);
-  if (!env_flag("EVTC_QUIET"))
-    fmt::print(stderr, "evtc: the cached kernel {} was incomplete or damaged (its kernel.so does not match "
-               "entry.json): compiling it again\n",
-               key);
+  log_warning("the cached kernel {} was incomplete or damaged (its kernel.so does not match entry.json): "
+              "compiling it again",
+              key);
 }
 
 // The process that made a tmp/ folder (named <key>-<pid>-<random>), or 0.
@@ -159,7 +159,8 @@ void remove_stale_temporaries(const fs::path& root) {
 }
 
 // Runs argv in the folder `cwd` with stdout and stderr into `log`; with `show_progress`, shows
-// a progress line on stderr while it takes longer than a second (only on a terminal). Returns
+// a progress line on stderr while it takes longer than a second (on a terminal, at log level
+// info; elsewhere the compile's start and finish lines stand alone). Returns
 // the exit status. Compiles run in their own folder and name their files relatively.
 int run_compiler(const std::vector<std::string>& argv, const fs::path& log, const std::string& label,
                  const fs::path& cwd, bool show_progress = true) {
@@ -184,7 +185,7 @@ int run_compiler(const std::vector<std::string>& argv, const fs::path& log, cons
     execv(args[0], args.data());
     _exit(127);
   }
-  const bool show = show_progress && isatty(2) && !env_flag("EVTC_QUIET");
+  const bool show = show_progress && isatty(2) && log_enabled(LogLevel::info);
   const auto start = std::chrono::steady_clock::now();
   bool shown = false;
   int status = 0;
@@ -233,6 +234,26 @@ std::string first_errors(const std::string& log, size_t max_lines) {
 std::atomic<size_t>& compiler_run_count() {
   static std::atomic<size_t> n{0};
   return n;
+}
+
+struct CompileEvents {
+  std::mutex mu;
+  std::vector<CompileEvent> events;
+};
+
+CompileEvents& compile_event_log() {
+  static CompileEvents e;
+  return e;
+}
+
+void record_compile_event(const std::string& key, const std::string& label, const char* what, double seconds) {
+  CompileEvents& e = compile_event_log();
+  std::lock_guard lock(e.mu);
+  e.events.push_back({key, label, what, seconds});
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 // The count of compile_slots() in use, and its wait.
@@ -401,13 +422,12 @@ std::vector<std::string> nvcc_argv(const Toolchain& tc, const std::vector<std::s
 }
 
 // Writes a compile's command lines into its command.txt, and prints them when
-// EVTC_PRINT_COMPILER_COMMAND is set.
+// EVTC_LOG=debug.
 void record_commands(const fs::path& tmp, const std::vector<std::vector<std::string>>& commands) {
   std::string text;
   for (const auto& argv : commands) text += command_line(argv) + "\n";
   write_file(tmp / "command.txt", text);
-  if (env_flag("EVTC_PRINT_COMPILER_COMMAND"))
-    for (const auto& argv : commands) fmt::print(stderr, "evtc: {}\n", command_line(argv));
+  for (const auto& argv : commands) log_debug("{}", command_line(argv));
 }
 
 // CompileRequest::in_parts: the device and host parts in parallel, then the link. Writes
@@ -474,17 +494,24 @@ std::string compile_into_cache(const CompileRequest& req, const std::string& key
   // its entry.
   fs::create_directories(root / "locks", dir_error);
   std::optional<EntryLock> lock;
+  const auto wait_start = std::chrono::steady_clock::now();
   for (bool announced = false;;) {
     std::string holder;
     lock = EntryLock::try_acquire((root / "locks" / (key + ".lock")).string(), &holder);
     if (lock) break;
-    if (entry_intact(final_dir)) return (final_dir / "kernel.so").string();
-    if (!announced && !env_flag("EVTC_QUIET"))
-      fmt::print(stderr, "evtc: waiting for {}, which is compiling {} into the cache\n", holder, req.label);
+    if (entry_intact(final_dir)) {
+      record_compile_event(key, req.label, "waited", seconds_since(wait_start));
+      log_info("loaded {}, compiled by another process ({:.1f} s wait)", req.label, seconds_since(wait_start));
+      return (final_dir / "kernel.so").string();
+    }
+    if (!announced) log_info("waiting for {}, which is compiling {} into the cache", holder, req.label);
     announced = true;
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
-  if (entry_intact(final_dir)) return (final_dir / "kernel.so").string();  // finished meanwhile
+  if (entry_intact(final_dir)) {  // another process finished it meanwhile
+    record_compile_event(key, req.label, "waited", seconds_since(wait_start));
+    return (final_dir / "kernel.so").string();
+  }
 
   std::random_device rd;
   const fs::path tmp =
@@ -492,16 +519,17 @@ std::string compile_into_cache(const CompileRequest& req, const std::string& key
   fs::create_directories(tmp);
   write_file(tmp / "kernel.cu", req.source);
   compiler_run_count().fetch_add(1);
+  const auto compile_start = std::chrono::steady_clock::now();
   std::optional<CompileSlot> slot;  // plain epilogues are not held back
   std::optional<MachineSlot> machine_slot;
   if (req.needs_cutlass) {
     slot.emplace();
     machine_slot.emplace(compile_slots(), machine_slot_dir(), [&] {
-      if (!env_flag("EVTC_QUIET"))
-        fmt::print(stderr, "evtc: {} kernel compiles are running on this machine; {} waits for one to finish\n",
-                   compile_slots(), req.label);
+      log_info("{} kernel compiles are running on this machine; {} waits for one to finish", compile_slots(),
+               req.label);
     });
   }
+  log_info("compiling {} [{}]", req.label, key);
   int rc = 0;
   if (req.in_parts && req.needs_cutlass) {
     rc = compile_in_parts(req, tc, tmp);
@@ -525,6 +553,8 @@ std::string compile_into_cache(const CompileRequest& req, const std::string& key
         req.label, (where / "kernel.cu").string(), (where / "compile.log").string(),
         replace_all(first_errors(read_file(where / "compile.log"), 8), tmp.string(), where.string())));
   }
+  record_compile_event(key, req.label, "compiled", seconds_since(compile_start));
+  log_info("compiled {} in {:.1f} s", req.label, seconds_since(compile_start));
   write_entry_record(tmp, req.label, req.expression);
   fsync_path(tmp / "kernel.so");
   fs::create_directories(final_dir.parent_path());
@@ -544,9 +574,9 @@ std::string compile_into_cache(const CompileRequest& req, const std::string& key
   }
   if (const auto limit = cache_size_limit()) {
     const PruneResult pruned = prune_cache(limit, std::nullopt);
-    if (pruned.removed > 0 && !env_flag("EVTC_QUIET"))
-      fmt::print(stderr, "evtc: removed {} least recently used kernels ({:.1f} MiB) to keep the cache under "
-                         "EVTC_CACHE_SIZE_LIMIT\n", pruned.removed, pruned.bytes_freed / 1048576.0);
+    if (pruned.removed > 0)
+      log_info("removed {} least recently used kernels ({:.1f} MiB) to keep the cache under EVTC_CACHE_SIZE_LIMIT",
+               pruned.removed, pruned.bytes_freed / 1048576.0);
   }
   return (final_dir / "kernel.so").string();
 }
@@ -580,6 +610,12 @@ std::string cache_key(const CompileRequest& req) {
 }
 
 size_t compiler_runs() { return compiler_run_count().load(); }
+
+std::vector<CompileEvent> compile_events() {
+  CompileEvents& e = compile_event_log();
+  std::lock_guard lock(e.mu);
+  return e.events;
+}
 
 namespace {
 

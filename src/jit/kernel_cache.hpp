@@ -14,6 +14,7 @@
 // a concurrent process never leaves a half entry: if another process finished the same key
 // first, its entry is kept and ours dropped.
 #pragma once
+#include "evtc/kernel_library.hpp"
 #include <chrono>
 #include <filesystem>
 #include <vector>
@@ -111,6 +112,8 @@ int compile_slots();
 int compile_slots_from_env();
 // How many nvcc processes this process has started.
 size_t compiler_runs();
+// The kernels this process compiled, or waited for another process to compile (evtc::compile_events).
+std::vector<CompileEvent> compile_events();
 // compile_cached, then loads the library (once per process and path).
 std::shared_ptr<Library> load_or_compile(const CompileRequest& request);
 

@@ -18,6 +18,7 @@
 #include "jit/environment.hpp"
 #include "jit/toolchain.hpp"
 #include "runtime/device_info.hpp"
+#include "jit/logging.hpp"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -190,7 +191,7 @@ Registry& registry() {
 }
 
 void say_once(Registry& r, const std::string& message) {
-  if (r.said.insert(message).second && !env_flag("EVTC_QUIET")) fmt::print(stderr, "evtc: {}\n", message);
+  if (r.said.insert(message).second) log_warning("{}", message);
 }
 
 // add_library with the registry's lock held.

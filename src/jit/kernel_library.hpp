@@ -72,7 +72,7 @@ std::vector<std::string> libraries();
 // Forgets every registered library (tests; a later lookup reads EVTC_KERNEL_LIBRARY again).
 void clear_libraries();
 // The path of the request's kernel in a registered library, verified; nullopt when none
-// has it (said once per kernel on stderr when libraries are registered, unless EVTC_QUIET).
+// has it (said once per kernel on stderr at log level warning when libraries are registered).
 std::optional<std::string> library_kernel(const CompileRequest& request);
 
 }  // namespace evtc::jit

@@ -26,6 +26,7 @@
 #include "jit/toolchain.hpp"
 #include "runtime/autotuner.hpp"
 #include "runtime/kernel_requests.hpp"
+#include "jit/logging.hpp"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -122,7 +123,7 @@ struct Recorder {
   std::set<std::string> said;
 
   void say(const std::string& m) {
-    if (said.insert(m).second && !env_flag("EVTC_QUIET")) fmt::print(stderr, "evtc: {}\n", m);
+    if (said.insert(m).second) log_warning("{}", m);
   }
 
   static std::string identity(const json& k) {
@@ -423,6 +424,8 @@ std::vector<std::string> kernel_libraries() { return jit::libraries(); }
 KernelLibraryInfo read_kernel_library(const std::string& dir) { return info_of(dir, jit::read_manifest(dir)); }
 
 size_t compiler_runs() { return jit::compiler_runs(); }
+
+std::vector<CompileEvent> compile_events() { return jit::compile_events(); }
 
 bool compiler_available() { return jit::compiler_available(); }
 

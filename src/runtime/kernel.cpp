@@ -17,6 +17,7 @@
 #include "runtime/kernel_impl.hpp"
 #include "runtime/kernel_requests.hpp"
 #include "evtc/options.hpp"
+#include "jit/logging.hpp"
 
 namespace evtc {
 
@@ -52,9 +53,9 @@ size_t max_candidates_from_env(int fallback) {
 }  // namespace
 
 void Kernel::Impl::log_once(const std::string& reason) const {
+  if (fusion_disabled) return;  // asked for: nothing to warn about
   std::lock_guard lock(mu);
-  if (logged.insert(reason).second && !env_flag("EVTC_QUIET"))
-    fmt::print(stderr, "evtc: running unfused (cuBLASLt + plain epilogue): {}\n", reason);
+  if (logged.insert(reason).second) log_warning("running unfused (cuBLASLt + plain epilogue): {}", reason);
 }
 
 namespace runtime {

@@ -13,13 +13,14 @@
 #include "runtime/harness.hpp"
 #include "runtime/device_info.hpp"
 #include "runtime/kernel_impl.hpp"
+#include "jit/logging.hpp"
 
 namespace evtc {
 namespace {
 
 size_t compile_jobs() { return size_t(jit::compile_slots()); }
 
-bool quiet() { return env_flag("EVTC_QUIET"); }
+
 
 size_t output_bytes(const OperandSlot& s, int64_t m, int64_t n) {
   const size_t count = s.shape == Shape::full ? size_t(m) * n
@@ -261,18 +262,19 @@ void Kernel::Impl::tune_on_first_call(const runtime::BoundCall& call, cudaStream
     // One attempt per shape and Kernel, even when it fails or another thread is at it.
     if (!logged.insert(fmt::format("tune {}x{}x{}", call.m, call.n, call.k)).second) return;
   }
-  const bool show = !quiet();
   ProgressFn progress;
-  if (show)
-    progress = [&](const std::string& stage, int done, int total) {
-      fmt::print(stderr, "\revtc: tuning {}x{}x{}: {} {}/{}   ", call.m, call.n, call.k, stage, done, total);
-      if (stage == "timing" && done == total) fmt::print(stderr, "\n");
+  if (log_enabled(LogLevel::info))
+    progress = [&, last = std::string()](const std::string& stage, int done, int total) mutable {
+      // One line per stage (compiling, timing) and its end, not one per candidate.
+      if (stage == last && done != total) return;
+      last = stage;
+      log_info("tuning {}x{}x{}: {} {}/{}", call.m, call.n, call.k, stage, done, total);
     };
   try {
     const TuneResult r = tune(call, stream, progress);
-    if (show) fmt::print(stderr, "evtc: tuned {}x{}x{}: {} ({:.4f} ms)\n", r.m, r.n, r.k, r.best.name(), r.best_ms);
+    log_info("tuned {}x{}x{}: {} ({:.4f} ms)", r.m, r.n, r.k, r.best.name(), r.best_ms);
   } catch (const RuntimeError& e) {
-    if (show) fmt::print(stderr, "\nevtc: tuning failed, keeping the current configuration: {}\n", e.what());
+    log_warning("tuning failed, keeping the current configuration: {}", e.what());
   }
 }
 

@@ -24,7 +24,7 @@ fi
 work="$(mktemp -d "${TMPDIR:-/tmp}/evtc-nvcc-test-XXXXXX")"
 # A cache path with a space: compiles run in their folder and must not split it.
 export EVTC_CACHE_DIR="$work/kernel cache"
-export EVTC_QUIET=1
+export EVTC_LOG=warning
 
 # name | evtc compile options | expression (statements separated by ';')
 fuzz_cases=()
@@ -111,7 +111,7 @@ library_check() {
   local fused
   fused="$(echo "$out" | sed -n 's|^fused kernel: .*/kernels/\([0-9a-f]*\.so\).*|\1|p')"
   printf 'ZZZZ' | dd of="$work/damaged/kernels/$fused" bs=1 seek=100 count=4 conv=notrunc 2>/dev/null
-  out="$(env -u EVTC_QUIET EVTC_CACHE_DIR="$work/no-cache" CUDACXX=/nonexistent EVTC_KERNEL_LIBRARY="$work/damaged" \
+  out="$(env -u EVTC_LOG EVTC_CACHE_DIR="$work/no-cache" CUDACXX=/nonexistent EVTC_KERNEL_LIBRARY="$work/damaged" \
          "$cli" compile "$expr" --config "$config" 2>&1)"
   rc=$?
   if [ "$rc" = 0 ] || ! echo "$out" | grep -q "does not match its manifest entry"; then

@@ -1,9 +1,15 @@
 // Errors of the backend-facing commands (compile, run, cache), asserted by their text.
 #include <gtest/gtest.h>
 
+#include <cuda_runtime_api.h>
+
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "cli_runner.hpp"
 
@@ -126,4 +132,64 @@ TEST(CliBackend, EmitOnlyNeedsEmitAndMissingFilesAreNamed) {
   // An expression without a statement keeps the parser's hint.
   const auto e = run_cli("explain 'silu(acc)'");
   EXPECT_NE(e.output.find("write `out D = ...`"), std::string::npos) << e.output;
+}
+
+// --dtype, --layout-*, --cast-mode, --weights and --log are checked by CLI11 validators: --help
+// lists the choices, and every command words a bad value the same way.
+TEST(CliBackend, ChoicesAreListedInHelpAndCheckedAlike) {
+  const auto help = run_cli("run --help");
+  EXPECT_EQ(help.exit_code, 0) << help.output;
+  EXPECT_NE(help.output.find("--dtype TEXT:{f32,f16,bf16,f8e4m3,f8e5m2}=bf16"), std::string::npos) << help.output;
+  EXPECT_NE(help.output.find("--layout-b TEXT:{r,c}=r"), std::string::npos) << help.output;
+  EXPECT_NE(help.output.find("--cast-mode TEXT:{eager,fast}"), std::string::npos) << help.output;
+  const std::string bad_dtype = "--dtype: unknown dtype 'f7' (expected f32, f16, bf16, f8e4m3, f8e5m2)";
+  for (const char* cmd : {"run 'out D = acc' -m 8 -n 8 -k 8 --dtype f7", "ref 'out D = acc' -m 8 -n 8 -k 8 --dtype f7",
+                          "explain 'out D = acc' --dtype f7", "tune 'out D = acc' -s 8x8x8 --dtype f7"}) {
+    const auto r = run_cli(cmd);
+    EXPECT_EQ(r.exit_code, 2) << cmd << ": " << r.output;
+    EXPECT_NE(r.output.find(bad_dtype), std::string::npos) << cmd << ": " << r.output;
+  }
+  const auto layout = run_cli("compile 'out D = acc' --layout-a x --emit-only --emit /dev/null");
+  EXPECT_EQ(layout.exit_code, 2) << layout.output;
+  EXPECT_NE(layout.output.find("--layout-a: unknown layout 'x' (expected r or c)"), std::string::npos) << layout.output;
+  // Aliases are accepted (and PyTorch's spellings of dtypes).
+  const auto alias = run_cli("compile 'out D = acc' --dtype bfloat16 --layout-b col --emit-only --emit /dev/null");
+  EXPECT_EQ(alias.exit_code, 0) << alias.output;
+  const auto log = run_cli("--log loud explain 'out D = acc'");
+  EXPECT_EQ(log.exit_code, 2) << log.output;
+  EXPECT_NE(log.output.find("--log: loud not in {error,warning,info,debug}"), std::string::npos) << log.output;
+  const auto weights = run_cli("grouped 'out D: bf16 = acc' --weights km --compile-only");
+  EXPECT_EQ(weights.exit_code, 2) << weights.output;
+  EXPECT_NE(weights.output.find("--weights: km not in {nk,kn}"), std::string::npos) << weights.output;
+}
+
+// A parse error in a file names the file (line and column), in every command that reads one.
+TEST(CliBackend, ErrorsInAFileNameTheFile) {
+  const std::string path = "/tmp/evtc-cli-test-bad.evt";
+  {
+    std::ofstream f(path);
+    f << "# a comment line\nout D: bf16 = silu(acc +)\n";
+  }
+  for (const std::string cmd : {"explain " + path, "compile " + path + " --emit-only --emit /dev/null",
+                                "ref " + path + " -m 8 -n 8 -k 8", "tune " + path + " -s 64x64x64",
+                                "run " + path + " -m 8 -n 8 -k 8 --check"}) {
+    const auto r = run_cli(cmd);
+    EXPECT_EQ(r.exit_code, 2) << cmd << ": " << r.output;
+    EXPECT_NE(r.output.find(path + ":2:25: error:"), std::string::npos) << cmd << ": " << r.output;
+  }
+  std::filesystem::remove(path);
+}
+
+// `grouped` says there is no GPU before compiling its kernel (it compiled for ~40 s first).
+TEST(CliBackend, GroupedChecksForAGpuBeforeCompiling) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0) GTEST_SKIP() << "a GPU is present";
+  const auto start = std::chrono::steady_clock::now();
+  const auto r = run_cli("grouped 'out D: bf16 = silu(acc)' -g 4 -m 64 -n 128 -k 128",
+                         "EVTC_CACHE_DIR=/tmp/evtc-cli-test-grouped-cache");
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("evtc grouped: no CUDA device is available"), std::string::npos) << r.output;
+  EXPECT_LT(seconds, 20.0) << "it compiled first: " << r.output;
+  EXPECT_FALSE(std::filesystem::exists("/tmp/evtc-cli-test-grouped-cache/kernels")) << r.output;
 }

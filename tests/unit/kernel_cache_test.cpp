@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <regex>
+
 #include "golden_files.hpp"
 #include "scoped_env.hpp"
 #include <sys/wait.h>
@@ -65,7 +67,7 @@ class KernelCache : public testing::Test {
     ASSERT_NE(mkdtemp(pattern.data()), nullptr) << "cannot create a temporary folder";
     dir_ = pattern;
     env_.emplace("EVTC_CACHE_DIR", dir_.string());
-    print_.emplace("EVTC_PRINT_COMPILER_COMMAND", std::nullopt);
+    print_.emplace("EVTC_LOG", std::nullopt);
     keep_.emplace("EVTC_KEEP_TEMPORARIES", std::nullopt);
   }
   void TearDown() override {
@@ -89,6 +91,24 @@ class KernelCache : public testing::Test {
     EXPECT_NE(command.find("-gencode=arch=compute_90,code=sm_90"), std::string::npos) << command;
     EXPECT_EQ(command.find("cutlass"), std::string::npos) << "a plain CUDA compile: " << command;
     EXPECT_EQ(entries_in(dir_ / "tmp"), 0u) << "a compile folder was left in tmp/";
+  }
+
+  // At EVTC_LOG=debug, one compile logs three lines: its start (label and key), its nvcc command
+  // (as command.txt has it) and its end with the time taken; and this process recorded it.
+  void expect_one_compile_logged(const std::string& err, const jit::CompileRequest& req,
+                                 const std::string& key) const {
+    const std::string start = fmt::format("evtc: compiling {} [{}]\n", req.label, key);
+    const std::string command = "evtc: " + read_file(entry(key) / "command.txt");
+    ASSERT_EQ(err.rfind(start + command, 0), 0u) << err;
+    const std::string end = err.substr(start.size() + command.size());
+    EXPECT_TRUE(std::regex_match(end, std::regex("evtc: compiled " + req.label + " in [0-9]+\\.[0-9] s\n")))
+        << end;
+    const auto events = jit::compile_events();
+    ASSERT_FALSE(events.empty());
+    EXPECT_EQ(events.back().key, key);
+    EXPECT_EQ(events.back().label, req.label);
+    EXPECT_EQ(events.back().what, "compiled");
+    EXPECT_EQ(std::count_if(events.begin(), events.end(), [&](const auto& e) { return e.key == key; }), 1);
   }
 
   fs::path dir_;
@@ -151,7 +171,7 @@ TEST_F(KernelCache, EntryCompiledByAnotherProcessIsFoundOnDisk) {
 
   // Keep the compile folder of a second compile (were there one) and show its command.
   ScopedEnv keep("EVTC_KEEP_TEMPORARIES", "1");
-  ScopedEnv print("EVTC_PRINT_COMPILER_COMMAND", "1");
+  ScopedEnv print("EVTC_LOG", "debug");
   testing::internal::CaptureStderr();
   const std::string first = jit::compile_cached(req);
   const std::string second = jit::compile_cached(req);
@@ -170,7 +190,7 @@ TEST_F(KernelCache, EntryCompiledByAnotherProcessIsFoundOnDisk) {
 TEST_F(KernelCache, ConcurrentRequestsCompileOnce) {
   const jit::CompileRequest req = fallback_request("concurrent");
   const std::string key = jit::cache_key(req);
-  ScopedEnv print("EVTC_PRINT_COMPILER_COMMAND", "1");
+  ScopedEnv print("EVTC_LOG", "debug");
   testing::internal::CaptureStderr();
   std::vector<std::string> paths(4);
   std::vector<std::string> errors(4);
@@ -193,8 +213,8 @@ TEST_F(KernelCache, ConcurrentRequestsCompileOnce) {
   expect_complete_entry(req, key);
   EXPECT_EQ(entries_in(dir_ / "kernels"), 1u);
   EXPECT_FALSE(fs::exists(dir_ / "failed"));
-  // EVTC_PRINT_COMPILER_COMMAND printed the one compile's command, as command.txt has it.
-  EXPECT_EQ(err, "evtc: " + read_file(entry(key) / "command.txt"));
+  // EVTC_LOG=debug printed the one compile's start, command (as command.txt has it) and end.
+  expect_one_compile_logged(err, req, key);
 
   EXPECT_EQ(jit::clear_cache().removed, 1u);
   EXPECT_EQ(entries_in(dir_ / "kernels"), 0u);
@@ -231,7 +251,7 @@ TEST_F(KernelCache, CompileErrorKeepsTheSourceAndNamesTheFirstError) {
 TEST_F(KernelCache, BackgroundCompileSharesTheInProcessTable) {
   const jit::CompileRequest req = fallback_request("background");
   const std::string key = jit::cache_key(req);
-  ScopedEnv print("EVTC_PRINT_COMPILER_COMMAND", "1");
+  ScopedEnv print("EVTC_LOG", "debug");
   testing::internal::CaptureStderr();
   std::shared_future<std::string> first = jit::compile_in_background(req);
   // A second request, and a blocking compile_cached, join the compile in flight.
@@ -243,7 +263,7 @@ TEST_F(KernelCache, BackgroundCompileSharesTheInProcessTable) {
   EXPECT_EQ(second.get(), first.get());
   EXPECT_EQ(blocking, first.get());
   expect_complete_entry(req, key);
-  EXPECT_EQ(err, "evtc: " + read_file(entry(key) / "command.txt")) << "nvcc ran more than once";
+  expect_one_compile_logged(err, req, key);  // nvcc ran once
   // Found compiled: a ready future at once.
   std::shared_future<std::string> again = jit::compile_in_background(req);
   EXPECT_EQ(again.wait_for(std::chrono::seconds(0)), std::future_status::ready);
@@ -423,7 +443,7 @@ TEST_F(KernelCache, TwoProcessesNeedingOneKernelCompileItOnce) {
     }
     _exit(rc);
   }
-  ScopedEnv quiet("EVTC_QUIET", "1");
+  ScopedEnv quiet("EVTC_LOG", "warning");
   (void)!write(go[1], "x", 1);
   const std::string path = jit::compile_cached(req);
   int status = 0;
@@ -523,7 +543,7 @@ jit::CompileRequest described_request(const std::string& tag) {
 // prune removes the unused and then the oldest down to a size; EVTC_CACHE_SIZE_LIMIT prunes
 // after each compile.
 TEST_F(KernelCache, EntriesAreListedAndPrunedLeastRecentlyUsedFirst) {
-  ScopedEnv quiet("EVTC_QUIET", "1");
+  ScopedEnv quiet("EVTC_LOG", "warning");
   ScopedEnv limit("EVTC_CACHE_SIZE_LIMIT", "0");
   std::vector<std::string> keys;
   for (const char* tag : {"lru a", "lru b", "lru c"}) {

@@ -39,7 +39,7 @@ class KernelLibrary : public ::testing::Test {
     fs::create_directories(dir_);
     cache_.emplace("EVTC_CACHE_DIR", (dir_ / "cache").string());
     env_.emplace("EVTC_KERNEL_LIBRARY", std::nullopt);
-    quiet_.emplace("EVTC_QUIET", "1");
+    quiet_.emplace("EVTC_LOG", "warning");
     jit::clear_libraries();
   }
   void TearDown() override {

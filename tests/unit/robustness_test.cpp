@@ -97,23 +97,24 @@ TEST(Robustness, CliCompileRefusesUnfusableEpiloguesBeforeNvcc) {
   EXPECT_FALSE(fs::exists(temp_path("cache") / "tmp"));
 }
 
+// A file that cannot be written is a failure (exit 1) naming the option and the path.
 TEST(Robustness, CliChecksEveryFileItWrites) {
   auto r = run_cli("compile 'out D = acc' --emit /nonexistent-folder/x.cu --emit-only");
-  EXPECT_EQ(r.exit_code, 2) << r.output;  // printed "wrote" and exited 0 before
+  EXPECT_EQ(r.exit_code, 1) << r.output;  // printed "wrote" and exited 0 before
   EXPECT_TRUE(has(r.output, "--emit: cannot write '/nonexistent-folder/x.cu'")) << r.output;
   const fs::path dir = temp_path("folder");
   fs::create_directories(dir);
   r = run_cli(fmt::format("compile 'out D = acc' --emit {} --emit-only", dir.string()));
-  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_TRUE(has(r.output, "it is a folder")) << r.output;
   r = run_cli(fmt::format("grouped 'out D = acc' --compile-only --emit {}", dir.string()));
-  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(r.exit_code, 1) << r.output;
   // --json is checked before the work it reports on (a GPU run, a tuning session).
   r = run_cli("run 'out D = acc' -m 8 -n 8 -k 8 --json /nonexistent-folder/r.json");
-  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_TRUE(has(r.output, "--json: cannot write")) << r.output;
   r = run_cli("tune 'out D = acc' -s 8x8x8 --json /nonexistent-folder/t.json");
-  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(r.exit_code, 1) << r.output;
   fs::remove_all(dir);
 }
 
