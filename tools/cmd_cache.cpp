@@ -70,8 +70,8 @@ Command add_cache_command(CLI::App& app) {
                          limit ? fmt::format("{:.1f} MiB, EVTC_CACHE_SIZE_LIMIT", *limit / 1048576.0) : "none");
               try {
                 const auto& tc = jit::toolchain(true);
-                fmt::print("nvcc: {} ({})\ncutlass: {} ({})\n", tc.nvcc, tc.nvcc_version,
-                           tc.cutlass_include, tc.cutlass_version);
+                fmt::print("nvcc: {} ({})\ncutlass: {} ({})\nevtc headers: {}\n", tc.nvcc, tc.nvcc_version,
+                           tc.cutlass_include, tc.cutlass_version, tc.evtc_include);
               } catch (const std::exception& e) {
                 fmt::print("toolchain: {}\n", e.what());
               }

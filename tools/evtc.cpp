@@ -245,7 +245,7 @@ int main(int argc, char** argv) {
   using namespace evtc::cli;
   CLI::App app{"evtc: fuses GEMM epilogues into CUTLASS Epilogue-Visitor-Tree kernels"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", std::string("evtc ") + EVTC_CLI_VERSION);
+  app.set_version_flag("--version", std::string("evtc ") + std::string(evtc::version()));
   std::string log_level;
   app.add_option("--log", log_level,
                  "Messages to show: error, warning, info (each compile's start and end; the default) or "

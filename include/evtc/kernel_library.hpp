@@ -101,6 +101,16 @@ struct CompileEvent {
 };
 // This process's compile events, in the order they finished.
 std::vector<CompileEvent> compile_events();
+// The CUTLASS folder (holding include/cutlass) kernels compile against when EVTC_CUTLASS_DIR and
+// CUTLASS_DIR are unset; call it before the first compile. Without it an install uses the
+// headers installed with it (<datadir>/evtc/cutlass).
+void set_cutlass_dir(const std::string& dir);
+// What kernel compiles use here: nvcc and its version, the CUTLASS headers and their version,
+// evtc's device headers. RuntimeError saying what is missing and what to set.
+struct ToolchainInfo {
+  std::string nvcc, nvcc_version, cutlass_include, cutlass_version, device_headers;
+};
+ToolchainInfo toolchain_info();
 // Whether nvcc can be found here (CUDACXX, CUDA_HOME, PATH, the build's toolkit).
 bool compiler_available();
 

@@ -35,6 +35,8 @@ std::string_view log_level_name(LogLevel level);
 const std::vector<std::string>& log_level_names();
 
 bool log_enabled(LogLevel level);
+// evtc's version ("0.1.0"), the one number the library, the CLI and the Python package report.
+std::string_view version();
 // Writes "evtc: <message>\n" on stderr (one write, whole lines even from several threads) when
 // `level` is enabled.
 void log(LogLevel level, std::string_view message);

@@ -14,38 +14,66 @@ lives in ``evtc.torch``.
 """
 from __future__ import annotations
 
+import importlib.util as _importlib_util
 import os as _os
 
-# The JIT compiles generated kernels against evtc's device headers; an installed package
-# carries them beside the extension.
-_headers = _os.path.join(_os.path.dirname(__file__), "include")
-if _os.path.isfile(_os.path.join(_headers, "evtc", "device", "ops.cuh")):
-    _os.environ.setdefault("EVTC_INCLUDE_DIR", _headers)
-
+# The native library finds its device headers beside itself (evtc/include), and the CUTLASS
+# headers from EVTC_CUTLASS_DIR / CUTLASS_DIR, else those the package was built with
+# (evtc/cutlass/include), else those of the nvidia-cutlass package when it is installed.
 from . import _evtc  # noqa: E402
 from ._evtc import (  # noqa: E402
+    ArgumentTypeError,
     Error,
     EvtcRuntimeError,
     InternalError,
     ParseError,
     UserError,
 )
+from ._log import log_level, set_log_level  # noqa: E402
+
+
+def _use_cutlass_package() -> None:
+    if _os.environ.get("EVTC_CUTLASS_DIR") or _os.environ.get("CUTLASS_DIR"):
+        return
+    if _os.path.isfile(_os.path.join(_os.path.dirname(__file__), "cutlass", "include", "cutlass", "cutlass.h")):
+        return
+    try:
+        spec = _importlib_util.find_spec("cutlass_library")
+    except (ImportError, ValueError):
+        return
+    folders = (spec.submodule_search_locations or []) if spec is not None else []
+    for folder in folders:
+        include = _os.path.join(folder, "source", "include")
+        if _os.path.isfile(_os.path.join(include, "cutlass", "cutlass.h")):
+            _evtc.set_cutlass_dir(include)
+            return
+
+
+_use_cutlass_package()
 from ._explain import Explanation, explain  # noqa: E402
 from ._gated import deinterleave_gate_up, interleave_gate_up  # noqa: E402
 from ._grouped import GroupedKernel, grouped  # noqa: E402
-from ._kernel import Kernel, Operand, compile  # noqa: E402
+from ._kernel import Kernel, Operand, compile, dtype_name  # noqa: E402
 from ._library import (  # noqa: E402
     add_kernel_library,
     build_kernel_library,
     compiler_available,
     compiler_runs,
     kernel_libraries,
+    toolchain,
     preset_kernel_list,
     read_kernel_library,
     record_kernels,
 )
 
-__version__ = "0.1.0"
+__version__ = _evtc.version()  # CMakeLists.txt's project(VERSION), as the library and the CLI report it
+
+
+def compile_events() -> list[dict]:
+    """The kernels this process compiled with nvcc (``what == "compiled"``) or waited for while
+    another process compiled them into the shared cache (``"waited"``), in the order they
+    finished: dicts with ``key`` (the cache entry), ``label``, ``what`` and ``seconds``."""
+    return list(_evtc.compile_events())
 
 
 def parse(expr: str, dtype: str = "bf16") -> str:
@@ -53,7 +81,7 @@ def parse(expr: str, dtype: str = "bf16") -> str:
 
     Raises :class:`ParseError` (with ``line`` and ``column``) for a malformed expression.
     """
-    return _evtc.parse(expr, dtype)
+    return _evtc.parse(expr, dtype_name(dtype, "dtype"))
 
 
 def pass_names() -> list[str]:
@@ -62,10 +90,15 @@ def pass_names() -> list[str]:
 
 
 __all__ = [
+    "ArgumentTypeError",
+    "compile_events",
+    "log_level",
+    "set_log_level",
     "add_kernel_library",
     "build_kernel_library",
     "compiler_available",
     "compiler_runs",
+    "toolchain",
     "kernel_libraries",
     "preset_kernel_list",
     "read_kernel_library",

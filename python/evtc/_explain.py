@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import _evtc
+from ._kernel import dtype_name
 
 
 @dataclass(frozen=True)
@@ -38,12 +40,12 @@ class Explanation:
         return "\n".join(lines)
 
 
-def explain(expr: str, *, dtype: str = "bf16", passes: bool = True) -> Explanation:
+def explain(expr: str, *, dtype: Any = "bf16", passes: bool = True) -> Explanation:
     """Parses ``expr`` and runs the pass pipeline, recording the IR after every pass.
 
     ``dtype`` is the default dtype of operands and [m,n] outputs the expression does not
     declare. ``str()`` of the result reads like ``evtc explain --passes``.
     """
-    r = _evtc.explain(expr, dtype, passes)
+    r = _evtc.explain(expr, dtype_name(dtype, "dtype"), passes)
     steps = [PassStep(s["name"], s["summary"], s["changed"], s["ir"]) for s in r["passes"]]
     return Explanation(r["parsed"], r["ir"], r["hash"], r["fusable"], list(r["reasons"]), steps)

@@ -7,7 +7,8 @@ import threading
 from typing import Any, Optional
 
 from . import _evtc
-from ._kernel import _TORCH_DTYPES, Operand, _Compiled, _is_torch_tensor, _pool, _require_cuda, _split_operands, _torch_dlpack
+from ._kernel import (_TORCH_DTYPES, Operand, _Compiled, _is_torch_tensor, _pool, _require_cuda, _split_operands,
+                      _torch_dlpack, dtype_name)
 
 
 class GroupedKernel(_Compiled):
@@ -134,9 +135,9 @@ class GroupedKernel(_Compiled):
         return f"<evtc.GroupedKernel {self.hash} -> {o.name}: {o.dtype}{'[m,n/2]' if self.gated else ''}>"
 
 
-def grouped(expr: str, *, dtype: str = "bf16", weights: str = "nk", cast_mode: str = "eager",
-            precise_math: bool = False, config: Optional[str] = None, operand_dtype: str = "bf16",
-            output_dtype: str = "bf16") -> GroupedKernel:
+def grouped(expr: str, *, dtype: Any = "bf16", weights: str = "nk", cast_mode: str = "eager",
+            precise_math: bool = False, config: Optional[str] = None, operand_dtype: Any = "bf16",
+            output_dtype: Any = "bf16") -> GroupedKernel:
     """Parses ``expr`` and returns a :class:`GroupedKernel` (docs/grouped.md).
 
     ``dtype`` is x's and w's (``"bf16"`` or ``"f16"``); ``weights`` ``"nk"`` (each group's
@@ -148,8 +149,9 @@ def grouped(expr: str, *, dtype: str = "bf16", weights: str = "nk", cast_mode: s
     if weights not in ("nk", "kn"):
         raise _evtc.UserError(f"weights: '{weights}' is not a weight layout (expected 'nk' or 'kn')")
     o = _evtc.KernelOptions()
-    o.a_dtype = o.b_dtype = dtype
+    o.a_dtype = o.b_dtype = dtype_name(dtype, "dtype")
     o.a_layout, o.b_layout = "row", "col" if weights == "nk" else "row"
     o.cast_mode, o.precise_math, o.config = cast_mode, precise_math, config
-    o.operand_dtype, o.output_dtype = operand_dtype, output_dtype
+    o.operand_dtype = dtype_name(operand_dtype, "operand_dtype")
+    o.output_dtype = dtype_name(output_dtype, "output_dtype")
     return GroupedKernel(expr, o)

@@ -55,6 +55,21 @@ def _pool() -> concurrent.futures.ThreadPoolExecutor:
         return _compile_pool
 
 
+def dtype_name(value: Any, what: str) -> str:
+    """evtc's name of a dtype given as a name (``"bf16"``, ``"bfloat16"``, ``"e4m3"``, ...), a
+    ``torch.dtype`` or a NumPy dtype: the native layer parses the name (one list of names and
+    aliases, evtc's and PyTorch's spellings). Raises :class:`evtc.ArgumentTypeError` naming
+    ``what`` for anything else."""
+    if isinstance(value, str):
+        return value
+    if type(value).__module__ == "torch" and type(value).__name__ == "dtype":
+        return str(value).removeprefix("torch.")  # torch.bfloat16 -> "bfloat16"
+    if type(value).__module__.startswith("numpy") and hasattr(value, "name"):
+        return str(value.name)
+    raise _evtc.ArgumentTypeError(f"{what}: expected a dtype ({', '.join(_evtc.dtype_names())}, or a torch.dtype), "
+                                  f"got {type(value).__name__} {value!r}")
+
+
 def _is_torch_tensor(x: Any) -> bool:
     return type(x).__module__.startswith("torch") and hasattr(x, "data_ptr")
 
@@ -233,15 +248,14 @@ def _split_operands(operands: dict[str, Any]) -> tuple[dict[str, Any], dict[str,
 
 def _torch_dlpack(t, name: str, dtypes: dict[str, str]):
     """A DLPack capsule of a torch tensor (no copy, no stream synchronisation: the kernel runs
-    on the stream torch would use). fp8 tensors travel as bytes with their dtype beside."""
+    on the stream torch would use); fp8 tensors carry their own DLPack types. ``dtypes`` is
+    for arrays that stand for another type (a uint8 array of fp8 bytes from a library whose
+    DLPack has no fp8): torch tensors need no entry."""
     import torch
     from torch.utils.dlpack import to_dlpack
 
     if not isinstance(t, torch.Tensor):
-        raise _evtc.UserError(f"'{name}' is a {type(t).__name__}; expected a torch tensor like A")
-    if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-        dtypes[name] = "f8e4m3" if t.dtype == torch.float8_e4m3fn else "f8e5m2"
-        t = t.view(torch.uint8)
+        raise _evtc.ArgumentTypeError(f"'{name}' is a {type(t).__name__}; expected a torch tensor like A")
     return to_dlpack(t)
 
 
@@ -251,12 +265,16 @@ def _result(outputs: list[Operand], values: dict[str, Any]):
     return {o.name: values[o.name] for o in outputs}
 
 
-def compile(expr: str, *, a_dtype: str = "bf16", b_dtype: str = "bf16", a_layout: str = "row",
+DType = Union[str, Any]  # a dtype name, or a torch / NumPy dtype
+
+
+def compile(expr: str, *, a_dtype: DType = "bf16", b_dtype: DType = "bf16", a_layout: str = "row",
             b_layout: str = "col", cast_mode: str = "eager", precise_math: bool = False,
             disable_fusion: bool = False, config: Optional[str] = None,
-            operand_dtype: str = "bf16", output_dtype: str = "bf16", wait_for_compile: bool = True) -> Kernel:
+            operand_dtype: DType = "bf16", output_dtype: DType = "bf16", wait_for_compile: bool = True) -> Kernel:
     """Parses ``expr``, runs the pass pipeline and returns a :class:`Kernel`.
 
+    Dtypes are names (``"bf16"``, ``"f8e4m3"``, ...) or torch dtypes (``torch.bfloat16``).
     ``a_dtype``/``b_dtype`` and ``a_layout``/``b_layout`` (``"row"`` or ``"col"``) describe the
     GEMM's operands the fused kernel is built for (other layouts run unfused); ``cast_mode``
     is ``"eager"`` (round where PyTorch eager would) or ``"fast"``; ``config`` fixes a kernel
@@ -265,11 +283,14 @@ def compile(expr: str, *, a_dtype: str = "bf16", b_dtype: str = "bf16", a_layout
     declare. With ``wait_for_compile=False`` a call whose fused kernel is not compiled yet runs
     unfused (cuBLASLt + the plain epilogue) while it compiles in the background, and later calls
     switch to it once it is ready (``EVTC_WAIT_FOR_COMPILE=1`` makes every kernel wait). Errors
-    in the expression raise :class:`evtc.ParseError`; bad options :class:`evtc.UserError`.
+    in the expression raise :class:`evtc.ParseError`; bad option values :class:`evtc.UserError`
+    (a ``ValueError``), options of the wrong type :class:`evtc.ArgumentTypeError` (a ``TypeError``).
     """
     o = _evtc.KernelOptions()
-    o.a_dtype, o.b_dtype, o.a_layout, o.b_layout = a_dtype, b_dtype, a_layout, b_layout
+    o.a_dtype, o.b_dtype = dtype_name(a_dtype, "a_dtype"), dtype_name(b_dtype, "b_dtype")
+    o.a_layout, o.b_layout = a_layout, b_layout
     o.cast_mode, o.precise_math, o.disable_fusion, o.config = cast_mode, precise_math, disable_fusion, config
-    o.operand_dtype, o.output_dtype = operand_dtype, output_dtype
+    o.operand_dtype = dtype_name(operand_dtype, "operand_dtype")
+    o.output_dtype = dtype_name(output_dtype, "output_dtype")
     o.wait_for_compile = wait_for_compile
     return Kernel(expr, o)

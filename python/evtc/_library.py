@@ -75,6 +75,13 @@ def compiler_runs() -> int:
     return int(_evtc.compiler_runs())
 
 
+def toolchain() -> dict[str, str]:
+    """What kernel compiles use here: ``nvcc`` and ``nvcc_version``, ``cutlass_include`` and
+    ``cutlass_version``, ``device_headers`` (evtc's). Raises :class:`evtc.EvtcRuntimeError`
+    saying what is missing (no nvcc, no CUTLASS headers, CUTLASS of another release)."""
+    return dict(_evtc.toolchain())
+
+
 def compiler_available() -> bool:
     """Whether nvcc can be found here (``CUDACXX``, ``CUDA_HOME``, ``PATH``, the build's toolkit)."""
     return bool(_evtc.compiler_available())

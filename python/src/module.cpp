@@ -20,6 +20,7 @@
 #include "evtc/grouped.hpp"
 #include "evtc/ir_text.hpp"
 #include "evtc/kernel_library.hpp"
+#include "evtc/log.hpp"
 #include "evtc/options.hpp"
 #include "evtc/passes.hpp"
 #include "evtc/runtime.hpp"
@@ -181,7 +182,13 @@ void register_exceptions(nb::module_& m) {
   static nb::exception<Error> error(m, "Error", PyExc_RuntimeError);
   static nb::exception<RuntimeError> runtime_error(m, "EvtcRuntimeError", error.ptr());
   static nb::exception<InternalError> internal_error(m, "InternalError", error.ptr());
-  static nb::exception<UserError> user_error(m, "UserError", error.ptr());
+  // Bad input is also a ValueError (ParseError with it), so `except ValueError` catches it too.
+  static nb::object user_bases = nb::make_tuple(nb::handle(error.ptr()), nb::handle(PyExc_ValueError));
+  static nb::exception<UserError> user_error(m, "UserError", user_bases);
+  // An argument of the wrong Python type (raised by the Python package): also a TypeError.
+  m.attr("ArgumentTypeError") = nb::steal(PyErr_NewException(
+      "evtc._evtc.ArgumentTypeError", nb::make_tuple(nb::handle(user_error.ptr()), nb::handle(PyExc_TypeError)).ptr(),
+      nullptr));
   static nb::object parse_error_type = [&] {
     nb::object type = nb::steal(PyErr_NewException("evtc._evtc.ParseError", user_error.ptr(), nullptr));
     m.attr("ParseError") = type;
@@ -328,6 +335,41 @@ NB_MODULE(_evtc, m) {
   m.def("kernel_list_of", &kernel_list_of, "kernels_json"_a);
   m.def("compiler_runs", &compiler_runs);
   m.def("compiler_available", &compiler_available);
+  m.def("set_cutlass_dir", &set_cutlass_dir, "dir"_a);
+  m.def("toolchain", [] {
+    const ToolchainInfo t = toolchain_info();
+    nb::dict d;
+    d["nvcc"] = t.nvcc;
+    d["nvcc_version"] = t.nvcc_version;
+    d["cutlass_include"] = t.cutlass_include;
+    d["cutlass_version"] = t.cutlass_version;
+    d["device_headers"] = t.device_headers;
+    return d;
+  });
+  m.def("compile_events", [] {
+    nb::list out;
+    for (const CompileEvent& e : compile_events()) {
+      nb::dict d;
+      d["key"] = e.key;
+      d["label"] = e.label;
+      d["what"] = e.what;
+      d["seconds"] = e.seconds;
+      out.append(d);
+    }
+    return out;
+  });
+  m.def("log_level", [] { return std::string(log_level_name(log_level())); });
+  m.def("set_log_level", [](const std::string& name) {
+    const auto level = parse_log_level(name);
+    if (!level) throw UserError(fmt::format("log level '{}': expected one of {}", name, fmt::join(log_level_names(), ", ")));
+    set_log_level(*level);
+  });
+  m.def("log", [](const std::string& level, const std::string& message) {
+    if (auto l = parse_log_level(level)) log(*l, message);
+  });
+  m.def("log_level_names", &log_level_names);
+  m.def("dtype_names", &dtype_names);
+  m.def("version", [] { return std::string(version()); });
   m.def("pass_names", [] {
     std::vector<std::string> names;
     for (const PassInfo& p : pipeline_passes()) names.emplace_back(p.name);

@@ -32,6 +32,7 @@
 #include "evtc/error.hpp"
 #include "jit/environment.hpp"
 #include "jit/logging.hpp"
+#include "jit/process.hpp"
 #include "jit/kernel_library.hpp"
 #include <nlohmann/json.hpp>
 #include "jit/toolchain.hpp"
@@ -164,44 +165,16 @@ void remove_stale_temporaries(const fs::path& root) {
 // the exit status. Compiles run in their own folder and name their files relatively.
 int run_compiler(const std::vector<std::string>& argv, const fs::path& log, const std::string& label,
                  const fs::path& cwd, bool show_progress = true) {
-  pid_t pid = fork();
-  if (pid < 0) throw RuntimeError("fork failed while starting nvcc");
-  if (pid == 0) {
-    // nvcc does not outlive evtc's process (a killed compile left it running before).
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() == 1) _exit(127);  // the parent is already gone
-    int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd >= 0) {
-      dup2(fd, 1);
-      dup2(fd, 2);
-    }
-    if (chdir(cwd.c_str()) != 0) {
-      perror("evtc: cannot enter the compile folder");
-      _exit(126);
-    }
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execv(args[0], args.data());
-    _exit(127);
-  }
   const bool show = show_progress && isatty(2) && log_enabled(LogLevel::info);
-  const auto start = std::chrono::steady_clock::now();
   bool shown = false;
-  int status = 0;
-  while (true) {
-    pid_t r = waitpid(pid, &status, WNOHANG);
-    if (r == pid) break;
-    if (r < 0) throw RuntimeError("waitpid failed while nvcc was running");
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const int rc = run_process(argv, log.string(), cwd.string(), [&](double secs) {
     if (show && secs >= 1.0) {
       fmt::print(stderr, "\r\033[Kevtc: compiling {} ({:.0f} s)", label, secs);
       shown = true;
     }
-  }
+  });
   if (shown) fmt::print(stderr, "\r\033[K");
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return rc;
 }
 
 std::string replace_all(std::string s, const std::string& from, const std::string& to) {
@@ -495,23 +468,22 @@ std::string compile_into_cache(const CompileRequest& req, const std::string& key
   fs::create_directories(root / "locks", dir_error);
   std::optional<EntryLock> lock;
   const auto wait_start = std::chrono::steady_clock::now();
+  // Another process compiled the entry while this one waited for its lock.
+  auto compiled_elsewhere = [&] {
+    record_compile_event(key, req.label, "waited", seconds_since(wait_start));
+    log_info("loaded {}, compiled by another process ({:.1f} s wait)", req.label, seconds_since(wait_start));
+    return (final_dir / "kernel.so").string();
+  };
   for (bool announced = false;;) {
     std::string holder;
     lock = EntryLock::try_acquire((root / "locks" / (key + ".lock")).string(), &holder);
     if (lock) break;
-    if (entry_intact(final_dir)) {
-      record_compile_event(key, req.label, "waited", seconds_since(wait_start));
-      log_info("loaded {}, compiled by another process ({:.1f} s wait)", req.label, seconds_since(wait_start));
-      return (final_dir / "kernel.so").string();
-    }
+    if (entry_intact(final_dir)) return compiled_elsewhere();
     if (!announced) log_info("waiting for {}, which is compiling {} into the cache", holder, req.label);
     announced = true;
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
-  if (entry_intact(final_dir)) {  // another process finished it meanwhile
-    record_compile_event(key, req.label, "waited", seconds_since(wait_start));
-    return (final_dir / "kernel.so").string();
-  }
+  if (entry_intact(final_dir)) return compiled_elsewhere();  // finished while this process waited
 
   std::random_device rd;
   const fs::path tmp =

@@ -68,6 +68,8 @@ void set_default_log_level(LogLevel level) { default_level().store(int(level)); 
 
 void reset_log_level() { level_override().store(-1); }
 
+std::string_view version() { return EVTC_VERSION; }
+
 bool log_enabled(LogLevel level) { return int(level) <= int(log_level()); }
 
 void log(LogLevel level, std::string_view message) {

@@ -3,6 +3,9 @@
 #include <fmt/format.h>
 #include <xxhash.h>
 
+#include <dlfcn.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <cstdio>
@@ -14,6 +17,7 @@
 #include <sstream>
 
 #include "evtc/error.hpp"
+#include "jit/process.hpp"
 
 namespace fs = std::filesystem;
 
@@ -48,17 +52,46 @@ std::string find_nvcc() {
       "the toolkit folder)");
 }
 
-std::string capture(const std::string& cmd) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return out;
-  std::array<char, 256> buf;
-  while (fgets(buf.data(), buf.size(), p)) out += buf.data();
-  pclose(p);
-  return out;
+// The folder of the binary that holds this code (libevtc.so, or a program linked with it
+// statically): installed files are found relative to it.
+fs::path library_dir() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<const void*>(&library_dir), &info) == 0 || !info.dli_fname) return {};
+  std::error_code ec;
+  const fs::path p = fs::canonical(info.dli_fname, ec);
+  return ec ? fs::path(info.dli_fname).parent_path() : p.parent_path();
 }
 
-std::string find_cutlass() {
+// In a build tree, CMake writes beside the library the source tree's include folder and the
+// CUTLASS folder it was configured with (evtc-build-tree.txt: "include=..." and "cutlass=..."
+// lines). Installed copies have no such file, so they carry no path of the build machine.
+std::string build_tree_path(const std::string& what) {
+  std::ifstream f(library_dir() / "evtc-build-tree.txt");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind(what + "=", 0) == 0) return line.substr(what.size() + 1);
+  return "";
+}
+
+std::mutex& cutlass_dir_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+
+std::string& configured_cutlass_dir() {
+  static std::string dir;
+  return dir;
+}
+
+// major.minor of a version "4.2.0".
+std::string series(const std::string& version) {
+  const size_t first = version.find('.');
+  const size_t second = first == std::string::npos ? first : version.find('.', first + 1);
+  return version.substr(0, second);
+}
+
+std::string cutlass_version(const std::string& include);
+
+std::string find_cutlass_unchecked() {
   std::vector<std::string> tried;
   auto ok = [&](const fs::path& root) -> std::string {
     tried.push_back(root.string());
@@ -72,12 +105,45 @@ std::string find_cutlass() {
       throw RuntimeError(fmt::format(
           "{}={} holds no CUTLASS headers (expected include/cutlass/cutlass.h under it)", var, v));
     }
-  if (auto inc = ok(EVTC_DEFAULT_CUTLASS_DIR); !inc.empty()) return inc;
+  std::string set;
+  {
+    std::lock_guard lock(cutlass_dir_mutex());
+    set = configured_cutlass_dir();
+  }
+  if (!set.empty())
+    if (auto inc = ok(set); !inc.empty()) return inc;
+  const fs::path lib = library_dir();
+  // The Python package (evtc/cutlass beside the library), an install (<prefix>/<libdir>/libevtc.so,
+  // CUTLASS in <prefix>/<datadir>/evtc/cutlass), then the build tree's CUTLASS folder.
+  if (!lib.empty()) {
+    if (auto inc = ok(lib / "cutlass"); !inc.empty()) return inc;
+    if (auto inc = ok((lib / EVTC_LIBDIR_TO_DATADIR / "evtc" / "cutlass").lexically_normal()); !inc.empty())
+      return inc;
+  }
+  if (const std::string built = build_tree_path("cutlass"); !built.empty())
+    if (auto inc = ok(built); !inc.empty()) return inc;
   throw RuntimeError(fmt::format(
-      "CUTLASS headers not found (looked in {}): run scripts/setup.sh, or set EVTC_CUTLASS_DIR "
-      "to a CUTLASS folder holding include/cutlass",
-      fmt::join(tried, ", ")));
+      "CUTLASS {} headers not found (looked in {}): set EVTC_CUTLASS_DIR to a CUTLASS folder holding "
+      "include/cutlass, or `pip install nvidia-cutlass=={}.0.0` for the Python package, or run scripts/setup.sh "
+      "in a source tree",
+      EVTC_CUTLASS_SERIES, fmt::join(tried, ", "), EVTC_CUTLASS_SERIES));
 }
+
+// find_cutlass_unchecked, refusing headers of another CUTLASS release than the generated
+// kernels are written for (their templates' names and arguments change between releases).
+std::string find_cutlass() {
+  const std::string include = find_cutlass_unchecked();
+  const std::string version = cutlass_version(include);
+  if (series(version) != EVTC_CUTLASS_SERIES)
+    throw RuntimeError(fmt::format(
+        "the CUTLASS headers in {} are version {}, but evtc's kernels are written for CUTLASS {}.x: set "
+        "EVTC_CUTLASS_DIR to a CUTLASS {} folder (`pip install nvidia-cutlass=={}.0.0` has one)",
+        include, version, EVTC_CUTLASS_SERIES, EVTC_CUTLASS_SERIES, EVTC_CUTLASS_SERIES));
+  return include;
+}
+
+// The oldest nvcc that compiles sm_90a code (wgmma, setmaxnreg).
+constexpr int kMinNvccMajor = 12, kMinNvccMinor = 0;
 
 std::string cutlass_version(const std::string& include) {
   std::ifstream f(fs::path(include) / "cutlass" / "version.h");
@@ -93,12 +159,40 @@ std::string cutlass_version(const std::string& include) {
 }
 
 std::string find_evtc_include() {
-  for (const std::string& dir :
-       {env("EVTC_INCLUDE_DIR"), std::string(EVTC_SOURCE_INCLUDE_DIR), std::string(EVTC_INSTALL_INCLUDE_DIR)})
-    if (!dir.empty() && fs::exists(fs::path(dir) / "evtc" / "device" / "ops.cuh")) return dir;
-  throw RuntimeError(
-      "evtc's device headers (evtc/device/ops.cuh) not found: set EVTC_INCLUDE_DIR to the "
-      "folder that holds evtc/device");
+  const fs::path lib = library_dir();
+  std::vector<std::string> candidates = {env("EVTC_INCLUDE_DIR")};
+  if (!lib.empty()) {
+    candidates.push_back((lib / "include").string());  // the Python package: evtc/include beside the library
+    candidates.push_back((lib / EVTC_LIBDIR_TO_INCLUDEDIR).lexically_normal().string());  // an install
+  }
+  candidates.push_back(build_tree_path("include"));
+  std::vector<std::string> tried;
+  for (const std::string& dir : candidates) {
+    if (dir.empty()) continue;
+    if (fs::exists(fs::path(dir) / "evtc" / "device" / "ops.cuh")) return dir;
+    tried.push_back(dir);
+  }
+  throw RuntimeError(fmt::format(
+      "evtc's device headers (evtc/device/ops.cuh) not found (looked in {}): set EVTC_INCLUDE_DIR to the "
+      "folder that holds evtc/device",
+      tried.empty() ? std::string("no folder") : fmt::format("{}", fmt::join(tried, ", "))));
+}
+
+// nvcc's version ("13.0.88") from `nvcc --version`; RuntimeError for one too old for sm_90a.
+std::string nvcc_version_of(const std::string& nvcc) {
+  int status = 0;
+  const std::string text = capture_process({nvcc, "--version"}, &status);
+  std::smatch m;
+  static const std::regex re(R"(V(\d+)\.(\d+)\.(\d+))");
+  if (status != 0 || !std::regex_search(text, m, re))
+    throw RuntimeError(fmt::format("{} --version failed (exit {}) or printed no version: is it nvcc?\n{}", nvcc,
+                                   status, text.substr(0, 400)));
+  const int major = std::stoi(m[1].str()), minor = std::stoi(m[2].str());
+  if (major < kMinNvccMajor || (major == kMinNvccMajor && minor < kMinNvccMinor))
+    throw RuntimeError(fmt::format("{} is CUDA {}.{}; evtc's kernels need nvcc {}.{} or newer (sm_90a, CUTLASS {}): "
+                                   "set CUDACXX or CUDA_HOME to a newer toolkit",
+                                   nvcc, major, minor, kMinNvccMajor, kMinNvccMinor, EVTC_CUTLASS_SERIES));
+  return m[1].str() + "." + m[2].str() + "." + m[3].str();
 }
 
 }  // namespace
@@ -110,10 +204,7 @@ const Toolchain& toolchain(bool need_cutlass) {
   std::lock_guard lock(mu);
   if (!have_base) {
     tc.nvcc = find_nvcc();
-    std::smatch m;
-    const std::string v = capture("'" + tc.nvcc + "' --version 2>/dev/null");
-    static const std::regex re(R"(V(\d+\.\d+\.\d+))");
-    tc.nvcc_version = std::regex_search(v, m, re) ? m[1].str() : "unknown";
+    tc.nvcc_version = nvcc_version_of(tc.nvcc);
     tc.evtc_include = find_evtc_include();
     have_base = true;
   }
@@ -193,9 +284,14 @@ std::vector<std::string> link_parts_flags(int sm) {
 
 namespace evtc::jit {
 
+void set_cutlass_dir(const std::string& dir) {
+  std::lock_guard lock(cutlass_dir_mutex());
+  configured_cutlass_dir() = dir;
+}
+
 std::string cutlass_version_in_use() {
   try {
-    return cutlass_version(find_cutlass());
+    return cutlass_version(find_cutlass_unchecked());
   } catch (const Error&) {
     return EVTC_BUILT_CUTLASS_VERSION;
   }

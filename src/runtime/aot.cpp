@@ -429,4 +429,11 @@ std::vector<CompileEvent> compile_events() { return jit::compile_events(); }
 
 bool compiler_available() { return jit::compiler_available(); }
 
+void set_cutlass_dir(const std::string& dir) { jit::set_cutlass_dir(dir); }
+
+ToolchainInfo toolchain_info() {
+  const jit::Toolchain& tc = jit::toolchain(true);
+  return {tc.nvcc, tc.nvcc_version, tc.cutlass_include, tc.cutlass_version, tc.evtc_include};
+}
+
 }  // namespace evtc

@@ -9,10 +9,15 @@ share their input and meet in a gated activation merge into one gated GEMM, and 
 ``mm``/``addmm``/``_scaled_mm``/``_grouped_mm`` with its pointwise consumers (arithmetic,
 activations, clamps, casts, reshapes, broadcast operands, gated slices) becomes one fused op
 running a CUTLASS kernel, where the cost model expects that to be faster than cuBLAS plus
-Inductor's kernels. Chains it does not fuse stay as they are; ``EVTC_DEBUG=1`` prints what was
-fused, with the cost model's numbers, and why the rest was not.
+Inductor's kernels. Chains it does not fuse stay as they are; ``EVTC_LOG=debug`` (or
+``TORCH_LOGS="+evtc"``) logs what was fused, with the cost model's numbers, and why the rest was
+not.
 """
 from __future__ import annotations
+
+from ._version_check import check_torch_version as _check_torch_version
+
+_check_torch_version()
 
 from ._backend import EVTC_OPTIONS, PostGradPass, backend, inductor_config
 from ._backend import _register as _register_backend

@@ -3,32 +3,26 @@
 Works on ATen-level FX graphs with tensor metadata (node.meta["val"]): Inductor's post-grad
 graphs (forward, backward, inference), or make_fx / torch.export graphs. The passes it runs,
 in order, are listed in ``passes/__init__.py``. A chain that cannot (or should not) be fused
-leaves the graph unchanged; the reason is recorded in the FusionReport (and printed with
-EVTC_DEBUG=1).
+leaves the graph unchanged; the reason is recorded in the FusionReport (and logged at debug
+level: EVTC_LOG=debug, or TORCH_LOGS="+evtc").
 """
 from __future__ import annotations
 
 import logging
-import os
-import sys
 
 from torch import fx
 
+from .._log import sync_native_level
 from . import passes
 from ._fusion import Fusion
 from .passes import FusionReport, Settings
 
 log = logging.getLogger("evtc.torch")
 
-# Reports of every graph the pass has rewritten, in order (tests and EVTC_DEBUG read them).
+# Reports of every graph the pass has rewritten, in order (tests and the debug log read them).
 reports: list[FusionReport] = []
 
 __all__ = ["Fusion", "FusionReport", "fuse_gemm_epilogues", "reports"]
-
-
-def _debug() -> bool:
-    v = os.environ.get("EVTC_DEBUG", "")
-    return bool(v) and v != "0"
 
 
 def fuse_gemm_epilogues(graph: fx.Graph, *, cast_mode: str = "eager", compile: bool = True,
@@ -45,9 +39,8 @@ def fuse_gemm_epilogues(graph: fx.Graph, *, cast_mode: str = "eager", compile: b
     plain epilogue) and switches to the fused kernel when it is ready; with it, the op's first
     call waits for the compile. Grouped (MoE) ops always wait: they have no unfused path.
     """
+    sync_native_level()  # a level set through Python's logging (TORCH_LOGS) reaches compile messages
     report = passes.run(graph, Settings(cast_mode, compile, merge_gated, profitability, wait_for_compile))
     reports.append(report)
-    if _debug():
-        print(report.summary(), file=sys.stderr)
     log.debug("%s", report.summary())
     return report

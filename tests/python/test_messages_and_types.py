@@ -1,0 +1,170 @@
+"""The Python package's messages (EVTC_LOG, set_log_level, TORCH_LOGS), its exception types
+(ValueError / TypeError subclasses of evtc.Error), dtypes given as torch dtypes, the one version
+number, and no environment variables written by `import evtc`."""
+import importlib.metadata
+import os
+import subprocess
+import sys
+
+import pytest
+
+import evtc
+
+NINE_OUTPUTS = "; ".join(f"out o{i}: bf16 = acc * {i + 1}" for i in range(9))  # not fused: a plain epilogue
+
+
+def run_python(script: str, **env) -> subprocess.CompletedProcess:
+    environment = {k: v for k, v in os.environ.items() if k not in ("EVTC_LOG", "TORCH_LOGS")}
+    environment.update(env)
+    return subprocess.run([sys.executable, "-c", script], env=environment, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_bad_values_are_value_errors_and_bad_types_type_errors():
+    with pytest.raises(ValueError, match="a_dtype: unknown dtype 'f7'") as e:
+        evtc.compile("out D = acc", a_dtype="f7")
+    assert isinstance(e.value, evtc.UserError) and isinstance(e.value, evtc.Error)
+    with pytest.raises(ValueError):
+        evtc.compile("out D = sigmod(acc)")  # a ParseError is a bad value too
+    with pytest.raises(TypeError, match=r"a_dtype: expected a dtype \(f32, f16, bf16, f8e4m3, f8e5m2, or a "
+                                        r"torch.dtype\), got int 3") as t:
+        evtc.compile("out D = acc", a_dtype=3)
+    assert isinstance(t.value, evtc.ArgumentTypeError) and isinstance(t.value, evtc.Error)
+    assert issubclass(evtc.ArgumentTypeError, evtc.UserError)
+    assert issubclass(evtc.Error, RuntimeError)  # as before: `except RuntimeError` still catches everything
+
+
+def test_torch_dtypes_are_accepted_wherever_a_dtype_is():
+    torch = pytest.importorskip("torch")
+    expr = "out D = silu(acc + bias[n]) * r[m,n]"
+    by_name = evtc.compile(expr, a_dtype="f16", b_dtype="f16", operand_dtype="f32", output_dtype="f16")
+    by_torch = evtc.compile(expr, a_dtype=torch.float16, b_dtype=torch.float16, operand_dtype=torch.float32,
+                            output_dtype=torch.float16)
+    assert by_torch.ir == by_name.ir and by_torch.hash == by_name.hash
+    assert [(o.name, o.dtype) for o in by_torch.signature] == [("bias", "f32"), ("r", "f32"), ("D", "f16")]
+    assert evtc.parse("out D = acc + x[n]", torch.bfloat16) == evtc.parse("out D = acc + x[n]", "bf16")
+    assert evtc.explain("out D = relu(acc)", dtype=torch.float32).ir == evtc.explain("out D = relu(acc)", dtype="f32").ir
+    fp8 = evtc.compile("out D: bf16 = acc * sa[m]", a_dtype=torch.float8_e4m3fn, b_dtype=torch.float8_e5m2)
+    assert fp8.fallback_reason(256, 256, 256) == ""
+    g = evtc.grouped("out y: bf16 = swiglu(acc)", dtype=torch.bfloat16)
+    assert g.output.dtype == "bf16"
+
+
+def test_log_level_is_one_setting_for_python_and_the_native_library():
+    before = evtc.log_level()
+    try:
+        evtc.set_log_level("debug")
+        assert evtc.log_level() == "debug"
+        import logging
+        assert logging.getLogger("evtc").level == logging.DEBUG
+        evtc.set_log_level(logging.WARNING)
+        assert evtc.log_level() == "warning"
+        with pytest.raises(ValueError, match="log level 'loud': expected one of error, warning, info, debug"):
+            evtc.set_log_level("loud")
+        with pytest.raises(TypeError):
+            evtc.set_log_level(2.5)
+    finally:
+        evtc.set_log_level(before)
+
+
+def test_compiles_are_announced_at_info_level_off_a_terminal(tmp_path):
+    script = f"""
+import evtc
+k = evtc.compile({NINE_OUTPUTS!r})
+k._native.compile_fallback()
+k2 = evtc.compile({NINE_OUTPUTS!r})
+k2._native.compile_fallback()          # a cache hit: no compile, no message
+events = evtc.compile_events()
+assert [e["what"] for e in events] == ["compiled"], events
+assert events[0]["seconds"] > 0 and len(events[0]["key"]) == 16, events
+print("label:", events[0]["label"])
+"""
+    done = run_python(script, EVTC_CACHE_DIR=str(tmp_path / "cache"))
+    assert done.returncode == 0, done.stderr
+    label = done.stdout.split("label: ", 1)[1].strip()
+    lines = [l for l in done.stderr.splitlines() if l.startswith("evtc: ")]
+    assert len(lines) == 2, done.stderr
+    assert lines[0].startswith(f"evtc: compiling {label} [") and lines[1].startswith(f"evtc: compiled {label} in ")
+    # warning: silent; debug: the nvcc command line too.
+    quiet = run_python(script, EVTC_CACHE_DIR=str(tmp_path / "cache2"), EVTC_LOG="warning")
+    assert quiet.returncode == 0 and "evtc:" not in quiet.stderr, quiet.stderr
+    loud = run_python(script, EVTC_CACHE_DIR=str(tmp_path / "cache3"), EVTC_LOG="debug")
+    assert loud.returncode == 0, loud.stderr
+    assert any("nvcc" in l and "-gencode" in l for l in loud.stderr.splitlines()), loud.stderr
+    # A level that is not one is said once, and info is used.
+    odd = run_python("import evtc; print(evtc.log_level())", EVTC_LOG="chatty")
+    assert odd.stdout.strip() == "info"
+    assert "EVTC_LOG='chatty' is not a level (error, warning, info, debug): using info" in odd.stderr
+
+
+def test_torch_logs_sets_evtcs_level():
+    pytest.importorskip("torch")
+    script = """
+import logging, torch, evtc, evtc.torch
+from evtc import _log
+_log.sync_native_level()                          # what the FX pass does before each graph
+print(evtc.log_level())
+logging.getLogger("evtc.torch").debug("a debug record of evtc.torch")
+"""
+    done = run_python(script, TORCH_LOGS="+evtc")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "debug"
+    assert done.stderr.count("a debug record of evtc.torch") == 1, done.stderr  # one handler wrote it
+    plain = run_python(script)
+    assert plain.stdout.strip() == "info" and "a debug record" not in plain.stderr
+
+
+def test_import_writes_no_environment_variable():
+    done = run_python("import os; before = dict(os.environ); import evtc; "
+                      "print(sorted(set(os.environ.items()) ^ set(before.items())))")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_one_version_number():
+    assert evtc.__version__ == evtc._evtc.version()
+    try:
+        assert importlib.metadata.version("evtc") == evtc.__version__
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("evtc runs from a source tree without package metadata")
+
+
+def test_the_supported_torch_range_comes_from_the_package_metadata():
+    pytest.importorskip("torch")
+    from evtc.torch import _version_check as v
+    assert v.in_range("2.11.0+cu130", ">=2.11,<2.12")
+    assert not v.in_range("2.10.1", ">=2.11,<2.12") and not v.in_range("2.12.0", ">=2.11,<2.12")
+    spec = v.supported_range()
+    if spec is None:
+        pytest.skip("no package metadata")
+    assert set(spec.split(",")) == {">=2.11", "<2.12"}
+
+
+def test_a_torch_outside_the_range_is_warned_about(monkeypatch, caplog):
+    torch = pytest.importorskip("torch")
+    from evtc.torch import _version_check as v
+    monkeypatch.setattr(v, "supported_range", lambda: ">=2.11,<2.12")
+    monkeypatch.setattr(torch, "__version__", "2.9.1+cu126")
+    with caplog.at_level("WARNING", logger="evtc.torch"):
+        v.check_torch_version()
+    assert "evtc.torch is tested with torch>=2.11,<2.12; this is torch 2.9.1+cu126" in caplog.text
+
+
+def test_the_package_finds_its_headers_and_cutlass_without_environment_variables(tmp_path):
+    # An installed package carries evtc's device headers and the CUTLASS headers it was built with.
+    done = run_python("import evtc, evtc._evtc as n; print(n.compiler_available())",
+                      EVTC_CACHE_DIR=str(tmp_path / "cache"))
+    assert done.returncode == 0, done.stderr
+    pkg = os.path.dirname(evtc.__file__)
+    if not os.path.isfile(os.path.join(pkg, "cutlass", "include", "cutlass", "cutlass.h")):
+        pytest.skip("this package was built without CUTLASS headers")
+    # The toolchain lookup (compiling a CUTLASS kernel here would take a minute).
+    env = {k: v for k, v in os.environ.items() if k not in ("EVTC_CUTLASS_DIR", "CUTLASS_DIR", "EVTC_INCLUDE_DIR")}
+    probe = subprocess.run([sys.executable, "-c", "import evtc; t = evtc.toolchain(); "
+                            "print(t['cutlass_include']); print(t['device_headers']); print(t['cutlass_version'])"],
+                           env=env, capture_output=True, text=True, timeout=120)
+    assert probe.returncode == 0, probe.stderr
+    cutlass, headers, version = probe.stdout.split()
+    assert cutlass == os.path.join(pkg, "cutlass", "include")
+    assert headers == os.path.join(pkg, "include")
+    assert version.startswith("4.2.")
