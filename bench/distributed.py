@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import faulthandler
 import json
 import math
 import os
@@ -69,6 +70,8 @@ def parse_args():
     p.add_argument("--batch", type=int, default=2, help="sequences per rank")
     p.add_argument("--tokens", type=int, default=1024, help="tokens per sequence")
     p.add_argument("--lr", type=float, default=1e-2)
+    p.add_argument("--evtc-options", type=json.loads, default={},
+                   help='more of the evtc backend\'s options, as JSON (e.g. \'{"evtc.profitability": false}\')')
     p.add_argument("--cache", help="evtc's kernel cache folder, shared by all ranks (default: a fresh one)")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = p.parse_args()
@@ -91,6 +94,11 @@ def init(args) -> tuple[int, int, torch.device, str]:
     if backend == "nccl" and local_world > gpus:
         sys.exit(f"--backend nccl: {local_world} ranks on this node share {gpus} GPU(s), which NCCL refuses; "
                  "use --backend gloo or fewer ranks")
+    if args.strategy != "ddp" and backend == "gloo":
+        # Measured with torch 2.11 on one H200: gloo's CUDA all-gather under DTensor (FSDP2's
+        # parameter gathers, tensor parallelism's redistributions) ends the process with SIGSEGV.
+        sys.exit(f"--strategy {args.strategy} needs NCCL (one GPU per rank): with gloo, DTensor's collectives "
+                 "on CUDA tensors crash in torch; run it with as many GPUs as ranks")
     device = torch.device("cuda", local_rank % gpus)
     torch.cuda.set_device(device)
     dist.init_process_group(backend, device_id=device if backend == "nccl" else None)
@@ -159,7 +167,8 @@ def run_variant(variant: str, args, base: nn.Module, x: torch.Tensor, device: to
     if variant == "compile":
         module = torch.compile(module, dynamic=False)
     elif variant == "evtc":
-        module = torch.compile(module, backend="evtc", dynamic=False, options={"evtc.wait_for_compile": True})
+        module = torch.compile(module, backend="evtc", dynamic=False,
+                               options={"evtc.wait_for_compile": True, **args.evtc_options})
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     losses, grads, step_ms = [], None, []
     first_call_s = 0.0
@@ -208,6 +217,7 @@ def plot(report: dict, path: str) -> None:
 
 
 def main() -> int:
+    faulthandler.enable()  # a crash in a collective or a kernel says where
     args = parse_args()
     rank, world, device, backend = init(args)
     cache = shared_cache(args, rank)
@@ -264,6 +274,7 @@ def main() -> int:
             "gpus_on_node": torch.cuda.device_count(), "torch": torch.__version__, "evtc": evtc.__version__,
             "model": {"hidden": args.hidden, "ffn": args.ffn, "heads": args.heads, "batch_per_rank": args.batch,
                       "tokens": args.tokens, "steps": args.steps, "lr": args.lr},
+            "evtc_options": args.evtc_options,
             "cache": cache,
             "losses": {v: results[v]["losses"] for v in VARIANTS},
             "grad_error": {v: checks[v]["grad_error"] for v in checks},
