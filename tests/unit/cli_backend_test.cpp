@@ -1,4 +1,5 @@
 // Errors of the backend-facing commands (compile, run, cache), asserted by their text.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cuda_runtime_api.h>
@@ -192,4 +193,68 @@ TEST(CliBackend, GroupedChecksForAGpuBeforeCompiling) {
   EXPECT_NE(r.output.find("evtc grouped: no CUDA device is available"), std::string::npos) << r.output;
   EXPECT_LT(seconds, 20.0) << "it compiled first: " << r.output;
   EXPECT_FALSE(std::filesystem::exists("/tmp/evtc-cli-test-grouped-cache/kernels")) << r.output;
+}
+
+// Off a terminal (as here), a compile still says when it starts and ends at the default level;
+// --log warning (or EVTC_LOG=warning) silences it; --log debug adds nvcc's command line.
+TEST(CliBackend, CompilesAreAnnouncedOffATerminal) {
+  std::string nine;
+  for (int i = 0; i < 9; ++i) nine += fmt::format("out o{}: bf16 = acc * {}; ", i, i + 2);
+  const std::string dir = "/tmp/evtc-cli-test-announce";
+  for (const char* level : {"info", "warning", "debug"}) {
+    std::filesystem::remove_all(dir);
+    const auto r = run_cli(fmt::format("--log {} compile '{}' --fallback", level, nine), "EVTC_CACHE_DIR=" + dir);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    const bool info = std::string(level) != "warning";
+    EXPECT_EQ(r.output.find("evtc: compiling plain epilogue ["), info ? 0u : std::string::npos) << level << r.output;
+    EXPECT_EQ(r.output.find("evtc: compiled plain epilogue in ") != std::string::npos, info) << level << r.output;
+    EXPECT_EQ(r.output.find("-gencode=arch=compute_90,code=sm_90") != std::string::npos,
+              std::string(level) == "debug")
+        << level << r.output;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// The toolchain is checked: CUTLASS headers of another release and an nvcc too old for sm_90a
+// are refused with what to do; nvcc is started without a shell, so its path may hold a quote.
+TEST(CliBackend, ToolchainVersionsAreCheckedAndPathsNeedNoQuoting) {
+  namespace fs = std::filesystem;
+  const fs::path root = "/tmp/evtc-cli-test-toolchain it's";
+  fs::remove_all(root);
+  fs::create_directories(root / "cutlass" / "include" / "cutlass");
+  {
+    std::ofstream(root / "cutlass" / "include" / "cutlass" / "cutlass.h") << "#pragma once\n";
+    std::ofstream(root / "cutlass" / "include" / "cutlass" / "version.h")
+        << "#define CUTLASS_MAJOR 3\n#define CUTLASS_MINOR 5\n#define CUTLASS_PATCH 1\n";
+  }
+  const std::string quoted_root = "\"" + root.string() + "\"";
+  const auto old = run_cli("compile 'out D = relu(acc)'", "EVTC_CUTLASS_DIR=" + quoted_root + "/cutlass EVTC_CACHE_DIR=/tmp/evtc-cli-test-tc");
+  EXPECT_EQ(old.exit_code, 1) << old.output;
+  EXPECT_NE(old.output.find("are version 3.5.1, but evtc's kernels are written for CUTLASS 4.2.x"), std::string::npos)
+      << old.output;
+  // An nvcc that says it is CUDA 11.8.
+  fs::create_directories(root / "bin");
+  {
+    std::ofstream f(root / "bin" / "nvcc");
+    f << "#!/bin/sh\necho 'Cuda compilation tools, release 11.8, V11.8.89'\n";
+  }
+  fs::permissions(root / "bin" / "nvcc", fs::perms::owner_all);
+  const auto old_nvcc = run_cli("compile 'out D = relu(acc)' --fallback", "CUDACXX=" + quoted_root + "/bin/nvcc EVTC_CACHE_DIR=/tmp/evtc-cli-test-tc");
+  EXPECT_EQ(old_nvcc.exit_code, 1) << old_nvcc.output;
+  EXPECT_NE(old_nvcc.output.find("is CUDA 11.8; evtc's kernels need nvcc 12.0 or newer"), std::string::npos)
+      << old_nvcc.output;
+  // The real nvcc, reached through a folder whose name has a quote and a space.
+  const auto real = run_cli("cache info", "EVTC_CACHE_DIR=/tmp/evtc-cli-test-tc");
+  const size_t at = real.output.find("nvcc: ");
+  ASSERT_NE(at, std::string::npos) << real.output;
+  const fs::path nvcc = real.output.substr(at + 6, real.output.find(' ', at + 6) - at - 6);
+  fs::create_directory_symlink(nvcc.parent_path().parent_path(), root / "cuda");  // the whole toolkit
+  std::string nine;
+  for (int i = 0; i < 9; ++i) nine += fmt::format("out o{}: bf16 = acc * {}; ", i, i + 3);
+  fs::remove_all("/tmp/evtc-cli-test-tc");
+  const auto ok = run_cli("compile '" + nine + "' --fallback", "CUDACXX=" + quoted_root + "/cuda/bin/nvcc EVTC_CACHE_DIR=/tmp/evtc-cli-test-tc");
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+  EXPECT_NE(ok.output.find("fallback epilogue: /tmp/evtc-cli-test-tc/kernels/"), std::string::npos) << ok.output;
+  fs::remove_all(root);
+  fs::remove_all("/tmp/evtc-cli-test-tc");
 }

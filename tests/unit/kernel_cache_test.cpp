@@ -27,6 +27,7 @@
 #include "evtc/error.hpp"
 #include "evtc/expression.hpp"
 #include "evtc/kernel.hpp"
+#include "evtc/log.hpp"
 #include "evtc/passes.hpp"
 #include "jit/environment.hpp"
 #include "jit/kernel_cache.hpp"
@@ -588,3 +589,41 @@ TEST_F(KernelCache, EntriesAreListedAndPrunedLeastRecentlyUsedFirst) {
 }
 
 }  // namespace
+
+// EVTC_LOG picks the level; set_log_level overrides it; set_default_log_level changes what an
+// unset EVTC_LOG means; a value that is no level is said once and the default is used.
+TEST(Logging, OneSwitchWithLevels) {
+  ScopedEnv unset("EVTC_LOG", std::nullopt);
+  reset_log_level();
+  EXPECT_EQ(log_level(), LogLevel::info);
+  EXPECT_TRUE(log_enabled(LogLevel::info));
+  EXPECT_FALSE(log_enabled(LogLevel::debug));
+  {
+    ScopedEnv debug("EVTC_LOG", "debug");
+    EXPECT_EQ(log_level(), LogLevel::debug);
+    set_log_level(LogLevel::error);
+    EXPECT_EQ(log_level(), LogLevel::error);
+    EXPECT_FALSE(log_enabled(LogLevel::warning));
+    reset_log_level();
+    EXPECT_EQ(log_level(), LogLevel::debug);
+  }
+  set_default_log_level(LogLevel::warning);
+  EXPECT_EQ(log_level(), LogLevel::warning);
+  set_default_log_level(LogLevel::info);
+  EXPECT_EQ(parse_log_level("warning"), LogLevel::warning);
+  EXPECT_EQ(parse_log_level("verbose"), std::nullopt);
+  EXPECT_EQ(log_level_names(), (std::vector<std::string>{"error", "warning", "info", "debug"}));
+  // Messages are whole lines with the prefix; below the level, nothing.
+  testing::internal::CaptureStderr();
+  log(LogLevel::info, "one line");
+  log(LogLevel::debug, "not shown");
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "evtc: one line\n");
+  ScopedEnv odd("EVTC_LOG", "chatty");
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(log_level(), LogLevel::info);
+  EXPECT_EQ(log_level(), LogLevel::info);
+  const std::string said = testing::internal::GetCapturedStderr();
+  // Said once per process (an earlier test may have said it already).
+  EXPECT_TRUE(said.empty() || said == "evtc: EVTC_LOG='chatty' is not a level (error, warning, info, debug): using info\n")
+      << said;
+}

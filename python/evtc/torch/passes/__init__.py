@@ -46,7 +46,7 @@ class FusionReport:
 
     def summary(self) -> str:
         reasons = Counter(r for _, r in self.refused)
-        text = f"evtc: fused {self.fused_gemms} of {self.gemms} GEMMs"
+        text = f"fused {self.fused_gemms} of {self.gemms} GEMMs"
         for reason, count in reasons.most_common():
             text += f"\n  refused x{count}: {reason}"
         for f in self.fused:
