@@ -242,12 +242,29 @@ TEST(Robustness, AotBuildSaysWhatItNeeds) {
   EXPECT_FALSE(fs::exists(temp_path("lib") / "manifest.json"));
 }
 
+// A stand-in nvcc that gives its version and fails every compile without a word.
+fs::path silent_failing_nvcc(const fs::path& dir) {
+  fs::create_directories(dir);
+  const fs::path fake = dir / "nvcc";
+  std::ofstream(fake) << "#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'Cuda compilation tools, release 13.0, "
+                         "V13.0.88'; exit 0; fi\nexit 1\n";
+  fs::permissions(fake, fs::perms::owner_all);
+  return fake;
+}
+
 TEST(Robustness, ACompilerThatPrintsNothingStillGivesAnError) {
+  const fs::path fake = silent_failing_nvcc(temp_path("silent"));
   const auto r = run_cli("compile 'out D = relu(acc)' --fallback",
-                         "EVTC_CACHE_DIR=" + temp_path("false-cache").string() + " CUDACXX=/bin/false");
+                         "EVTC_CACHE_DIR=" + temp_path("false-cache").string() + " CUDACXX=" + fake.string());
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_TRUE(has(r.output, "the compiler printed nothing")) << r.output;  // an empty error list before
+  // A program that is no nvcc is refused when its version is asked for.
+  const auto f = run_cli("compile 'out D = relu(acc)' --fallback",
+                         "EVTC_CACHE_DIR=" + temp_path("false-cache").string() + " CUDACXX=/bin/false");
+  EXPECT_EQ(f.exit_code, 1) << f.output;
+  EXPECT_TRUE(has(f.output, "/bin/false --version failed (exit 1) or printed no version: is it nvcc?")) << f.output;
   fs::remove_all(temp_path("false-cache"));
+  fs::remove_all(temp_path("silent"));
 }
 
 // nvcc writes the source's path into the PTX, where ptxas cannot read a double quote: a cache
@@ -299,7 +316,8 @@ TEST(Robustness, KilledCompilesLeaveNoCompilerAndNoTemporaries) {
   if (!gone) kill(pid_t(compiler), SIGKILL);
   ASSERT_EQ(std::distance(fs::directory_iterator(dir / "cache" / "tmp"), fs::directory_iterator()), 1);
   // The next compile in this cache (here: one that fails at once) removes the dead folder.
-  run_cli("compile 'out D = relu(acc)' --fallback", "EVTC_CACHE_DIR=" + (dir / "cache").string() + " CUDACXX=/bin/false");
+  run_cli("compile 'out D = relu(acc)' --fallback",
+          "EVTC_CACHE_DIR=" + (dir / "cache").string() + " CUDACXX=" + silent_failing_nvcc(dir / "silent").string());
   size_t left = 0;
   for (const auto& e : fs::directory_iterator(dir / "cache" / "tmp"))
     left += e.path().filename().string().find(std::to_string(cli)) != std::string::npos;
