@@ -224,7 +224,17 @@ KernelConfig default_config_for_shape(const Graph& g, const GemmDesc& gemm) {
   // elementwise and gated epilogues); column and whole-matrix ones the cooperative schedule.
   if (!reduces)
     if (auto one = one_wave_config(gemm, device.sm_count)) return *one;
-  if (reduces_over_m(g)) return c;
+  if (reduces_over_m(g)) {
+    // Column and whole-matrix reductions over several waves of a short main loop (K ≤ 2048):
+    // ping-pong 64×256, whose two consumer warp groups overlap one tile's epilogue (the
+    // reduction's partial sums, C's loads) with the other's main loop; the cooperative kernel
+    // runs them one after the other (Nsight Compute: SM throughput 62 % against 79 % for its
+    // plain GEMM). Measured on the H200 at 8192×8192×1024 (bench/results/20261124-1705-h200-tune-*.json):
+    // W7's loss 1.277 → 1.148× cuBLAS, the bias gradient col_sum(acc) with D 1.127 → 1.077×.
+    if (gemm.k > 0 && gemm.k <= 2048 && tuning::tile_count(c, gemm) > device.sm_count)
+      return KernelConfig::of(MainloopSchedule::pingpong, 64, 256, 2);
+    return c;
+  }
   // Several waves: the cooperative 128×256 tile, or ping-pong 128×128 (two tiles in flight per
   // multiprocessor, each half the work) where the main loop is short (K ≤ 2048: the
   // ping-pong schedule hides the epilogue behind the other tile's main loop) or where its

@@ -45,6 +45,14 @@ TEST(DefaultConfig, SeveralWavesByMainLoopLengthAndLastWave) {
 TEST(DefaultConfig, ReductionsKeepTheirMeasuredTiles) {
   EXPECT_EQ(default_for("f = acc + bias[n]; out loss = sum(f * f)", 128, 2048, 2048),
             "coop_128x256x64_c2x1_persistent");
+  // Several waves of a short main loop: ping-pong overlaps the reduction's epilogue (W7, bias-grad).
+  const char* w7 = "f = acc + bias[n]; out loss = sum((C - 1) * f + log(clamp(sigmoid(f), 1e-3, 0.999)))";
+  EXPECT_EQ(default_for(w7, 8192, 8192, 1024), "pingpong_64x256x64_c2x1_persistent");
+  EXPECT_EQ(default_for("out D: bf16 = acc; out db = col_sum(acc)", 8192, 8192, 1024),
+            "pingpong_64x256x64_c2x1_persistent");
+  EXPECT_EQ(default_for(w7, 8192, 8192, 4096), "coop_128x256x64_c2x1_persistent");  // a long main loop
+  EXPECT_EQ(default_for("out D: bf16 = acc; out rmax = row_amax(acc)", 8192, 8192, 1024),
+            "pingpong_128x128x64_c2x1_persistent");  // row reductions: as elementwise epilogues
 }
 
 UnfusedWork round_trip(int64_t m, int64_t n) {
