@@ -54,10 +54,14 @@ TEST(FusedReductions, EveryAxisAndOpWithMainOutput) {
   expect_matches_reference(kernel("reductions"), 1000, 1016, 4096, 21, ExecutionPath::fused);
   // M=332: a non-tile multiple that keeps the f32 column vector 16-byte aligned.
   expect_matches_reference(kernel("reductions"), 332, 136, 72, 22, ExecutionPath::fused);
+  // Several waves of a short main loop: the ping-pong 64×256 default of column and whole-matrix
+  // reductions (docs/backend.md, "Default configurations").
+  expect_matches_reference(kernel("reductions"), 2000, 4104, 1024, 24, ExecutionPath::fused);
 }
 
 TEST(FusedReductions, BceLossWithoutMainOutput) {
   expect_matches_reference(kernel("bce_loss"), 1000, 1016, 1024, 23, ExecutionPath::fused);
+  expect_matches_reference(kernel("bce_loss"), 4000, 4104, 1000, 25, ExecutionPath::fused);  // ping-pong 64×256
 }
 
 TEST(Fallback, KNotMultipleOf8RunsUnfusedAndMatches) {
