@@ -37,7 +37,8 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 int run(const RunArgs& ra) {
   if (!ra.json.empty()) check_output_path(ra.json, "--json");
   const GemmDesc gemm = ra.gemm.desc();
-  const Graph g = parse_expression_arg(ra.expr, ra.gemm.parse_options());
+  const ExpressionArg expression = read_expression_arg(ra.expr);
+  const Graph g = parse_expression(expression.text, ra.gemm.parse_options(), expression.name);
   if (!have_gpu("run", "use `evtc compile` to build the kernel without running it")) return kExitFailed;
   CompileOptions opts;
   opts.gemm = gemm;
@@ -51,7 +52,7 @@ int run(const RunArgs& ra) {
   Kernel kernel(g, opts);
   const double construct_s = seconds_since(t_construct);
   nlohmann::json report;
-  report["expression"] = read_expression_arg(ra.expr).text;
+  report["expression"] = expression.text;
   report["m"] = ra.m;
   report["n"] = ra.n;
   report["k"] = ra.k;

@@ -44,9 +44,19 @@ Graph parse_expression_arg(const std::string& arg, const ParseOptions& options) 
   return parse_expression(e.text, options, e.name);
 }
 
-Layout parse_layout(const std::string& s) {
+namespace {
+
+// The command line's layout spellings: r or row, c or col.
+std::optional<Layout> layout_of(const std::string& s) {
   if (s == "r" || s == "row") return Layout::row_major;
   if (s == "c" || s == "col") return Layout::col_major;
+  return std::nullopt;
+}
+
+}  // namespace
+
+Layout parse_layout(const std::string& s) {
+  if (auto l = layout_of(s)) return *l;
   throw InternalError(fmt::format("layout '{}' passed layout_value()", s));
 }
 
@@ -65,8 +75,7 @@ const CLI::Validator& dtype_value() {
 const CLI::Validator& layout_value() {
   static const CLI::Validator v = CLI::Validator(
       [](std::string& text) -> std::string {
-        if (text == "r" || text == "row" || text == "c" || text == "col") return {};
-        return fmt::format("unknown layout '{}' (expected r or c)", text);
+        return layout_of(text) ? std::string() : fmt::format("unknown layout '{}' (expected r or c)", text);
       },
       "{r,c}");
   return v;

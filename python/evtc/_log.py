@@ -20,7 +20,8 @@ from . import _evtc
 
 logger = logging.getLogger("evtc")
 
-_BY_NAME = {"error": logging.ERROR, "warning": logging.WARNING, "info": logging.INFO, "debug": logging.DEBUG}
+# The native library's level names (error, warning, info, debug), in order, as logging levels.
+_BY_NAME = dict(zip(_evtc.log_level_names(), (logging.ERROR, logging.WARNING, logging.INFO, logging.DEBUG)))
 
 
 def _name_of(level: int) -> str:
@@ -68,16 +69,14 @@ def set_log_level(level: Union[str, int]) -> None:
     ``"warning"``, ``"info"`` (each kernel compile's start and end; the default) or ``"debug"``
     (also nvcc's command lines and the FX pass's reports); or a :mod:`logging` level."""
     if isinstance(level, str):
-        if level not in _BY_NAME:
-            raise _evtc.UserError(f"log level '{level}': expected one of {', '.join(_BY_NAME)}")
-        value = _BY_NAME[level]
+        _evtc.set_log_level(level)  # checks the name (UserError naming the levels)
+        logger.setLevel(_BY_NAME[level])
     elif isinstance(level, int) and not isinstance(level, bool):
-        value = level
+        logger.setLevel(level)
+        _evtc.set_log_level(_name_of(level))
     else:
         raise _evtc.ArgumentTypeError(f"log level: expected a name ({', '.join(_BY_NAME)}) or a logging level, "
                                       f"got {type(level).__name__}")
-    logger.setLevel(value)
-    _evtc.set_log_level(_name_of(value))
 
 
 def log_level() -> str:

@@ -364,9 +364,6 @@ NB_MODULE(_evtc, m) {
     if (!level) throw UserError(fmt::format("log level '{}': expected one of {}", name, fmt::join(log_level_names(), ", ")));
     set_log_level(*level);
   });
-  m.def("log", [](const std::string& level, const std::string& message) {
-    if (auto l = parse_log_level(level)) log(*l, message);
-  });
   m.def("log_level_names", &log_level_names);
   m.def("dtype_names", &dtype_names);
   m.def("version", [] { return std::string(version()); });

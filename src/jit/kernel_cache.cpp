@@ -4,7 +4,6 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <fmt/format.h>
 #include <sys/wait.h>
@@ -470,8 +469,9 @@ std::string compile_into_cache(const CompileRequest& req, const std::string& key
   const auto wait_start = std::chrono::steady_clock::now();
   // Another process compiled the entry while this one waited for its lock.
   auto compiled_elsewhere = [&] {
-    record_compile_event(key, req.label, "waited", seconds_since(wait_start));
-    log_info("loaded {}, compiled by another process ({:.1f} s wait)", req.label, seconds_since(wait_start));
+    const double waited = seconds_since(wait_start);
+    record_compile_event(key, req.label, "waited", waited);
+    log_info("loaded {}, compiled by another process ({:.1f} s wait)", req.label, waited);
     return (final_dir / "kernel.so").string();
   };
   for (bool announced = false;;) {
