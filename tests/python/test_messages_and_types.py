@@ -61,7 +61,8 @@ def test_log_level_is_one_setting_for_python_and_the_native_library():
         assert evtc.log_level() == "warning"
         with pytest.raises(ValueError, match="log level 'loud': expected one of error, warning, info, debug"):
             evtc.set_log_level("loud")
-        with pytest.raises(TypeError):
+        with pytest.raises(TypeError, match=r"log level: expected a name \(error, warning, info, debug\) or a "
+                                            r"logging level, got float"):
             evtc.set_log_level(2.5)
     finally:
         evtc.set_log_level(before)
