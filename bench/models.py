@@ -53,7 +53,6 @@ torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accu
 
 DTYPE = torch.bfloat16
 SEED = 0
-ROUNDS = 3  # eager, compile and evtc take turns, so that clock drift does not favour one
 CACHE_LEN = 1023  # decode: KV-cache positions before the new token
 LAYER_MODELS = ("llama", "gpt2", "moe", "llama_mlp")
 HF_MODELS = ("hf_llama", "hf_gpt2", "hf_mixtral")
@@ -350,17 +349,26 @@ def event_times(step, iters: int) -> list[float]:
     return [start.elapsed_time(end) for start, end in pairs]
 
 
-def time_interleaved(steps: dict, warmup: int, iters: int) -> dict[str, float]:
-    """Median ms per call of each step; the variants take turns in ROUNDS rounds."""
+def time_interleaved(steps: dict, warmup: int, iters: int, rounds: int) -> tuple[dict[str, float], list[dict]]:
+    """Median ms per call of each step over all rounds, and each round's medians. The variants
+    take turns: in each round every variant makes its share of the timed calls back to back,
+    and the order of the variants rotates from round to round, so that neither clock drift nor
+    a neighbour's power draw favours one of them."""
     for step in steps.values():
         for _ in range(warmup):
             step()
     torch.cuda.synchronize()
+    names = list(steps)
     samples = {v: [] for v in steps}
-    for _ in range(ROUNDS):
-        for v, step in steps.items():
-            samples[v] += event_times(step, math.ceil(iters / ROUNDS))
-    return {v: statistics.median(s) for v, s in samples.items()}
+    per_round = []
+    for r in range(rounds):
+        medians = {}
+        for v in names[r % len(names):] + names[:r % len(names)]:
+            times = event_times(steps[v], math.ceil(iters / rounds))
+            samples[v] += times
+            medians[v] = statistics.median(times)
+        per_round.append(medians)
+    return {v: statistics.median(s) for v, s in samples.items()}, per_round
 
 
 def outputs(step, model: nn.Module, phase: str):
@@ -489,9 +497,12 @@ def run_row(row: dict, base: nn.Module, args) -> None:
         except Exception as e:  # e.g. an op that syncs with the host; eager then runs plain
             notes.append(f"eager CUDA-graph capture failed ({type(e).__name__}: {str(e)[:200]}): eager_ms is plain eager")
 
-    times = time_interleaved(steps, args.warmup, args.iters)
+    times, per_round = time_interleaved(steps, args.warmup, args.iters, args.rounds)
     row.update({f"{v}_ms": times[v] for v in VARIANTS})
     row["speedup"] = times["compile"] / times["evtc"]
+    # The spread of the speed-up over the rounds: a row whose range straddles its target is
+    # within this run's noise of it.
+    row["speedup_rounds"] = [m["compile"] / m["evtc"] for m in per_round]
     row["evtc_over_eager"] = times["eager"] / times["evtc"]
     if later := len(evtc.torch.reports) - before - len(evtc_reports):
         notes.append(f"evtc compiled {later} more graph(s) after the first call (not in fused/gemms)")
@@ -540,7 +551,8 @@ def row_line(row: dict) -> str:
 def markdown_table(data: dict) -> str:
     lines = [f"{data['gpu']}, torch {data['torch']}, transformers {data.get('transformers') or '–'}, {data['date']} "
              f"(median of {data.get('timed', '?')} CUDA-event timings per variant after {data.get('warmup', '?')} "
-             "warm-up calls, variants interleaved).", "",
+             "warm-up calls, variants interleaved; evtc / compile: median, and in brackets the range of the "
+             "rounds' medians).", "",
              "| model | phase | mode | eager ms | compile ms | evtc ms | evtc / compile | target | met | fused / GEMMs "
              "| first call s (compile / evtc) | rel-L2 vs f64 (eager / compile / evtc) | grad rel-L2 (compile / evtc) "
              "| error |",
@@ -554,9 +566,11 @@ def markdown_table(data: dict) -> str:
         grads = (" / ".join(fmt(r.get(f"grad_error_{v}"), ".1e") for v in ("compile", "evtc"))
                  if r["phase"] == "train" else "–")
         error = (r.get("error") or "").replace("|", "\\|").replace("\n", " ")[:80] or "–"
+        spread = r.get("speedup_rounds")
+        spread = f" ({min(spread):.3f}–{max(spread):.3f})" if spread else ""
         lines.append(f"| {r['model']} | {r['phase']} | {r['mode']} | {fmt(r.get('eager_ms'), '.3f')} "
                      f"| {fmt(r.get('compile_ms'), '.3f')} | {fmt(r.get('evtc_ms'), '.3f')} | "
-                     f"{fmt(speedup, '.3f')}{'×' if speedup else ''} | ≥ {target(r):.2f}× | {met} | {gemms} | {first} "
+                     f"{fmt(speedup, '.3f')}{'×' if speedup else ''}{spread} | ≥ {target(r):.2f}× | {met} | {gemms} | {first} "
                      f"| {errors} | {grads} | {error} |")
     return "\n".join(lines)
 
@@ -603,6 +617,8 @@ def parse_args():
     p.add_argument("--modes", type=lambda s: parse_list(s, MODES), default=None,
                    help="default: both; decode then runs in cudagraphs mode only (host-bound otherwise)")
     p.add_argument("--quick", action="store_true", help="2 warm-up and 5 timed calls per variant")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="rounds the timed calls are split over, the variants' order rotating (default 5, --quick 3)")
     p.add_argument("--json-only", action="store_true", help="write the JSON only (no PNG, no table)")
     p.add_argument("--evtc-options", type=json.loads, default=None,
                    help='JSON dict of evtc/Inductor options for the evtc backend, e.g. {"evtc.profitability": false}')
@@ -618,6 +634,10 @@ def parse_args():
     p.add_argument("--table", metavar="FILE.json", help="print the Markdown table of a results file and exit")
     args = p.parse_args()
     args.warmup, args.iters = (2, 5) if args.quick else (3, 20)
+    if args.rounds is None:
+        args.rounds = 3 if args.quick else 5
+    if args.rounds < 1:
+        p.error(f"--rounds must be at least 1, got {args.rounds}")
     args.iters = int(os.environ.get("EVTC_BENCH_ITERS", args.iters))
     return args
 
@@ -687,7 +707,7 @@ def main() -> None:
     base_path = os.path.join(args.out, f"{now:%Y%m%d-%H%M}-{gpu.replace('NVIDIA ', '').split()[0].lower()}-models")
     data = {"gpu": gpu, "torch": torch.__version__, "transformers": transformers_version(),
             "date": now.isoformat(timespec="seconds"), "warmup": args.warmup,
-            "timed": ROUNDS * math.ceil(args.iters / ROUNDS), "rounds": ROUNDS, "evtc_options": args.evtc_options,
+            "timed": args.rounds * math.ceil(args.iters / args.rounds), "rounds": args.rounds, "evtc_options": args.evtc_options,
             "freezing": args.freezing,
             "rows": []}
 

@@ -81,7 +81,7 @@ FusionEstimate estimate_for(const KernelConfig& c, const GemmDesc& g, double out
   const double base = c.schedule == MainloopSchedule::cooperative ? kCoopBase : kPingpongBase;
   e.fused_us = kernel_us(flops, ab + out_bytes, base * tuning::grid_efficiency(c, g, d),
                          occupancy(tuning::tile_count(c, g), r.sms), r);
-  e.epilogue_us = unfused.kernels > 0 ? unfused.saved_bytes / (r.tbs * 1e6) + unfused.kernels * kKernelUs : 0;
+  e.epilogue_us = unfused.saved_bytes / (r.tbs * 1e6) + unfused.kernels * kKernelUs;
   return e;
 }
 

@@ -51,3 +51,43 @@ def test_profitability_can_be_switched_off():
     gm = trace(lambda x, w: F.silu(x @ w.t()), ((64, 4096), BF16), ((11008, 4096), BF16))
     report = evtc.torch.fuse_gemm_epilogues(gm.graph, compile=False, profitability=False)
     assert len(report.fused) == 1 and report.fused[0].estimate == {}
+
+
+def _rms(h):
+    return h * torch.rsqrt(h.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(h.dtype)
+
+
+def test_a_residual_read_by_a_norm_and_kept_saves_one_pass_and_no_kernel():
+    # Unfused, Inductor adds the residual inside the norm's kernel, which writes h too (it is
+    # returned): fusion saves reading the GEMM's result back, not a kernel.
+    def block(x, w, r):
+        h = x @ w.t() + r
+        return h, _rms(h)
+
+    report = decide(block, ((8192, 4096), BF16), ((4096, 4096), BF16), ((8192, 4096), BF16))
+    (f,) = report.fused
+    assert f.estimate["saved_bytes"] == 8192 * 4096 * 2 and f.estimate["folded_into"]
+    assert abs(f.estimate["epilogue_us"] - 8192 * 4096 * 2 / 4.3e6) < 1e-6 * f.estimate["epilogue_us"] + 1e-9
+
+
+def test_an_epilogue_read_by_one_kernel_inductor_makes_is_not_fused():
+    # silu(acc) read only by a flip: Inductor computes the silu inside the flip's kernel, so fusing saves nothing and evtc's GEMM is not faster than cuBLAS's.
+    report = decide(lambda x, w: torch.flip(F.silu(x @ w.t()), [-1]), ((8192, 4096), BF16), ((4096, 4096), BF16))
+    assert not report.fused, report.summary()
+    (why,) = [why for _, why in report.refused if "not profitable" in why]
+    assert "+ 0.0 us unfused" in why and "inside the kernel of" in why
+
+
+def test_an_epilogue_read_by_a_library_kernel_keeps_its_own_kernel():
+    # silu(x @ w1) feeds another GEMM: unfused, it needs a kernel of its own.
+    report = decide(lambda x, w1, w2: F.silu(x @ w1.t()) @ w2.t(), ((8192, 4096), BF16), ((4096, 4096), BF16),
+                    ((4096, 4096), BF16))
+    (f,) = report.fused
+    assert "folded_into" not in f.estimate and f.estimate["saved_bytes"] == 2 * 8192 * 4096 * 2
+
+
+def test_merged_gate_and_up_save_reading_both_halves_and_writing_the_product():
+    report = decide(lambda x, w1, w3, w2: (F.silu(x @ w1.t()) * (x @ w3.t())) @ w2.t(), ((8192, 4096), BF16),
+                    ((11008, 4096), BF16), ((11008, 4096), BF16), ((4096, 11008), BF16))
+    (f,) = [f for f in report.fused if f.merged]
+    assert f.estimate["saved_bytes"] == 8192 * 22016 * 2 + 8192 * 11008 * 2

@@ -1,46 +1,122 @@
 """profitability: fuse a chain only where it pays.
 
-The unfused alternative is cuBLAS for the GEMM and Inductor's kernel for the epilogue: the
-GEMM writes its M×N result and the epilogue kernel reads it back. Fusion saves that round trip
-(and the epilogue kernel), and costs whatever evtc's kernel is slower than cuBLAS at the
-shape. evtc's cost model (C++, evtc/cost_model.hpp: the GEMM times from the tile grid and the
-GPU's rates, measured) makes the call; this module says what the unfused path would do.
+The unfused alternative is cuBLAS for the GEMM and Inductor's kernels for the epilogue. cuBLAS
+writes the GEMM's M×N result; the epilogue then either runs in a kernel of its own (it reads
+the result back and writes the chain's values) or, where the chain's values are read by an
+op Inductor compiles into a kernel of its own making (a pointwise op, a reduction such as a
+norm's mean), inside that kernel, which reads the GEMM's result instead of the fused op's
+output. Fusion saves the difference, and costs whatever evtc's kernel is slower than cuBLAS at
+the shape. evtc's cost model (C++, evtc/cost_model.hpp: the GEMM times from the tile grid and
+the GPU's rates, measured) makes the call; this module says what the unfused path would do.
 
 A chain whose values are only views or the GEMM's own result (nothing for an epilogue kernel
 to do) saves nothing, so it stays with cuBLAS unless evtc's kernel is expected to be faster.
 """
 from __future__ import annotations
 
+import math
+import operator
+from dataclasses import dataclass, field
+
+import torch
 from torch import fx
 
 from ... import _evtc
 
-from .._chain import RESHAPES, Chain, Refused, concrete
+from .._chain import RESHAPES, Chain, Refused, concrete, val
 from .._fusion import intermediate_bytes, problem_size
+from .._gemm import GEMMS, UNSUPPORTED_GEMMS
 
 
-def unfused_work(chain: Chain, outs: list[fx.Node]) -> tuple[float, int]:
-    """(bytes, kernels) the unfused path spends on the GEMM's intermediate result: written by
-    cuBLAS and read back by one epilogue kernel; nothing when the chain computes nothing."""
+def _is_view(n: fx.Node) -> bool:
+    """A node Inductor computes nothing for: a view of its input, or an item of a split."""
+    if n.op != "call_function":
+        return False
+    if n.target is operator.getitem or n.target in RESHAPES:
+        return True
+    return isinstance(n.target, torch._ops.OpOverload) and n.target.is_view
+
+
+def _makes_its_own_kernel(n: fx.Node) -> bool:
+    """Whether Inductor compiles ``n`` into a kernel that can compute its inputs' pointwise
+    producers (a pointwise op, a reduction), rather than calling a library kernel that reads
+    its inputs from memory (GEMMs, attention, convolutions, evtc's own ops, graph outputs)."""
+    if n.op != "call_function" or n.target in GEMMS or n.target in UNSUPPORTED_GEMMS:
+        return False
+    if not isinstance(n.target, torch._ops.OpOverload) or n.target.namespace not in ("aten", "prims"):
+        return False
+    from torch._inductor import decomposition, lowering  # Inductor's own tables of what it lowers how
+
+    known = n.target in lowering.lowerings or n.target in decomposition.select_decomp_table()
+    return known and n.target not in lowering.needs_realized_inputs and n.target not in lowering.fallbacks
+
+
+def _consumers(n: fx.Node, members: set[fx.Node]) -> list[fx.Node]:
+    """The nodes outside the chain that read ``n``'s value, looking through views."""
+    out: list[fx.Node] = []
+    for u in n.users:
+        if u in members:
+            continue
+        out += _consumers(u, members) if _is_view(u) else [u]
+    return out
+
+
+@dataclass
+class UnfusedPath:
+    saved_bytes: float = 0.0
+    kernels: int = 0
+    folded_into: list[str] = field(default_factory=list)  # consumers that would compute the epilogue
+
+
+def _bytes(n: fx.Node) -> float:
+    t = val(n)
+    return float(math.prod(concrete(s) for s in t.shape) * t.element_size())
+
+
+def unfused_path(chain: Chain, outs: list[fx.Node]) -> UnfusedPath:
+    """What the unfused path spends beyond cuBLAS writing the GEMM's result, that fusion saves.
+
+    Unfused, the epilogue reads the GEMM's result back (``inter`` bytes) and writes each chain
+    value that must exist in memory: one read by a library kernel or the graph's output, or by
+    more than one consumer; a value read only by one kernel Inductor makes is computed inside
+    that kernel instead and never written. Fused, evtc's kernel writes every value (the cost
+    model counts those writes), and a consumer that would have computed a value reads it. An
+    epilogue kernel of its own is saved only where some value is not computed in a consumer."""
+    members = set(chain.nodes)
     root = chain.exprs.get(chain.gemm)
     computes = any(n not in chain.merged_from and n is not chain.gemm and n.target not in RESHAPES
                    for n in chain.nodes)
     if not computes and not chain.merged_from:
-        return 0.0, 0
-    inter = float(intermediate_bytes(chain))
-    written_anyway = any(chain.exprs[o] == root for o in outs)
-    kernels = 1 + (len(chain.merged_from) - 1 if chain.merged_from else 0)
-    return (inter if written_anyway else 2 * inter), kernels
+        return UnfusedPath()
+    path = UnfusedPath(saved_bytes=float(intermediate_bytes(chain)))
+    own_kernel = False
+    seen = {root}  # cuBLAS writes the GEMM's own result either way
+    for o in outs:
+        if chain.exprs[o] in seen:
+            continue  # one output for values that differ only by a view
+        seen.add(chain.exprs[o])
+        consumers = _consumers(o, members)
+        folding = [c for c in consumers if _makes_its_own_kernel(c)]
+        if folding:
+            path.folded_into.append(folding[0].name)
+            path.saved_bytes -= _bytes(o)  # the consumer reads the fused op's value
+            if len(consumers) > 1:
+                path.saved_bytes += _bytes(o)  # it is written anyway, by the consumer's kernel
+        else:
+            own_kernel = True
+            path.saved_bytes += _bytes(o)
+    path.kernels = int(own_kernel) + (len(chain.merged_from) - 1 if chain.merged_from else 0)
+    return path
 
 
 def decide(chain: Chain, kernel, outs: list[fx.Node], settings) -> dict:
     """The estimate's numbers, or Refused when the fusion does not pay."""
     if not settings.profitability:
         return {}
-    saved, kernels = unfused_work(chain, outs)
+    path = unfused_path(chain, outs)
     m, n, k = problem_size(chain)
     work = _evtc.UnfusedWork()
-    work.saved_bytes, work.kernels = saved, kernels
+    work.saved_bytes, work.kernels = path.saved_bytes, path.kernels
     if chain.grouped:
         b = chain.b if chain.merged is None else chain.merged.b_gate
         e = kernel._native.estimate(m, n, k, concrete(b.meta["val"].shape[0]), work)
@@ -48,7 +124,10 @@ def decide(chain: Chain, kernel, outs: list[fx.Node], settings) -> dict:
         e = kernel._native.estimate(m, n, k, work)
     numbers = {"m": m, "n": n, "k": k, "fused_us": e.fused_us, "cublas_us": e.cublas_us,
                "epilogue_us": e.epilogue_us, "saved_bytes": e.saved_bytes, "config": e.config, "basis": e.basis}
+    folded = ""
+    if path.folded_into:
+        numbers["folded_into"] = path.folded_into
+        folded = f"; unfused, Inductor computes the epilogue inside the kernel of {', '.join(path.folded_into)}"
     if not e.profitable:
-        raise Refused(f"not profitable at {m}x{n}x{k}: {e.describe()}")
+        raise Refused(f"not profitable at {m}x{n}x{k}: {e.describe()}{folded}")
     return numbers
-
