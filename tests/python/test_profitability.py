@@ -59,15 +59,16 @@ def _rms(h):
 
 def test_a_residual_read_by_a_norm_and_kept_saves_one_pass_and_no_kernel():
     # Unfused, Inductor adds the residual inside the norm's kernel, which writes h too (it is
-    # returned): fusion saves reading the GEMM's result back, not a kernel.
+    # returned): fusion saves reading the GEMM's result back (64 MiB: 15.6 us at 4.3 TB/s),
+    # not a kernel, which is less than the model's margin at this shape.
     def block(x, w, r):
         h = x @ w.t() + r
         return h, _rms(h)
 
     report = decide(block, ((8192, 4096), BF16), ((4096, 4096), BF16), ((8192, 4096), BF16))
-    (f,) = report.fused
-    assert f.estimate["saved_bytes"] == 8192 * 4096 * 2 and f.estimate["folded_into"]
-    assert abs(f.estimate["epilogue_us"] - 8192 * 4096 * 2 / 4.3e6) < 1e-6 * f.estimate["epilogue_us"] + 1e-9
+    assert not report.fused
+    ((_, why),) = report.refused
+    assert "+ 15.6 us unfused" in why and "inside the kernel of" in why
 
 
 def test_an_epilogue_read_by_one_kernel_inductor_makes_is_not_fused():
