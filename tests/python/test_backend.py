@@ -66,3 +66,24 @@ def test_wait_for_compile_reaches_the_pass_and_the_specs():
 def test_merge_gated_takes_a_boolean():
     with pytest.raises(RuntimeError, match="evtc.merge_gated='always'"):
         inductor_config(None, {"evtc.merge_gated": "always"})
+
+
+def test_the_backward_graph_is_compiled_with_the_pass_and_the_mode(monkeypatch):
+    # AOT autograd compiles a training graph's backward at the first backward call, after the
+    # backend has returned: the pass and the mode's configuration must reach it as well.
+    seen = []
+
+    def spy(self, graph):
+        seen.append((sum(n.op == "placeholder" for n in graph.nodes),
+                     torch._inductor.config.max_autotune))
+
+    monkeypatch.setattr(PostGradPass, "__call__", spy)
+    torch._dynamo.reset()
+    w = torch.randn(8, 8, requires_grad=True)
+    f = torch.compile(lambda x: torch.sin(x @ w).sum(), backend="evtc", mode="max-autotune-no-cudagraphs")
+    loss = f(torch.randn(4, 8))
+    assert len(seen) == 1
+    loss.backward()
+    assert len(seen) == 2 and all(autotune for _, autotune in seen)
+    assert w.grad is not None and w.grad.shape == (8, 8)
+    torch._dynamo.reset()

@@ -106,11 +106,13 @@ def backend(gm: torch.fx.GraphModule, example_inputs, *, mode: Optional[str] = N
 
     if cast_mode is not None:
         options = {**(options or {}), "evtc.cast_mode": cast_mode}
-    # The patches are applied around the whole compile, not passed as compile_fx's
-    # config_patches: decisions compile_fx makes before its inner compiles (freezing's
-    # constant inlining among them) then see them too.
-    with torch._inductor.config.patch(inductor_config(mode, options)):
-        return compile_fx(gm, example_inputs)
+    # As compile_fx's config_patches (what torch.compile's own Inductor backend does): they
+    # apply around the whole compile, so that decisions compile_fx makes before its inner
+    # compiles (freezing's constant inlining among them) see them, and to the inner compiles,
+    # which includes the training backward graph that AOT autograd compiles at the first
+    # backward call, after this function has returned: evtc's pass and the mode's settings
+    # (CUDA graphs for "reduce-overhead") reach it too.
+    return compile_fx(gm, example_inputs, config_patches=inductor_config(mode, options))
 
 
 def _register() -> None:
