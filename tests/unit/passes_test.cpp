@@ -217,6 +217,36 @@ TEST(PassFoldConstants, InfiniteConstantsAreNotReassociated) {
   EXPECT_EQ(after("fold_constants", g), print(g));
 }
 
+TEST(PassFoldConstants, SquaresAndCubesBecomeProducts) {
+  Graph g;
+  auto acc = g.accum();
+  auto h = cast(acc, DType::bf16);
+  g.store("A", cast(apply(Op::pow, {h, g.constant(3.0)}), DType::bf16), DType::bf16);
+  g.store("B", apply(Op::pow, {acc, g.constant(2.0)}), DType::f32);
+  g.store("C", apply(Op::pow, {acc, g.constant(2.5)}), DType::f32);  // powf stays
+  EXPECT_EQ(after("fold_constants", g),
+            "%0 = accum : f32[m,n]\n"
+            "%1 = cast %0 : bf16[m,n]\n"
+            "%2 = mul %1, %1 : f32[m,n]\n"
+            "%3 = mul %2, %1 : f32[m,n]\n"
+            "%4 = store A %3 : bf16[m,n]\n"  // the store rounds as the cast did
+            "%5 = mul %0, %0 : f32[m,n]\n"
+            "%6 = store B %5 : f32[m,n]\n"
+            "%7 = const 2.5 : f32\n"
+            "%8 = pow %0, %7 : f32[m,n]\n"
+            "%9 = store C %8 : f32[m,n]\n");
+}
+
+TEST(PassFoldActivations, TanhGeluWithACubeStillFolds) {
+  // x**3 becomes (x*x)*x before fold_activations, which knows that spelling too.
+  Graph g;
+  auto x = g.accum();
+  auto cube = apply(Op::pow, {x, g.constant(3.0)});
+  g.store("D", 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * cube))), DType::f32);
+  const Graph out = run_pipeline(g, PipelineOptions{});
+  EXPECT_NE(print(out).find("gelu_tanh"), std::string::npos) << print(out);
+}
+
 TEST(PassFoldConstants, ChainsFoldInOnePass) {
   Graph g;
   auto acc = g.accum();
