@@ -27,6 +27,7 @@ import gc
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import time
@@ -453,6 +454,52 @@ def kernel_profile(step, iters: int = 5, top: int = 10) -> dict:
             "top": [[name, round(t, 1)] for name, t in largest]}
 
 
+DECLARATION = re.compile(r"^input (\w+)(?:\[[mn,\s]*\])?\s*:\s*(\w+)", re.M)
+SPEC_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+
+
+def fused_op_times(graph_reports, calls: int = 20, rounds: int = 3) -> list[dict]:
+    """Each dense fused op of the row alone, on random inputs of its traced size and layouts,
+    against torch.mm of the same operands (cuBLAS): median ms of back-to-back calls, the two
+    interleaved, beside the cost model's estimate. Merged, grouped and fp8 ops are listed with
+    the reason they are not timed."""
+    from evtc.torch import _op
+
+    out = []
+    for report in graph_reports:
+        for f in report.fused:
+            spec, e = json.loads(f.spec), f.estimate
+            entry = {"gemm": f.gemm, "outputs": f.outputs, "expr": spec["expr"]}
+            out.append(entry)
+            o = spec["options"]
+            if "merged" in spec or spec.get("grouped") or not e:
+                entry["skipped"] = "merged, grouped or without an estimate: not timed alone"
+                continue
+            if o.get("a_dtype") not in SPEC_DTYPES or o.get("b_dtype") not in SPEC_DTYPES:
+                entry["skipped"] = f"{o.get('a_dtype')} operands: not timed alone"
+                continue
+            m, n, k = e["m"], e["n"], e["k"]
+            dt = SPEC_DTYPES[o["a_dtype"]]
+            a = torch.randn(m, k, device="cuda", dtype=dt) if o.get("a_layout", "row") == "row" else \
+                torch.randn(k, m, device="cuda", dtype=dt).t()
+            b = torch.randn(k, n, device="cuda", dtype=dt) if o.get("b_layout", "col") == "row" else \
+                torch.randn(n, k, device="cuda", dtype=dt).t()
+            dtypes = {name: SPEC_DTYPES.get(d, dt) for name, d in DECLARATION.findall(spec["expr"])}
+            shapes = {"row": lambda: (n,), "col": lambda: (m,), "scalar": lambda: (), "aux": lambda: (m, n)}
+            operands = []
+            for name, cls in spec["operands"]:
+                t = (torch.randn(n, m, device="cuda", dtype=dtypes.get(name, dt)).t() if cls == "aux_col" else
+                     torch.randn(shapes[cls](), device="cuda", dtype=dtypes.get(name, dt)))
+                operands.append(t)
+            steps = {"fused": lambda: _op.GEMM_EPILOGUE(f.spec, a, b, operands), "mm": lambda: torch.mm(a, b)}
+            times, _ = time_interleaved(steps, 3, calls, rounds)
+            entry.update({"m": m, "n": n, "k": k, "a_layout": o.get("a_layout"), "b_layout": o.get("b_layout"),
+                          "config": e.get("config"), "fused_ms": times["fused"], "mm_ms": times["mm"],
+                          "fused_over_mm": times["fused"] / times["mm"],
+                          "model_fused_over_cublas": e["fused_us"] / e["cublas_us"]})
+    return out
+
+
 def new_row(model: str, phase: str, mode: str, **fields) -> dict:
     """A row with every field the table reads, None until measured."""
     keys = ("eager_ms", "compile_ms", "evtc_ms", "speedup", "fused", "gemms", "compile_first_s", "evtc_first_s",
@@ -511,6 +558,14 @@ def run_row(row: dict, base: nn.Module, args) -> None:
 
     if args.profile:
         row["profile"] = {v: kernel_profile(steps[v]) for v in ("compile", "evtc")}
+    if args.kernels:
+        row["kernels"] = fused_op_times(evtc_reports)
+        for kt in row["kernels"]:
+            print(f"  {kt['gemm']} -> {', '.join(kt['outputs'])}: " + (
+                kt["skipped"] if "skipped" in kt else
+                f"{kt['m']}x{kt['n']}x{kt['k']} A {kt['a_layout']} B {kt['b_layout']} {kt['config']}: fused "
+                f"{kt['fused_ms']:.4f} ms, torch.mm {kt['mm_ms']:.4f} ms ({kt['fused_over_mm']:.3f}x; model "
+                f"{kt['model_fused_over_cublas']:.3f}x)"), flush=True)
 
     for v in VARIANTS if ref_out is not None else ():
         out, grads = outputs(steps[v], models[v], phase)
@@ -629,6 +684,8 @@ def parse_args():
                         "kernels at once (rows then start with the kernels in the disk cache)")
     p.add_argument("--profile", action="store_true",
                    help="also record each row's GPU time by kernel (torch.profiler) for compile and evtc")
+    p.add_argument("--kernels", action="store_true",
+                   help="also time each dense fused op of the row alone against torch.mm of its operands")
     p.add_argument("--freezing", action="store_true",
                    help="Inductor's freezing (weights as constants) for the no-grad rows, plain compile and evtc alike")
     p.add_argument("--table", metavar="FILE.json", help="print the Markdown table of a results file and exit")

@@ -63,7 +63,23 @@ double occupancy(int64_t tiles, int sms) { return std::clamp(double(tiles) / sms
 
 }  // namespace
 
-FusionEstimate estimate_for(const KernelConfig& c, const GemmDesc& g, double out_bytes, const UnfusedWork& unfused) {
+// A tile's arithmetic intensity (MN / (M+N)) against a 128×128 tile's: smaller tiles read
+// more of A and B per flop, and their main loop runs below the rate (ping-pong 64×128 with a
+// wide f32 epilogue measured 2.0× cuBLAS at 8192×6400×1600, bench/results/
+// 20261124-1927-h200-models.json); 128-row and larger tiles reach it.
+double tile_factor(const KernelConfig& c) {
+  return std::min(1.0, (double(c.tile_m) * c.tile_n / (c.tile_m + c.tile_n)) / 64.0);
+}
+
+// The share of the epilogue's own traffic (outputs written, [m,n] operands read) that the
+// main loop does not hide: each tile's epilogue runs after its main loop (cooperative) or
+// beside the other warp group's (ping-pong), and its loads and stores then compete with the
+// next tile's. Fitted to fused kernels timed alone on the H200 (one and two bf16 outputs, an
+// f32 operand and output; same file): within about 15 %.
+constexpr double kEpilogueExposed = 0.5;
+
+FusionEstimate estimate_for(const KernelConfig& c, const GemmDesc& g, double epilogue_bytes, double extra_ab_bytes,
+                            const UnfusedWork& unfused) {
   const Rates r = rates_for(g.a_dtype);
   tuning::DeviceLimits d;
   d.sm_count = r.sms;
@@ -75,22 +91,26 @@ FusionEstimate estimate_for(const KernelConfig& c, const GemmDesc& g, double out
   e.basis = "model";
   e.saved_bytes = unfused.saved_bytes;
   const double flops = 2.0 * double(g.m) * double(g.n) * double(g.k);
-  const double ab = double(g.m) * g.k * dtype_bytes(g.a_dtype) + double(g.n) * g.k * dtype_bytes(g.b_dtype);
+  const double ab = double(g.m) * g.k * dtype_bytes(g.a_dtype) + double(g.n) * g.k * dtype_bytes(g.b_dtype) +
+                    extra_ab_bytes;
   // cuBLAS writes the GEMM's own result (16-bit); the fused kernel its outputs.
   e.cublas_us = kernel_us(flops, ab + double(g.m) * g.n * 2, cublas_efficiency(g, d), 1.0, r);
   const double base = c.schedule == MainloopSchedule::cooperative ? kCoopBase : kPingpongBase;
-  e.fused_us = kernel_us(flops, ab + out_bytes, base * tuning::grid_efficiency(c, g, d),
-                         occupancy(tuning::tile_count(c, g), r.sms), r);
+  e.fused_us = kernel_us(flops, ab + epilogue_bytes, base * tuning::grid_efficiency(c, g, d) * tile_factor(c),
+                         occupancy(tuning::tile_count(c, g), r.sms), r) +
+               kEpilogueExposed * epilogue_bytes / (r.tbs * 1e6);
   e.epilogue_us = unfused.saved_bytes / (r.tbs * 1e6) + unfused.kernels * kKernelUs;
   return e;
 }
 
 namespace {
 
-double output_bytes(const KernelSignature& sig, int64_t m, int64_t n) {
+// What the epilogue itself moves: its outputs written and its [m,n] operands (C included)
+// read; vectors and scalars are small beside them.
+double epilogue_bytes(const KernelSignature& sig, int64_t m, int64_t n) {
   double bytes = sig.d_name.empty() ? 0 : double(m) * n * dtype_bytes(sig.d_dtype);
+  if (sig.reads_c) bytes += double(m) * n * dtype_bytes(sig.c_dtype);
   for (const OperandSlot& s : sig.pointers) {
-    if (!s.is_output) continue;
     const double count = s.shape == Shape::full ? double(m) * n : s.shape == Shape::half ? double(m) * n / 2 : 0;
     bytes += count * dtype_bytes(s.dtype);
   }
@@ -120,7 +140,7 @@ FusionEstimate Kernel::estimate(int64_t m, int64_t n, int64_t k, const UnfusedWo
   g.n = n;
   g.k = k;
   const ConfigChoice choice = config_choice(m, n, k);
-  return estimate_for(choice.config, g, output_bytes(impl_->signature, m, n), unfused);
+  return estimate_for(choice.config, g, epilogue_bytes(impl_->signature, m, n), 0, unfused);
 }
 
 }  // namespace evtc

@@ -6,7 +6,9 @@
 
 namespace evtc {
 
-// `out_bytes`: what the fused kernel writes (and reads beyond A and B).
-FusionEstimate estimate_for(const KernelConfig& c, const GemmDesc& g, double out_bytes, const UnfusedWork& unfused);
+// `epilogue_bytes`: what the fused kernel's epilogue writes and reads ([m,n] operands);
+// `extra_ab_bytes`: main-loop reads beyond one A and one B (a grouped GEMM's other weights).
+FusionEstimate estimate_for(const KernelConfig& c, const GemmDesc& g, double epilogue_bytes, double extra_ab_bytes,
+                            const UnfusedWork& unfused);
 
 }  // namespace evtc

@@ -125,7 +125,7 @@ FusionEstimate GroupedKernel::estimate(int64_t total_m, int64_t n, int64_t k, in
   g.k = k;
   const double out = double(total_m) * (gated() ? n / 2 : n) * dtype_bytes(output_dtype());
   // Every group reads its own weights: the B traffic is G times one group's.
-  FusionEstimate e = estimate_for(config(), g, out + double(groups - 1) * n * k * dtype_bytes(g.b_dtype), unfused);
+  FusionEstimate e = estimate_for(config(), g, out, double(groups - 1) * n * k * dtype_bytes(g.b_dtype), unfused);
   e.basis = "model (grouped)";
   return e;
 }

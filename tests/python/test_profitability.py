@@ -41,10 +41,16 @@ def test_decode_sized_gemms_stay_with_cublas():
 
 
 def test_merged_gate_and_up_are_costed_as_two_gemms_and_a_kernel():
-    report = decide(lambda x, w1, w3: F.silu(x @ w1.t()) * (x @ w3.t()), ((8192, 4096), BF16),
-                    ((11008, 4096), BF16), ((11008, 4096), BF16))
+    # LLaMA-2 hidden 2048 / FFN 5632 (at hidden 4096 / FFN 11008 the merged GEMM's expected
+    # gain is below the margin, as measured: it is refused there).
+    report = decide(lambda x, w1, w3: F.silu(x @ w1.t()) * (x @ w3.t()), ((8192, 2048), BF16),
+                    ((5632, 2048), BF16), ((5632, 2048), BF16))
     (f,) = [f for f in report.fused if f.merged]
-    assert f.estimate["n"] == 22016 and f.estimate["epilogue_us"] > 0
+    assert f.estimate["n"] == 11264 and f.estimate["epilogue_us"] > 0
+    big = decide(lambda x, w1, w3: F.silu(x @ w1.t()) * (x @ w3.t()), ((8192, 4096), BF16),
+                 ((11008, 4096), BF16), ((11008, 4096), BF16))
+    assert not big.fused and any("merging mm + mm_1: not profitable at 8192x22016x4096" in why
+                                 for _, why in big.refused)
 
 
 def test_profitability_can_be_switched_off():
@@ -88,7 +94,7 @@ def test_an_epilogue_read_by_a_library_kernel_keeps_its_own_kernel():
 
 
 def test_merged_gate_and_up_save_reading_both_halves_and_writing_the_product():
-    report = decide(lambda x, w1, w3, w2: (F.silu(x @ w1.t()) * (x @ w3.t())) @ w2.t(), ((8192, 4096), BF16),
-                    ((11008, 4096), BF16), ((11008, 4096), BF16), ((4096, 11008), BF16))
+    report = decide(lambda x, w1, w3, w2: (F.silu(x @ w1.t()) * (x @ w3.t())) @ w2.t(), ((8192, 2048), BF16),
+                    ((5632, 2048), BF16), ((5632, 2048), BF16), ((2048, 5632), BF16))
     (f,) = [f for f in report.fused if f.merged]
-    assert f.estimate["saved_bytes"] == 8192 * 22016 * 2 + 8192 * 11008 * 2
+    assert f.estimate["saved_bytes"] == 8192 * 11264 * 2 + 8192 * 5632 * 2

@@ -74,6 +74,24 @@ TEST(CostModel, LargeEpiloguesPayAndNothingToSaveDoesNot) {
   EXPECT_NE(views.describe().find("unfused (model"), std::string::npos);
 }
 
+TEST(CostModel, SmallTilesAndWideEpiloguesCostTheirTime) {
+  // A gradient-style epilogue (an f32 [m,n] operand read, an f32 output) at 64-row tiles:
+  // measured 2.0x cuBLAS at 8192x6400x1600 on the H200; the model must not call it cheap.
+  const char* wide = "input g[m,n]: f32\nout D: f32 = acc + g";
+  CompileOptions small, large;
+  small.config = KernelConfig::parse("pingpong_64x128x64_c1x1_persistent");
+  large.config = KernelConfig::parse("pingpong_128x128x64_c2x1_persistent");
+  const FusionEstimate s = Kernel(parse_expression(wide), small).estimate(8192, 6400, 1600, round_trip(8192, 6400));
+  const FusionEstimate l = Kernel(parse_expression(wide), large).estimate(8192, 6400, 1600, round_trip(8192, 6400));
+  EXPECT_GT(s.fused_us, 1.4 * s.cublas_us) << s.describe();
+  EXPECT_FALSE(s.profitable()) << s.describe();
+  EXPECT_LT(l.fused_us, s.fused_us);
+  // The epilogue's own traffic counts: 420 MB of f32 read and written is not free beside the
+  // main loop.
+  const FusionEstimate plain = Kernel(parse_expression("out D: f32 = acc"), large).estimate(8192, 6400, 1600, round_trip(8192, 6400));
+  EXPECT_GT(l.fused_us, plain.fused_us + 20.0);
+}
+
 TEST(CostModel, DecodeSizedProblemsStayWithCuBLAS) {
   const Kernel kernel(parse_expression(kBiasSilu));
   const FusionEstimate decode = kernel.estimate(64, 11008, 4096, round_trip(64, 11008));
