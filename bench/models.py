@@ -517,16 +517,22 @@ def run_row(row: dict, base: nn.Module, args) -> None:
     except Exception as e:  # the timings stand without it
         ref_out = ref_grads = None
         notes.append(f"no float64 reference ({type(e).__name__}: {str(e)[:200]})")
-    models = {v: copy.deepcopy(base) for v in VARIANTS}
+    variants = VARIANTS + (("control",) if args.control else ())
+    models = {v: copy.deepcopy(base) for v in variants}
     # dynamic=False: shapes stay static, however many shapes one class has been compiled for.
     runs = {"eager": models["eager"],
             "compile": torch.compile(models["compile"], dynamic=False,
                                      **compile_kwargs(cudagraphs, args.evtc_options, False)),
             "evtc": torch.compile(models["evtc"], backend="evtc", dynamic=False,
                                   **compile_kwargs(cudagraphs, args.evtc_options, True))}
-    steps = {v: make_step(runs[v], models[v], inputs, phase, cudagraphs and v != "eager") for v in VARIANTS}
+    if args.control:  # a second plain compile: the spread between two identical variants
+        runs["control"] = torch.compile(models["control"], dynamic=False,
+                                        **compile_kwargs(cudagraphs, args.evtc_options, False))
+    steps = {v: make_step(runs[v], models[v], inputs, phase, cudagraphs and v != "eager") for v in variants}
 
     row["compile_first_s"], row["graphs_compile"], skips_compile = first_call(steps["compile"])
+    if args.control:
+        first_call(steps["control"])
     before = len(evtc.torch.reports)
     row["evtc_first_s"], row["graphs_evtc"], skips_evtc = first_call(steps["evtc"])
     row["compile_errors"] = evtc.torch.wait_for_compiles()
@@ -550,6 +556,12 @@ def run_row(row: dict, base: nn.Module, args) -> None:
     # The spread of the speed-up over the rounds: a row whose range straddles its target is
     # within this run's noise of it.
     row["speedup_rounds"] = [m["compile"] / m["evtc"] for m in per_round]
+    if args.control:
+        # The same ratio between two plain compiles of the same model: what this row's
+        # timing cannot tell apart from 1.
+        row["control_ms"] = times["control"]
+        row["control_ratio"] = times["compile"] / times["control"]
+        row["control_rounds"] = [m["compile"] / m["control"] for m in per_round]
     row["evtc_over_eager"] = times["eager"] / times["evtc"]
     if later := len(evtc.torch.reports) - before - len(evtc_reports):
         notes.append(f"evtc compiled {later} more graph(s) after the first call (not in fused/gemms)")
@@ -623,6 +635,8 @@ def markdown_table(data: dict) -> str:
         error = (r.get("error") or "").replace("|", "\\|").replace("\n", " ")[:80] or "–"
         spread = r.get("speedup_rounds")
         spread = f" ({min(spread):.3f}–{max(spread):.3f})" if spread else ""
+        if r.get("control_ratio") is not None:
+            spread += f"; control {r['control_ratio']:.3f}×"
         lines.append(f"| {r['model']} | {r['phase']} | {r['mode']} | {fmt(r.get('eager_ms'), '.3f')} "
                      f"| {fmt(r.get('compile_ms'), '.3f')} | {fmt(r.get('evtc_ms'), '.3f')} | "
                      f"{fmt(speedup, '.3f')}{'×' if speedup else ''}{spread} | ≥ {target(r):.2f}× | {met} | {gemms} | {first} "
@@ -684,6 +698,8 @@ def parse_args():
                         "kernels at once (rows then start with the kernels in the disk cache)")
     p.add_argument("--profile", action="store_true",
                    help="also record each row's GPU time by kernel (torch.profiler) for compile and evtc")
+    p.add_argument("--control", action="store_true",
+                   help="also time a second plain torch.compile of the model (control_ratio: compile over it)")
     p.add_argument("--kernels", action="store_true",
                    help="also time each dense fused op of the row alone against torch.mm of its operands")
     p.add_argument("--freezing", action="store_true",
