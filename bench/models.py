@@ -485,12 +485,11 @@ def fused_op_times(graph_reports, calls: int = 20, rounds: int = 3) -> list[dict
             b = torch.randn(k, n, device="cuda", dtype=dt) if o.get("b_layout", "col") == "row" else \
                 torch.randn(n, k, device="cuda", dtype=dt).t()
             dtypes = {name: SPEC_DTYPES.get(d, dt) for name, d in DECLARATION.findall(spec["expr"])}
-            shapes = {"row": lambda: (n,), "col": lambda: (m,), "scalar": lambda: (), "aux": lambda: (m, n)}
+            shapes = {"row": (n,), "col": (m,), "scalar": (), "aux": (m, n), "aux_col": (n, m)}
             operands = []
             for name, cls in spec["operands"]:
-                t = (torch.randn(n, m, device="cuda", dtype=dtypes.get(name, dt)).t() if cls == "aux_col" else
-                     torch.randn(shapes[cls](), device="cuda", dtype=dtypes.get(name, dt)))
-                operands.append(t)
+                t = torch.randn(shapes[cls], device="cuda", dtype=dtypes.get(name, dt))
+                operands.append(t.t() if cls == "aux_col" else t)
             steps = {"fused": lambda: _op.GEMM_EPILOGUE(f.spec, a, b, operands), "mm": lambda: torch.mm(a, b)}
             times, _ = time_interleaved(steps, 3, calls, rounds)
             entry.update({"m": m, "n": n, "k": k, "a_layout": o.get("a_layout"), "b_layout": o.get("b_layout"),

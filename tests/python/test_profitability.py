@@ -78,7 +78,8 @@ def test_a_residual_read_by_a_norm_and_kept_saves_one_pass_and_no_kernel():
 
 
 def test_an_epilogue_read_by_one_kernel_inductor_makes_is_not_fused():
-    # silu(acc) read only by a flip: Inductor computes the silu inside the flip's kernel, so fusing saves nothing and evtc's GEMM is not faster than cuBLAS's.
+    # silu(acc) read only by a flip: Inductor computes the silu inside the flip's kernel, so
+    # fusing saves nothing and evtc's GEMM is not faster than cuBLAS's.
     report = decide(lambda x, w: torch.flip(F.silu(x @ w.t()), [-1]), ((8192, 4096), BF16), ((4096, 4096), BF16))
     assert not report.fused, report.summary()
     (why,) = [why for _, why in report.refused if "not profitable" in why]

@@ -47,7 +47,8 @@ def grow_trimmed(graph: fx.Graph, make_chain) -> Chain:
         exclude.add(drop)
 
 
-def _bytes(n: fx.Node) -> int:
+def value_bytes(n: fx.Node) -> int:
+    """Bytes of a node's value (0 without metadata); symbolic sizes count as traced."""
     t = val(n)
     return math.prod(concrete(s) for s in t.shape) * t.element_size() if t is not None else 0
 
@@ -66,13 +67,14 @@ def _leaf_to_drop(chain: Chain):
         if any(u in members for u in n.users):
             continue  # not at the end of the chain
         ins = [i for i in n.all_input_nodes if i in members]
-        if _is_cast(n) and all(_bytes(i) <= _bytes(n) for i in ins):
+        if _is_cast(n) and all(value_bytes(i) <= value_bytes(n) for i in ins):
             return n
-        reductions = all(u.op == "call_function" and val(u) is not None and _bytes(u) * 2 <= _bytes(n) for u in n.users)
+        reductions = all(u.op == "call_function" and val(u) is not None and value_bytes(u) * 2 <= value_bytes(n)
+                         for u in n.users)
         if reductions:
-            newly_escaping = sum(_bytes(i) for i in ins if not any(u not in members for u in i.users))
+            newly_escaping = sum(value_bytes(i) for i in ins if not any(u not in members for u in i.users))
             # On a tie too: the inputs may be dropped next (a widening cast before a square).
-            if 2 * _bytes(n) >= newly_escaping + sum(_bytes(i) for i in ins):
+            if 2 * value_bytes(n) >= newly_escaping + sum(value_bytes(i) for i in ins):
                 return n
     return None
 

@@ -14,7 +14,6 @@ to do) saves nothing, so it stays with cuBLAS unless evtc's kernel is expected t
 """
 from __future__ import annotations
 
-import math
 import operator
 from dataclasses import dataclass, field
 
@@ -23,8 +22,8 @@ from torch import fx
 
 from ... import _evtc
 
-from .._chain import RESHAPES, Chain, Refused, concrete, val
-from .._fusion import intermediate_bytes, problem_size
+from .._chain import RESHAPES, Chain, Refused, concrete
+from .._fusion import intermediate_bytes, problem_size, value_bytes
 from .._gemm import GEMMS, UNSUPPORTED_GEMMS
 
 
@@ -68,11 +67,6 @@ class UnfusedPath:
     folded_into: list[str] = field(default_factory=list)  # consumers that would compute the epilogue
 
 
-def _bytes(n: fx.Node) -> float:
-    t = val(n)
-    return float(math.prod(concrete(s) for s in t.shape) * t.element_size())
-
-
 def unfused_path(chain: Chain, outs: list[fx.Node]) -> UnfusedPath:
     """What the unfused path spends beyond cuBLAS writing the GEMM's result, that fusion saves.
 
@@ -99,12 +93,13 @@ def unfused_path(chain: Chain, outs: list[fx.Node]) -> UnfusedPath:
         folding = [c for c in consumers if _makes_its_own_kernel(c)]
         if folding:
             path.folded_into.append(folding[0].name)
-            path.saved_bytes -= _bytes(o)  # the consumer reads the fused op's value
-            if len(consumers) > 1:
-                path.saved_bytes += _bytes(o)  # it is written anyway, by the consumer's kernel
+            # Read by that one consumer only, the value is never written unfused, and fused the
+            # consumer reads it; with other readers the consumer's kernel writes it either way.
+            if len(consumers) == 1:
+                path.saved_bytes -= value_bytes(o)
         else:
             own_kernel = True
-            path.saved_bytes += _bytes(o)
+            path.saved_bytes += value_bytes(o)
     path.kernels = int(own_kernel) + (len(chain.merged_from) - 1 if chain.merged_from else 0)
     return path
 
