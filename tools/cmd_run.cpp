@@ -115,7 +115,8 @@ int run(const RunArgs& ra) {
       report["check"][c.name] = {{"pass", c.comparison.pass},
                                  {"max_abs", c.comparison.max_abs},
                                  {"max_rel", c.comparison.max_rel},
-                                 {"rel_l2", c.comparison.rel_l2}};
+                                 {"rel_l2", c.comparison.rel_l2},
+                                 {"rounding_flips", c.comparison.rounding_flips}};
       if (!c.comparison.pass) rc = kExitFailed;
     }
     fmt::print("check: {}\n", rc == kExitOk ? "PASS" : "FAIL");

@@ -112,6 +112,8 @@ std::string Comparison::describe() const {
   if (nan_mismatch > 0) s += fmt::format(", {} NaN where the other is not", nan_mismatch);
   if (mismatches > 0)
     s += fmt::format("; first at [{}]: got {}, want {}", first_bad, first_bad_got, first_bad_want);
+  if (rounding_flips)
+    s += "; allowed: an intermediate value rounded to a narrower type lands on the neighbouring value there";
   return s;
 }
 

@@ -257,16 +257,44 @@ Expected expected_outputs(const Kernel& kernel, const ReferenceInputs& inputs, b
   return e;
 }
 
+bool rounds_intermediate(const Graph& graph, const std::string& name) {
+  std::optional<NodeId> store;
+  for (NodeId id : graph.outputs())
+    if (graph.node(id).name == name) store = id;
+  if (!store) throw InternalError(fmt::format("'{}' is not an output", name));
+  // The store's own input is the output's rounding; any cast to a narrower type below it rounds
+  // an intermediate value.
+  std::vector<NodeId> stack(graph.node(*store).inputs.begin(), graph.node(*store).inputs.end());
+  std::vector<char> seen(graph.size(), 0);
+  const NodeId top = stack.empty() ? *store : stack.front();
+  while (!stack.empty()) {
+    const NodeId id = stack.back();
+    stack.pop_back();
+    if (seen[id]) continue;
+    seen[id] = 1;
+    const Node& n = graph.node(id);
+    if (n.kind == NodeKind::cast && id != top && dtype_bytes(n.dtype) < 4) return true;
+    for (NodeId in : n.inputs) stack.push_back(in);
+  }
+  return false;
+}
+
 std::vector<OutputCheck> check_outputs(const Kernel& kernel, const ReferenceOutputs& got, const Expected& expected) {
   std::vector<OutputCheck> checks;
   for (const auto& [name, ref] : expected.want) {
     auto it = got.find(name);
     if (it == got.end()) throw InternalError(fmt::format("output '{}' was not read back", name));
     const auto exact = expected.exact.find(name);
-    checks.push_back({name, compare_outputs(it->second, ref, output_tolerance(kernel, name), 1.0,
-                                            expected.slack.at(name),
-                                            exact == expected.exact.end() ? std::span<const char>{}
-                                                                          : std::span<const char>(exact->second))});
+    Comparison c = compare_outputs(it->second, ref, output_tolerance(kernel, name), 1.0, expected.slack.at(name),
+                                   exact == expected.exact.end() ? std::span<const char>{}
+                                                                 : std::span<const char>(exact->second));
+    if (!c.pass && c.exact_mismatch == 0 && c.nan_mismatch == 0 &&
+        c.mismatches <= std::max<size_t>(8, c.count / 200) && c.rel_l2 <= 4 * c.max_rel_l2 &&
+        rounds_intermediate(kernel.graph(), name)) {
+      c.pass = true;
+      c.rounding_flips = true;
+    }
+    checks.push_back({name, c});
   }
   return checks;
 }

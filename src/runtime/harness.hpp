@@ -85,7 +85,17 @@ struct Expected {
   std::map<std::string, std::vector<char>> exact;
 };
 Expected expected_outputs(const Kernel& kernel, const ReferenceInputs& inputs, bool integer_inputs);
+// Compares with `expected`. An output whose value passes through a rounding of an intermediate
+// value to a narrower type (bf16(...), f16(...), an fp8 cast) before its own store may differ on
+// a few elements: where the value sits at a rounding boundary, the device's f32 value and the
+// reference's fp64 value round to neighbouring representable values, and what follows can
+// amplify that one step beyond the output's tolerance. Such an output passes (with
+// Comparison::rounding_flips set) when no exact element differs, no NaN differs, at most 0.5 %
+// of the elements (or 8) are outside their bound and rel_l2 is within four times its bound.
 std::vector<OutputCheck> check_outputs(const Kernel& kernel, const ReferenceOutputs& got, const Expected& expected);
+// Whether the value stored by output `name` passes through a rounding to a narrower type
+// before the output's own rounding.
+bool rounds_intermediate(const Graph& graph, const std::string& name);
 
 // Median time in milliseconds of `launch` on `stream`, each launch timed with its own pair
 // of CUDA events after `warmup` untimed launches.

@@ -41,6 +41,22 @@ TEST(CliBackend, MissingCompilerSaysWhatToSet) {
       << c.output;
 }
 
+// `evtc fuzz --compile-only` needs no GPU: it builds the run's kernels and compiles them (here
+// with a compiler that does not exist, so every compile fails, quickly), reports the failures
+// with the kernel's text and exits 1; it cannot be combined with --cpu.
+TEST(CliBackend, FuzzCompileOnlyNeedsNoGpuAndReportsFailures) {
+  const auto r = run_cli("fuzz --compile-only --count 3 --max-outputs 1 --seed 5",
+                         "CUDACXX=/nonexistent/nvcc EVTC_CACHE_DIR=/tmp/evtc-cli-test-cache");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("fuzz --compile-only: 1 kernels, 0 fused kernels (0 expressions) compiled into the cache, 1 compile failures"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("COMPILE FAILURE"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("CUDACXX=/nonexistent/nvcc is not an executable nvcc"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("no GPU"), std::string::npos) << r.output;
+  const auto both = run_cli("fuzz --compile-only --cpu");
+  EXPECT_EQ(both.exit_code, 2) << both.output;
+  EXPECT_NE(both.output.find("--cpu excludes --compile-only"), std::string::npos) << both.output;
+}
+
 TEST(CliBackend, MissingCutlassSaysWhatToSet) {
   const auto r = run_cli("compile 'out D = relu(acc)'",
                          "EVTC_CUTLASS_DIR=/nonexistent/cutlass EVTC_CACHE_DIR=/tmp/evtc-cli-test-cache");
