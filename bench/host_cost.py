@@ -7,7 +7,11 @@ The chain is ``silu(a @ w.t() + v)`` (bf16) at M=1000, N=1016, K=2048, whose GPU
 (~15 µs) is below every path's host cost, so a tight loop of calls measures the host side:
 wall time of N back-to-back calls / N, after warm-up. Rows:
   inductor      torch.compile (default mode): cuBLAS GEMM + one Triton pointwise kernel
-  evtc_backend  torch.compile(backend=evtc.torch.backend): the fused op from Inductor's code
+  evtc_backend  torch.compile(backend=evtc.torch.backend), default options: what a user gets
+                (at this small shape the profitability model may leave the chain to Inductor)
+  evtc_backend_fused
+                the same with {"evtc.profitability": False}: the fused op called from
+                Inductor's generated code, whatever the model says
   op            torch.ops.evtc.gemm_epilogue(spec, a, b, [v]) called directly
   kernel        evtc.compile(expr)(a, w.t(), bias=v): the Python Kernel object
   kernel_run    the C++ Kernel::run alone (`evtc run --bench`, when --evtc is given)
@@ -29,6 +33,7 @@ import time
 from datetime import datetime, timezone
 
 import torch
+import torch._inductor.config
 import torch.nn.functional as F
 
 import evtc
@@ -82,6 +87,9 @@ def main() -> int:
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
 
+    # Inductor's on-disk FX graph cache would hand back a graph compiled by an earlier run
+    # without running evtc's pass again (no FusionReport, so fused_graphs would read 0).
+    torch._inductor.config.fx_graph_cache = False
     torch.manual_seed(0)
     a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
@@ -91,9 +99,15 @@ def main() -> int:
         return F.silu(a @ w.t() + v)
 
     plain = torch.compile(chain)
-    fused = torch.compile(chain, backend=evtc.torch.backend)
+    default = torch.compile(chain, backend=evtc.torch.backend)
     ref = chain(a, w, v)
     plain(a, w, v)
+    default(a, w, v)
+    default_fusions = [f for r in evtc.torch.reports for f in r.fused]
+    evtc.torch.reports.clear()
+    # The fused op's own call path: the profitability model off, so the chain is fused at this
+    # shape (Dynamo keeps one compiled entry per backend and options).
+    fused = torch.compile(chain, backend=evtc.torch.backend, options={"evtc.profitability": False})
     out = fused(a, w, v)
     evtc.torch.wait_for_compiles()
     out = fused(a, w, v)
@@ -110,11 +124,12 @@ def main() -> int:
 
     rows = {
         "inductor": lambda: plain(a, w, v),
-        "evtc_backend": lambda: fused(a, w, v),
+        "evtc_backend": lambda: default(a, w, v),
+        "evtc_backend_fused": lambda: fused(a, w, v),
         "op": lambda: op(spec, a, wt, direct_operands),
         "kernel": lambda: kernel(a, wt, bias=v),
     }
-    result = {"shape": [M, N, K], "fused_graphs": len(fusions),
+    result = {"shape": [M, N, K], "default_fused_graphs": len(default_fusions), "fused_graphs": len(fusions),
               "max_abs_error_vs_eager": float((out.float() - ref.float()).abs().max())}
     for name, fn in rows.items():
         result[f"{name}_host_us"] = per_call_us(fn)
