@@ -27,6 +27,7 @@
 #include "jit/kernel_cache.hpp"
 #include "runtime/harness.hpp"
 #include "testing/random_epilogue.hpp"
+#include "testing/shrink.hpp"
 
 namespace evtc::cli {
 namespace {
@@ -38,6 +39,7 @@ struct FuzzArgs {
   uint64_t seed = 1;
   int count = 200, min_outputs = 1, max_outputs = 8, max_depth = 4, isolate = 5;
   double compile_for = 0;  // > 0: start no compile after this many seconds
+  int shrink_rounds = 4;   // batches of smaller candidates tried per isolated mismatch
   bool cpu = false, print = false, integers = false, compile_only = false;
   std::string json;
 };
@@ -91,12 +93,13 @@ void choose_sizes(Case& c, std::mt19937_64& rng) {
   c.k = (c.kernel.kind == KernelKind::fp8 ? 16 : 8) * pick(8, 40);
 }
 
-std::string run_line(const Case& c, size_t output) {
-  std::string text = c.kernel.text_of(output);
+std::string run_line(const Case& c, std::string text) {
   if (!text.empty() && text.back() == '\n') text.pop_back();
   return fmt::format("evtc run '{}' -m {} -n {} -k {} {} --seed {}{} --check", text, c.m, c.n, c.k,
                      c.kernel.cli_options(), c.seed, c.integers ? " --integer-inputs" : "");
 }
+
+std::string run_line(const Case& c, size_t output) { return run_line(c, c.kernel.text_of(output)); }
 
 // --- CPU ----------------------------------------------------------------------------------
 
@@ -178,6 +181,37 @@ RunResult check_run(const Kernel& kernel, const ReferenceInputs& inputs,
     if (!c.comparison.pass) r.bad.emplace_back(c.name, c.comparison.describe());
   }
   return r;
+}
+
+// Shrinks a failing output (src/testing/shrink): each batch of smaller epilogues compiles at
+// once (a kernel each) and runs on the case's sizes and seed; the first that still mismatches
+// is kept.
+testing::ShrinkResult shrink_on_gpu(const Case& c, const std::string& text, int rounds) {
+  const ParseOptions parse = parse_options_for(c.kernel);
+  auto failing = [&](const std::vector<std::string>& batch) {
+    std::vector<std::unique_ptr<Kernel>> kernels;
+    std::vector<std::future<void>> compiles;
+    for (const std::string& t : batch) {
+      kernels.push_back(std::make_unique<Kernel>(parse_expression(t, parse), options_for(c.kernel, false)));
+      Kernel* k = kernels.back().get();
+      compiles.push_back(std::async(std::launch::async, [k, &c] { k->compile(c.m, c.n, c.k); }));
+    }
+    int first = -1;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      try {
+        compiles[i].get();
+        if (first >= 0) continue;
+        const ReferenceInputs inputs = inputs_for(c, kernels[i]->graph());
+        const RunResult r = check_run(*kernels[i], inputs, runtime::expected_outputs(*kernels[i], inputs, c.integers),
+                                      ExecutionPath::fused);
+        if (!r.bad.empty()) first = int(i);
+      } catch (const std::exception&) {
+        // A candidate that cannot be compiled or run is not the failure being shrunk.
+      }
+    }
+    return first;
+  };
+  return testing::shrink(text, parse, c.kernel.gemm, failing, rounds, jit::compile_slots() < 8 ? 4 : 8);
 }
 
 struct Compiled {
@@ -342,7 +376,15 @@ int fuzz_gpu(const FuzzArgs& fa, const std::vector<Case>& cases, nlohmann::json&
       result = std::string("error alone: ") + e.what();
     }
     fmt::print("isolated: {}\n  {}\n", result, run_line(*c, index));
-    isolated.push_back({{"run", run_line(*c, index)}, {"result", result}});
+    nlohmann::json entry = {{"run", run_line(*c, index)}, {"result", result}};
+    if (result.rfind("fails alone", 0) == 0 && fa.shrink_rounds > 0) {
+      const testing::ShrinkResult shrunk = shrink_on_gpu(*c, c->kernel.text_of(index), fa.shrink_rounds);
+      fmt::print("shrunk ({} batches, {} smaller epilogues tried): {}\n  {}\n", shrunk.rounds, shrunk.tried,
+                 shrunk.text == c->kernel.text_of(index) ? "no smaller epilogue fails" : "still fails",
+                 run_line(*c, shrunk.text));
+      entry["shrunk"] = {{"run", run_line(*c, shrunk.text)}, {"batches", shrunk.rounds}, {"tried", shrunk.tried}};
+    }
+    isolated.push_back(entry);
   }
 
   size_t not_fused = 0;
@@ -394,6 +436,9 @@ Command add_fuzz_command(CLI::App& app) {
                 "No GPU needed: compile the run's kernels into the cache, for a later run of the same seed and count "
                 "on a GPU")
       ->excludes(cpu);
+  sub->add_option("--shrink-rounds", fa->shrink_rounds,
+                  "Batches of smaller epilogues tried to shrink each mismatch that fails alone (0: none)")
+      ->check(CLI::Range(0, 100));
   sub->add_flag("--integers", fa->integers,
                 "Integer-valued inputs and only ops exact on integers: results must match the reference bit for bit");
   sub->add_option("--json", fa->json, "Write the report as JSON to this file");
