@@ -158,22 +158,45 @@ void remove_stale_temporaries(const fs::path& root) {
   });
 }
 
-// Runs argv in the folder `cwd` with stdout and stderr into `log`; with `show_progress`, shows
-// a progress line on stderr while it takes longer than a second (on a terminal, at log level
-// info; elsewhere the compile's start and finish lines stand alone). Returns
-// the exit status. Compiles run in their own folder and name their files relatively.
-int run_compiler(const std::vector<std::string>& argv, const fs::path& log, const std::string& label,
-                 const fs::path& cwd, bool show_progress = true) {
+struct CompilerRun {
+  int rc = 0;
+  std::string output;  // what the compiler printed
+};
+
+// Runs argv in the folder `cwd` and keeps what it prints; with `show_progress`, shows a
+// progress line on stderr while it takes longer than a second (on a terminal, at log level
+// info; elsewhere the compile's start and finish lines stand alone). Compiles run in their own
+// folder and name their files relatively. The output is written to a file in the system's
+// temporary folder while the compiler runs and copied to `log` after, where that can be written:
+// the cache folder may be on the very disk that is full, and the compiler's own words ("No
+// space left on device") must still reach the error.
+CompilerRun run_compiler(const std::vector<std::string>& argv, const fs::path& log, const std::string& label,
+                         const fs::path& cwd, bool show_progress = true) {
   const bool show = show_progress && isatty(2) && log_enabled(LogLevel::info);
   bool shown = false;
-  const int rc = run_process(argv, log.string(), cwd.string(), [&](double secs) {
+  std::string capture = (fs::temp_directory_path() / "evtc-compiler-output-XXXXXX").string();
+  const int fd = ::mkstemp(capture.data());
+  if (fd >= 0) ::close(fd);
+  else capture = log.string();  // no usable temporary folder: straight into the log
+  CompilerRun run;
+  run.rc = run_process(argv, capture, cwd.string(), [&](double secs) {
     if (show && secs >= 1.0) {
       fmt::print(stderr, "\r\033[Kevtc: compiling {} ({:.0f} s)", label, secs);
       shown = true;
     }
   });
   if (shown) fmt::print(stderr, "\r\033[K");
-  return rc;
+  run.output = read_file(capture);
+  if (capture != log.string()) {
+    std::error_code ec;
+    fs::remove(capture, ec);
+    try {
+      write_file(log, run.output);
+    } catch (const RuntimeError&) {
+      // The cache's disk is full or read-only: the output is still in the error message.
+    }
+  }
+  return run;
 }
 
 std::string replace_all(std::string s, const std::string& from, const std::string& to) {
@@ -404,8 +427,8 @@ void record_commands(const fs::path& tmp, const std::vector<std::vector<std::str
 
 // CompileRequest::in_parts: the device and host parts in parallel, then the link. Writes
 // command.txt and compile.log (the three logs in turn) into `tmp`; returns nvcc's exit code
-// (the first that failed).
-int compile_in_parts(const CompileRequest& req, const Toolchain& tc, const fs::path& tmp) {
+// (the first that failed) and that log.
+CompilerRun compile_in_parts(const CompileRequest& req, const Toolchain& tc, const fs::path& tmp) {
   const std::vector<std::string> includes = {"-I" + tc.cutlass_include, "-I" + tc.evtc_include};
   const auto device = nvcc_argv(tc, device_part_flags(req.sm), includes, "kernel.cubin", {"kernel.cu"});
   const auto host = nvcc_argv(tc, host_part_flags(req.sm), includes, "host.o", {"kernel.cu"});
@@ -421,26 +444,30 @@ int compile_in_parts(const CompileRequest& req, const Toolchain& tc, const fs::p
   auto device_run = std::async(std::launch::async, [&] {
     return run_compiler(device, tmp / "compile-device.log", req.label, tmp);
   });
-  const int host_rc = run_compiler(host, tmp / "compile-host.log", req.label, tmp, false);
-  const int device_rc = device_run.get();
-  int rc = device_rc != 0 ? device_rc : host_rc;
-  std::string log;  // each part's output under its name; empty when no part printed anything
-  auto add_log = [&](const char* part, const char* file, int exit_code) {
-    const std::string text = read_file(tmp / file);
-    if (!text.empty()) log += fmt::format("== {} (exit {})\n{}", part, exit_code, text);
+  const CompilerRun host_run = run_compiler(host, tmp / "compile-host.log", req.label, tmp, false);
+  const CompilerRun device_done = device_run.get();
+  CompilerRun all;  // each part's output under its name; empty when no part printed anything
+  all.rc = device_done.rc != 0 ? device_done.rc : host_run.rc;
+  auto add_log = [&](const char* part, const CompilerRun& r) {
+    if (!r.output.empty()) all.output += fmt::format("== {} (exit {})\n{}", part, r.rc, r.output);
   };
-  add_log("device part", "compile-device.log", device_rc);
-  add_log("host part", "compile-host.log", host_rc);
-  if (rc == 0) {
-    rc = run_compiler(link, tmp / "compile-link.log", req.label, tmp, false);
-    add_log("link", "compile-link.log", rc);
+  add_log("device part", device_done);
+  add_log("host part", host_run);
+  if (all.rc == 0) {
+    const CompilerRun link_run = run_compiler(link, tmp / "compile-link.log", req.label, tmp, false);
+    all.rc = link_run.rc;
+    add_log("link", link_run);
   }
-  write_file(tmp / "compile.log", log);
   std::error_code ec;
   for (const char* name : {"compile-device.log", "compile-host.log", "compile-link.log"}) fs::remove(tmp / name, ec);
-  if (rc == 0)  // the library holds both parts
+  if (all.rc == 0)  // the library holds both parts
     for (const char* name : {"kernel.cubin", "host.o", "image.cpp"}) fs::remove(tmp / name, ec);
-  return rc;
+  try {
+    write_file(tmp / "compile.log", all.output);
+  } catch (const RuntimeError&) {
+    // A full or read-only disk: the output goes into the error message instead.
+  }
+  return all;
 }
 
 std::string compile_into_cache(const CompileRequest& req, const std::string& key) {
@@ -502,18 +529,18 @@ std::string compile_into_cache(const CompileRequest& req, const std::string& key
     });
   }
   log_info("compiling {} [{}]", req.label, key);
-  int rc = 0;
+  CompilerRun run;
   if (req.in_parts && req.needs_cutlass) {
-    rc = compile_in_parts(req, tc, tmp);
+    run = compile_in_parts(req, tc, tmp);
   } else {
     std::vector<std::string> includes = {"-I" + tc.evtc_include};
     if (req.needs_cutlass) includes.insert(includes.begin(), "-I" + tc.cutlass_include);
     const auto argv = nvcc_argv(tc, kernel_flags(req.sm, req.needs_cutlass), includes, "kernel.so", {"kernel.cu"});
     record_commands(tmp, {argv});
-    rc = run_compiler(argv, tmp / "compile.log", req.label, tmp);
+    run = run_compiler(argv, tmp / "compile.log", req.label, tmp);
   }
   slot.reset();
-  if (rc != 0) {
+  if (const int rc = run.rc; rc != 0) {
     const fs::path failed = root / "failed" / key;
     std::error_code ec;
     fs::create_directories(failed.parent_path(), ec);
@@ -523,7 +550,7 @@ std::string compile_into_cache(const CompileRequest& req, const std::string& key
     throw RuntimeError(fmt::format(
         "nvcc failed (exit {}) compiling {}\n  source: {}\n  log: {}\nfirst errors:\n{}", rc,
         req.label, (where / "kernel.cu").string(), (where / "compile.log").string(),
-        replace_all(first_errors(read_file(where / "compile.log"), 8), tmp.string(), where.string())));
+        replace_all(first_errors(run.output, 8), tmp.string(), where.string())));
   }
   record_compile_event(key, req.label, "compiled", seconds_since(compile_start));
   log_info("compiled {} in {:.1f} s", req.label, seconds_since(compile_start));

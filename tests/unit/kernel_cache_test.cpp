@@ -249,6 +249,67 @@ TEST_F(KernelCache, CompileErrorKeepsTheSourceAndNamesTheFirstError) {
   EXPECT_EQ(jit::cache_stats().entries, 0u);
 }
 
+// A cache on a small filesystem of its own (a tmpfs, mounted for the test; skipped where this
+// process may not mount one): a full disk and a read-only cache, as a user meets them.
+class MountedCache {
+ public:
+  explicit MountedCache(const fs::path& where, const std::string& size) : where_(where) {
+    fs::create_directories(where_);
+    mounted_ = std::system(fmt::format("mount -t tmpfs -o size={} tmpfs '{}' 2>/dev/null", size, where_.string())
+                               .c_str()) == 0;
+  }
+  ~MountedCache() {
+    if (mounted_) (void)std::system(fmt::format("umount '{}' 2>/dev/null", where_.string()).c_str());
+  }
+  bool mounted() const { return mounted_; }
+  bool make_read_only() const {
+    return std::system(fmt::format("mount -o remount,ro '{}' 2>/dev/null", where_.string()).c_str()) == 0;
+  }
+
+ private:
+  fs::path where_;
+  bool mounted_ = false;
+};
+
+// A full disk: the compile fails with the system's own words ("No space left on device"), and
+// leaves neither an entry nor a compile folder behind.
+TEST_F(KernelCache, AFullDiskSaysSoAndLeavesNothingBehind) {
+  const fs::path small = dir_ / "small";
+  MountedCache disk(small, "48k");
+  if (!disk.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here";
+  ScopedEnv cache("EVTC_CACHE_DIR", small.string());
+  const jit::CompileRequest req = fallback_request("full disk");
+  std::string message;
+  try {
+    jit::compile_cached(req);
+    ADD_FAILURE() << "a compile into a 48 KiB filesystem succeeded";
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("No space left on device"), std::string::npos) << message;
+  EXPECT_EQ(message.find("the compiler printed nothing"), std::string::npos) << message;
+  EXPECT_FALSE(fs::exists(small / "kernels" / jit::cache_key(req)));
+  EXPECT_EQ(entries_in(small / "tmp"), 0u) << "a compile folder was left in tmp/";
+}
+
+// A read-only cache: `clear` removes nothing, says so and names what it could not remove; the
+// entry is still used.
+TEST_F(KernelCache, ClearingAReadOnlyCacheRemovesNothingAndSaysWhy) {
+  const fs::path ro = dir_ / "ro";
+  MountedCache disk(ro, "16m");
+  if (!disk.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here";
+  ScopedEnv cache("EVTC_CACHE_DIR", ro.string());
+  const jit::CompileRequest req = fallback_request("read-only");
+  const std::string path = jit::compile_cached(req);
+  ASSERT_TRUE(disk.make_read_only());
+  const jit::ClearResult r = jit::clear_cache();
+  EXPECT_EQ(r.removed, 0u);
+  EXPECT_GE(r.failed, 1u);
+  EXPECT_NE(r.first_error.find(jit::cache_key(req)), std::string::npos) << r.first_error;
+  EXPECT_TRUE(fs::exists(path));
+  EXPECT_EQ(jit::cache_stats().entries, 1u);
+}
+
 TEST_F(KernelCache, BackgroundCompileSharesTheInProcessTable) {
   const jit::CompileRequest req = fallback_request("background");
   const std::string key = jit::cache_key(req);
