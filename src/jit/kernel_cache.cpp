@@ -49,10 +49,14 @@ std::string read_file(const fs::path& p) {
   return ss.str();
 }
 
+// Throws RuntimeError naming the file and the system's reason ("No space left on device").
 void write_file(const fs::path& p, const std::string& text) {
-  std::ofstream f(p, std::ios::binary);
-  f << text;
-  if (!f) throw RuntimeError(fmt::format("cannot write {}", p.string()));
+  FILE* f = std::fopen(p.c_str(), "wb");
+  if (!f) throw RuntimeError(fmt::format("cannot write {}: {}", p.string(), std::strerror(errno)));
+  const bool written = std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0;
+  const int error = errno;
+  if (std::fclose(f) != 0 || !written)
+    throw RuntimeError(fmt::format("cannot write {}: {}", p.string(), std::strerror(written ? errno : error)));
 }
 
 void fsync_path(const fs::path& p) {
@@ -516,6 +520,15 @@ std::string compile_into_cache(const CompileRequest& req, const std::string& key
   const fs::path tmp =
       root / "tmp" / fmt::format("{}-{}-{:08x}", key, static_cast<long>(getpid()), rd());
   fs::create_directories(tmp);
+  // Until the compile folder is renamed (into kernels/ or failed/), an error removes it.
+  struct RemoveUnlessKept {
+    fs::path dir;
+    bool keep = false;
+    ~RemoveUnlessKept() {
+      std::error_code ec;
+      if (!keep && !env_flag("EVTC_KEEP_TEMPORARIES")) fs::remove_all(dir, ec);
+    }
+  } folder{tmp};
   write_file(tmp / "kernel.cu", req.source);
   compiler_run_count().fetch_add(1);
   const auto compile_start = std::chrono::steady_clock::now();
@@ -547,6 +560,7 @@ std::string compile_into_cache(const CompileRequest& req, const std::string& key
     fs::remove_all(failed, ec);
     fs::rename(tmp, failed, ec);
     const fs::path where = ec ? tmp : failed;
+    folder.keep = true;  // the message names its files (removed with stale temporaries when in tmp/)
     throw RuntimeError(fmt::format(
         "nvcc failed (exit {}) compiling {}\n  source: {}\n  log: {}\nfirst errors:\n{}", rc,
         req.label, (where / "kernel.cu").string(), (where / "compile.log").string(),

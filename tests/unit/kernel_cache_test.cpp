@@ -292,6 +292,27 @@ TEST_F(KernelCache, AFullDiskSaysSoAndLeavesNothingBehind) {
   EXPECT_EQ(entries_in(small / "tmp"), 0u) << "a compile folder was left in tmp/";
 }
 
+// A disk too full for the source itself: the error names the file it could not write, and the
+// compile folder is removed (a partial one stayed in tmp/ before).
+TEST_F(KernelCache, ADiskTooFullForTheSourceLeavesNoCompileFolder) {
+  const fs::path tiny = dir_ / "tiny";
+  MountedCache disk(tiny, "4k");
+  if (!disk.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here";
+  ScopedEnv cache("EVTC_CACHE_DIR", tiny.string());
+  jit::CompileRequest req = fallback_request("tiny disk");
+  req.source += "// " + std::string(8192, 'x') + "\n";  // larger than the filesystem
+  std::string message;
+  try {
+    jit::compile_cached(req);
+    ADD_FAILURE() << "a compile into a 4 KiB filesystem succeeded";
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("kernel.cu"), std::string::npos) << message;
+  EXPECT_NE(message.find("No space left on device"), std::string::npos) << message;
+  EXPECT_EQ(entries_in(tiny / "tmp"), 0u) << "a compile folder was left in tmp/";
+}
+
 // A read-only cache: `clear` removes nothing, says so and names what it could not remove; the
 // entry is still used.
 TEST_F(KernelCache, ClearingAReadOnlyCacheRemovesNothingAndSaysWhy) {
