@@ -43,6 +43,10 @@ import tempfile
 import time
 from datetime import datetime, timezone
 
+# NVLink multicast (NVLS, symmetric-memory multicast) stays off in every rank: not every machine
+# with several GPUs supports it, and a collective that tries it there fails.
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")  # every compile runs evtc's pass
 os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
 
