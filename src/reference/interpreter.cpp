@@ -174,11 +174,16 @@ void perturb_accumulator(Array& a, NodeId node, const ReferenceOptions& options)
   // Within a step of 0 the zero-ness flips (0 becomes ±step, a value within a step becomes 0):
   // a device sum that cancels may end exactly at 0 where fp64's does not, or the other way,
   // and a `where` on it then takes the other branch.
+  // Away from 0 the step goes the way perturb() moved the value (v·(1 + perturb·s) moves by
+  // sign(v)·s), so that the two models of the device's error add up rather than cancel on half
+  // of the elements.
   for (size_t i = 0; i < a.data.size(); ++i) {
     double& v = a.data[i];
-    if (v == 0.0) v = step * perturb_sign(options.perturb_seed ^ 0xacc, node, i);
+    const double s = perturb_sign(options.perturb_seed ^ 0xacc, node, i);
+    if (v == 0.0) v = step * s;
     else if (std::fabs(v) <= step) v = 0.0;
-    else v += step * perturb_sign(options.perturb_seed ^ 0xacc, node, i);
+    else if (options.perturb != 0) v += step * std::copysign(1.0, v) * perturb_sign(options.perturb_seed, node, i);
+    else v += step * s;
   }
 }
 
