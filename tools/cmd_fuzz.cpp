@@ -183,6 +183,13 @@ RunResult check_run(const Kernel& kernel, const ReferenceInputs& inputs,
   return r;
 }
 
+// Runs `kernel` (an epilogue of case `c`, compiled) fused on the case's sizes and seed and
+// compares it with its own reference: how isolated outputs and shrinking candidates are checked.
+RunResult check_alone(const Case& c, const Kernel& kernel) {
+  const ReferenceInputs inputs = inputs_for(c, kernel.graph());
+  return check_run(kernel, inputs, runtime::expected_outputs(kernel, inputs, c.integers), ExecutionPath::fused);
+}
+
 // Shrinks a failing output (src/testing/shrink): each batch of smaller epilogues compiles at
 // once (a kernel each) and runs on the case's sizes and seed; the first that still mismatches
 // is kept.
@@ -200,11 +207,7 @@ testing::ShrinkResult shrink_on_gpu(const Case& c, const std::string& text, int 
     for (size_t i = 0; i < batch.size(); ++i) {
       try {
         compiles[i].get();
-        if (first >= 0) continue;
-        const ReferenceInputs inputs = inputs_for(c, kernels[i]->graph());
-        const RunResult r = check_run(*kernels[i], inputs, runtime::expected_outputs(*kernels[i], inputs, c.integers),
-                                      ExecutionPath::fused);
-        if (!r.bad.empty()) first = int(i);
+        if (first < 0 && !check_alone(c, *kernels[i]).bad.empty()) first = int(i);
       } catch (const std::exception&) {
         // A candidate that cannot be compiled or run is not the failure being shrunk.
       }
@@ -365,12 +368,10 @@ int fuzz_gpu(const FuzzArgs& fa, const std::vector<Case>& cases, nlohmann::json&
     const auto [c, index] = to_isolate[j];
     const Graph graph = parse_expression(c->kernel.text_of(index), parse_options_for(c->kernel));
     Kernel alone(graph, options_for(c->kernel, false));
-    const ReferenceInputs inputs = inputs_for(*c, alone.graph());
     std::string result;
     try {
       alone.compile(c->m, c->n, c->k);
-      const RunResult r = check_run(alone, inputs, runtime::expected_outputs(alone, inputs, c->integers),
-                                    ExecutionPath::fused);
+      const RunResult r = check_alone(*c, alone);
       result = r.bad.empty() ? "passes alone" : "fails alone: " + r.bad.front().second;
     } catch (const std::exception& e) {
       result = std::string("error alone: ") + e.what();

@@ -167,21 +167,25 @@ struct CompilerRun {
   std::string output;  // what the compiler printed
 };
 
-// Runs argv in the folder `cwd` and keeps what it prints; with `show_progress`, shows a
-// progress line on stderr while it takes longer than a second (on a terminal, at log level
-// info; elsewhere the compile's start and finish lines stand alone). Compiles run in their own
-// folder and name their files relatively. The output is written to a file in the system's
-// temporary folder while the compiler runs and copied to `log` after, where that can be written:
-// the cache folder may be on the very disk that is full, and the compiler's own words ("No
-// space left on device") must still reach the error.
-CompilerRun run_compiler(const std::vector<std::string>& argv, const fs::path& log, const std::string& label,
-                         const fs::path& cwd, bool show_progress = true) {
+// Runs argv in the folder `cwd` and keeps what it prints, also in the file `log` when one is
+// named; with `show_progress`, shows a progress line on stderr while it takes longer than a
+// second (on a terminal, at log level info; elsewhere the compile's start and finish lines stand
+// alone). Compiles run in their own folder and name their files relatively. The output goes to a
+// file in the system's temporary folder (or, without one, in `cwd`) while the compiler runs and is
+// copied to `log` after, where that can be written: the cache folder may be on the very disk
+// that is full, and the compiler's own words ("No space left on device") must still reach the
+// error.
+CompilerRun run_compiler(const std::vector<std::string>& argv, const std::optional<fs::path>& log,
+                         const std::string& label, const fs::path& cwd, bool show_progress = true) {
   const bool show = show_progress && isatty(2) && log_enabled(LogLevel::info);
   bool shown = false;
   std::string capture = (fs::temp_directory_path() / "evtc-compiler-output-XXXXXX").string();
-  const int fd = ::mkstemp(capture.data());
+  int fd = ::mkstemp(capture.data());
+  if (fd < 0) {
+    capture = (cwd / "compiler-output-XXXXXX").string();
+    fd = ::mkstemp(capture.data());
+  }
   if (fd >= 0) ::close(fd);
-  else capture = log.string();  // no usable temporary folder: straight into the log
   CompilerRun run;
   run.rc = run_process(argv, capture, cwd.string(), [&](double secs) {
     if (show && secs >= 1.0) {
@@ -191,11 +195,11 @@ CompilerRun run_compiler(const std::vector<std::string>& argv, const fs::path& l
   });
   if (shown) fmt::print(stderr, "\r\033[K");
   run.output = read_file(capture);
-  if (capture != log.string()) {
-    std::error_code ec;
-    fs::remove(capture, ec);
+  std::error_code ec;
+  fs::remove(capture, ec);
+  if (log) {
     try {
-      write_file(log, run.output);
+      write_file(*log, run.output);
     } catch (const RuntimeError&) {
       // The cache's disk is full or read-only: the output is still in the error message.
     }
@@ -445,10 +449,9 @@ CompilerRun compile_in_parts(const CompileRequest& req, const Toolchain& tc, con
   const auto link = nvcc_argv(tc, link_parts_flags(req.sm), {}, "kernel.so", {"host.o", "image.cpp"});
   record_commands(tmp, {device, host, link});
 
-  auto device_run = std::async(std::launch::async, [&] {
-    return run_compiler(device, tmp / "compile-device.log", req.label, tmp);
-  });
-  const CompilerRun host_run = run_compiler(host, tmp / "compile-host.log", req.label, tmp, false);
+  // Each part's output is kept in memory; compile.log gets them all below.
+  auto device_run = std::async(std::launch::async, [&] { return run_compiler(device, std::nullopt, req.label, tmp); });
+  const CompilerRun host_run = run_compiler(host, std::nullopt, req.label, tmp, false);
   const CompilerRun device_done = device_run.get();
   CompilerRun all;  // each part's output under its name; empty when no part printed anything
   all.rc = device_done.rc != 0 ? device_done.rc : host_run.rc;
@@ -458,14 +461,14 @@ CompilerRun compile_in_parts(const CompileRequest& req, const Toolchain& tc, con
   add_log("device part", device_done);
   add_log("host part", host_run);
   if (all.rc == 0) {
-    const CompilerRun link_run = run_compiler(link, tmp / "compile-link.log", req.label, tmp, false);
+    const CompilerRun link_run = run_compiler(link, std::nullopt, req.label, tmp, false);
     all.rc = link_run.rc;
     add_log("link", link_run);
   }
-  std::error_code ec;
-  for (const char* name : {"compile-device.log", "compile-host.log", "compile-link.log"}) fs::remove(tmp / name, ec);
-  if (all.rc == 0)  // the library holds both parts
+  if (all.rc == 0) {  // the library holds both parts
+    std::error_code ec;
     for (const char* name : {"kernel.cubin", "host.o", "image.cpp"}) fs::remove(tmp / name, ec);
+  }
   try {
     write_file(tmp / "compile.log", all.output);
   } catch (const RuntimeError&) {

@@ -271,6 +271,17 @@ class MountedCache {
   bool mounted_ = false;
 };
 
+// The message of the error compiling `req` into a cache too small for it.
+std::string error_on_small_disk(const jit::CompileRequest& req) {
+  try {
+    jit::compile_cached(req);
+    ADD_FAILURE() << "a compile into a filesystem too small for it succeeded";
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return {};
+}
+
 // A full disk: the compile fails with the system's own words ("No space left on device"), and
 // leaves neither an entry nor a compile folder behind.
 TEST_F(KernelCache, AFullDiskSaysSoAndLeavesNothingBehind) {
@@ -279,13 +290,7 @@ TEST_F(KernelCache, AFullDiskSaysSoAndLeavesNothingBehind) {
   if (!disk.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here";
   ScopedEnv cache("EVTC_CACHE_DIR", small.string());
   const jit::CompileRequest req = fallback_request("full disk");
-  std::string message;
-  try {
-    jit::compile_cached(req);
-    ADD_FAILURE() << "a compile into a 48 KiB filesystem succeeded";
-  } catch (const Error& e) {
-    message = e.what();
-  }
+  const std::string message = error_on_small_disk(req);
   EXPECT_NE(message.find("No space left on device"), std::string::npos) << message;
   EXPECT_EQ(message.find("the compiler printed nothing"), std::string::npos) << message;
   EXPECT_FALSE(fs::exists(small / "kernels" / jit::cache_key(req)));
@@ -301,13 +306,7 @@ TEST_F(KernelCache, ADiskTooFullForTheSourceLeavesNoCompileFolder) {
   ScopedEnv cache("EVTC_CACHE_DIR", tiny.string());
   jit::CompileRequest req = fallback_request("tiny disk");
   req.source += "// " + std::string(8192, 'x') + "\n";  // larger than the filesystem
-  std::string message;
-  try {
-    jit::compile_cached(req);
-    ADD_FAILURE() << "a compile into a 4 KiB filesystem succeeded";
-  } catch (const Error& e) {
-    message = e.what();
-  }
+  const std::string message = error_on_small_disk(req);
   EXPECT_NE(message.find("kernel.cu"), std::string::npos) << message;
   EXPECT_NE(message.find("No space left on device"), std::string::npos) << message;
   EXPECT_EQ(entries_in(tiny / "tmp"), 0u) << "a compile folder was left in tmp/";
