@@ -134,18 +134,8 @@ class ConstantFolder {
     const auto e = constant_value(n.inputs[1]);
     if (!e || (*e != 2.0 && *e != 3.0)) return std::nullopt;
     const NodeId x = n.inputs[0];
-    Node square = n;
-    square.inputs = {x, x};
-    square.op = Op::mul;
-    square.attrs = {};
-    if (*e == 2.0) return rw_.add(std::move(square));
-    square.dtype = DType::f32;
-    square.name.clear();
-    Node cube = n;
-    cube.op = Op::mul;
-    cube.attrs = {};
-    cube.inputs = {rw_.add(std::move(square)), x};
-    return rw_.add(std::move(cube));
+    if (*e == 2.0) return rw_.compute(Op::mul, {x, x}, n.dtype);
+    return rw_.compute(Op::mul, {rw_.compute(Op::mul, {x, x}, DType::f32), x}, n.dtype);
   }
 
   GraphRewriter& rw_;
