@@ -32,22 +32,30 @@ from fp8_scaled_mm import FusedKernel, compile_library  # noqa: E402  (the C-ABI
 from gated_w4 import swiglu7  # noqa: E402
 
 # name: (expression, M, N, K, gated, configs); B is N×K (K-major), as nn.Linear stores it.
+GATED = ["pingpong_128x128x64_c2x1_persistent", "coop_128x256x64_c2x1_persistent",
+         "coop_256x192x64_c2x1_persistent", "coop_256x192x64_c1x2_persistent",
+         "pingpong_128x192x64_c2x1_persistent", "pingpong_128x192x64_c1x2_persistent"]
+PLAIN = ["pingpong_128x128x64_c2x1_persistent", "coop_128x256x64_c2x1_persistent",
+         "coop_256x192x64_c2x1_persistent", "pingpong_128x192x64_c2x1_persistent"]
+SILU = "input bias[n]: bf16\nout D: bf16 = silu(acc + bias[n])"
 WORKLOADS = {
+    "gated-8192x11264x2048": ("out y: bf16 = swiglu(acc)", 8192, 11264, 2048, True, GATED),
     "gated-8192x22016x4096": ("out y: bf16 = swiglu(acc)", 8192, 22016, 4096, True,
-                              ["coop_128x256x64_c2x1_persistent", "coop_256x128x64_c2x1_persistent",
-                               "coop_128x256x64_c1x2_persistent"]),
+                              GATED + ["coop_256x128x64_c2x1_persistent", "coop_128x256x64_c1x2_persistent"]),
+    "gated-8192x28672x4096": ("out y: bf16 = swiglu(acc)", 8192, 28672, 4096, True, GATED),
+    "gated-2048x22016x4096": ("out y: bf16 = swiglu(acc)", 2048, 22016, 4096, True, GATED),
     "W4-swiglu7": ("out y: bf16 = swiglu7(acc)", 7697, 27304, 5120, True,
-                   ["coop_128x256x64_c2x1_persistent"]),
-    "silu-8192x11008x4096": ("input bias[n]: bf16\nout D: bf16 = silu(acc + bias[n])", 8192, 11008,
-                             4096, False, ["coop_128x256x64_c2x1_persistent"]),
+                   ["coop_128x256x64_c2x1_persistent", "coop_256x192x64_c2x1_persistent",
+                    "pingpong_128x192x64_c2x1_persistent"]),
+    "silu-8192x11008x4096": (SILU, 8192, 11008, 4096, False, PLAIN),
+    "silu-8192x5632x2048": (SILU, 8192, 5632, 2048, False, PLAIN),
     "plain-8192x22016x4096": ("out D: bf16 = acc", 8192, 22016, 4096, False,
-                              ["coop_128x256x64_c2x1_persistent"]),
+                              ["coop_128x256x64_c2x1_persistent", "coop_256x192x64_c2x1_persistent"]),
     "plain-8192x11008x4096": ("out D: bf16 = acc", 8192, 11008, 4096, False,
                               ["coop_128x256x64_c2x1_persistent"]),
     "plain-8192x4096x11008": ("out D: bf16 = acc", 8192, 4096, 11008, False,
                               ["coop_128x256x64_c2x1_persistent"]),
-    "W1-8192^3": ("input bias[n]: bf16\nout D: bf16 = silu(acc + bias[n])", 8192, 8192, 8192, False,
-                  ["coop_128x256x64_c2x1_persistent"]),
+    "W1-8192^3": (SILU, 8192, 8192, 8192, False, PLAIN),
 }
 ORDERS = [(0, 1)] + [(r, s) for r in (1, 2) for s in (1, 2, 4, 8)]
 RASTER = {0: "heuristic", 1: "along M", 2: "along N"}

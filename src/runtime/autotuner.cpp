@@ -71,7 +71,7 @@ int mainloop_stages(const KernelConfig& c, DType ab, const DeviceLimits& d) {
 }
 
 std::vector<KernelConfig> whole_space(const GemmDesc& gemm) {
-  static const int kTiles[][2] = {{128, 128}, {128, 256}, {256, 128}, {64, 128}, {64, 256}};
+  static const int kTiles[][2] = {{128, 128}, {128, 256}, {256, 128}, {64, 128}, {64, 256}, {128, 192}, {256, 192}};
   static const int kClusters[][2] = {{1, 1}, {2, 1}, {1, 2}};
   const int tile_k = is_fp8(gemm.a_dtype) ? 128 : 64;
   std::vector<KernelConfig> out;
@@ -79,6 +79,9 @@ std::vector<KernelConfig> whole_space(const GemmDesc& gemm) {
     for (auto scheduler : {TileSchedulerKind::persistent, TileSchedulerKind::stream_k})
       for (const auto& t : kTiles)
         for (const auto& cl : kClusters) {
+          // Cooperative 128×192 splits into two 64×192 halves: ping-pong's 128×192 tile does the
+          // same work per multiprocessor at twice the intensity per warp group.
+          if (sched == MainloopSchedule::cooperative && t[0] == 128 && t[1] == 192) continue;
           KernelConfig c;
           c.schedule = sched;
           c.scheduler = scheduler;
@@ -100,10 +103,12 @@ std::string prune_reason(const KernelConfig& c, const Graph& g, const GemmDesc& 
   if (!KernelConfig::parse(c.name())) return "not a configuration CUTLASS's sm90 kernels build";
   const int threads = c.schedule == MainloopSchedule::pingpong ? 128 : 256;
   // fp32 accumulators per thread of the warp groups sharing a tile (ping-pong: one warp
-  // group per tile), twice over for fp8's two-level accumulation; above 128 the kernel
-  // spills.
+  // group per tile), twice over for fp8's two-level accumulation. A consumer warp group has
+  // 232 registers a thread: 192 accumulators compile without spills (ptxas -v: ping-pong
+  // 128×192 and cooperative 256×192 with a gated epilogue, fp8 two-level cooperative 128×192);
+  // 256 do not fit.
   const int copies = is_fp8(gemm.a_dtype) && !c.fp8_fast_accum ? 2 : 1;
-  if (int64_t(c.tile_m) * c.tile_n * copies / threads > 128)
+  if (int64_t(c.tile_m) * c.tile_n * copies / threads > 192)
     return fmt::format("{} accumulators per thread do not fit in registers",
                        int64_t(c.tile_m) * c.tile_n * copies / threads);
   if (mainloop_stages(c, gemm.a_dtype, device) < 3)
@@ -132,9 +137,11 @@ double grid_efficiency(const KernelConfig& c, const GemmDesc& gemm, const Device
 }
 
 double heuristic_score(const KernelConfig& c, const GemmDesc& gemm, const DeviceLimits& device) {
-  // Arithmetic intensity of a tile (MN / (M+N)), relative to the largest tile's.
+  // Arithmetic intensity of a tile (MN / (M+N)), relative to a 128×256 tile's; larger tiles
+  // (256×192) earn no more: they measured within a few per cent of 128×256 and of ping-pong
+  // 128×192 (bench/results/20261124-2334-h200-visit-order.json).
   const double intensity =
-      (double(c.tile_m) * c.tile_n / (c.tile_m + c.tile_n)) / (256.0 * 128.0 / 384.0);
+      std::min(1.0, (double(c.tile_m) * c.tile_n / (c.tile_m + c.tile_n)) / (256.0 * 128.0 / 384.0));
   // Orderings measured on an H100 (bench/results/*-config-sweep.txt): a 2×1 cluster shares
   // B's tiles by multicast; ping-pong pays off when the main loop is short.
   const double cluster = c.cluster_m == 2 && c.cluster_n == 1 ? 1.0 : c.cluster_m * c.cluster_n == 1 ? 0.97 : 0.98;
@@ -163,6 +170,14 @@ std::vector<KernelConfig> candidate_configs(const Graph& g, const GemmDesc& gemm
     auto it = std::find_if(families.begin(), families.end(), same);
     if (it == families.end()) families.push_back({c});
     else it->push_back(c);
+  }
+  // The best family of the other schedule goes second, so even a budget of three or four
+  // candidates tries both schedules.
+  if (!families.empty()) {
+    const auto other = std::find_if(families.begin() + 1, families.end(), [&](const auto& f) {
+      return f[0].schedule != families[0][0].schedule;
+    });
+    if (other != families.end()) std::rotate(families.begin() + 1, other, other + 1);
   }
   for (size_t rank = 0;; ++rank) {
     bool any = false;

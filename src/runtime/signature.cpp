@@ -40,7 +40,8 @@ std::optional<KernelConfig> KernelConfig::parse(const std::string& name) {
       R"((coop|pingpong)_(\d+)x(\d+)x(\d+)_c(\d+)x(\d+)_(persistent|streamk)(_fastacc)?(_precise)?)");
   std::smatch m;
   if (!std::regex_match(name, m, re)) return std::nullopt;
-  // Sizes CUTLASS's sm90 builders take: tiles of 64, 128 or 256 rows/columns, K tiles of
+  // Sizes CUTLASS's sm90 builders take: tiles of 64, 128 or 256 rows and 64, 128, 192 or 256
+  // columns (a wgmma's N is a multiple of 8 up to 256; M is split in 64-row steps), K tiles of
   // 32 to 256, clusters of 1, 2 or 4; stream-K with the cooperative schedule only.
   auto one_of = [](const std::string& v, std::initializer_list<int> allowed) -> std::optional<int> {
     if (v.size() > 4) return std::nullopt;
@@ -51,7 +52,7 @@ std::optional<KernelConfig> KernelConfig::parse(const std::string& name) {
   };
   KernelConfig c;
   c.schedule = m[1] == "coop" ? MainloopSchedule::cooperative : MainloopSchedule::pingpong;
-  const auto tm = one_of(m[2], {64, 128, 256}), tn = one_of(m[3], {64, 128, 256}),
+  const auto tm = one_of(m[2], {64, 128, 256}), tn = one_of(m[3], {64, 128, 192, 256}),
              tk = one_of(m[4], {32, 64, 128, 256}), cm = one_of(m[5], {1, 2, 4}),
              cn = one_of(m[6], {1, 2, 4});
   if (!tm || !tn || !tk || !cm || !cn) return std::nullopt;
@@ -130,6 +131,27 @@ int mainloop_stages(const KernelConfig& c, const GemmDesc& gemm, size_t epilogue
 namespace {
 
 constexpr int kMinStages = 2;  // CUTLASS's sm90 main loops static_assert this many
+
+// One 16-bit output ([m,n], or [m,n/2] gated), no [m,n] operand (aux or C), no reduction, and
+// the accumulator read once (or by the gate/up halves only): the epilogues the 192-column
+// tiles were measured with, and ones like them that keep beside 192 accumulators a thread
+// what fits in registers (ptxas -v, no spills: silu(acc + bias), swiglu7,
+// tanh(gelu(acc·sa[m]·sb[n] + bias[n])·0.5 + 1); spills: three outputs and an [m,n] operand,
+// or acc read at three places, at 256×192 and ping-pong 128×192).
+bool light_epilogue(const Graph& g) {
+  int stores = 0, acc_reads = 0;
+  for (const Node& n : g.nodes()) {
+    if (n.kind == NodeKind::reduce) return false;
+    if (n.kind == NodeKind::aux || n.kind == NodeKind::source) return false;
+    if (n.kind == NodeKind::store) {
+      if (dtype_bytes(n.dtype) > 2) return false;
+      ++stores;
+    }
+    if (n.kind != NodeKind::pair)
+      for (NodeId in : n.inputs) acc_reads += g.node(in).kind == NodeKind::accum;
+  }
+  return stores == 1 && acc_reads <= 1;
+}
 
 bool reduces_over_m(const Graph& g) {
   for (const Node& n : g.nodes())
@@ -242,8 +264,36 @@ KernelConfig default_config_for_shape(const Graph& g, const GemmDesc& gemm) {
   const KernelConfig pingpong = KernelConfig::of(MainloopSchedule::pingpong, 128, 128, 2);
   if ((gemm.k > 0 && gemm.k <= 2048) ||
       tuning::grid_efficiency(pingpong, gemm, device) > tuning::grid_efficiency(c, gemm, device) + 0.05)
-    return pingpong;
-  return c;
+    c = pingpong;
+  // A light epilogue (one 16-bit output, no [m,n] operand, no reduction) takes ping-pong
+  // 128×192, cluster 2×1, unless that tile grid wastes clearly more than the pick above. Each
+  // warp group holds a 128×192 tile (192 accumulators a thread, no spills) and the other's
+  // epilogue overlaps its main loop. Timed in each kernel's steady state on the H200
+  // (bench/results/20261124-2334 and -2336-h200-visit-order.json) it was the fastest or within
+  // 1.7 % of the fastest of four candidates on nine shapes (gated swiglu at 8192×11264×2048,
+  // 8192×22016×4096, 8192×28672×4096 and 2048×22016×4096, swiglu7 at 7697×27304×5120,
+  // silu(acc + bias) at 8192×11008×4096, 8192×5632×2048 and 8192³). Where this rule picks it,
+  // it was 1.2-5.5 % faster than the pick above on six shapes (1.032× cuBLAS against 1.045×
+  // for LLaMA's merged gate/up GEMM, 0.995× against 1.020× at 8192³) and 0.5 % slower on one
+  // (8192×5632×2048, whose grid fills its waves 2.2 % worse). Its advantage is 2-4 %, so a
+  // grid that fills its waves 2.5 % worse or more keeps the pick above (8192×11008: 0.959
+  // against 0.993, measured 1.057× against 1.069×: about even).
+  //
+  // With a long main loop (K ≥ 4096) the cooperative 256×192 tile (two warp groups of 128×192)
+  // ran 0.6-2.9 % faster than ping-pong 128×192 where its grid wastes at most 1.4 % more
+  // (8192×22016×4096: 1.017-1.029× cuBLAS against 1.046-1.047×; 8192×28672×4096: 1.023×
+  // against 1.029×; 0.7 % slower at 2048×22016×4096), and slower where its coarser grid
+  // wastes 2 % more or worse (8192³: 0.940 against 0.985 filled, 1.014× against 0.995×; W4
+  // at K = 5120: 0.925 against 0.953, 1.098× against 1.062×). At K = 2048 it is slower.
+  const KernelConfig wide = KernelConfig::of(MainloopSchedule::pingpong, 128, 192, 2);
+  if (!light_epilogue(g) ||
+      tuning::grid_efficiency(c, gemm, device) >= tuning::grid_efficiency(wide, gemm, device) + 0.025)
+    return c;
+  const KernelConfig big = KernelConfig::of(MainloopSchedule::cooperative, 256, 192, 2);
+  if (gemm.k >= 4096 &&
+      tuning::grid_efficiency(big, gemm, device) + 0.02 >= tuning::grid_efficiency(wide, gemm, device))
+    return big;
+  return wide;
 }
 
 KernelSignature make_signature(const Graph& g) {

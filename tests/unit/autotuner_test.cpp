@@ -85,7 +85,7 @@ TEST(TuningCandidates, Fp8TwoLevelAccumulationKeepsBothAccumulatorsInRegisters) 
     EXPECT_FALSE(c.fp8_fast_accum) << c.name();
     EXPECT_EQ(c.tile_k, 128) << c.name();
     const int threads = c.schedule == MainloopSchedule::pingpong ? 128 : 256;
-    EXPECT_LE(2 * c.tile_m * c.tile_n / threads, 128) << c.name();
+    EXPECT_LE(2 * c.tile_m * c.tile_n / threads, 192) << c.name();  // 232 registers a thread
   }
   p.fp8_fast_accum = true;
   bool wide = false;
@@ -252,9 +252,10 @@ TEST(KernelConfigChoice, BadTuneEnvironmentIsAUserError) {
 }  // namespace
 
 TEST(DefaultConfig, EpiloguesStagingManyMatricesGetNarrowerTiles) {
-  // W1 and W2 keep the 128×256 tile (4 and 3 main-loop stages beside their epilogue)...
+  // W1 takes the ping-pong 128×192 tile of light epilogues, W2 keeps the 128×256 tile (3
+  // main-loop stages beside its epilogue)...
   const auto p = problem(8192, 8192, 8192);
-  EXPECT_EQ(default_config(lowered(kBiasSilu), p).name(), "coop_128x256x64_c2x1_persistent");
+  EXPECT_EQ(default_config(lowered(kBiasSilu), p).name(), "pingpong_128x192x64_c2x1_persistent");
   EXPECT_EQ(default_config(lowered("out D: bf16 = acc * gate[m,n]"), p).name(),
             "coop_128x256x64_c2x1_persistent");
   // ...three aux operands and three [m,n] outputs (a backward epilogue) would leave it one.
