@@ -50,6 +50,15 @@ TEST(FusedConfigs, StreamKSchedulerWithClusterAlongN) {
   expect_matches_reference(kernel("w1_streamk"), 264, 512, 8192, 20, ExecutionPath::fused);
 }
 
+TEST(FusedConfigs, TilesOf192ColumnsAtPartialTiles) {
+  // 3000 = 15 × 192 + 120 columns, 1999 rows: partial tiles along both axes; the gated kernel's
+  // 192-column tile writes 96 output columns (3008 → 1504).
+  expect_matches_reference(kernel("w1_coop_256x192"), 1999, 3000, 1000, 26, ExecutionPath::fused);
+  expect_matches_reference(kernel("w1_coop_256x192"), 4100, 5000, 520, 27, ExecutionPath::fused);  // several waves
+  expect_matches_reference(kernel("swiglu_pingpong_128x192"), 1999, 3008, 1000, 28, ExecutionPath::fused);
+  expect_matches_reference(kernel("swiglu_pingpong_128x192"), 4100, 2 * 4004, 264, 29, ExecutionPath::fused);
+}
+
 TEST(FusedReductions, EveryAxisAndOpWithMainOutput) {
   expect_matches_reference(kernel("reductions"), 1000, 1016, 4096, 21, ExecutionPath::fused);
   // M=332: a non-tile multiple that keeps the f32 column vector 16-byte aligned.

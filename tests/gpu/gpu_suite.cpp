@@ -58,6 +58,11 @@ out b2: f32 = clamp(f, -1, 1) + where(relu(res[m,n]), f, -f) + fma(f, bias[n], s
      Layout::col_major, "pingpong_128x128x64_c1x1_persistent"},
     {"w1_streamk", "out D: bf16 = gelu(acc * s[m] + bias[n])", DType::bf16, Layout::row_major,
      Layout::col_major, "coop_128x128x64_c1x2_streamk"},
+    // The 192-column tiles light epilogues take by default on large problems.
+    {"w1_coop_256x192", "out D: bf16 = silu(acc + bias[n])", DType::bf16, Layout::row_major,
+     Layout::col_major, "coop_256x192x64_c2x1_persistent"},
+    {"swiglu_pingpong_128x192", "out y: bf16 = swiglu(acc)", DType::bf16, Layout::row_major,
+     Layout::col_major, "pingpong_128x192x64_c2x1_persistent"},
     {"reductions", R"(
 input s[m]: f32
 f = acc * s[m]
