@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""The persistent tile scheduler's visiting order: for large transformer GEMMs, each fused kernel
-timed with every raster order (CUTLASS's heuristic, along M, along N) and swizzle width
-(1, 2, 4, 8), against the cuBLAS GEMM of the same shape (torch.mm), in one process.
+"""Tile shapes and the persistent tile scheduler's visiting order: for large transformer GEMMs,
+each workload's candidate configurations (WORKLOADS; --configs keeps some) timed with every
+raster order (CUTLASS's heuristic, along M, along N) and swizzle width (1, 2, 4, 8; --orders
+keeps some), against the cuBLAS GEMM of the same shape (torch.mm), in one process.
 
     python3 bench/visit_order.py PATH_TO_EVTC [--out bench/results] [--only NAME,...] [--rounds R]
 
