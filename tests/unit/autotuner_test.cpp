@@ -120,6 +120,11 @@ TEST(TuningPruning, NamesWhyAConfigurationIsDropped) {
   EXPECT_NE(prune_reason(config("coop_128x256x64_c1x1_streamk"), lowered(kLoss), big).find("reductions"),
             std::string::npos);
   EXPECT_EQ(prune_reason(config("coop_128x256x64_c2x1_persistent"), g, big), "");
+  // 192 accumulators a thread fit (ptxas: no spills); 256 do not.
+  EXPECT_EQ(prune_reason(config("pingpong_128x192x64_c2x1_persistent"), g, big), "");
+  EXPECT_EQ(prune_reason(config("coop_256x192x64_c2x1_persistent"), g, big), "");
+  EXPECT_NE(prune_reason(config("coop_256x256x64_c2x1_persistent"), g, big).find("256 accumulators"),
+            std::string::npos);
   // A K tile of 128 on 16-bit operands leaves too few stages in shared memory.
   EXPECT_NE(prune_reason(config("coop_256x128x128_c1x1_persistent"), g, big).find("shared memory"),
             std::string::npos);

@@ -276,6 +276,10 @@ TEST(SignatureKernelConfig, ParseRejectsConfigurationsCutlassCannotBuild) {
     EXPECT_FALSE(KernelConfig::parse(bad).has_value()) << bad;
   EXPECT_TRUE(KernelConfig::parse("coop_128x128x64_c1x2_streamk").has_value());
   EXPECT_TRUE(KernelConfig::parse("pingpong_64x128x64_c1x1_persistent").has_value());
+  // 192 columns (a wgmma's N), but not 192 rows (two warp groups of 96).
+  EXPECT_TRUE(KernelConfig::parse("pingpong_128x192x64_c2x1_persistent").has_value());
+  EXPECT_TRUE(KernelConfig::parse("coop_256x192x64_c2x1_persistent").has_value());
+  EXPECT_FALSE(KernelConfig::parse("coop_192x192x64_c2x1_persistent").has_value());
 }
 
 TEST(SignatureKernelConfig, ParseRejectsWhatIsNotAName) {
