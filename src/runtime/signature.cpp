@@ -265,7 +265,8 @@ KernelConfig default_config_for_shape(const Graph& g, const GemmDesc& gemm) {
   if ((gemm.k > 0 && gemm.k <= 2048) ||
       tuning::grid_efficiency(pingpong, gemm, device) > tuning::grid_efficiency(c, gemm, device) + 0.05)
     c = pingpong;
-  // A light epilogue (one 16-bit output, no [m,n] operand, no reduction) takes ping-pong
+  // A light epilogue (light_epilogue: one 16-bit output, no [m,n] operand or C, no reduction,
+  // acc read once or by the gate/up halves only) takes ping-pong
   // 128×192, cluster 2×1, unless that tile grid wastes clearly more than the pick above. Each
   // warp group holds a 128×192 tile (192 accumulators a thread, no spills) and the other's
   // epilogue overlaps its main loop. Timed in each kernel's steady state on the H200
