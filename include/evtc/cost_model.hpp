@@ -10,7 +10,7 @@ namespace evtc {
 
 struct FusionEstimate {
   int64_t m = 0, n = 0, k = 0;
-  double cublas_us = 0;    // the GEMM alone with cuBLAS: what the unfused path runs
+  double cublas_us = 0;    // the GEMM alone as the unfused path runs it: cuBLAS, or torch._grouped_mm for a grouped GEMM
   double epilogue_us = 0;  // the unfused epilogue kernel(s) fusion removes (0: there are none)
   double fused_us = 0;     // evtc's fused kernel
   double saved_bytes = 0;  // device-memory traffic fusion removes
@@ -27,7 +27,10 @@ struct FusionEstimate {
 // intermediate results written and read back, and the kernels launched for them.
 struct UnfusedWork {
   double saved_bytes = 0;
-  int kernels = 0;
+  int kernels = 0;  // epilogue kernels
+  // GEMMs the unfused path runs side by side over N, each N/gemms wide: a merged gate/up chain
+  // replaces one GEMM per source, each with its own launch and its own tile grid.
+  int gemms = 1;
 };
 
 }  // namespace evtc

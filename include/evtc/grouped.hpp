@@ -96,6 +96,12 @@ struct GroupedOptions {
   std::optional<KernelConfig> config;
   CastMode cast_mode = CastMode::eager;
   bool precise_math = false;
+  // A call whose fused kernel is not compiled yet: true waits for the compile; false runs
+  // unfused while the kernel compiles in the background (one cuBLASLt GEMM + the plain
+  // epilogue per non-empty group, after reading the offsets back to the host), and switches to
+  // the fused kernel at the first call after it is ready. A call being captured into a CUDA
+  // graph always waits. EVTC_WAIT_FOR_COMPILE=1 makes every kernel wait.
+  bool wait_for_compile = true;
 };
 
 // Measured on an H100 (bench/grouped_moe.py, docs/grouped.md).
@@ -116,8 +122,12 @@ class GroupedKernel {
   // Whether a kernel library (evtc/kernel_library.hpp) holds this kernel.
   bool in_library() const;
   // Validates every operand (UserError naming it) and launches on `stream`: the table-building
-  // kernel, then the grouped GEMM. No host synchronisation.
-  void run(const GroupedArguments& args, cudaStream_t stream = nullptr) const;
+  // kernel, then the grouped GEMM. No host synchronisation. Returns the path taken: fallback
+  // only while the fused kernel compiles in the background (GroupedOptions::wait_for_compile
+  // off), or after that compile failed; that path reads the offsets back (a synchronisation).
+  ExecutionPath run(const GroupedArguments& args, cudaStream_t stream = nullptr) const;
+  // Compiles (or loads) the unfused path's plain epilogue now; returns its library path.
+  std::string compile_fallback() const;
 
   // Why problems with N output columns and K this kernel cannot run (a UserError from run);
   // empty when it can. Front ends ask before they build a call (the PyTorch FX pass).

@@ -34,9 +34,13 @@ class GroupedKernel(_Compiled):
         self.expr = expr
         self._native = _evtc.GroupedKernel(expr, options)
         self._k_major = options.b_layout in ("col", "col_major")
+        self._wait = options.wait_for_compile
         self._future: Optional[concurrent.futures.Future] = None
+        self._fallback_future: Optional[concurrent.futures.Future] = None
         self._lock = threading.Lock()
-        # "fused" after a call (a grouped kernel has no unfused path: what it cannot run raises)
+        # "fused" or "fallback" after a call: fallback (cuBLASLt + the plain epilogue, group by
+        # group) only while the fused kernel compiles with wait_for_compile off, or after that
+        # compile failed
         self.last_path: Optional[str] = None
         self.signature = [Operand(**d) for d in self._native.signature]
 
@@ -82,21 +86,31 @@ class GroupedKernel(_Compiled):
                 self._future = _pool().submit(self._native.compile)
             return self._future
 
+    def compile_fallback_async(self) -> concurrent.futures.Future:
+        """Starts compiling the unfused path's plain epilogue (about a second) in a background
+        thread: what calls run while the fused kernel compiles, with wait_for_compile off."""
+        with self._lock:
+            if self._fallback_future is None:
+                self._fallback_future = _pool().submit(self._native.compile_fallback)
+            return self._fallback_future
+
     def _wait_for_compiles(self) -> list[str]:
         with self._lock:
-            fut = self._future
-        if fut is None:
-            return []
-        try:
-            fut.result()
-        except _evtc.Error as e:
-            return [str(e)]
-        return []
+            futures = [f for f in (self._future, self._fallback_future) if f is not None]
+        errors = []
+        for fut in futures:
+            try:
+                fut.result()
+            except _evtc.Error as e:
+                errors.append(str(e))
+        return errors
 
     def __call__(self, x: Any, w: Any, offsets: Any, *, out: Optional[dict[str, Any]] = None,
                  stream: Optional[int] = None, **operands: Any) -> Any:
-        # A failed background compile raises again (with nvcc's message) from the run.
-        self._wait_for_compiles()
+        # A failed background compile raises again (with nvcc's message) from the run; with
+        # wait_for_compile off the call runs unfused instead, until the fused kernel is ready.
+        if self._wait:
+            self._wait_for_compiles()
         name = self._native.output_name
         outputs = dict(out or {})
         tensors, scalars = _split_operands(operands)
@@ -105,8 +119,7 @@ class GroupedKernel(_Compiled):
                 raise _evtc.UserError(f"output '{name}' was not given: pass out={{'{name}': array}} "
                                       "(outputs are allocated only for torch tensors)")
             tensors.update(outputs)
-            self._native.run(x, w, offsets, tensors, {}, scalars, self._k_major, int(stream or 0))
-            self.last_path = "fused"
+            self.last_path = self._native.run(x, w, offsets, tensors, {}, scalars, self._k_major, int(stream or 0))
             return outputs[name]
 
         import torch
@@ -126,8 +139,7 @@ class GroupedKernel(_Compiled):
             stream = torch.cuda.current_stream(x.device).cuda_stream
         with torch.cuda.device(x.device):
             xa, wa, oa = arrays.pop("x"), arrays.pop("w"), arrays.pop("offsets")
-            self._native.run(xa, wa, oa, arrays, dtypes, scalars, self._k_major, int(stream))
-        self.last_path = "fused"
+            self.last_path = self._native.run(xa, wa, oa, arrays, dtypes, scalars, self._k_major, int(stream))
         return outputs[name]
 
     def __repr__(self) -> str:
@@ -137,12 +149,16 @@ class GroupedKernel(_Compiled):
 
 def grouped(expr: str, *, dtype: Any = "bf16", weights: str = "nk", cast_mode: str = "eager",
             precise_math: bool = False, config: Optional[str] = None, operand_dtype: Any = "bf16",
-            output_dtype: Any = "bf16") -> GroupedKernel:
+            output_dtype: Any = "bf16", wait_for_compile: bool = True) -> GroupedKernel:
     """Parses ``expr`` and returns a :class:`GroupedKernel` (docs/grouped.md).
 
     ``dtype`` is x's and w's (``"bf16"`` or ``"f16"``); ``weights`` ``"nk"`` (each group's
     weights N×K, K-major: stacked ``nn.Linear`` weights) or ``"kn"`` (K×N, N-major);
-    ``config`` fixes a kernel configuration. The other options are :func:`evtc.compile`'s.
+    ``config`` fixes a kernel configuration. With ``wait_for_compile=False`` a call whose fused
+    kernel is not compiled yet runs unfused (one cuBLASLt GEMM + the plain epilogue per
+    non-empty group, after reading ``offsets`` back to the host) while the kernel compiles in
+    the background; ``kernel.last_path`` says which ran. The other options are
+    :func:`evtc.compile`'s.
     Epilogues a grouped kernel cannot run (``[m]``/``[m,n]`` operands, C, reductions, a
     second output) raise :class:`evtc.UserError` naming the operand.
     """
@@ -154,4 +170,5 @@ def grouped(expr: str, *, dtype: Any = "bf16", weights: str = "nk", cast_mode: s
     o.cast_mode, o.precise_math, o.config = cast_mode, precise_math, config
     o.operand_dtype = dtype_name(operand_dtype, "operand_dtype")
     o.output_dtype = dtype_name(output_dtype, "output_dtype")
+    o.wait_for_compile = wait_for_compile
     return GroupedKernel(expr, o)

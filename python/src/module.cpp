@@ -110,7 +110,7 @@ std::string run_kernel(const Kernel& kernel, const nb::ndarray<>& a, const nb::n
 // Runs a grouped kernel: x (sum of M_g × K), w (G × K × N as torch._grouped_mm takes it),
 // offsets (G int32 end offsets on the device); `tensors` holds the epilogue's operands and
 // the output by name; `k_major`: the kernel was built for K-major weights (b_layout 'col').
-void run_grouped(const GroupedKernel& kernel, const nb::ndarray<>& x, const nb::ndarray<>& w,
+std::string run_grouped(const GroupedKernel& kernel, const nb::ndarray<>& x, const nb::ndarray<>& w,
                  const nb::ndarray<>& offsets, const std::map<std::string, nb::ndarray<>>& tensors,
                  const std::map<std::string, std::string>& dtypes,
                  const std::map<std::string, double>& scalars, bool k_major, uintptr_t stream) {
@@ -127,7 +127,8 @@ void run_grouped(const GroupedKernel& kernel, const nb::ndarray<>& x, const nb::
     args.set(name, tensor_ref(array, fmt::format("'{}'", name), dtype_of(dtypes, name)));
   for (const auto& [name, value] : scalars) args.set(name, value);
   nb::gil_scoped_release release;  // a first call may compile for a minute
-  kernel.run(args, reinterpret_cast<cudaStream_t>(stream));
+  const ExecutionPath path = kernel.run(args, reinterpret_cast<cudaStream_t>(stream));
+  return path == ExecutionPath::fused ? "fused" : "fallback";
 }
 
 nb::dict explain(const std::string& expr, const std::string& dtype, bool passes) {
@@ -235,7 +236,8 @@ NB_MODULE(_evtc, m) {
   nb::class_<UnfusedWork>(m, "UnfusedWork")
       .def(nb::init<>())
       .def_rw("saved_bytes", &UnfusedWork::saved_bytes)
-      .def_rw("kernels", &UnfusedWork::kernels);
+      .def_rw("kernels", &UnfusedWork::kernels)
+      .def_rw("gemms", &UnfusedWork::gemms);
 
   nb::class_<FusionEstimate>(m, "FusionEstimate")
       .def_ro("m", &FusionEstimate::m)
@@ -288,6 +290,7 @@ NB_MODULE(_evtc, m) {
       .def("shape_reason", &GroupedKernel::shape_reason, "n"_a, "k"_a)
       .def("estimate", &GroupedKernel::estimate, "total_m"_a, "n"_a, "k"_a, "groups"_a, "unfused"_a)
       .def("compile", &GroupedKernel::compile, nb::call_guard<nb::gil_scoped_release>())
+      .def("compile_fallback", &GroupedKernel::compile_fallback, nb::call_guard<nb::gil_scoped_release>())
       .def("in_library", &GroupedKernel::in_library)
       .def("run", &run_grouped, "x"_a, "w"_a, "offsets"_a, "tensors"_a, "dtypes"_a, "scalars"_a, "k_major"_a, "stream"_a);
 

@@ -628,8 +628,10 @@ at::Tensor run_grouped(Plan& plan, const at::Tensor& x_in, const at::Tensor& w, 
   bind_merged_rows(plan, sources, n, stream, [&](const std::string& name, const TensorRef& t) { args.set(name, t); },
                    keep);
   args.set(out.name, matrix_ref(y, "output"));
-  plan.grouped->run(args, stream);
-  plan.fused_calls.fetch_add(1, std::memory_order_relaxed);
+  if (plan.grouped->run(args, stream) == ExecutionPath::fused)
+    plan.fused_calls.fetch_add(1, std::memory_order_relaxed);
+  else
+    plan.fallback_calls.fetch_add(1, std::memory_order_relaxed);
   return y;
 }
 

@@ -96,8 +96,15 @@ FusionEstimate estimate_for(const KernelConfig& c, const GemmDesc& g, double epi
   const double flops = 2.0 * double(g.m) * double(g.n) * double(g.k);
   const double ab = double(g.m) * g.k * dtype_bytes(g.a_dtype) + double(g.n) * g.k * dtype_bytes(g.b_dtype) +
                     extra_ab_bytes;
-  // cuBLAS writes the GEMM's own result (16-bit); the fused kernel its outputs.
-  e.cublas_us = kernel_us(flops, ab + double(g.m) * g.n * 2, cublas_efficiency(g, d), 1.0, r);
+  // cuBLAS writes the GEMM's own result (16-bit); the fused kernel its outputs. A merged
+  // chain's unfused path runs one GEMM per source, each over its part of N and B.
+  const int parts = std::max(1, unfused.gemms);
+  GemmDesc part = g;
+  part.n = g.n / parts;
+  const double part_ab = double(g.m) * g.k * dtype_bytes(g.a_dtype) +
+                         (double(g.n) * g.k * dtype_bytes(g.b_dtype) + extra_ab_bytes) / parts;
+  e.cublas_us = parts * kernel_us(2.0 * double(g.m) * double(part.n) * double(g.k), part_ab + double(g.m) * part.n * 2,
+                                  cublas_efficiency(part, d), 1.0, r);
   const double base = c.schedule == MainloopSchedule::cooperative         ? kCoopBase
                       : c.tile_m >= 128 && c.tile_n >= 192 ? kWidePingpongBase
                                                            : kPingpongBase;
@@ -106,6 +113,27 @@ FusionEstimate estimate_for(const KernelConfig& c, const GemmDesc& g, double epi
                kEpilogueExposed * epilogue_bytes / (r.tbs * 1e6);
   e.epilogue_us = unfused.saved_bytes / (r.tbs * 1e6) + unfused.kernels * kKernelUs;
   return e;
+}
+
+// PyTorch's grouped GEMM is a CUTLASS ptr-array kernel like evtc's grouped kernel, not a
+// cuBLAS GEMM: it is modelled as evtc's cooperative 128×256 ptr-array kernel (the tile PyTorch
+// uses for groups of this size), at the same base efficiency. On the H200 it measured 0.231 ms
+// on W6 (8 × 1024×4096×2048) where evtc's grouped kernels took 0.216-0.246 ms and a dense
+// cuBLAS GEMM of the same size 0.223 ms (docs/grouped.md); modelled as cuBLAS, the moe layer's
+// fusions were refused though they made it 1.09× faster (docs/backend.md, "Cost model").
+double grouped_mm_us(const GemmDesc& g, double extra_ab_bytes, int gemms) {
+  const Rates r = rates_for(g.a_dtype);
+  tuning::DeviceLimits d;
+  d.sm_count = r.sms;
+  const KernelConfig c = KernelConfig::of(MainloopSchedule::cooperative, 128, 256, 1, TileSchedulerKind::persistent);
+  const int parts = std::max(1, gemms);
+  GemmDesc part = g;
+  part.n = g.n / parts;
+  const double flops = 2.0 * double(g.m) * double(part.n) * double(g.k);
+  const double bytes = double(g.m) * g.k * dtype_bytes(g.a_dtype) +
+                       (double(g.n) * g.k * dtype_bytes(g.b_dtype) + extra_ab_bytes) / parts + double(g.m) * part.n * 2;
+  return parts * kernel_us(flops, bytes, kCoopBase * tuning::grid_efficiency(c, part, d) * tile_factor(c),
+                           occupancy(tuning::tile_count(c, part), r.sms), r);
 }
 
 namespace {

@@ -11,4 +11,9 @@ namespace evtc {
 FusionEstimate estimate_for(const KernelConfig& c, const GemmDesc& g, double epilogue_bytes, double extra_ab_bytes,
                             const UnfusedWork& unfused);
 
+// The GEMMs of a grouped chain's unfused path, torch._grouped_mm (a CUTLASS ptr-array kernel),
+// for the dense-equivalent problem `g` (total rows × N × K); `extra_ab_bytes` as above;
+// `gemms` side by side over N (UnfusedWork::gemms).
+double grouped_mm_us(const GemmDesc& g, double extra_ab_bytes, int gemms);
+
 }  // namespace evtc

@@ -1,7 +1,10 @@
 // GroupedKernel: grouped (MoE) GEMMs with fused epilogues (include/evtc/grouped.hpp).
 #include <fmt/format.h>
 
+#include <chrono>
+#include <future>
 #include <mutex>
+#include <set>
 
 #include "backends/sm90/sm90_grouped_emitter.hpp"
 #include "evtc/ir_text.hpp"
@@ -15,6 +18,8 @@
 #include "runtime/cost_model.hpp"
 #include "runtime/kernel_requests.hpp"
 #include "evtc/options.hpp"
+#include "jit/environment.hpp"
+#include "jit/logging.hpp"
 
 namespace evtc {
 
@@ -32,7 +37,9 @@ KernelConfig default_grouped_config() {
 
 struct GroupedKernel::Impl {
   Graph graph;
+  Graph input_graph;  // as given: the unfused path's dense kernel runs the pipeline on it
   GroupedOptions options;
+  bool wait_for_compile = true;
   KernelConfig config;
   KernelSignature signature;
   std::string output;  // Y: the main output, or the gated [m,n/2] output
@@ -44,9 +51,20 @@ struct GroupedKernel::Impl {
   mutable evtc_grouped_workspace_size_fn workspace_size = nullptr;
   mutable evtc_grouped_run_fn run = nullptr;
   mutable runtime::PointerChecks pointer_checks;
+  // The unfused path (wait_for_compile off): the fused kernel's background compile, and a dense
+  // kernel of the same epilogue that never fuses (cuBLASLt + the plain epilogue), built at its
+  // first use. Under mu.
+  mutable std::shared_future<std::string> compiling;
+  mutable std::unique_ptr<Kernel> unfused;
+  mutable std::set<std::string> logged;
 
   jit::CompileRequest request() const { return runtime::grouped_request(graph, options, config); }
   void load() const;
+  Kernel& unfused_kernel() const;
+  // Whether this call runs the fused kernel; false sets `why` (still compiling, or its compile
+  // failed) and the call runs unfused.
+  bool use_fused(cudaStream_t stream, std::string& why) const;
+  void log_once(const std::string& reason) const;
 };
 
 namespace runtime {
@@ -80,7 +98,9 @@ GroupedKernel::GroupedKernel(const Graph& graph, const GroupedOptions& options)
   popts.cast_mode = options.cast_mode;
   popts.gemm = options.gemm;
   impl_->graph = run_pipeline(graph, popts);
+  impl_->input_graph = graph;
   impl_->options = options;
+  impl_->wait_for_compile = options.wait_for_compile || env_flag("EVTC_WAIT_FOR_COMPILE");
   impl_->config = options.config.value_or(default_grouped_config());
   impl_->config.precise_math = options.precise_math;
   impl_->config.fp8_fast_accum = false;
@@ -107,6 +127,54 @@ std::string GroupedKernel::compile() const {
   return impl_->library->path();
 }
 
+Kernel& GroupedKernel::Impl::unfused_kernel() const {
+  std::lock_guard lock(mu);
+  if (!unfused) {
+    CompileOptions c;
+    c.gemm = options.gemm;
+    c.cast_mode = options.cast_mode;
+    c.precise_math = options.precise_math;
+    c.disable_fusion = true;
+    unfused = std::make_unique<Kernel>(input_graph, c);
+  }
+  return *unfused;
+}
+
+std::string GroupedKernel::compile_fallback() const { return impl_->unfused_kernel().compile_fallback(); }
+
+void GroupedKernel::Impl::log_once(const std::string& reason) const {
+  std::lock_guard lock(mu);
+  if (logged.insert(reason).second)
+    log_warning("running unfused (cuBLASLt + plain epilogue, group by group): {}", reason);
+}
+
+bool GroupedKernel::Impl::use_fused(cudaStream_t stream, std::string& why) const {
+  std::shared_future<std::string> pending;
+  {
+    std::lock_guard lock(mu);
+    if (library || wait_for_compile) return true;  // loaded, or load() compiles and waits
+    if (!compiling.valid()) compiling = jit::compile_in_background(request());
+    pending = compiling;
+  }
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess)
+    throw RuntimeError("cudaStreamIsCapturing failed");
+  // A graph being captured keeps the kernels it records (and the unfused path reads the
+  // offsets back, which capture forbids): wait for the fused kernel, or fail with its error.
+  if (status != cudaStreamCaptureStatusNone) return true;
+  if (pending.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+    why = "its fused kernel is still compiling (the calls switch to it when it is ready)";
+    return false;
+  }
+  try {
+    pending.get();
+    return true;
+  } catch (const std::exception& e) {
+    why = fmt::format("the fused kernel did not compile: {}", e.what());
+    return false;
+  }
+}
+
 bool GroupedKernel::in_library() const { return jit::library_kernel(impl_->request()).has_value(); }
 
 std::string GroupedKernel::source() const { return impl_->request().source; }
@@ -125,7 +193,9 @@ FusionEstimate GroupedKernel::estimate(int64_t total_m, int64_t n, int64_t k, in
   g.k = k;
   const double out = double(total_m) * (gated() ? n / 2 : n) * dtype_bytes(output_dtype());
   // Every group reads its own weights: the B traffic is G times one group's.
-  FusionEstimate e = estimate_for(config(), g, out, double(groups - 1) * n * k * dtype_bytes(g.b_dtype), unfused);
+  const double other_weights = double(groups - 1) * n * k * dtype_bytes(g.b_dtype);
+  FusionEstimate e = estimate_for(config(), g, out, other_weights, unfused);
+  e.cublas_us = grouped_mm_us(g, other_weights, unfused.gemms);  // the unfused path's GEMMs: torch._grouped_mm
   e.basis = "model (grouped)";
   return e;
 }
@@ -160,7 +230,7 @@ void require_aligned(const std::string& what, const void* data, int64_t ld, DTyp
 
 }  // namespace
 
-void GroupedKernel::run(const GroupedArguments& args, cudaStream_t stream) const {
+ExecutionPath GroupedKernel::run(const GroupedArguments& args, cudaStream_t stream) const {
   const Impl& im = *impl_;
   const GemmDesc& gemm = im.options.gemm;
   const KernelSignature& sig = im.signature;
@@ -298,6 +368,47 @@ void GroupedKernel::run(const GroupedArguments& args, cudaStream_t stream) const
 
   for (const auto& [p, what] : device_ptrs) im.pointer_checks.check(p, [&] { return what; });
 
+  // --- unfused, while the fused kernel compiles --------------------------------------------
+  if (std::string why; !im.use_fused(stream, why)) {
+    im.log_once(why);
+    std::vector<int32_t> ends(size_t(groups), 0);
+    cuda_check(cudaMemcpyAsync(ends.data(), args.offsets(), ends.size() * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                               stream),
+               "reading the offsets back");
+    cuda_check(cudaStreamSynchronize(stream), "reading the offsets back");
+    Kernel& dense = im.unfused_kernel();
+    auto at = [](void* base, int64_t elements, DType dtype) {
+      return static_cast<void*>(static_cast<char*>(base) + elements * dtype_bytes(dtype));
+    };
+    int64_t start = 0;
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t end = ends[size_t(g)];
+      if (end < start || end > total_m)
+        throw UserError(fmt::format("offsets[{}] = {}: the end offsets must be non-decreasing and at most x's {} "
+                                    "rows (the previous group ends at {})",
+                                    g, end, total_m, start));
+      if (end == start) continue;
+      const int64_t rows = end - start;
+      Arguments d;
+      d.a(TensorRef{at(X.data, start * X.row_stride, X.dtype), X.dtype, rows, k, X.row_stride, 1});
+      void* wg = at(W.data, g * W.batch_stride, W.dtype);
+      d.b(k_major ? TensorRef{wg, W.dtype, n, k, W.row_stride, 1}.transposed()
+                  : TensorRef{wg, W.dtype, k, n, W.row_stride, 1});
+      for (size_t i = 0; i < sig.pointers.size(); ++i) {
+        const OperandSlot& s = sig.pointers[i];
+        if (s.is_output) continue;
+        const TensorRef& t = args.tensors().at(s.name);
+        void* p = group_strides[i] == 0 ? t.data : at(t.data, g * group_strides[i], t.dtype);
+        d.set(s.name, s.kind == NodeKind::row_vec ? TensorRef::vector(p, t.dtype, n) : TensorRef::scalar(p, t.dtype));
+      }
+      for (const auto& [name, value] : args.scalars()) d.set(name, value);
+      d.set(out_name, TensorRef{at(Y.data, start * Y.row_stride, Y.dtype), Y.dtype, rows, out_cols, Y.row_stride, 1});
+      dense.run(d, stream);
+      start = end;
+    }
+    return ExecutionPath::fallback;
+  }
+
   // --- launch ----------------------------------------------------------------------------
   im.load();
   evtc_grouped_args a{};
@@ -326,6 +437,7 @@ void GroupedKernel::run(const GroupedArguments& args, cudaStream_t stream) const
   const int rc = im.run(&a, workspace, stream, why, sizeof why);
   cudaFreeAsync(workspace, stream);
   if (rc != EVTC_OK) throw RuntimeError(fmt::format("grouped kernel launch failed: {}", why));
+  return ExecutionPath::fused;
 }
 
 }  // namespace evtc

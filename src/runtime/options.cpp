@@ -51,6 +51,7 @@ GroupedOptions grouped_options(const OptionText& o) {
   g.config = c.config;
   g.cast_mode = c.cast_mode;
   g.precise_math = c.precise_math;
+  g.wait_for_compile = c.wait_for_compile;
   return g;
 }
 

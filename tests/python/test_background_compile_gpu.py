@@ -108,3 +108,90 @@ def test_cuda_graph_capture_waits_for_the_fused_kernel():
         check(got, torch.relu(x.double() @ w.double().t() + b.double()) * scale)
     counts = evtc.torch.path_counts(only_fusion(start).spec)
     assert counts["fused"] >= 1, counts
+
+
+# --- grouped (MoE) kernels: group by group while compiling ---------------------------------
+
+ROWS = [0, 77, 300, 1, 0, 130]  # ragged, with empty groups (not tile multiples)
+
+
+def grouped_inputs(n: int, k: int):
+    g = len(ROWS)
+    x = randn(sum(ROWS), k)
+    w = randn(g, n, k, scale=k ** -0.5)  # stacked nn.Linear weights
+    offs = torch.tensor(ROWS, device="cuda").cumsum(0).to(torch.int32)
+    return x, w, offs
+
+
+def per_group(x, w, fn) -> list[tuple[int, int, torch.Tensor]]:
+    """(first row, rows, fn(group index, x_g @ w_g^T in float64)) of every non-empty group."""
+    out, start = [], 0
+    for i, r in enumerate(ROWS):
+        if r:
+            out.append((start, r, fn(i, x[start:start + r].double() @ w[i].double().t())))
+        start += r
+    return out
+
+
+def check_groups(y: torch.Tensor, want) -> None:
+    for start, r, ref in want:
+        check(y[start:start + r], ref)
+
+
+def test_grouped_kernel_runs_group_by_group_while_compiling_then_switches():
+    """evtc.grouped(..., wait_for_compile=False): a per-group bias and a per-group scalar by
+    pointer, gated output (N -> N/2) and plain output."""
+    scale = fresh_constant(4)
+    n, k = 264, 136
+    x, w, offs = grouped_inputs(n, k)
+    g = len(ROWS)
+    bias, s = randn(g, n), torch.rand(g, device="cuda") + 0.5
+    plain = evtc.grouped(f"input bias[n]: bf16\ninput s: f32 ptr\nout y: bf16 = silu(acc + bias[n]) * s * {scale}",
+                         wait_for_compile=False)
+    gated = evtc.grouped(f"out y: bf16 = gptoss_swiglu(acc * {scale} + bias[n], alpha=1.5, limit=3)",
+                         wait_for_compile=False)
+
+    def swiglu(i, h):
+        h = h * scale + bias[i].double()
+        gate, up = h[:, 0::2].clamp(max=3), h[:, 1::2].clamp(-3, 3)
+        return gate * torch.sigmoid(1.5 * gate) * (up + 1)
+
+    cases = [(plain, dict(bias=bias, s=s), per_group(x, w, lambda i, h: F.silu(h + bias[i].double())
+                                                    * s[i].double() * scale)),
+             (gated, dict(bias=bias), per_group(x, w, swiglu))]
+    for kernel, operands, want in cases:
+        poison_allocator()
+        first = kernel(x, w.transpose(1, 2), offs, **operands).clone()
+        assert kernel.last_path == "fallback", kernel
+        check_groups(first, want)
+        kernel._native.compile()  # waits for the background compile
+        poison_allocator()
+        second = kernel(x, w.transpose(1, 2), offs, **operands)
+        assert kernel.last_path == "fused", kernel
+        check_groups(second, want)
+        torch.testing.assert_close(second, first, rtol=1e-2, atol=1e-2 * first.abs().max().item())
+
+
+def test_grouped_op_in_a_model_runs_unfused_while_compiling():
+    scale = fresh_constant(5)
+    n, k = 264, 136
+
+    def fn(x, w, offs, b):
+        return F.silu(torch._grouped_mm(x, w.transpose(-2, -1), offs=offs) + b) * scale
+
+    compiled = torch.compile(fn, backend="evtc", options=FUSE_ALL)
+    x, w, offs = grouped_inputs(n, k)
+    b = randn(n)
+    want = per_group(x, w, lambda i, h: F.silu(h + b.double()) * scale)
+    start = len(evtc.torch.reports)
+    poison_allocator()
+    first = compiled(x, w, offs, b).clone()
+    spec = only_fusion(start).spec
+    assert evtc.torch.path_counts(spec) == {"fused": 0, "fallback": 1}
+    check_groups(first, want)
+    assert not evtc.torch.wait_for_compiles()
+    poison_allocator()
+    second = compiled(x, w, offs, b)
+    assert evtc.torch.path_counts(spec) == {"fused": 1, "fallback": 1}
+    check_groups(second, want)
+    torch.testing.assert_close(second, first, rtol=1e-2, atol=1e-2 * first.abs().max().item())

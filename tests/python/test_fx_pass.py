@@ -209,6 +209,18 @@ def test_grouped_mm_with_gated_activation_becomes_one_grouped_op():
     assert tuple(result.meta["val"].shape) == (M, N // 2)
 
 
+def test_grouped_mm_chunked_into_gate_and_up_halves_becomes_one_grouped_op():
+    def halves(h):
+        gate, up = h.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+    gm, report = fuse(grouped(halves), TOKENS, EXPERTS, OFFS)
+    (f,) = report.fused
+    assert "gate(h)" in f.expr and "up(h)" in f.expr
+    assert torch.ops.aten._grouped_mm.default not in ops_of(gm)
+    assert evtc.torch._op.spec_kernel(f.spec)[0].gated
+
+
 def test_grouped_mm_reads_a_shared_bias_and_n_major_weights():
     def fn(x, w, offs, b):
         return F.silu(torch._grouped_mm(x, w, offs=offs) + b)

@@ -10,6 +10,7 @@ torch = pytest.importorskip("torch", reason="the FX pass tests need torch")
 import torch.nn.functional as F  # noqa: E402
 
 import evtc.torch  # noqa: E402
+from evtc import _evtc  # noqa: E402
 from test_fx_pass import BF16, trace  # noqa: E402
 
 
@@ -41,16 +42,26 @@ def test_decode_sized_gemms_stay_with_cublas():
 
 
 def test_merged_gate_and_up_are_costed_as_two_gemms_and_a_kernel():
-    # LLaMA-2 hidden 2048 / FFN 5632 (at hidden 4096 / FFN 11008 the merged GEMM's expected
-    # gain is below the margin, as measured: it is refused there).
+    # LLaMA-2 hidden 2048 / FFN 5632, and hidden 4096 / FFN 11008, where the gain is smaller:
+    # unfused, two GEMMs of half the width run (each with its own launch and tile grid) and
+    # the SwiGLU kernel; the model puts the merged kernel 3.3 % ahead there, and with it fused
+    # the LLaMA MLP block ran 1.016x plain compile (bench/results/
+    # 20261124-2351-h200-models-profitability-off.json).
     report = decide(lambda x, w1, w3: F.silu(x @ w1.t()) * (x @ w3.t()), ((8192, 2048), BF16),
                     ((5632, 2048), BF16), ((5632, 2048), BF16))
     (f,) = [f for f in report.fused if f.merged]
     assert f.estimate["n"] == 11264 and f.estimate["epilogue_us"] > 0
     big = decide(lambda x, w1, w3: F.silu(x @ w1.t()) * (x @ w3.t()), ((8192, 4096), BF16),
                  ((11008, 4096), BF16), ((11008, 4096), BF16))
-    assert not big.fused and any("merging mm + mm_1: not profitable at 8192x22016x4096" in why
-                                 for _, why in big.refused)
+    (f,) = [f for f in big.fused if f.merged]
+    e = f.estimate
+    assert e["n"] == 22016 and e["fused_us"] < e["cublas_us"] + e["epilogue_us"]
+    # Two GEMMs over halves of N cost more than one over all of it (two launches, two grids).
+    kernel = evtc.compile("out y: bf16 = swiglu(acc)", b_layout="col")
+    work = _evtc.UnfusedWork()
+    halves = kernel._native.estimate(8192, 22016, 4096, work)
+    work.gemms = 2
+    assert kernel._native.estimate(8192, 22016, 4096, work).cublas_us > halves.cublas_us + 3.0
 
 
 def test_profitability_can_be_switched_off():

@@ -37,7 +37,8 @@ def fuse_gemm_epilogues(graph: fx.Graph, *, cast_mode: str = "eager", compile: b
     where the cost model expects it to be faster than cuBLAS + Inductor's kernels. Without
     ``wait_for_compile`` a fused op whose kernel is still compiling runs unfused (cuBLASLt + the
     plain epilogue) and switches to the fused kernel when it is ready; with it, the op's first
-    call waits for the compile. Grouped (MoE) ops always wait: they have no unfused path.
+    call waits for the compile. A grouped (MoE) op's unfused path runs one cuBLASLt GEMM + the
+    plain epilogue per non-empty group (after reading the offsets back to the host).
     """
     sync_native_level()  # a level set through Python's logging (TORCH_LOGS) reaches compile messages
     report = passes.run(graph, Settings(cast_mode, compile, merge_gated, profitability, wait_for_compile))

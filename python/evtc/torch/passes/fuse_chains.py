@@ -85,6 +85,8 @@ def _fuse_grouped(graph: fx.Graph, chain: Chain, settings, outs) -> Fusion:
         raise Refused(NO_COMPILER)
     if settings.compile:
         kernel.compile_async()
+        if not settings.wait_for_compile:  # the first calls run unfused, group by group
+            kernel.compile_fallback_async()
     if chain.merged is None:
         op, inputs = _op.GROUPED_GEMM_EPILOGUE, [chain.a, chain.b, chain.offsets, operand_nodes]
     else:

@@ -63,7 +63,8 @@ def _consumers(n: fx.Node, members: set[fx.Node]) -> list[fx.Node]:
 @dataclass
 class UnfusedPath:
     saved_bytes: float = 0.0
-    kernels: int = 0
+    kernels: int = 0  # epilogue kernels
+    gemms: int = 1  # GEMMs over N (a merged chain's sources, each its own launch and tile grid)
     folded_into: list[str] = field(default_factory=list)  # consumers that would compute the epilogue
 
 
@@ -100,7 +101,8 @@ def unfused_path(chain: Chain, outs: list[fx.Node]) -> UnfusedPath:
         else:
             own_kernel = True
             path.saved_bytes += value_bytes(o)
-    path.kernels = int(own_kernel) + (len(chain.merged_from) - 1 if chain.merged_from else 0)
+    path.kernels = int(own_kernel)
+    path.gemms = len(chain.merged_from) if chain.merged_from else 1
     return path
 
 
@@ -111,7 +113,7 @@ def decide(chain: Chain, kernel, outs: list[fx.Node], settings) -> dict:
     path = unfused_path(chain, outs)
     m, n, k = problem_size(chain)
     work = _evtc.UnfusedWork()
-    work.saved_bytes, work.kernels = path.saved_bytes, path.kernels
+    work.saved_bytes, work.kernels, work.gemms = path.saved_bytes, path.kernels, path.gemms
     if chain.grouped:
         b = chain.b if chain.merged is None else chain.merged.b_gate
         e = kernel._native.estimate(m, n, k, concrete(b.meta["val"].shape[0]), work)
