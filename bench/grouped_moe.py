@@ -12,8 +12,10 @@ The gated epilogue (gptoss_swiglu, the W6 MoE layer's activation) reads the weig
 interleaved (gate, up) pairs and writes sum(M_g) × N/2; its eager PyTorch form slices the
 even and odd columns of the product.
 
+Writes DIR/grouped_moe.json (after every row) and DIR/grouped_moe.png.
+
 Usage: python3 bench/grouped_moe.py PATH/TO/evtc --out DIR [--epilogues bias,gptoss_swiglu]
-       [--shapes W6] [--configs ,coop_128x256x64_c2x1_persistent]
+       [--shapes W6,MoE] [--configs ,coop_128x256x64_c2x1_persistent]
 """
 import argparse
 import ctypes
@@ -23,6 +25,7 @@ import re
 import statistics
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.nn.functional as F
@@ -131,6 +134,33 @@ def reference(x, w, bias, offs, fn):
     return torch.cat(out)
 
 
+def plot(results: dict, path: str) -> None:
+    """One bar group per (shape, epilogue): each evtc configuration and torch._grouped_mm alone."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = results["rows"]
+    if not rows:
+        return
+    names = sorted({c for r in rows for c in r["evtc"]})
+    bars = names + ["torch._grouped_mm"]
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(rows) * len(bars) / 4 + 2), 4.5))
+    width = 0.8 / len(bars)
+    for j, name in enumerate(bars):
+        ys = [(r["evtc"].get(name, {}).get("ms") if name in names else r["baselines_ms"]["torch._grouped_mm"]) or 0
+              for r in rows]
+        ax.bar([i + j * width for i in range(len(rows))], ys, width, label=name)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(rows))],
+                  [f"{r['shape']}\n[{r['epilogue']}]" for r in rows], fontsize=7)
+    ax.set_ylabel("ms (lower is better)")
+    ax.set_title(f"{results['device']}, grouped GEMM + epilogue, torch {results['torch']}")
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("evtc")
@@ -145,15 +175,25 @@ def main():
     gen = torch.Generator().manual_seed(1)
     ragged = [int(v) for v in torch.randint(0, 257, (64,), generator=gen)]
     ragged[3] = ragged[40] = 0
+    # bench/models.py's moe layer: top-2 of 8 experts over 8192 tokens, its gate and up
+    # projections merged (N = 2 x 1408, K = 2048); a random router's groups of about 2048 rows.
+    routed = torch.bincount(torch.randint(0, 8, (16384,), generator=gen), minlength=8).tolist()
     shapes = {
         "W6 8x1024x4096x2048": ([1024] * 8, 4096, 2048),
         "G64 ragged (0..256 rows) x4096x2048": (ragged, 4096, 2048),
+        "MoE layer 8 ragged (~2048 rows) x2816x2048": (routed, 2816, 2048),
     }
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rows": []}
     configs = opts.configs.split(",")
     if opts.shapes:
         shapes = {name: v for name, v in shapes.items() if any(name.startswith(p) for p in opts.shapes.split(","))}
+    # Every kernel compiles at once (one nvcc per core), before any timing.
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        pending = {(epi, cfg): pool.submit(compile_kernel, opts.evtc, expr, cfg)
+                   for epi, (expr, _, _) in epilogues.items() for cfg in configs}
+        kernels = {key: f.result() for key, f in pending.items()}
+    print(f"compiled {len(kernels)} kernels", flush=True)
     for shape_name, (rows, n, k) in shapes.items():
         x, w, bias, offs = problem(rows, n, k, 0)
         total = sum(rows)
@@ -174,7 +214,7 @@ def main():
             row["baselines_ms"]["torch._grouped_mm + eager epilogue"] = median_ms(eager)
             want = reference(x, w, bias, offs, fn)
             for cfg in configs:
-                path, cfg_name = compile_kernel(opts.evtc, expr, cfg)
+                path, cfg_name = kernels[(epi, cfg)]
                 y = torch.full(tuple(want.shape), float("nan"), dtype=torch.bfloat16, device="cuda")
                 kern = EvtcGrouped(path, x, w, offs, bias, y, gated)
                 kern()
@@ -193,6 +233,10 @@ def main():
                 print(f"    {name}: {v['ms']:.4f} ms rel_l2 {v['rel_l2']:.2e} {'PASS' if v['check'] else 'FAIL'}")
             with open(os.path.join(opts.out, "grouped_moe.json"), "w") as f:
                 json.dump(results, f, indent=1)
+    try:
+        plot(results, os.path.join(opts.out, "grouped_moe.png"))
+    except ImportError as e:
+        print(f"no plot: {e}")
 
 
 if __name__ == "__main__":

@@ -28,11 +28,14 @@ BatchedTensorRef BatchedTensorRef::contiguous(const void* data, DType dtype, int
   return BatchedTensorRef{const_cast<void*>(data), dtype, batches, rows, cols, rows * cols, cols, 1};
 }
 
+// Ping-pong 128×192 without a cluster: on the H200 it was the fastest of five configurations
+// on both grouped problems measured (bench/results/20261125-0153-h200-grouped-moe.json, gated
+// epilogue): 0.3116 ms against 0.3492 for cooperative 128×256 with a 1×2 cluster (the previous
+// default) on the moe layer of bench/models.py (8 ragged groups of ~2048 rows, N 2816, K 2048),
+// 0.2279 against 0.2325 on W6. A 2×1 cluster pads every group's M tiles to an even count, a 1×2
+// one every group's N tiles.
 KernelConfig default_grouped_config() {
-  KernelConfig c;  // cooperative 128×256×64
-  c.cluster_m = 1;  // a 2×1 cluster would pad every group's M tiles to an even count
-  c.cluster_n = 2;
-  return c;
+  return KernelConfig::of(MainloopSchedule::pingpong, 128, 192, 1);
 }
 
 struct GroupedKernel::Impl {

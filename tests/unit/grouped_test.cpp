@@ -51,8 +51,8 @@ TEST(GroupedEmitter, PtrArrayKernelWithPerGroupOperands) {
   EXPECT_EQ(k.config().name(), default_grouped_config().name());
   const std::string src = k.source();
   expect_has(src, {"cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>"});
-  expect_has(src, {"KernelPtrArrayTmaWarpSpecializedCooperative"});
-  expect_has(src, {"PtrArrayTmaWarpSpecializedCooperative"});
+  expect_has(src, {"KernelPtrArrayTmaWarpSpecializedPingpong"});  // the default: ping-pong 128×192
+  expect_has(src, {"PtrArrayTmaWarpSpecializedPingpong"});
   expect_has(src, {"cutlass::layout::RowMajor*"});
   // The row vector and the scalar by pointer step by their group stride; the node emission is
   // the dense emitter's (same functors).
@@ -66,11 +66,12 @@ TEST(GroupedEmitter, PtrArrayKernelWithPerGroupOperands) {
   expect_has(src, {"int evtc_grouped_run("});
   EXPECT_EQ(src.find("int evtc_run("), std::string::npos);  // not callable as a dense kernel
 
-  GroupedOptions pp;
-  pp.config = KernelConfig::parse("pingpong_128x128x64_c1x2_persistent");
-  pp.gemm.b_layout = Layout::row_major;
-  const std::string src2 = GroupedKernel(parse_expression("out D: bf16 = acc"), pp).source();
-  expect_has(src2, {"KernelPtrArrayTmaWarpSpecializedPingpong"});
+  GroupedOptions coop;
+  coop.config = KernelConfig::parse("coop_128x256x64_c1x2_persistent");
+  coop.gemm.b_layout = Layout::row_major;
+  const std::string src2 = GroupedKernel(parse_expression("out D: bf16 = acc"), coop).source();
+  expect_has(src2, {"KernelPtrArrayTmaWarpSpecializedCooperative"});
+  expect_has(src2, {"PtrArrayTmaWarpSpecializedCooperative"});
   expect_has(src2, {"cute::get<1>(sb) = ldw;"});  // G×K×N weights: N-major B
 }
 
