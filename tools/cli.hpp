@@ -45,6 +45,11 @@ const CLI::Validator& layout_value();
 // A kernel configuration name (KernelConfig::parse), e.g. coop_128x256x64_c2x1_persistent.
 const CLI::Validator& config_value();
 
+// --arch: the GPU architecture to build for (evtc/arch.hpp: sm80, sm86, sm90, sm120, ...),
+// checked by parse_arch; empty: the device's (EVTC_ARCH overrides both).
+void add_arch_option(CLI::App* sub, std::string& arch);
+std::optional<int> arch_option(const std::string& arch);
+
 // The GEMM options run, compile and tune share: --dtype (A's, and B's unless --dtype-b),
 // --dtype-b, --layout-a, --layout-b and --fast-accum (fp8 only).
 struct GemmFlags {

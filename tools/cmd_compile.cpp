@@ -15,7 +15,7 @@ namespace evtc::cli {
 
 Command add_compile_command(CLI::App& app) {
   struct Args {
-    std::string expr, config, emit;
+    std::string expr, config, emit, arch;
     GemmFlags gemm;
     bool emit_only = false, fallback = false, precise = false;
   };
@@ -28,11 +28,13 @@ Command add_compile_command(CLI::App& app) {
   sub->add_flag("--emit-only", a->emit_only, "Only write the source (with --emit), do not compile")->needs(emit);
   sub->add_flag("--fallback", a->fallback, "Also compile the unfused fallback epilogue");
   sub->add_flag("--precise", a->precise, "Full-precision transcendental math");
+  add_arch_option(sub, a->arch);
   return {sub, [a] {
             const ParseOptions popts = a->gemm.parse_options();
             CompileOptions opts;
             opts.gemm = a->gemm.desc();
             opts.precise_math = a->precise;
+            opts.arch = arch_option(a->arch);
             if (!a->config.empty()) opts.config = KernelConfig::parse(a->config);  // config_value() checked it
             Kernel kernel(parse_expression_arg(a->expr, popts), opts);
             const std::string not_fusable = kernel.fallback_reason(0, 0, 0);

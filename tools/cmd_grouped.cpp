@@ -60,7 +60,7 @@ void check_problem_size(const std::vector<int64_t>& rows, int64_t n, int64_t k) 
 
 Command add_grouped_command(CLI::App& app) {
   struct Args {
-    std::string expr, config, emit, rows, weights = "nk";
+    std::string expr, config, emit, rows, weights = "nk", arch;
     int64_t groups = 8, m = 0, n = 0, k = 0;
     bool compile_only = false, check = false, bench = false, precise = false;
   };
@@ -82,8 +82,10 @@ Command add_grouped_command(CLI::App& app) {
   sub->add_flag("--check", a->check, "Compare every group with the fp64 reference");
   sub->add_flag("--bench", a->bench, "Time the grouped kernel (median of CUDA-event timings)");
   sub->add_flag("--precise", a->precise, "Full-precision transcendental math");
+  add_arch_option(sub, a->arch);
   return {sub, [a] {
             GroupedOptions opts;
+            opts.arch = arch_option(a->arch);
             opts.gemm.b_layout = a->weights == "nk" ? Layout::col_major : Layout::row_major;
             opts.precise_math = a->precise;
             if (!a->config.empty()) opts.config = KernelConfig::parse(a->config);  // config_value() checked it

@@ -24,7 +24,7 @@ struct RunArgs {
   int64_t m = 0, n = 0, k = 0;
   GemmFlags gemm;
   bool check = false, bench = false, precise = false, tune = false, integer_inputs = false;
-  std::string config;
+  std::string config, arch;
   std::string cast_mode = "eager";
   uint64_t seed = 1;
   std::string json;
@@ -43,6 +43,7 @@ int run(const RunArgs& ra) {
   CompileOptions opts;
   opts.gemm = gemm;
   opts.precise_math = ra.precise;
+  opts.arch = arch_option(ra.arch);
   if (ra.cast_mode == "fast") opts.cast_mode = CastMode::fast;  // --cast-mode's check: eager or fast
   if (!ra.config.empty()) opts.config = KernelConfig::parse(ra.config);  // config_value() has checked it
   // The cost of a disk-cache hit in a new process is measured from here: the CUDA context
@@ -185,6 +186,7 @@ Command add_run_command(CLI::App& app) {
                 "Inputs of small integers: with --check, elements the device computes exactly must match bit for bit");
   sub->add_flag("--bench", ra->bench, "Time fused vs plain cuBLAS vs unfused (median of 50)");
   sub->add_flag("--precise", ra->precise, "Full-precision transcendental math");
+  add_arch_option(sub, ra->arch);
   sub->add_flag("--tune", ra->tune, "Autotune this shape first (compile and time the candidates)");
   sub->add_option("--config", ra->config, "Kernel config, e.g. coop_128x256x64_c2x1_persistent")->check(config_value());
   sub->add_option("--cast-mode", ra->cast_mode, "Round where eager PyTorch rounds (eager), or only at outputs (fast)")

@@ -25,7 +25,7 @@ struct TuneArgs {
   GemmFlags gemm;
   bool precise = false, list = false;
   int max_candidates = -1;
-  std::string json;
+  std::string json, arch;
 };
 
 nlohmann::json result_json(const TuneResult& r) {
@@ -61,6 +61,7 @@ int tune(const TuneArgs& ta) {
   CompileOptions opts;
   opts.gemm = ta.gemm.desc();
   opts.precise_math = ta.precise;
+  opts.arch = arch_option(ta.arch);
   if (ta.max_candidates >= 0) opts.tune_max_candidates = ta.max_candidates;
   Kernel kernel(parse_expression_arg(ta.expr, popts), opts);
 
@@ -111,6 +112,7 @@ Command add_tune_command(CLI::App& app) {
       ->required();
   ta->gemm.add_to(sub);
   sub->add_flag("--precise", ta->precise, "Full-precision transcendental math");
+  add_arch_option(sub, ta->arch);
   sub->add_option("--max-candidates", ta->max_candidates,
                   "Most candidates per shape (0: all that survive pruning; default 6)")
       ->check(CLI::NonNegativeNumber);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cli.hpp"
+#include "evtc/arch.hpp"
 #include "evtc/error.hpp"
 #include "evtc/log.hpp"
 
@@ -70,6 +71,30 @@ const CLI::Validator& dtype_value() {
       },
       fmt::format("{{{}}}", fmt::join(dtype_names(), ",")));
   return v;
+}
+
+void add_arch_option(CLI::App* sub, std::string& arch) {
+  static const CLI::Validator v = CLI::Validator(
+      [](std::string& text) -> std::string {
+        try {
+          text = fmt::format("sm{}", parse_arch(text, "--arch"));
+        } catch (const UserError& e) {
+          // CLI11 names the option itself.
+          const std::string what = e.what();
+          return what.substr(what.find(": ") + 2);
+        }
+        return {};
+      },
+      "ARCH");
+  sub->add_option("--arch", arch,
+                  "GPU architecture to build for: sm80, sm86, sm89, sm90, sm100, sm120, ... (default: the "
+                  "device's; fused kernels exist for sm90 only, elsewhere the unfused path runs)")
+      ->check(v);
+}
+
+std::optional<int> arch_option(const std::string& arch) {
+  if (arch.empty()) return std::nullopt;
+  return parse_arch(arch, "--arch");
 }
 
 const CLI::Validator& layout_value() {

@@ -22,7 +22,10 @@ struct GemmDesc {
   // accumulation, which adds the tensor cores' partial sums into fp32 registers every 128 of
   // K. Faster, and less accurate for long K.
   bool fp8_fast_accum = false;
-  int sm = 90;  // target compute capability (90 = Hopper, sm_90a)
+  // The target architecture (compute capability × 10; 90 = Hopper, sm_90a). Kernel and
+  // GroupedKernel set it from evtc::target_arch (evtc/arch.hpp): CompileOptions::arch,
+  // EVTC_ARCH or the current device.
+  int sm = 90;
 };
 
 // The layout of a rows×cols matrix view (strides in elements): row-major when its columns

@@ -102,6 +102,9 @@ struct GroupedOptions {
   // the fused kernel at the first call after it is ready. A call being captured into a CUDA
   // graph always waits. EVTC_WAIT_FOR_COMPILE=1 makes every kernel wait.
   bool wait_for_compile = true;
+  // As CompileOptions::arch. On an architecture other than 90 every call runs the unfused
+  // path above (and cannot be captured in a CUDA graph: it reads the offsets back).
+  std::optional<int> arch;
 };
 
 // Measured on the H200 (bench/grouped_moe.py, docs/grouped.md): ping-pong 128×192, no cluster.
@@ -129,8 +132,10 @@ class GroupedKernel {
   // Compiles (or loads) the unfused path's plain epilogue now; returns its library path.
   std::string compile_fallback() const;
 
-  // Why problems with N output columns and K this kernel cannot run (a UserError from run);
-  // empty when it can. Front ends ask before they build a call (the PyTorch FX pass).
+  // Why problems with N output columns and K would not run fused: a shape the kernel cannot
+  // take (a UserError from run), or a target architecture without fused kernels (run then
+  // takes the unfused path); empty when they would. Front ends ask before they build a call
+  // (the PyTorch FX pass).
   std::string shape_reason(int64_t n, int64_t k) const;
   // The cost model's estimate for `groups` groups of `total_m` rows in all (evtc/cost_model.hpp).
   FusionEstimate estimate(int64_t total_m, int64_t n, int64_t k, int64_t groups, const UnfusedWork& unfused) const;

@@ -103,6 +103,11 @@ struct CompileOptions {
   // A call being captured into a CUDA graph always waits (the graph could not switch later).
   // EVTC_WAIT_FOR_COMPILE=1 makes every kernel wait.
   bool wait_for_compile = true;
+  // The GPU architecture to build for (compute capability × 10, evtc/arch.hpp); unset: the
+  // current device's (90 without one). EVTC_ARCH overrides it. Fused kernels exist for 90
+  // only: elsewhere every call runs cuBLASLt + the plain epilogue, compiled for this
+  // architecture, and the reason (naming it) is logged once.
+  std::optional<int> arch;
 };
 
 // Where a problem's configuration came from.

@@ -21,6 +21,7 @@ class KernelOptions:
     disable_fusion: bool
     wait_for_compile: bool
     config: Optional[str]
+    arch: Optional[str]
     operand_dtype: str
     output_dtype: str
     def __init__(self) -> None: ...

@@ -149,7 +149,7 @@ class GroupedKernel(_Compiled):
 
 def grouped(expr: str, *, dtype: Any = "bf16", weights: str = "nk", cast_mode: str = "eager",
             precise_math: bool = False, config: Optional[str] = None, operand_dtype: Any = "bf16",
-            output_dtype: Any = "bf16", wait_for_compile: bool = True) -> GroupedKernel:
+            output_dtype: Any = "bf16", wait_for_compile: bool = True, arch: Optional[str] = None) -> GroupedKernel:
     """Parses ``expr`` and returns a :class:`GroupedKernel` (docs/grouped.md).
 
     ``dtype`` is x's and w's (``"bf16"`` or ``"f16"``); ``weights`` ``"nk"`` (each group's
@@ -157,7 +157,9 @@ def grouped(expr: str, *, dtype: Any = "bf16", weights: str = "nk", cast_mode: s
     ``config`` fixes a kernel configuration. With ``wait_for_compile=False`` a call whose fused
     kernel is not compiled yet runs unfused (one cuBLASLt GEMM + the plain epilogue per
     non-empty group, after reading ``offsets`` back to the host) while the kernel compiles in
-    the background; ``kernel.last_path`` says which ran. The other options are
+    the background; ``kernel.last_path`` says which ran. On an ``arch`` other than sm90 (by
+    default the current device's; ``EVTC_ARCH`` overrides it) every call runs that unfused path.
+    The other options are
     :func:`evtc.compile`'s.
     Epilogues a grouped kernel cannot run (``[m]``/``[m,n]`` operands, C, reductions, a
     second output) raise :class:`evtc.UserError` naming the operand.
@@ -171,4 +173,5 @@ def grouped(expr: str, *, dtype: Any = "bf16", weights: str = "nk", cast_mode: s
     o.operand_dtype = dtype_name(operand_dtype, "operand_dtype")
     o.output_dtype = dtype_name(output_dtype, "output_dtype")
     o.wait_for_compile = wait_for_compile
+    o.arch = arch
     return GroupedKernel(expr, o)

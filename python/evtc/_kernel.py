@@ -271,7 +271,8 @@ DType = Union[str, Any]  # a dtype name, or a torch / NumPy dtype
 def compile(expr: str, *, a_dtype: DType = "bf16", b_dtype: DType = "bf16", a_layout: str = "row",
             b_layout: str = "col", cast_mode: str = "eager", precise_math: bool = False,
             disable_fusion: bool = False, config: Optional[str] = None,
-            operand_dtype: DType = "bf16", output_dtype: DType = "bf16", wait_for_compile: bool = True) -> Kernel:
+            operand_dtype: DType = "bf16", output_dtype: DType = "bf16", wait_for_compile: bool = True,
+            arch: Optional[str] = None) -> Kernel:
     """Parses ``expr``, runs the pass pipeline and returns a :class:`Kernel`.
 
     Dtypes are names (``"bf16"``, ``"f8e4m3"``, ...) or torch dtypes (``torch.bfloat16``).
@@ -282,7 +283,10 @@ def compile(expr: str, *, a_dtype: DType = "bf16", b_dtype: DType = "bf16", a_la
     ``output_dtype`` are the dtypes of operands and [m,n] outputs the expression does not
     declare. With ``wait_for_compile=False`` a call whose fused kernel is not compiled yet runs
     unfused (cuBLASLt + the plain epilogue) while it compiles in the background, and later calls
-    switch to it once it is ready (``EVTC_WAIT_FOR_COMPILE=1`` makes every kernel wait). Errors
+    switch to it once it is ready (``EVTC_WAIT_FOR_COMPILE=1`` makes every kernel wait). ``arch``
+    (``"sm80"``, ``"sm90"``, ...) is the GPU architecture to build for, by default the current
+    device's (``EVTC_ARCH`` overrides it): fused kernels exist for sm90 only, and elsewhere every
+    call runs cuBLASLt + the plain epilogue built for that architecture. Errors
     in the expression raise :class:`evtc.ParseError`; bad option values :class:`evtc.UserError`
     (a ``ValueError``), options of the wrong type :class:`evtc.ArgumentTypeError` (a ``TypeError``).
     """
@@ -293,4 +297,5 @@ def compile(expr: str, *, a_dtype: DType = "bf16", b_dtype: DType = "bf16", a_la
     o.operand_dtype = dtype_name(operand_dtype, "operand_dtype")
     o.output_dtype = dtype_name(output_dtype, "output_dtype")
     o.wait_for_compile = wait_for_compile
+    o.arch = arch
     return Kernel(expr, o)

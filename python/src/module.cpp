@@ -222,6 +222,7 @@ NB_MODULE(_evtc, m) {
   nb::class_<KernelOptions>(m, "KernelOptions")
       .def(nb::init<>())
       .def_rw("a_dtype", &KernelOptions::a_dtype)
+      .def_rw("arch", &KernelOptions::arch)
       .def_rw("b_dtype", &KernelOptions::b_dtype)
       .def_rw("a_layout", &KernelOptions::a_layout)
       .def_rw("b_layout", &KernelOptions::b_layout)

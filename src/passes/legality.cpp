@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "evtc/arch.hpp"
 #include "evtc/ir_text.hpp"
 
 namespace evtc {
@@ -12,7 +13,6 @@ constexpr int kAccessBytes = 16;  // TMA and vectorised epilogue accesses move 1
 // beyond a few registers, so they are counted apart.
 constexpr size_t kMaxMatrixOutputs = 8;
 constexpr size_t kMaxReductions = 16;
-constexpr int kSupportedSm = 90;
 
 int elements_per_access(DType t) { return kAccessBytes / dtype_bytes(t); }
 
@@ -49,10 +49,7 @@ class LegalityChecker {
   }
 
   void check_target() {
-    if (gemm_.sm != kSupportedSm)
-      refuse(fmt::format("sm={} is not a supported target: fused kernels are generated for "
-                         "sm={} (Hopper) only",
-                         gemm_.sm, kSupportedSm));
+    if (std::string why = arch_refusal(gemm_.sm); !why.empty()) refuse(std::move(why));
   }
 
   void check_operand_types() {

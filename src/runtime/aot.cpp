@@ -14,6 +14,7 @@
 #include <set>
 #include <sstream>
 
+#include "evtc/arch.hpp"
 #include "evtc/error.hpp"
 #include "evtc/expression.hpp"
 #include "evtc/grouped.hpp"
@@ -106,7 +107,7 @@ std::vector<ListItem> parse_kernel_list(const std::string& text) {
 // every such field is written, so an entry means the same under later defaults).
 json code_options(const OptionText& o) {
   json j = json::parse(option_text_json(o));
-  for (const char* k : {"disable_fusion", "wait_for_compile", "operand_dtype", "output_dtype"}) j.erase(k);
+  for (const char* k : {"disable_fusion", "wait_for_compile", "operand_dtype", "output_dtype", "arch"}) j.erase(k);
   if (j["config"].is_null()) j.erase("config");
   return j;
 }
@@ -293,7 +294,7 @@ LibraryBuildResult build_kernel_library(const std::string& list_json, const std:
                 {{"ir", print(kernel.graph())}, {"options", opts}, {"m", s.m}, {"n", s.n}, {"k", s.k},
                  {"config", config.name()}});
       }
-      add_job(runtime::fallback_request(kernel.graph(), kernel.signature()), "plain", "plain epilogue",
+      add_job(runtime::fallback_request(kernel.graph(), kernel.signature(), kFusedArch), "plain", "plain epilogue",
               {{"ir", print(kernel.graph())}, {"options", opts}});
     } catch (const UserError& e) {
       throw UserError(fmt::format("kernel list entry {}: {}", i + 1, e.what()));

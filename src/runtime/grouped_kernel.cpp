@@ -7,6 +7,7 @@
 #include <set>
 
 #include "backends/sm90/sm90_grouped_emitter.hpp"
+#include "evtc/arch.hpp"
 #include "evtc/ir_text.hpp"
 #include "evtc/device/abi.h"
 #include "evtc/device/grouped_abi.h"
@@ -43,6 +44,7 @@ struct GroupedKernel::Impl {
   Graph input_graph;  // as given: the unfused path's dense kernel runs the pipeline on it
   GroupedOptions options;
   bool wait_for_compile = true;
+  int arch = kFusedArch;  // target_arch: on another architecture every call runs unfused
   KernelConfig config;
   KernelSignature signature;
   std::string output;  // Y: the main output, or the gated [m,n/2] output
@@ -104,6 +106,7 @@ GroupedKernel::GroupedKernel(const Graph& graph, const GroupedOptions& options)
   impl_->input_graph = graph;
   impl_->options = options;
   impl_->wait_for_compile = options.wait_for_compile || env_flag("EVTC_WAIT_FOR_COMPILE");
+  impl_->arch = target_arch(options.arch);
   impl_->config = options.config.value_or(default_grouped_config());
   impl_->config.precise_math = options.precise_math;
   impl_->config.fp8_fast_accum = false;
@@ -138,6 +141,7 @@ Kernel& GroupedKernel::Impl::unfused_kernel() const {
     c.cast_mode = options.cast_mode;
     c.precise_math = options.precise_math;
     c.disable_fusion = true;
+    c.arch = arch;
     unfused = std::make_unique<Kernel>(input_graph, c);
   }
   return *unfused;
@@ -152,6 +156,10 @@ void GroupedKernel::Impl::log_once(const std::string& reason) const {
 }
 
 bool GroupedKernel::Impl::use_fused(cudaStream_t stream, std::string& why) const {
+  if (arch != kFusedArch) {
+    why = arch_refusal(arch);
+    return false;
+  }
   std::shared_future<std::string> pending;
   {
     std::lock_guard lock(mu);
@@ -203,14 +211,24 @@ FusionEstimate GroupedKernel::estimate(int64_t total_m, int64_t n, int64_t k, in
   return e;
 }
 
-std::string GroupedKernel::shape_reason(int64_t n, int64_t k) const {
-  if (impl_->gated && n % 2 != 0)
+namespace {
+
+// What a grouped problem with N output columns and K must be, on either path.
+std::string shape_problem(bool gated, const std::string& output, int64_t n, int64_t k) {
+  if (gated && n % 2 != 0)
     return fmt::format("output '{}' is gated (one column per interleaved (gate, up) pair of the weights' N "
                        "rows): N={} must be even",
-                       impl_->output, n);
+                       output, n);
   if (k % 8 != 0) return fmt::format("K={} is not a multiple of 8 (16-bit x and weights need 16-byte rows)", k);
   if (n % 8 != 0) return fmt::format("N={} is not a multiple of 8 (the output's rows must be 16-byte aligned)", n);
   return {};
+}
+
+}  // namespace
+
+std::string GroupedKernel::shape_reason(int64_t n, int64_t k) const {
+  if (std::string why = arch_refusal(impl_->arch); !why.empty()) return why;
+  return shape_problem(impl_->gated, impl_->output, n, k);
 }
 
 namespace {
@@ -277,7 +295,7 @@ ExecutionPath GroupedKernel::run(const GroupedArguments& args, cudaStream_t stre
   if (W.row_stride < W.cols || W.batch_stride < W.rows * W.row_stride)
     throw UserError(fmt::format("weights: strides ({}, {}, 1) overlap for shape [{}, {}, {}]",
                                 W.batch_stride, W.row_stride, groups, W.rows, W.cols));
-  if (const std::string why = shape_reason(n, k); !why.empty()) throw UserError(why);
+  if (const std::string why = shape_problem(im.gated, im.output, n, k); !why.empty()) throw UserError(why);
   if (!args.offsets()) throw UserError("offsets (the groups' int32 end offsets) were not given");
   if (args.offsets_count() != groups)
     throw UserError(fmt::format("offsets has {} entries but the weights have {} groups: give one end "

@@ -8,6 +8,7 @@
 
 #include "backends/cuda/fallback_emitter.hpp"
 #include "backends/sm90/sm90_emitter.hpp"
+#include "evtc/arch.hpp"
 #include "evtc/device/abi.h"
 #include "evtc/error.hpp"
 #include "evtc/ir_text.hpp"
@@ -67,8 +68,8 @@ jit::CompileRequest fused_request(const Graph& graph, const CompileOptions& opti
   return request;
 }
 
-jit::CompileRequest fallback_request(const Graph& graph, const KernelSignature& signature) {
-  return {cuda::emit_fallback_kernel(graph, signature), "plain epilogue", expression_text(graph), false, 90};
+jit::CompileRequest fallback_request(const Graph& graph, const KernelSignature& signature, int arch) {
+  return {cuda::emit_fallback_kernel(graph, signature), "plain epilogue", expression_text(graph), false, arch};
 }
 
 }  // namespace runtime
@@ -111,7 +112,7 @@ std::shared_ptr<jit::Library> Kernel::Impl::fallback_library() const {
     std::lock_guard lock(mu);
     if (fallback) return fallback;
   }
-  auto lib = jit::load_or_compile(runtime::fallback_request(graph, signature));
+  auto lib = jit::load_or_compile(runtime::fallback_request(graph, signature, options.gemm.sm));
   std::lock_guard lock(mu);
   fallback = lib;
   return lib;
@@ -230,7 +231,9 @@ void Kernel::Impl::forget_choices() const {
   plans.clear();
 }
 
-Kernel::Kernel(const Graph& graph, const CompileOptions& options) : impl_(std::make_unique<Impl>()) {
+Kernel::Kernel(const Graph& graph, const CompileOptions& given) : impl_(std::make_unique<Impl>()) {
+  CompileOptions options = given;
+  options.gemm.sm = target_arch(given.arch);
   runtime::require_runnable_fp8(options.gemm.a_dtype, options.gemm.b_dtype,
                                 options.gemm.a_layout == Layout::row_major,
                                 options.gemm.b_layout == Layout::row_major);
@@ -270,7 +273,7 @@ void Kernel::compile(int64_t m, int64_t n, int64_t k) {
 }
 
 std::string Kernel::compile_fallback() {
-  return jit::compile_cached(runtime::fallback_request(impl_->graph, impl_->signature));
+  return jit::compile_cached(runtime::fallback_request(impl_->graph, impl_->signature, impl_->options.gemm.sm));
 }
 
 bool Kernel::in_library(int64_t m, int64_t n, int64_t k) const {

@@ -10,8 +10,8 @@ namespace evtc::runtime {
 
 // The fused kernel of `graph` (after the pipeline) with `config`.
 jit::CompileRequest fused_request(const Graph& graph, const CompileOptions& options, const KernelConfig& config);
-// The unfused path's plain epilogue.
-jit::CompileRequest fallback_request(const Graph& graph, const KernelSignature& signature);
+// The unfused path's plain epilogue, built for `arch` (evtc/arch.hpp).
+jit::CompileRequest fallback_request(const Graph& graph, const KernelSignature& signature, int arch);
 // A grouped kernel's code.
 jit::CompileRequest grouped_request(const Graph& graph, const GroupedOptions& options, const KernelConfig& config);
 

@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "evtc/arch.hpp"
 #include "evtc/error.hpp"
 
 namespace evtc {
@@ -32,6 +33,7 @@ CompileOptions compile_options(const OptionText& o) {
   c.precise_math = o.precise_math;
   c.disable_fusion = o.disable_fusion;
   c.wait_for_compile = o.wait_for_compile;
+  if (o.arch) c.arch = parse_arch(*o.arch, "arch");
   if (o.config) {
     c.config = KernelConfig::parse(*o.config);
     if (!c.config)
@@ -52,6 +54,7 @@ GroupedOptions grouped_options(const OptionText& o) {
   g.cast_mode = c.cast_mode;
   g.precise_math = c.precise_math;
   g.wait_for_compile = c.wait_for_compile;
+  g.arch = c.arch;
   return g;
 }
 
@@ -82,6 +85,7 @@ std::string option_text_json(const OptionText& o) {
                       {"disable_fusion", o.disable_fusion}, {"wait_for_compile", o.wait_for_compile},
                       {"operand_dtype", o.operand_dtype}, {"output_dtype", o.output_dtype}};
   j["config"] = o.config ? nlohmann::json(*o.config) : nlohmann::json(nullptr);
+  j["arch"] = o.arch ? nlohmann::json(*o.arch) : nlohmann::json(nullptr);
   return j.dump();
 }
 
@@ -113,14 +117,18 @@ OptionText option_text_from_json(std::string_view text) {
     else if (key == "precise_math") flag(o.precise_math);
     else if (key == "disable_fusion") flag(o.disable_fusion);
     else if (key == "wait_for_compile") flag(o.wait_for_compile);
-    else if (key == "config") {
+    else if (key == "arch") {
+      if (value.is_null()) o.arch.reset();
+      else if (value.is_string()) o.arch = value.get<std::string>();
+      else throw UserError(fmt::format("option arch: expected an architecture such as \"sm80\", got {}", value.dump()));
+    } else if (key == "config") {
       if (value.is_null()) o.config.reset();
       else if (value.is_string()) o.config = value.get<std::string>();
       else throw UserError(fmt::format("option config: expected a configuration name, got {}", value.dump()));
     } else {
       throw UserError(fmt::format("unknown kernel option '{}' (known: a_dtype, b_dtype, a_layout, b_layout, "
-                                  "cast_mode, precise_math, disable_fusion, wait_for_compile, config, operand_dtype, "
-                                  "output_dtype)",
+                                  "cast_mode, precise_math, disable_fusion, wait_for_compile, config, arch, "
+                                  "operand_dtype, output_dtype)",
                                   key));
     }
   }

@@ -52,6 +52,16 @@ def test_config_and_fallback_reason():
     assert "disabled" in evtc.compile(W1, disable_fusion=True).fallback_reason(4096, 4096, 4096)
 
 
+def test_an_architecture_without_fused_kernels_is_named_in_the_reason(monkeypatch):
+    monkeypatch.delenv("EVTC_ARCH", raising=False)
+    reason = evtc.compile(W1, arch="sm89").fallback_reason(4096, 4096, 4096)
+    assert "the target architecture is sm_89" in reason and "sm_90a (Hopper) only" in reason
+    assert evtc.compile(W1, arch="sm_90a").fallback_reason(4096, 4096, 4096) == ""
+    monkeypatch.setenv("EVTC_ARCH", "sm120")  # the environment overrides the option
+    assert "sm_120" in evtc.compile(W1, arch="sm90").fallback_reason(4096, 4096, 4096)
+    assert "sm_120" in evtc.grouped("out D: bf16 = silu(acc + bias[n])").shape_reason(4096, 2048)
+
+
 def test_parse_error_carries_location_and_the_cpp_message():
     with pytest.raises(evtc.ParseError) as e:
         evtc.compile("out D = sigmod(acc)")
@@ -66,6 +76,7 @@ def test_parse_error_carries_location_and_the_cpp_message():
     ({"cast_mode": "slow"}, "cast_mode: unknown mode 'slow'"),
     ({"config": "big_tiles"}, "config: 'big_tiles' is not a kernel configuration name"),
     ({"operand_dtype": "int8"}, "operand_dtype: unknown dtype 'int8'"),
+    ({"arch": "volta"}, "arch: 'volta' is not a GPU architecture"),
 ])
 def test_bad_options_raise_user_errors_naming_the_option(kwargs, message):
     with pytest.raises(evtc.UserError, match=message):

@@ -274,6 +274,21 @@ def test_kernel_call_runs_on_the_current_torch_stream(compiled_cases):
     torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2 * want.abs().max().item())
 
 
+def test_other_architectures_run_the_unfused_path_built_for_them(monkeypatch):
+    """arch= an architecture without fused kernels: every call runs cuBLASLt + the plain
+    epilogue compiled for it (sm_80 code runs on Hopper), with the right result."""
+    monkeypatch.delenv("EVTC_ARCH", raising=False)
+    kernel = evtc.compile("out D: bf16 = silu(acc + bias[n]) * 1.5", arch="sm80")
+    x, w = x_w()
+    b = randn(N)
+    poison_allocator()
+    got = kernel(x, w.t(), bias=b)
+    assert kernel.last_path == "fallback"
+    assert not got.isnan().any(), "unwritten elements"
+    want = F.silu(x.double() @ w.double().t() + b.double()) * 1.5
+    torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
+
+
 def test_kernel_errors_name_the_operand(compiled_cases):
     kernel = spec_kernel(EXPORT_SPEC)[0]
     x, w = x_w()

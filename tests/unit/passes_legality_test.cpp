@@ -250,8 +250,13 @@ TEST(PassLegality, OnlySm90IsATarget) {
   GemmDesc d = aligned_gemm();
   d.sm = 80;
   EXPECT_EQ(reasons(plain_graph(), d),
-            (Reasons{"sm=80 is not a supported target: fused kernels are generated for sm=90 "
-                     "(Hopper) only"}));
+            (Reasons{"the target architecture is sm_80 (the GPU's, or CompileOptions::arch / EVTC_ARCH): "
+                     "evtc generates fused kernels for sm_90a (Hopper) only"}));
+  d.sm = 120;
+  ASSERT_EQ(reasons(plain_graph(), d).size(), 1u);
+  EXPECT_NE(reasons(plain_graph(), d)[0].find("sm_120"), std::string::npos);
+  d.sm = 90;
+  EXPECT_TRUE(reasons(plain_graph(), d).empty());
 }
 
 TEST(PassLegality, ThePipelinePassReportsAndLeavesTheGraph) {
