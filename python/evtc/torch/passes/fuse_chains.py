@@ -48,6 +48,8 @@ def fuse(graph: fx.Graph, chain: Chain, settings) -> Fusion:
     if is_static(chain):
         if reason := kernel.fallback_reason(m, n, k):
             raise Refused(reason)
+    elif reason := kernel.fallback_reason(0, 0, 0):  # what holds at every size (the architecture)
+        raise Refused(reason)
     check_output_shapes(chain, outs)
     estimate = profitability.decide(chain, kernel, outs, settings)
     if not _library.compiler_available() and not kernel.in_library(m, n, k):
