@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import concurrent.futures
-import threading
 from typing import Any, Optional
 
 from . import _evtc
-from ._kernel import (_TORCH_DTYPES, Operand, _Compiled, _is_torch_tensor, _pool, _require_cuda, _split_operands,
+from ._kernel import (_TORCH_DTYPES, Operand, _Compiled, _is_torch_tensor, _require_cuda, _split_operands,
                       _torch_dlpack, dtype_name)
 
 
@@ -35,9 +34,7 @@ class GroupedKernel(_Compiled):
         self._native = _evtc.GroupedKernel(expr, options)
         self._k_major = options.b_layout in ("col", "col_major")
         self._wait = options.wait_for_compile
-        self._future: Optional[concurrent.futures.Future] = None
-        self._fallback_future: Optional[concurrent.futures.Future] = None
-        self._lock = threading.Lock()
+        self._init_compiles()  # "fused" and "fallback"
         # "fused" or "fallback" after a call: fallback (cuBLASLt + the plain epilogue, group by
         # group) only while the fused kernel compiles with wait_for_compile off, or after that
         # compile failed
@@ -81,29 +78,12 @@ class GroupedKernel(_Compiled):
 
     def compile_async(self) -> concurrent.futures.Future:
         """Starts compiling in a background thread; calls wait for it."""
-        with self._lock:
-            if self._future is None:
-                self._future = _pool().submit(self._native.compile)
-            return self._future
+        return self._start_once("fused", self._native.compile)
 
     def compile_fallback_async(self) -> concurrent.futures.Future:
         """Starts compiling the unfused path's plain epilogue (about a second) in a background
         thread: what calls run while the fused kernel compiles, with wait_for_compile off."""
-        with self._lock:
-            if self._fallback_future is None:
-                self._fallback_future = _pool().submit(self._native.compile_fallback)
-            return self._fallback_future
-
-    def _wait_for_compiles(self) -> list[str]:
-        with self._lock:
-            futures = [f for f in (self._future, self._fallback_future) if f is not None]
-        errors = []
-        for fut in futures:
-            try:
-                fut.result()
-            except _evtc.Error as e:
-                errors.append(str(e))
-        return errors
+        return self._start_once("fallback", self._native.compile_fallback)
 
     def __call__(self, x: Any, w: Any, offsets: Any, *, out: Optional[dict[str, Any]] = None,
                  stream: Optional[int] = None, **operands: Any) -> Any:

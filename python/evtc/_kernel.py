@@ -95,6 +95,36 @@ class _Compiled:
     def inputs(self) -> list[Operand]:
         return [s for s in self.signature if not s.output]
 
+    # Background compiles by name (the subclass's __init__ calls _init_compiles).
+    _futures: dict[Any, concurrent.futures.Future]
+    _futures_lock: threading.Lock
+
+    def _init_compiles(self) -> None:
+        self._futures = {}
+        self._futures_lock = threading.Lock()
+
+    def _start_once(self, key, compile_fn, *args) -> concurrent.futures.Future:
+        """The future of the compile named `key`, submitted on its first request."""
+        with self._futures_lock:
+            fut = self._futures.get(key)
+            if fut is None:
+                fut = self._futures[key] = _pool().submit(compile_fn, *args)
+            return fut
+
+    def _wait_for_compiles(self) -> list[str]:
+        """Waits for the background compiles; returns their errors. A kernel that failed to
+        compile still runs its calls unfused, with the reason logged (a grouped kernel built
+        with wait_for_compile on raises the error again from its run)."""
+        with self._futures_lock:
+            futures = list(self._futures.values())
+        errors = []
+        for f in futures:
+            try:
+                f.result()
+            except _evtc.Error as e:
+                errors.append(str(e))
+        return errors
+
 
 class Kernel(_Compiled):
     """A fused GEMM + epilogue. Call it as ``kernel(a, b, **operands)``.
@@ -112,8 +142,7 @@ class Kernel(_Compiled):
         self.expr = expr
         self._native = _evtc.Kernel(expr, options)
         self._options = options
-        self._futures: dict[tuple[int, int, int] | str, concurrent.futures.Future] = {}
-        self._futures_lock = threading.Lock()
+        self._init_compiles()  # by (m, n, k), and "fallback"
         self.last_path: Optional[str] = None
         self.signature = [Operand(**d) for d in self._native.signature]
 
@@ -157,27 +186,6 @@ class Kernel(_Compiled):
         """Starts compiling the unfused path's plain epilogue in the background (about a
         second; not queued behind fused kernels)."""
         return self._start_once("fallback", self._native.compile_fallback)
-
-    def _start_once(self, key, compile_fn, *args) -> concurrent.futures.Future:
-        """The future of the compile named `key`, submitted on its first request."""
-        with self._futures_lock:
-            fut = self._futures.get(key)
-            if fut is None:
-                fut = self._futures[key] = _pool().submit(compile_fn, *args)
-            return fut
-
-    def _wait_for_compiles(self) -> list[str]:
-        """Waits for the background compiles; returns their errors. A kernel that failed to
-        compile still runs: its calls take the unfused path, with the reason logged."""
-        with self._futures_lock:
-            futures = list(self._futures.values())
-        errors = []
-        for f in futures:
-            try:
-                f.result()
-            except _evtc.Error as e:
-                errors.append(str(e))
-        return errors
 
     # --- running -----------------------------------------------------------------------------
     def __call__(self, a: Any, b: Any, *, out: Optional[dict[str, Any]] = None,
