@@ -64,6 +64,20 @@ double cublas_efficiency(const GemmDesc& g, const tuning::DeviceLimits& d) {
 
 double occupancy(int64_t tiles, int sms) { return std::clamp(double(tiles) / sms, kSmallGridFloor, 1.0); }
 
+// The unfused path's GEMMs for the problem `g`: `gemms` of them side by side over N (a merged
+// chain's sources), each reading all of A, its part of B and of `extra_ab_bytes`, and writing its
+// 16-bit result; `one(part, flops, bytes)` times one of them.
+template <class Time>
+double side_by_side_us(const GemmDesc& g, double extra_ab_bytes, int gemms, Time one) {
+  const int parts = std::max(1, gemms);
+  GemmDesc part = g;
+  part.n = g.n / parts;
+  const double flops = 2.0 * double(g.m) * double(part.n) * double(g.k);
+  const double bytes = double(g.m) * g.k * dtype_bytes(g.a_dtype) +
+                       (double(g.n) * g.k * dtype_bytes(g.b_dtype) + extra_ab_bytes) / parts + double(g.m) * part.n * 2;
+  return parts * one(part, flops, bytes);
+}
+
 }  // namespace
 
 // A tile's arithmetic intensity (MN / (M+N)) against a 128×128 tile's: smaller tiles read
@@ -98,13 +112,9 @@ FusionEstimate estimate_for(const KernelConfig& c, const GemmDesc& g, double epi
                     extra_ab_bytes;
   // cuBLAS writes the GEMM's own result (16-bit); the fused kernel its outputs. A merged
   // chain's unfused path runs one GEMM per source, each over its part of N and B.
-  const int parts = std::max(1, unfused.gemms);
-  GemmDesc part = g;
-  part.n = g.n / parts;
-  const double part_ab = double(g.m) * g.k * dtype_bytes(g.a_dtype) +
-                         (double(g.n) * g.k * dtype_bytes(g.b_dtype) + extra_ab_bytes) / parts;
-  e.cublas_us = parts * kernel_us(2.0 * double(g.m) * double(part.n) * double(g.k), part_ab + double(g.m) * part.n * 2,
-                                  cublas_efficiency(part, d), 1.0, r);
+  e.cublas_us = side_by_side_us(g, extra_ab_bytes, unfused.gemms, [&](const GemmDesc& part, double f, double b) {
+    return kernel_us(f, b, cublas_efficiency(part, d), 1.0, r);
+  });
   const double base = c.schedule == MainloopSchedule::cooperative         ? kCoopBase
                       : c.tile_m >= 128 && c.tile_n >= 192 ? kWidePingpongBase
                                                            : kPingpongBase;
@@ -126,14 +136,10 @@ double grouped_mm_us(const GemmDesc& g, double extra_ab_bytes, int gemms) {
   tuning::DeviceLimits d;
   d.sm_count = r.sms;
   const KernelConfig c = KernelConfig::of(MainloopSchedule::cooperative, 128, 256, 1, TileSchedulerKind::persistent);
-  const int parts = std::max(1, gemms);
-  GemmDesc part = g;
-  part.n = g.n / parts;
-  const double flops = 2.0 * double(g.m) * double(part.n) * double(g.k);
-  const double bytes = double(g.m) * g.k * dtype_bytes(g.a_dtype) +
-                       (double(g.n) * g.k * dtype_bytes(g.b_dtype) + extra_ab_bytes) / parts + double(g.m) * part.n * 2;
-  return parts * kernel_us(flops, bytes, kCoopBase * tuning::grid_efficiency(c, part, d) * tile_factor(c),
-                           occupancy(tuning::tile_count(c, part), r.sms), r);
+  return side_by_side_us(g, extra_ab_bytes, gemms, [&](const GemmDesc& part, double f, double b) {
+    return kernel_us(f, b, kCoopBase * tuning::grid_efficiency(c, part, d) * tile_factor(c),
+                     occupancy(tuning::tile_count(c, part), r.sms), r);
+  });
 }
 
 namespace {
