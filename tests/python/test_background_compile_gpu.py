@@ -172,6 +172,15 @@ def test_grouped_kernel_runs_group_by_group_while_compiling_then_switches():
         torch.testing.assert_close(second, first, rtol=1e-2, atol=1e-2 * first.abs().max().item())
 
 
+def test_grouped_unfused_path_refuses_offsets_that_go_backwards():
+    kernel = evtc.grouped(f"out y: bf16 = silu(acc) * {fresh_constant(6)}", wait_for_compile=False)
+    x, w, _ = grouped_inputs(264, 136)
+    offs = torch.tensor([100, 50, 200, 300, 400, 508], device="cuda", dtype=torch.int32)
+    with pytest.raises(evtc.UserError, match=r"offsets\[1\] = 50: the end offsets must be non-decreasing "
+                                             r"and at most x's 508 rows \(the previous group ends at 100\)"):
+        kernel(x, w.transpose(1, 2), offs)
+
+
 def test_grouped_op_in_a_model_runs_unfused_while_compiling():
     scale = fresh_constant(5)
     n, k = 264, 136
