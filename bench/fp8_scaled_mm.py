@@ -40,7 +40,9 @@ class GemmArgs(ctypes.Structure):
                 ("ldc", ctypes.c_int64), ("ldd", ctypes.c_int64),
                 ("ptrs", ctypes.POINTER(ctypes.c_void_p)),
                 ("scalars", ctypes.POINTER(ctypes.c_double)), ("sm_count", ctypes.c_int),
-                ("raster", ctypes.c_int), ("swizzle", ctypes.c_int)]
+                ("raster", ctypes.c_int), ("swizzle", ctypes.c_int),
+                ("scale_a", ctypes.c_void_p), ("scale_b", ctypes.c_void_p),
+                ("ld_scale_a", ctypes.c_int64)]
 
 
 def compile_library(evtc, expr, *flags):

@@ -55,6 +55,7 @@ std::optional<int> arch_option(const std::string& arch);
 struct GemmFlags {
   std::string dtype = "bf16", dtype_b, layout_a = "r", layout_b = "r";
   bool fast_accum = false;
+  bool fp8_blockwise = false;
 
   void add_to(CLI::App* sub);
   // Checked values; UserError naming the option otherwise.

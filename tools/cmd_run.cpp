@@ -62,6 +62,7 @@ int run(const RunArgs& ra) {
   report["layout_a"] = ra.gemm.layout_a;
   report["layout_b"] = ra.gemm.layout_b;
   report["fp8_fast_accum"] = gemm.fp8_fast_accum;
+  report["fp8_blockwise"] = gemm.fp8_blockwise;
 
   const std::string reason = kernel.fallback_reason(ra.m, ra.n, ra.k);
   double compile_s = 0;
@@ -79,9 +80,12 @@ int run(const RunArgs& ra) {
 
   cudaStream_t stream;
   cudaStreamCreate(&stream);
-  const ReferenceInputs inputs =
+  if (ra.integer_inputs && gemm.fp8_blockwise)
+    throw UserError("--integer-inputs: not with --fp8-blockwise (block scales make the products non-integers)");
+  ReferenceInputs inputs =
       ra.integer_inputs ? random_integer_inputs(kernel.graph(), ra.m, ra.n, ra.k, ra.seed)
                         : random_reference_inputs(kernel.graph(), ra.m, ra.n, ra.k, gemm.a_dtype, gemm.b_dtype, ra.seed);
+  if (gemm.fp8_blockwise) add_random_block_scales(inputs, ra.seed);
   runtime::DeviceProblem problem(kernel, inputs);
   if (ra.tune) {
     if (!reason.empty()) throw UserError(fmt::format("--tune: this problem is not fused: {}", reason));

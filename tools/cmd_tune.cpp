@@ -87,8 +87,9 @@ int tune(const TuneArgs& ta) {
   cudaStreamCreate(&stream);
   nlohmann::json report = nlohmann::json::array();
   for (const Shape3& s : shapes) {
-    const ReferenceInputs inputs = random_reference_inputs(kernel.graph(), s.m, s.n, s.k, opts.gemm.a_dtype,
-                                                           opts.gemm.b_dtype, 1);
+    ReferenceInputs inputs = random_reference_inputs(kernel.graph(), s.m, s.n, s.k, opts.gemm.a_dtype,
+                                                     opts.gemm.b_dtype, 1);
+    if (opts.gemm.fp8_blockwise) add_random_block_scales(inputs, 1);
     runtime::DeviceProblem problem(kernel, inputs);
     const TuneResult r = kernel.tune(problem.arguments(), stream,
                                      progress_printer(fmt::format("evtc tune {}x{}x{}", s.m, s.n, s.k)));

@@ -131,6 +131,9 @@ void GemmFlags::add_to(CLI::App* sub) {
       ->check(layout_value());
   sub->add_flag("--fast-accum", fast_accum,
                 "fp8 A/B: accumulate in the tensor cores throughout K (faster, less accurate)");
+  sub->add_flag("--fp8-blockwise", fp8_blockwise,
+                "fp8 A/B with block scales (DeepSeek-V3's format): f32 scales per row of A and 128 of K, "
+                "and per 128x128 block of B, applied in the main loop");
 }
 
 GemmDesc GemmFlags::desc() const {
@@ -148,6 +151,8 @@ GemmDesc GemmFlags::desc() const {
                                 "but A and B are {}",
                                 dtype_name(*a)));
   g.fp8_fast_accum = fast_accum;
+  g.fp8_blockwise = fp8_blockwise;
+  if (std::string why = fp8_blockwise_refusal(g); !why.empty()) throw UserError("--fp8-blockwise: " + why);
   return g;
 }
 

@@ -18,6 +18,7 @@ struct OptionText {
   std::string a_layout = "row", b_layout = "col";  // row | col (row_major | col_major)
   std::string cast_mode = "eager";                 // eager | fast
   bool precise_math = false;
+  bool fp8_blockwise = false;                      // see GemmDesc::fp8_blockwise
   bool disable_fusion = false;
   bool wait_for_compile = true;                    // see CompileOptions::wait_for_compile
   std::optional<std::string> config;               // a KernelConfig name
@@ -34,7 +35,8 @@ GroupedOptions grouped_options(const OptionText& o);
 ParseOptions parse_options(const OptionText& o);
 
 // The options that decide a kernel's code, spelled as OptionText (the inverse of
-// compile_options for dtypes, layouts, cast mode, precise math and a fixed configuration).
+// compile_options for dtypes, layouts, fp8 block scales, cast mode, precise math and a fixed
+// configuration).
 OptionText option_text(const GemmDesc& gemm, CastMode cast_mode, bool precise_math,
                        const std::optional<KernelConfig>& config = std::nullopt);
 // `o` as the JSON object option_text_from_json reads (every field).

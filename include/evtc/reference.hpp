@@ -20,6 +20,12 @@ struct ReferenceInputs {
   // Optional precomputed accumulator (m×n row-major); when set, a and b are not used.
   std::vector<double> acc;
   std::vector<double> c;  // m×n row-major, if the graph reads C
+  // fp8 block scales (GemmDesc::fp8_blockwise), empty otherwise: when set, the accumulator is
+  // Σ_k a[i,k]·scale_a[i,k/128]·b[k,j]·scale_b[k/128,j/128]. scale_a is m × ceil(k/128) and
+  // scale_b ceil(k/128) × ceil(n/128), both row-major here (the device layouts are the
+  // runtime's concern).
+  std::vector<double> scale_a;
+  std::vector<double> scale_b;
   // By operand name: scalar -> 1 value, row_vec -> n, col_vec -> m, aux -> m×n row-major.
   std::map<std::string, std::vector<double>> operands;
 };
@@ -66,6 +72,10 @@ ReferenceOutputs evaluate_reference(const Graph& g, const ReferenceInputs& input
 ReferenceInputs random_reference_inputs(const Graph& g, int64_t m, int64_t n, int64_t k,
                                         DType a_dtype, DType b_dtype, uint64_t seed);
 
+// Fills inputs.scale_a and scale_b with fresh fp8 block scales for its m×n×k problem: f32
+// values 2^e·u, e uniform in {-3, ..., 3} and u uniform in [0.5, 1), each from its own stream
+// of `seed`, so that neighbouring blocks differ in magnitude as quantised weights do.
+void add_random_block_scales(ReferenceInputs& inputs, uint64_t seed);
 // Integer-valued inputs for exact testing (what CUTLASS's own testbed does): A and B from
 // {-1, 0, 1}, C and every operand from {-3, ..., 3}, each input its own stream of (seed, name).
 // Every dtype holds these exactly, and an epilogue of ops exact on integers (OpInfo) computes

@@ -55,6 +55,11 @@ class Arguments {
   Arguments& a(const TensorRef& t) { a_ = t; return *this; }
   Arguments& b(const TensorRef& t) { b_ = t; return *this; }
   Arguments& c(const TensorRef& t) { c_ = t; return *this; }
+  // fp8 block scales (GemmDesc::fp8_blockwise), f32. scale_a: M × ceil(K/128), M adjacent
+  // (column-major, strides (1, ld) with ld ≥ M: PyTorch's 1×128 layout); scale_b:
+  // ceil(K/128) × ceil(N/128), row-major and contiguous.
+  Arguments& scale_a(const TensorRef& t) { scale_a_ = t; return *this; }
+  Arguments& scale_b(const TensorRef& t) { scale_b_ = t; return *this; }
   // An input operand or output by name (D included).
   Arguments& set(const std::string& name, const TensorRef& t) { tensors_[name] = t; return *this; }
   // A scalar parameter passed by value.
@@ -63,11 +68,13 @@ class Arguments {
   const std::optional<TensorRef>& a() const { return a_; }
   const std::optional<TensorRef>& b() const { return b_; }
   const std::optional<TensorRef>& c() const { return c_; }
+  const std::optional<TensorRef>& scale_a() const { return scale_a_; }
+  const std::optional<TensorRef>& scale_b() const { return scale_b_; }
   const std::map<std::string, TensorRef>& tensors() const { return tensors_; }
   const std::map<std::string, double>& scalars() const { return scalars_; }
 
  private:
-  std::optional<TensorRef> a_, b_, c_;
+  std::optional<TensorRef> a_, b_, c_, scale_a_, scale_b_;
   std::map<std::string, TensorRef> tensors_;
   std::map<std::string, double> scalars_;
 };

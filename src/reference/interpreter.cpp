@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "evtc/error.hpp"
+#include "evtc/gemm.hpp"
 #include "evtc/reference.hpp"
 #include "reference/gemm.hpp"
 #include "reference/parallel.hpp"
@@ -132,6 +133,22 @@ Array rounded(Shape shape, std::span<const double> values, DType dtype) {
   return r;
 }
 
+// A@B of fp8 block-scaled operands: every element of A and B times its block's scale (exact
+// in fp64: an fp8 value times an f32 scale has at most 28 significant bits), then the product.
+std::vector<double> block_scaled_gemm(const ReferenceInputs& in) {
+  const int64_t m = in.m, n = in.n, k = in.k, kb = fp8_scale_blocks(k), nb = fp8_scale_blocks(n);
+  if (in.scale_a.size() != size_t(m * kb) || in.scale_b.size() != size_t(kb * nb))
+    throw UserError(fmt::format("block scales: scale_a has {} values and scale_b {}, expected {} (m × ceil(k/128)) "
+                                "and {} (ceil(k/128) × ceil(n/128))",
+                                in.scale_a.size(), in.scale_b.size(), m * kb, kb * nb));
+  std::vector<double> a(in.a), b(in.b);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t l = 0; l < k; ++l) a[i * k + l] *= in.scale_a[i * kb + l / kFp8ScaleBlock];
+  for (int64_t l = 0; l < k; ++l)
+    for (int64_t j = 0; j < n; ++j) b[l * n + j] *= in.scale_b[(l / kFp8ScaleBlock) * nb + j / kFp8ScaleBlock];
+  return reference::gemm_f64(a, b, m, n, k);
+}
+
 Array load(const Node& node, const ReferenceInputs& in, const ReferenceOptions& options) {
   switch (node.kind) {
     case NodeKind::accum:
@@ -139,7 +156,8 @@ Array load(const Node& node, const ReferenceInputs& in, const ReferenceOptions& 
         return options.round_compute ? rounded(Shape::full, in.acc, DType::f32)
                                      : Array{Shape::full, in.acc};
       {
-        Array r{Shape::full, reference::gemm_f64(in.a, in.b, in.m, in.n, in.k)};
+        Array r{Shape::full, in.scale_a.empty() ? reference::gemm_f64(in.a, in.b, in.m, in.n, in.k)
+                                                : block_scaled_gemm(in)};
         if (options.round_compute)
           for (double& v : r.data) v = round_to(DType::f32, v);
         return r;

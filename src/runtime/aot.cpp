@@ -294,7 +294,7 @@ LibraryBuildResult build_kernel_library(const std::string& list_json, const std:
                 {{"ir", print(kernel.graph())}, {"options", opts}, {"m", s.m}, {"n", s.n}, {"k", s.k},
                  {"config", config.name()}});
       }
-      add_job(runtime::fallback_request(kernel.graph(), kernel.signature(), kFusedArch), "plain", "plain epilogue",
+      add_job(runtime::fallback_request(kernel.graph(), kernel.signature(), kFusedArch, &kernel.options().gemm), "plain", "plain epilogue",
               {{"ir", print(kernel.graph())}, {"options", opts}});
     } catch (const UserError& e) {
       throw UserError(fmt::format("kernel list entry {}: {}", i + 1, e.what()));

@@ -101,6 +101,7 @@ std::vector<KernelConfig> whole_space(const GemmDesc& gemm) {
 std::string prune_reason(const KernelConfig& c, const Graph& g, const GemmDesc& gemm,
                          const DeviceLimits& device) {
   if (!KernelConfig::parse(c.name())) return "not a configuration CUTLASS's sm90 kernels build";
+  if (std::string why = config_refusal(c, gemm); !why.empty()) return why;
   const int threads = c.schedule == MainloopSchedule::pingpong ? 128 : 256;
   // fp32 accumulators per thread of the warp groups sharing a tile (ping-pong: one warp
   // group per tile), twice over for fp8's two-level accumulation. A consumer warp group has
@@ -202,11 +203,12 @@ std::string utc_now() {
 
 std::string problem_key(const ProblemIdentity& id) {
   const std::string material =
-      fmt::format("graph={};a={}/{};b={}/{};precise={};arch=sm{};device={}{}", id.graph_hash,
+      fmt::format("graph={};a={}/{};b={}/{};precise={};arch=sm{};device={}{}{}", id.graph_hash,
                   dtype_name(id.gemm.a_dtype), id.gemm.a_layout == Layout::row_major ? "r" : "c",
                   dtype_name(id.gemm.b_dtype), id.gemm.b_layout == Layout::row_major ? "r" : "c",
                   id.precise_math, id.arch, id.device_name,
-                  id.gemm.fp8_fast_accum ? ";fp8_fast_accum" : "");
+                  id.gemm.fp8_fast_accum ? ";fp8_fast_accum" : "",
+                  id.gemm.fp8_blockwise ? ";fp8_blockwise" : "");
   return fmt::format("{:016x}", XXH3_64bits(material.data(), material.size()));
 }
 
@@ -225,6 +227,7 @@ std::string TuningRecord::to_json() const {
             {"layout", identity.gemm.b_layout == Layout::row_major ? "row" : "col"}};
   j["precise_math"] = identity.precise_math;
   j["fp8_fast_accum"] = identity.gemm.fp8_fast_accum;
+  j["fp8_blockwise"] = identity.gemm.fp8_blockwise;
   j["arch"] = fmt::format("sm_{}a", identity.arch);
   j["device"] = identity.device_name;
   j["tuned_at"] = tuned_at;
@@ -262,6 +265,7 @@ TuningRecord TuningRecord::from_json(const std::string& text) {
     r.identity.device_name = j.at("device").get<std::string>();
     r.identity.precise_math = j.value("precise_math", false);
     r.identity.gemm.fp8_fast_accum = j.value("fp8_fast_accum", false);
+    r.identity.gemm.fp8_blockwise = j.value("fp8_blockwise", false);
     r.tuned_at = j.value("tuned_at", "");
     for (const auto& e : j.value("candidates", nlohmann::json::array())) {
       CandidateTiming t;

@@ -83,6 +83,59 @@ void check_slot(const OperandSlot& s, const TensorRef& t, int64_t m, int64_t n, 
   pointers.check(t.data, what);
 }
 
+// fp8 block scales: both given (and only) for a block-scaled GEMM, f32, in the layouts of
+// GemmDesc::fp8_blockwise.
+void bind_block_scales(const GemmDesc& gemm, const Arguments& args, int64_t m, int64_t n, int64_t k,
+                       PointerChecks& pointers, BoundCall& call) {
+  const auto& sa = args.scale_a();
+  const auto& sb = args.scale_b();
+  if (!gemm.fp8_blockwise) {
+    if (sa || sb)
+      throw UserError(fmt::format("{} given, but the kernel was not built for fp8 block scales "
+                                  "(fp8_blockwise)",
+                                  sa ? "scale_a" : "scale_b"));
+    return;
+  }
+  const int64_t kb = fp8_scale_blocks(k), nb = fp8_scale_blocks(n);
+  if (!sa)
+    throw UserError(fmt::format("scale_a was not given: a block-scaled kernel needs A's f32 scales, "
+                                "an M × ceil(K/128) = {}×{} matrix with M adjacent",
+                                m, kb));
+  if (!sb)
+    throw UserError(fmt::format("scale_b was not given: a block-scaled kernel needs B's f32 scales, "
+                                "a ceil(K/128) × ceil(N/128) = {}×{} row-major matrix",
+                                kb, nb));
+  for (auto [name, t] : {std::pair{"scale_a", &*sa}, std::pair{"scale_b", &*sb}})
+    if (t->dtype != DType::f32)
+      throw UserError(fmt::format("{}: dtype {} given, block scales are f32", name, dtype_name(t->dtype)));
+  if (sa->rows != m || sa->cols != kb)
+    throw UserError(fmt::format("scale_a: shape {}×{} given, expected M × ceil(K/128) = {}×{} (one "
+                                "scale per row of A and 128 of K)",
+                                sa->rows, sa->cols, m, kb));
+  if ((sa->row_stride != 1 && m > 1) || (kb > 1 && sa->col_stride < m))
+    throw UserError(fmt::format("scale_a: strides ({}, {}) given, expected M adjacent: strides (1, ld) "
+                                "with ld ≥ M = {} (PyTorch: scale.t().contiguous().t())",
+                                sa->row_stride, sa->col_stride, m));
+  if (sb->rows != kb || sb->cols != nb)
+    throw UserError(fmt::format("scale_b: shape {}×{} given, expected ceil(K/128) × ceil(N/128) = {}×{} "
+                                "(one scale per 128×128 block of B)",
+                                sb->rows, sb->cols, kb, nb));
+  if ((sb->col_stride != 1 && nb > 1) || (kb > 1 && sb->row_stride != nb))
+    throw UserError(fmt::format("scale_b: strides ({}, {}) given, expected a contiguous row-major "
+                                "matrix with strides ({}, 1)",
+                                sb->row_stride, sb->col_stride, nb));
+  pointers.check(sa->data, [] { return std::string("scale_a"); });
+  pointers.check(sb->data, [] { return std::string("scale_b"); });
+  call.scale_a = sa->data;
+  call.scale_b = sb->data;
+  call.ld_scale_a = kb > 1 ? sa->col_stride : m;
+  // The TMA that loads A's scales reads 16-byte rows of them.
+  if (!aligned16(sa->data) || (call.ld_scale_a * 4) % 16 != 0)
+    call.reasons.push_back(fmt::format("scale_a's K blocks are not 16-byte aligned (pointer {}, "
+                                       "ld {}: the fused kernel needs ld a multiple of 4)",
+                                       sa->data, call.ld_scale_a));
+}
+
 }  // namespace
 
 bool PointerChecks::known(const void* p, int device) {
@@ -127,6 +180,9 @@ evtc_gemm_args BoundCall::abi() const {
   a.ptrs = ptrs.data();
   a.scalars = scalars.data();
   a.sm_count = 0;
+  a.scale_a = scale_a;
+  a.scale_b = scale_b;
+  a.ld_scale_a = ld_scale_a;
   return a;
 }
 
@@ -168,6 +224,9 @@ BoundCall bind_arguments(const KernelSignature& sig, const GemmDesc& gemm, const
   if (*lb != gemm.b_layout)
     call.reasons.push_back(fmt::format("B is {} but the kernel was built for {} B", layout_text(*lb),
                                        layout_text(gemm.b_layout)));
+
+  // --- fp8 block scales ------------------------------------------------------------------
+  bind_block_scales(gemm, args, m, n, k, pointers, call);
 
   // --- C and D -------------------------------------------------------------------------
   call.ldc = n;

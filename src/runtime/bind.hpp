@@ -48,6 +48,10 @@ struct BoundCall {
   const void* c = nullptr;
   void* d = nullptr;
   int64_t lda = 0, ldb = 0, ldc = 0, ldd = 0;
+  // fp8 block scales (GemmDesc::fp8_blockwise); null otherwise.
+  const void* scale_a = nullptr;
+  const void* scale_b = nullptr;
+  int64_t ld_scale_a = 0;
   std::vector<void*> ptrs;      // in signature order
   std::vector<double> scalars;  // in signature order
   // Why this call cannot take the fused path; empty if it can.

@@ -39,7 +39,7 @@ std::optional<bool> fp8_fast_accumulation(const Kernel& kernel) {
   const GemmDesc& gemm = kernel.options().gemm;
   if (!is_fp8(gemm.a_dtype) && !is_fp8(gemm.b_dtype)) return std::nullopt;
   const auto& config = kernel.options().config;
-  return gemm.fp8_fast_accum || (config && config->fp8_fast_accum);
+  return !gemm.fp8_blockwise && (gemm.fp8_fast_accum || (config && config->fp8_fast_accum));
 }
 
 }  // namespace
@@ -89,6 +89,17 @@ DeviceProblem::DeviceProblem(const Kernel& kernel, const ReferenceInputs& in) : 
     args_.b(TensorRef::matrix(upload("B", gemm.b_dtype, b), gemm.b_dtype, n, k).transposed());
   } else {
     args_.b(TensorRef::matrix(upload("B", gemm.b_dtype, b), gemm.b_dtype, k, n));
+  }
+  if (gemm.fp8_blockwise) {
+    // The device layouts: A's scales with M adjacent, B's row-major (GemmDesc::fp8_blockwise).
+    const int64_t kb = fp8_scale_blocks(k), nb = fp8_scale_blocks(n);
+    if (in.scale_a.size() != size_t(m * kb) || in.scale_b.size() != size_t(kb * nb))
+      throw UserError("a block-scaled fp8 kernel needs block scales in its inputs (add_random_block_scales)");
+    std::vector<double> sa(in.scale_a.size());
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t l = 0; l < kb; ++l) sa[l * m + i] = in.scale_a[i * kb + l];
+    args_.scale_a(TensorRef{upload("scale_a", DType::f32, sa), DType::f32, m, kb, 1, m});
+    args_.scale_b(TensorRef::matrix(upload("scale_b", DType::f32, in.scale_b), DType::f32, kb, nb));
   }
   if (sig.reads_c) args_.c(TensorRef::matrix(upload("C", sig.c_dtype, in.c), sig.c_dtype, m, n));
   for (const OperandSlot& s : sig.pointers) {

@@ -68,8 +68,9 @@ jit::CompileRequest fused_request(const Graph& graph, const CompileOptions& opti
   return request;
 }
 
-jit::CompileRequest fallback_request(const Graph& graph, const KernelSignature& signature, int arch) {
-  return {cuda::emit_fallback_kernel(graph, signature), "plain epilogue", expression_text(graph), false, arch};
+jit::CompileRequest fallback_request(const Graph& graph, const KernelSignature& signature, int arch,
+                                     const GemmDesc* gemm) {
+  return {cuda::emit_fallback_kernel(graph, signature, gemm), "plain epilogue", expression_text(graph), false, arch};
 }
 
 }  // namespace runtime
@@ -112,7 +113,7 @@ std::shared_ptr<jit::Library> Kernel::Impl::fallback_library() const {
     std::lock_guard lock(mu);
     if (fallback) return fallback;
   }
-  auto lib = jit::load_or_compile(runtime::fallback_request(graph, signature, options.gemm.sm));
+  auto lib = jit::load_or_compile(runtime::fallback_request(graph, signature, options.gemm.sm, &options.gemm));
   std::lock_guard lock(mu);
   fallback = lib;
   return lib;
@@ -234,6 +235,9 @@ void Kernel::Impl::forget_choices() const {
 Kernel::Kernel(const Graph& graph, const CompileOptions& given) : impl_(std::make_unique<Impl>()) {
   CompileOptions options = given;
   options.gemm.sm = target_arch(given.arch);
+  if (std::string why = fp8_blockwise_refusal(options.gemm); !why.empty()) throw UserError(why);
+  if (options.config)
+    if (std::string why = config_refusal(*options.config, options.gemm); !why.empty()) throw UserError(why);
   runtime::require_runnable_fp8(options.gemm.a_dtype, options.gemm.b_dtype,
                                 options.gemm.a_layout == Layout::row_major,
                                 options.gemm.b_layout == Layout::row_major);
@@ -273,7 +277,7 @@ void Kernel::compile(int64_t m, int64_t n, int64_t k) {
 }
 
 std::string Kernel::compile_fallback() {
-  return jit::compile_cached(runtime::fallback_request(impl_->graph, impl_->signature, impl_->options.gemm.sm));
+  return jit::compile_cached(runtime::fallback_request(impl_->graph, impl_->signature, impl_->options.gemm.sm, &impl_->options.gemm));
 }
 
 bool Kernel::in_library(int64_t m, int64_t n, int64_t k) const {
@@ -344,15 +348,31 @@ ExecutionPath Kernel::run(const Arguments& args, cudaStream_t stream) const {
   using scratch_fn = size_t (*)(int64_t, int64_t);
   const size_t scratch_floats =
       reinterpret_cast<scratch_fn>(lib->symbol("evtc_fallback_scratch_floats"))(m, n);
+  // fp8 block scales: A·scale_a and B·scale_b in fp32 (the K-major layouts the fp8 operands
+  // have), then an fp32 GEMM of those.
+  const bool blockwise = im.options.gemm.fp8_blockwise;
+  const size_t scaled_floats = blockwise ? size_t(m) * k + size_t(n) * k : 0;
   float* acc = nullptr;
   cuda_check(cudaMallocAsync(reinterpret_cast<void**>(&acc),
-                             (size_t(m) * n + scratch_floats) * sizeof(float), stream),
+                             (size_t(m) * n + scratch_floats + scaled_floats) * sizeof(float), stream),
              "fallback workspace allocation");
-  const DType a_dtype = args.a()->dtype, b_dtype = args.b()->dtype;
-  runtime::cublaslt_matmul({call.a, a_dtype, call.a_layout == Layout::row_major, call.lda},
-                           {call.b, b_dtype, call.b_layout == Layout::row_major, call.ldb}, acc,
-                           DType::f32, m, n, k, stream);
   const evtc_gemm_args abi = call.abi();
+  if (blockwise) {
+    float* a32 = acc + size_t(m) * n + scratch_floats;
+    float* b32 = a32 + size_t(m) * k;
+    using scale_fn = int (*)(const evtc_gemm_args*, float*, float*, void*);
+    if (reinterpret_cast<scale_fn>(lib->symbol("evtc_fallback_scale_operands"))(&abi, a32, b32, stream) != EVTC_OK) {
+      cudaFreeAsync(acc, stream);
+      throw RuntimeError("fallback: scaling the block-scaled fp8 operands failed to launch");
+    }
+    runtime::cublaslt_matmul({a32, DType::f32, true, k}, {b32, DType::f32, false, k}, acc, DType::f32, m, n, k,
+                             stream);
+  } else {
+    const DType a_dtype = args.a()->dtype, b_dtype = args.b()->dtype;
+    runtime::cublaslt_matmul({call.a, a_dtype, call.a_layout == Layout::row_major, call.lda},
+                             {call.b, b_dtype, call.b_layout == Layout::row_major, call.ldb}, acc,
+                             DType::f32, m, n, k, stream);
+  }
   using fallback_fn = int (*)(const evtc_gemm_args*, const float*, float*, void*);
   const int rc = reinterpret_cast<fallback_fn>(lib->symbol("evtc_fallback_run"))(
       &abi, acc, acc + size_t(m) * n, stream);

@@ -11,7 +11,9 @@ namespace evtc::runtime {
 // The fused kernel of `graph` (after the pipeline) with `config`.
 jit::CompileRequest fused_request(const Graph& graph, const CompileOptions& options, const KernelConfig& config);
 // The unfused path's plain epilogue, built for `arch` (evtc/arch.hpp).
-jit::CompileRequest fallback_request(const Graph& graph, const KernelSignature& signature, int arch);
+// `gemm`, when given, adds what its A and B need (fp8 block scales: the fp32 scaled copies).
+jit::CompileRequest fallback_request(const Graph& graph, const KernelSignature& signature, int arch,
+                                     const GemmDesc* gemm = nullptr);
 // A grouped kernel's code.
 jit::CompileRequest grouped_request(const Graph& graph, const GroupedOptions& options, const KernelConfig& config);
 

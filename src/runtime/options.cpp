@@ -31,6 +31,8 @@ CompileOptions compile_options(const OptionText& o) {
   else if (o.cast_mode == "fast") c.cast_mode = CastMode::fast;
   else throw UserError(fmt::format("cast_mode: unknown mode '{}' (expected 'eager' or 'fast')", o.cast_mode));
   c.precise_math = o.precise_math;
+  c.gemm.fp8_blockwise = o.fp8_blockwise;
+  if (std::string why = fp8_blockwise_refusal(c.gemm); !why.empty()) throw UserError(why);
   c.disable_fusion = o.disable_fusion;
   c.wait_for_compile = o.wait_for_compile;
   if (o.arch) c.arch = parse_arch(*o.arch, "arch");
@@ -74,6 +76,7 @@ OptionText option_text(const GemmDesc& gemm, CastMode cast_mode, bool precise_ma
   o.b_layout = gemm.b_layout == Layout::row_major ? "row" : "col";
   o.cast_mode = cast_mode == CastMode::fast ? "fast" : "eager";
   o.precise_math = precise_math;
+  o.fp8_blockwise = gemm.fp8_blockwise;
   if (config) o.config = config->name();
   return o;
 }
@@ -82,6 +85,7 @@ std::string option_text_json(const OptionText& o) {
   nlohmann::json j = {{"a_dtype", o.a_dtype},       {"b_dtype", o.b_dtype},
                       {"a_layout", o.a_layout},     {"b_layout", o.b_layout},
                       {"cast_mode", o.cast_mode},   {"precise_math", o.precise_math},
+                      {"fp8_blockwise", o.fp8_blockwise},
                       {"disable_fusion", o.disable_fusion}, {"wait_for_compile", o.wait_for_compile},
                       {"operand_dtype", o.operand_dtype}, {"output_dtype", o.output_dtype}};
   j["config"] = o.config ? nlohmann::json(*o.config) : nlohmann::json(nullptr);
@@ -115,6 +119,7 @@ OptionText option_text_from_json(std::string_view text) {
     else if (key == "operand_dtype") text(o.operand_dtype);
     else if (key == "output_dtype") text(o.output_dtype);
     else if (key == "precise_math") flag(o.precise_math);
+    else if (key == "fp8_blockwise") flag(o.fp8_blockwise);
     else if (key == "disable_fusion") flag(o.disable_fusion);
     else if (key == "wait_for_compile") flag(o.wait_for_compile);
     else if (key == "arch") {
@@ -127,7 +132,7 @@ OptionText option_text_from_json(std::string_view text) {
       else throw UserError(fmt::format("option config: expected a configuration name, got {}", value.dump()));
     } else {
       throw UserError(fmt::format("unknown kernel option '{}' (known: a_dtype, b_dtype, a_layout, b_layout, "
-                                  "cast_mode, precise_math, disable_fusion, wait_for_compile, config, arch, "
+                                  "cast_mode, precise_math, fp8_blockwise, disable_fusion, wait_for_compile, config, arch, "
                                   "operand_dtype, output_dtype)",
                                   key));
     }

@@ -169,6 +169,18 @@ std::string shared_memory_refusal(const Graph& g, const GemmDesc& gemm, const Ke
                      epilogue / 1024, c.name(), kMinStages);
 }
 
+std::string config_refusal(const KernelConfig& c, const GemmDesc& gemm) {
+  if (!gemm.fp8_blockwise) return "";
+  if (c.tile_n % kFp8ScaleBlock != 0 || c.tile_k % kFp8ScaleBlock != 0)
+    return fmt::format("configuration {} has {}×{} (N×K) tiles, but a block-scaled fp8 GEMM needs tiles "
+                       "whose N and K are multiples of its {}-wide scale blocks (e.g. coop_128x128x128_c1x1_persistent)",
+                       c.name(), c.tile_n, c.tile_k, kFp8ScaleBlock);
+  if (c.fp8_fast_accum)
+    return fmt::format("configuration {} asks for fast accumulation, which a block-scaled fp8 GEMM does not have",
+                       c.name());
+  return "";
+}
+
 KernelConfig default_config(const Graph& g, const GemmDesc& gemm) {
   KernelConfig c = default_config_for_shape(g, gemm);
   // An epilogue with many staged [m,n] tensors leaves a 128×256 tile too few main-loop

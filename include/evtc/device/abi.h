@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define EVTC_ABI_VERSION 2
+#define EVTC_ABI_VERSION 3
 
 #ifdef __cplusplus
 extern "C" {
@@ -32,6 +32,12 @@ typedef struct evtc_gemm_args {
    * strips tiles are visited in (1, 2, 4 or 8; 0 = 1). */
   int raster;
   int swizzle;
+  /* fp8 block scales (GemmDesc::fp8_blockwise), f32; NULL otherwise. scale_a: A's M × ceil(K/128)
+   * scales with M adjacent, scale_a[m + kb * ld_scale_a]; scale_b: B's ceil(K/128) × ceil(N/128)
+   * block scales, scale_b[nb + kb * ceil(N/128)]. */
+  const void* scale_a;
+  const void* scale_b;
+  int64_t ld_scale_a;
 } evtc_gemm_args;
 
 /* Status codes of evtc_can_implement and evtc_run. */

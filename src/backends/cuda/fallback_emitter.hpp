@@ -16,6 +16,10 @@ namespace evtc::cuda {
 // where acc is the m×n row-major fp32 product, scratch holds evtc_fallback_scratch_floats
 // floats (the reductions' fp32 accumulators), and a->d, a->c, a->ptrs, a->scalars are as
 // for the fused kernel (a->a, a->b unused).
-std::string emit_fallback_kernel(const Graph& g, const KernelSignature& sig);
+// A block-scaled fp8 GEMM (GemmDesc::fp8_blockwise, `gemm` given) also exports
+//   int evtc_fallback_scale_operands(const evtc_gemm_args* a, float* a32, float* b32, void* stream)
+// which writes A·scale_a (m×k, row-major) and B·scale_b (n×k, row-major: B's K-major layout)
+// in fp32 for an fp32 GEMM of the block-scaled product.
+std::string emit_fallback_kernel(const Graph& g, const KernelSignature& sig, const GemmDesc* gemm = nullptr);
 
 }  // namespace evtc::cuda

@@ -528,7 +528,12 @@ std::string Sm90Emitter::assemble(const Visitor& root) {
 #include <cutlass/gemm/collective/builders/sm90_gmma_builder.inl>
 #include <cutlass/gemm/collective/sm90_mma_tma_gmma_ss_warpspecialized.hpp>
 )";
-  if (is_fp8(gemm_.a_dtype) || is_fp8(gemm_.b_dtype))  // two-level accumulation's main loop
+  const bool blockwise = gemm_.fp8_blockwise;
+  if (blockwise)  // the main loop that scales each 128-wide K block's partial product
+    s += "#include <cutlass/detail/blockwise_scale_layout.hpp>\n"
+         "#include <cutlass/gemm/collective/fp8_accumulation.hpp>\n"
+         "#include <cutlass/gemm/collective/sm90_mma_tma_gmma_ss_warpspecialized_fp8_blockwise_scaling.hpp>\n";
+  else if (is_fp8(gemm_.a_dtype) || is_fp8(gemm_.b_dtype))  // two-level accumulation's main loop
     s += "#include <cutlass/gemm/collective/sm90_mma_tma_gmma_ss_warpspecialized_fp8.hpp>\n";
   s += R"(#include <cutlass/epilogue/collective/collective_builder.hpp>
 #include <cutlass/gemm/kernel/gemm_universal_decl.h>
@@ -567,10 +572,21 @@ namespace {
                    cfg_.cluster_m, cfg_.cluster_n);
   // fp8: the default main loop promotes the tensor cores' partial sums into fp32 registers
   // every few K blocks; the FP8FastAccum kernels accumulate in the tensor cores throughout.
-  const bool fast_accum = cfg_.fp8_fast_accum && (is_fp8(gemm_.a_dtype) || is_fp8(gemm_.b_dtype));
+  // Block-scaled fp8 (GemmDesc::fp8_blockwise): the FP8Blockwise kernels multiply each 128-wide
+  // K block's partial product by A's row scale and B's 128×128 block scale as they add it into
+  // the fp32 accumulators.
+  const bool fast_accum =
+      !blockwise && cfg_.fp8_fast_accum && (is_fp8(gemm_.a_dtype) || is_fp8(gemm_.b_dtype));
   s += fmt::format("using KernelSchedule = cutlass::gemm::{}{};\n",
                    coop ? "KernelTmaWarpSpecializedCooperative" : "KernelTmaWarpSpecializedPingpong",
-                   fast_accum ? "FP8FastAccum" : "");
+                   blockwise ? "FP8Blockwise" : fast_accum ? "FP8FastAccum" : "");
+  if (blockwise)
+    s += fmt::format(
+        "// Scales: A one per row and {0} of K, M adjacent; B one per {0}×{0} block, N blocks adjacent.\n"
+        "using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, {0}, {0}>;\n"
+        "using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());\n"
+        "using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());\n",
+        kFp8ScaleBlock);
   s += fmt::format("using EpilogueSchedule = cutlass::epilogue::{};\n",
                    coop ? "TmaWarpSpecializedCooperative" : "TmaWarpSpecialized");
   s += "using EpilogueTile = cutlass::epilogue::collective::EpilogueTileAuto;\n";
@@ -595,8 +611,8 @@ using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBui
 
 using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
-    ElementA, LayoutA, 128 / cutlass::sizeof_bits<ElementA>::value,
-    ElementB, LayoutB, 128 / cutlass::sizeof_bits<ElementB>::value, float,
+    ElementA, {}, 128 / cutlass::sizeof_bits<ElementA>::value,
+    ElementB, {}, 128 / cutlass::sizeof_bits<ElementB>::value, float,
     TileShape, ClusterShape,
     cutlass::gemm::collective::StageCountAutoCarveout<
         static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
@@ -628,7 +644,8 @@ extern "C" __attribute__((visibility("hidden"))) const unsigned char evtc_kernel
 namespace {{
 
 )",
-                   align_c, align_d,
+                   align_c, align_d, blockwise ? "cute::tuple<LayoutA, LayoutSFA>" : "LayoutA",
+                   blockwise ? "cute::tuple<LayoutB, LayoutSFB>" : "LayoutB",
                    cfg_.scheduler == TileSchedulerKind::stream_k ? "cutlass::gemm::StreamKScheduler"
                                                                  : "void");
   // Scratch for the reductions' partial results, after CUTLASS's workspace (see emit_reduce).
@@ -742,10 +759,24 @@ GemmArguments gemm_arguments(const evtc_gemm_args& a, char* scratch) {
   cutlass::KernelHardwareInfo hw;
   cudaGetDevice(&hw.device_id);
   hw.sm_count = a.sm_count > 0 ? a.sm_count : sm_count_of_current_device();
-  GemmArguments args{
+)";
+  if (blockwise)
+    s += fmt::format(R"(  // A's scales: M adjacent, K blocks a.ld_scale_a apart; B's: contiguous N blocks per K block.
+  const int scale_k_blocks = int((a.k + {0} - 1) / {0});
+  const LayoutSFA layout_sfa = cute::make_layout(
+      cute::make_shape(cute::make_shape(cute::_1{{}}, int(a.m)), cute::make_shape(cute::Int<{0}>{{}}, scale_k_blocks), 1),
+      cute::make_stride(cute::make_stride(cute::_0{{}}, cute::_1{{}}),
+                        cute::make_stride(cute::_0{{}}, int(a.ld_scale_a)), int(a.ld_scale_a) * scale_k_blocks));
+  const LayoutSFB layout_sfb = ScaleConfig::tile_atom_to_shape_SFB(cute::make_shape(int(a.m), int(a.n), int(a.k), 1));
+)",
+                     kFp8ScaleBlock);
+  s += R"(  GemmArguments args{
       cutlass::gemm::GemmUniversalMode::kGemm,
       {int(a.m), int(a.n), int(a.k), 1},
-      {static_cast<const ElementA*>(a.a), stride_a, static_cast<const ElementB*>(a.b), stride_b},
+      {static_cast<const ElementA*>(a.a), stride_a, static_cast<const ElementB*>(a.b), stride_b)";
+  s += blockwise ? ",\n       static_cast<const float*>(a.scale_a), layout_sfa, static_cast<const float*>(a.scale_b), layout_sfb},"
+                 : "},";
+  s += R"(
       {fusion_arguments(a, scratch), static_cast<const typename GemmKernel::ElementC*>(a.c), stride_c,
        static_cast<typename GemmKernel::ElementD*>(a.d), stride_d},
       hw};
@@ -800,7 +831,8 @@ bool same_call(const LaunchEntry& e, const evtc_gemm_args& a, void* workspace, i
   return e.valid && e.device == device && e.workspace == workspace && k.m == a.m && k.n == a.n &&
          k.k == a.k && k.a == a.a && k.b == a.b && k.c == a.c && k.d == a.d && k.lda == a.lda &&
          k.ldb == a.ldb && k.ldc == a.ldc && k.ldd == a.ldd && k.sm_count == a.sm_count &&
-         k.raster == a.raster && k.swizzle == a.swizzle &&
+         k.raster == a.raster && k.swizzle == a.swizzle && k.scale_a == a.scale_a &&
+         k.scale_b == a.scale_b && k.ld_scale_a == a.ld_scale_a &&
          (kPointerSlots == 0 || std::memcmp(e.ptrs, a.ptrs, sizeof(void*) * kPointerSlots) == 0) &&
          (kScalarSlots == 0 || std::memcmp(e.scalars, a.scalars, sizeof(double) * kScalarSlots) == 0);
 }
