@@ -18,6 +18,7 @@ class KernelOptions:
     b_layout: str
     cast_mode: str
     precise_math: bool
+    fp8_blockwise: bool
     disable_fusion: bool
     wait_for_compile: bool
     config: Optional[str]

@@ -189,12 +189,18 @@ class Kernel(_Compiled):
 
     # --- running -----------------------------------------------------------------------------
     def __call__(self, a: Any, b: Any, *, out: Optional[dict[str, Any]] = None,
-                 stream: Optional[int] = None, **operands: Any) -> Union[Any, dict[str, Any]]:
+                 stream: Optional[int] = None, scale_a: Any = None, scale_b: Any = None,
+                 **operands: Any) -> Union[Any, dict[str, Any]]:
+        """Runs ``D = epilogue(a @ b, ...)``. A kernel built with ``fp8_blockwise=True`` also takes
+        ``scale_a`` (f32, M × ceil(K/128), M adjacent: PyTorch's 1×128 layout) and ``scale_b`` (f32,
+        ceil(K/128) × ceil(N/128), contiguous row-major; for ``torch._scaled_mm``'s 128×128
+        ``scale_b``, pass ``scale_b.contiguous()``)."""
         if self._options.wait_for_compile:
             self._wait_for_compiles()
+        block_scales = {name: t for name, t in (("@scale_a", scale_a), ("@scale_b", scale_b)) if t is not None}
         torch_inputs = _is_torch_tensor(a)
         if torch_inputs:
-            return self._call_torch(a, b, out or {}, stream, operands)
+            return self._call_torch(a, b, out or {}, stream, operands, block_scales)
         outputs = dict(out or {})
         for o in self.outputs:
             if o.name not in outputs:
@@ -202,13 +208,15 @@ class Kernel(_Compiled):
                                       f"out={{'{o.name}': array}} (outputs are allocated only for torch tensors)")
         tensors, scalars = _split_operands(operands)
         tensors.update(outputs)
+        tensors.update(block_scales)
         self.last_path = self._native.run(a, b, tensors, {}, scalars, int(stream or 0))
         return _result(self.outputs, outputs)
 
-    def _call_torch(self, a, b, out, stream, operands):
+    def _call_torch(self, a, b, out, stream, operands, block_scales):
         import torch
 
-        _require_cuda([("A", a), ("B", b), *operands.items(), *out.items()])
+        _require_cuda([("A", a), ("B", b), *operands.items(), *out.items(),
+                       *((name[1:], t) for name, t in block_scales.items())])
         m, n = int(a.shape[0]), int(b.shape[-1])
         outputs = dict(out)
         for o in self.outputs:
@@ -217,10 +225,11 @@ class Kernel(_Compiled):
                                               device=a.device)
         tensors, scalars = _split_operands(operands)
         tensors.update(outputs)
+        tensors.update(block_scales)
         dtypes: dict[str, str] = {}
         arrays = {}
         for name, t in [("A", a), ("B", b), *tensors.items()]:
-            arrays[name] = _torch_dlpack(t, name, dtypes)
+            arrays[name] = _torch_dlpack(t, name.lstrip("@"), dtypes)
         if stream is None:
             stream = torch.cuda.current_stream(a.device).cuda_stream
         with torch.cuda.device(a.device):
@@ -280,7 +289,7 @@ def compile(expr: str, *, a_dtype: DType = "bf16", b_dtype: DType = "bf16", a_la
             b_layout: str = "col", cast_mode: str = "eager", precise_math: bool = False,
             disable_fusion: bool = False, config: Optional[str] = None,
             operand_dtype: DType = "bf16", output_dtype: DType = "bf16", wait_for_compile: bool = True,
-            arch: Optional[str] = None) -> Kernel:
+            arch: Optional[str] = None, fp8_blockwise: bool = False) -> Kernel:
     """Parses ``expr``, runs the pass pipeline and returns a :class:`Kernel`.
 
     Dtypes are names (``"bf16"``, ``"f8e4m3"``, ...) or torch dtypes (``torch.bfloat16``).
@@ -294,7 +303,10 @@ def compile(expr: str, *, a_dtype: DType = "bf16", b_dtype: DType = "bf16", a_la
     switch to it once it is ready (``EVTC_WAIT_FOR_COMPILE=1`` makes every kernel wait). ``arch``
     (``"sm80"``, ``"sm90"``, ...) is the GPU architecture to build for, by default the current
     device's (``EVTC_ARCH`` overrides it): fused kernels exist for sm90 only, and elsewhere every
-    call runs cuBLASLt + the plain epilogue built for that architecture. Errors
+    call runs cuBLASLt + the plain epilogue built for that architecture. ``fp8_blockwise=True``
+    (fp8 A and B) builds the block-scaled GEMM of DeepSeek-V3's format: each call passes
+    ``scale_a`` and ``scale_b`` (see :meth:`Kernel.__call__`), which the main loop applies per
+    128-wide K block, so the epilogue sees the scaled product. Errors
     in the expression raise :class:`evtc.ParseError`; bad option values :class:`evtc.UserError`
     (a ``ValueError``), options of the wrong type :class:`evtc.ArgumentTypeError` (a ``TypeError``).
     """
@@ -306,4 +318,5 @@ def compile(expr: str, *, a_dtype: DType = "bf16", b_dtype: DType = "bf16", a_la
     o.output_dtype = dtype_name(output_dtype, "output_dtype")
     o.wait_for_compile = wait_for_compile
     o.arch = arch
+    o.fp8_blockwise = fp8_blockwise
     return Kernel(expr, o)

@@ -97,8 +97,12 @@ std::string run_kernel(const Kernel& kernel, const nb::ndarray<>& a, const nb::n
   args.a(tensor_ref(a, "operand A", dtype_of(dtypes, "A")));
   args.b(tensor_ref(b, "operand B", dtype_of(dtypes, "B")));
   for (const auto& [name, array] : tensors) {
-    const TensorRef t = tensor_ref(array, fmt::format("'{}'", name), dtype_of(dtypes, name));
+    const TensorRef t = tensor_ref(array, name[0] == '@' ? name.substr(1) : fmt::format("'{}'", name),
+                                   dtype_of(dtypes, name));
+    // "@scale_a"/"@scale_b": fp8 block scales (not identifiers, so no operand can take the names).
     if (name == "C") args.c(t);
+    else if (name == "@scale_a") args.scale_a(t);
+    else if (name == "@scale_b") args.scale_b(t);
     else args.set(name, t);
   }
   for (const auto& [name, value] : scalars) args.set(name, value);
@@ -228,6 +232,7 @@ NB_MODULE(_evtc, m) {
       .def_rw("b_layout", &KernelOptions::b_layout)
       .def_rw("cast_mode", &KernelOptions::cast_mode)
       .def_rw("precise_math", &KernelOptions::precise_math)
+      .def_rw("fp8_blockwise", &KernelOptions::fp8_blockwise)
       .def_rw("disable_fusion", &KernelOptions::disable_fusion)
       .def_rw("wait_for_compile", &KernelOptions::wait_for_compile)
       .def_rw("config", &KernelOptions::config, nb::arg().none())

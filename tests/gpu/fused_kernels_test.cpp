@@ -118,6 +118,29 @@ TEST(FusedFp8, FastAccumulationPingPong) {
   expect_matches_reference(kernel("fp8_fastacc"), 1000, 1008, 2048, 44, ExecutionPath::fused);
 }
 
+// Block-scaled fp8: K not a multiple of 128 (the last K block is partial), M and N no tile
+// multiples, N not a multiple of 128 (the last B block is partial); against the fp64
+// reference of the scaled product.
+TEST(FusedFp8, BlockwiseScalesBiasGeluF32CopyAndRowMax) {
+  expect_matches_reference(kernel("fp8_blockwise"), 1000, 1008, 2000, 46, ExecutionPath::fused);
+  expect_matches_reference(kernel("fp8_blockwise"), 264, 4096, 4096, 47, ExecutionPath::fused);
+}
+
+TEST(FusedFp8, BlockwisePingPong) {
+  expect_matches_reference(kernel("fp8_blockwise_pingpong"), 777, 1040, 1168, 48, ExecutionPath::fused);
+}
+
+// The unfused path of a block-scaled GEMM (its operands scaled into fp32, an fp32 GEMM, the
+// plain epilogue) gives the same results: forced with disable_fusion, and taken by a call
+// whose scale_a rows are not 16-byte aligned (M = 1001 with ld = M).
+TEST(FusedFp8, BlockwiseUnfusedPath) {
+  evtc::CompileOptions o = kernel("fp8_blockwise").options();
+  o.disable_fusion = true;
+  const evtc::Kernel unfused(kernel("fp8_blockwise").graph(), o);
+  expect_matches_reference(unfused, 1000, 1008, 2000, 49, ExecutionPath::fallback);
+  expect_matches_reference(kernel("fp8_blockwise"), 1001, 1008, 2000, 50, ExecutionPath::fallback);
+}
+
 // The fp8 output is scaled past e4m3's range: it must saturate to ±448 (never inf or NaN),
 // and amax(y) must equal the largest |y| among the kernel's own f32 copy of y, exactly.
 TEST(FusedFp8, SaturatesAndAmaxIsExactOverTheKernelsOwnValues) {

@@ -24,6 +24,7 @@ struct SuiteKernel {
   Layout a_layout, b_layout;
   const char* config = nullptr;  // KernelConfig name; the default configuration when null
   std::optional<DType> b_dtype;  // B's dtype when it differs from A's
+  bool fp8_blockwise = false;    // GemmDesc::fp8_blockwise
 };
 
 // Few kernels, each testing many ops through several outputs (one CUTLASS kernel takes
@@ -121,6 +122,18 @@ out D: bf16 = gelu(acc * sa[m] * sb[n] + bias[n])
 )",
      DType::f8e4m3, Layout::row_major, Layout::col_major,
      "pingpong_128x128x128_c2x1_persistent_fastacc"},
+    // Block-scaled fp8 (DeepSeek-V3's format: A per row and 128 of K, B per 128×128 block)
+    // with a bias, GELU, an f32 copy of the scaled product and a row maximum after it.
+    {"fp8_blockwise", R"(
+input bias[n]: bf16
+out D: bf16 = gelu(acc + bias[n])
+out y32: f32 = acc
+out rmax: bf16 = row_amax(acc)
+)",
+     DType::f8e4m3, Layout::row_major, Layout::col_major, nullptr, std::nullopt, true},
+    // The same main loop with the ping-pong schedule.
+    {"fp8_blockwise_pingpong", "out D: bf16 = silu(acc) * s[m]", DType::f8e4m3, Layout::row_major,
+     Layout::col_major, "pingpong_64x128x128_c1x1_persistent", std::nullopt, true},
     // Gated activations (N -> N/2 over interleaved gate/up columns): every gated form, with
     // parameters, a bias before the activation, the full pre-activation as the main output
     // and an fp8 gated output with a scale.
@@ -172,6 +185,7 @@ class SuiteEnvironment : public ::testing::Environment {
       o.gemm.b_dtype = s.b_dtype.value_or(s.ab);
       o.gemm.a_layout = s.a_layout;
       o.gemm.b_layout = s.b_layout;
+      o.gemm.fp8_blockwise = s.fp8_blockwise;
       if (s.config) o.config = KernelConfig::parse(s.config);
       ParseOptions p;
       p.operand_dtype = p.output_dtype = is_fp8(s.ab) ? DType::bf16 : s.ab;
@@ -219,7 +233,8 @@ Kernel& kernel(const std::string& name) { return *kernels().at(name); }
 void expect_matches_reference(const Kernel& k, int64_t m, int64_t n, int64_t kk, uint64_t seed,
                               ExecutionPath expected_path, cudaStream_t stream) {
   const GemmDesc& g = k.options().gemm;
-  const ReferenceInputs inputs = random_reference_inputs(k.graph(), m, n, kk, g.a_dtype, g.b_dtype, seed);
+  ReferenceInputs inputs = random_reference_inputs(k.graph(), m, n, kk, g.a_dtype, g.b_dtype, seed);
+  if (g.fp8_blockwise) add_random_block_scales(inputs, seed);
   runtime::DeviceProblem problem(k, inputs);
   problem.poison_outputs(stream);
   const ExecutionPath path = k.run(problem.arguments(), stream);

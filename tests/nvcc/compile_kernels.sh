@@ -38,6 +38,7 @@ cases=(
   "gate_pingpong|--config pingpong_128x128x64_c2x1_persistent|out D: bf16 = acc * gate[m,n]"
   "bias_streamk|--config coop_128x256x64_c2x1_streamk|out D: bf16 = acc + bias[n]"
   "w3_fp8|--dtype f8e4m3 --layout-b c|input sa[m]: f32; input sb[n]: f32; out D: bf16 = acc * sa[m] * sb[n]"
+  "w3_fp8_blockwise|--dtype f8e4m3 --layout-b c --fp8-blockwise --fallback|input bias[n]: bf16; out D: bf16 = gelu(acc + bias[n])"
 )
 
 # Two random epilogues of `evtc fuzz` (eight outputs each), as it builds them.
