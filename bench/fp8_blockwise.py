@@ -9,7 +9,8 @@ per 128×128 block; the operands are quantized from random data as such models q
 For each shape it times, on the same tensors:
   evtc      D = acc                  (bf16; `evtc.compile(..., fp8_blockwise=True)`), in each
                                      configuration of --configs (the first is evtc's default)
-  evtc      D = gelu(acc + bias[n])  (bf16), the default configuration
+  evtc      D = gelu(acc + bias[n])  (bf16), in each configuration of --configs, and
+            D = silu(acc + bias[n]) in the first (GELU's cost against SiLU's)
   torch     torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=bf16): cuBLASLt's blockwise GEMM,
             where this torch build has it; + gelu(. + bias) in eager, and the same function
             under torch.compile (Inductor, default mode)
@@ -83,12 +84,14 @@ def main():
     dev = torch.cuda.get_device_name()
     print(f"device: {dev}, torch {torch.__version__}", flush=True)
 
-    plain = {c: evtc.compile("out D: bf16 = acc", a_dtype="f8e4m3", b_dtype="f8e4m3", fp8_blockwise=True,
-                             config=c) for c in configs}
-    gelu = evtc.compile("input bias[n]: bf16\nout D: bf16 = gelu(acc + bias[n])", a_dtype="f8e4m3",
-                        b_dtype="f8e4m3", fp8_blockwise=True, config=configs[0])
+    def build(expr, config):
+        return evtc.compile(expr, a_dtype="f8e4m3", b_dtype="f8e4m3", fp8_blockwise=True, config=config)
+
+    plain = {c: build("out D: bf16 = acc", c) for c in configs}
+    gelu = {c: build("input bias[n]: bf16\nout D: bf16 = gelu(acc + bias[n])", c) for c in configs}
+    silu = build("input bias[n]: bf16\nout D: bf16 = silu(acc + bias[n])", configs[0])
     t0 = time.time()
-    futures = [k.compile_async(0, 0, 0) for k in [*plain.values(), gelu]]
+    futures = [k.compile_async(0, 0, 0) for k in [*plain.values(), *gelu.values(), silu]]
     for f in futures:
         f.result()
     print(f"compiled {len(futures)} kernels in {time.time() - t0:.1f} s", flush=True)
@@ -103,7 +106,8 @@ def main():
         b = wq.t()
         bias = torch.randn(n, device="cuda").to(torch.bfloat16)
         acc = dequantize(a, sa, True) @ dequantize(wq, sb, False).t()
-        want = {"plain": acc, "gelu": torch.nn.functional.gelu(acc + bias.double())}
+        want = {"plain": acc, "gelu": torch.nn.functional.gelu(acc + bias.double()),
+                "silu": torch.nn.functional.silu(acc + bias.double())}
         a_bf16 = dequantize(a, sa, True).to(torch.bfloat16)
         b_bf16 = dequantize(wq, sb, False).to(torch.bfloat16).t()
         sb_torch = sb.t().contiguous().t()  # torch's layout: K blocks adjacent
@@ -111,7 +115,9 @@ def main():
         variants = {}  # name -> (epilogue, fn)
         for c, kern in plain.items():
             variants[f"evtc {c}"] = ("plain", lambda kern=kern: kern(a, b, scale_a=sa, scale_b=sb))
-        variants["evtc gelu"] = ("gelu", lambda: gelu(a, b, scale_a=sa, scale_b=sb, bias=bias))
+        for c, kern in gelu.items():
+            variants[f"evtc gelu {c}"] = ("gelu", lambda kern=kern: kern(a, b, scale_a=sa, scale_b=sb, bias=bias))
+        variants[f"evtc silu {configs[0]}"] = ("silu", lambda: silu(a, b, scale_a=sa, scale_b=sb, bias=bias))
         torch_note = ""
         try:
             torch._scaled_mm(a, b, scale_a=sa, scale_b=sb_torch, out_dtype=torch.bfloat16)

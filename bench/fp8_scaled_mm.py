@@ -11,7 +11,7 @@ kernel library and calls it through evtc's C ABI (include/evtc/device/abi.h) on 
 stream, on the same tensors as
   torch._scaled_mm(a, b, scale_a (M,1), scale_b (1,N), out_dtype=bf16)   [+ gelu(. + bias)]
 Every kernel's output is checked against an fp64 reference of the dequantised product
-before it is timed (triton.testing.do_bench, median). Writes <out>/<stamp>-h100-fp8.json and
+before it is timed (triton.testing.do_bench, median). Writes <out>/<stamp>-<gpu>-fp8.json and
 prints a table of ratios.
 """
 import argparse
@@ -191,7 +191,8 @@ def main():
             print(f"  {x:40s} {r:.3f}x")
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M")
     os.makedirs(opts.out, exist_ok=True)
-    path = os.path.join(opts.out, f"{stamp}-h100-fp8.json")
+    gpu = "h200" if "H200" in dev else "h100" if "H100" in dev else dev.split()[-1].lower()
+    path = os.path.join(opts.out, f"{stamp}-{gpu}-fp8.json")
     with open(path, "w") as f:
         json.dump({"device": dev, "torch": torch.__version__, "method":
                    "triton.testing.do_bench median (warmup 25 ms, rep 200 ms), same process",
