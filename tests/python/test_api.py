@@ -77,6 +77,9 @@ def test_parse_error_carries_location_and_the_cpp_message():
     ({"config": "big_tiles"}, "config: 'big_tiles' is not a kernel configuration name"),
     ({"operand_dtype": "int8"}, "operand_dtype: unknown dtype 'int8'"),
     ({"arch": "volta"}, "arch: 'volta' is not a GPU architecture"),
+    ({"fp8_blockwise": True}, r"fp8 block scales \(fp8_blockwise\): A is bf16 and B is bf16: block scales apply to fp8"),
+    ({"fp8_blockwise": True, "a_dtype": "f8e4m3", "b_dtype": "f8e4m3",
+      "config": "pingpong_128x192x128_c2x1_persistent"}, "multiples of its 128-wide scale blocks"),
 ])
 def test_bad_options_raise_user_errors_naming_the_option(kwargs, message):
     with pytest.raises(evtc.UserError, match=message):
@@ -232,3 +235,9 @@ def test_torch_tensors_off_the_gpu_are_named():
     g = evtc.grouped("out y: bf16 = silu(acc)")
     with pytest.raises(evtc.UserError, match="operand x is not on a CUDA device"):
         g(torch.randn(8, 8).bfloat16(), torch.randn(2, 8, 8).bfloat16(), torch.tensor([4, 8], dtype=torch.int32))
+
+
+def test_block_scaled_kernel_describes_itself_and_refuses_scales_elsewhere():
+    k = evtc.compile("out D: bf16 = gelu(acc + bias[n])", a_dtype="f8e4m3", b_dtype="f8e4m3", fp8_blockwise=True)
+    assert k.config_for(4096, 7168, 2048) == "coop_128x128x128_c1x1_persistent"
+    assert [o.name for o in k.inputs] == ["bias"]  # the scales are the GEMM's, not the epilogue's
