@@ -20,6 +20,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <memory>
@@ -227,6 +228,7 @@ struct Plan {
   std::unique_ptr<GroupedKernel> grouped;
   bool k_major = true;  // grouped: weights read K-major (b_layout col)
   std::vector<std::pair<std::string, LoadClass>> operands;
+  std::vector<size_t> block_scales;  // indices into operands of "@scale_a" / "@scale_b"
   std::optional<MergedPart> merged_b;  // a merged op's B: gate and up columns interleaved
   std::vector<std::pair<std::string, MergedPart>> merged_rows;  // row operands made the same way
   std::vector<Output> outputs;
@@ -246,8 +248,18 @@ std::unique_ptr<Plan> make_plan(std::string_view text) {
   auto plan = std::make_unique<Plan>();
   const OptionText options = option_text_from_json(s.at("options").dump());
   const Graph graph = parse_expression(s.at("expr").get<std::string>(), parse_options(options));
-  for (const auto& o : s.at("operands"))
-    plan->operands.emplace_back(o.at(0).get<std::string>(), class_of(o.at(1).get<std::string>(), o.at(0).get<std::string>()));
+  for (const auto& o : s.at("operands")) {
+    const std::string name = o.at(0).get<std::string>(), cls = o.at(1).get<std::string>();
+    // A block-scaled _scaled_mm's scales ("@scale_a", "@scale_b"): the GEMM's, not the epilogue's.
+    if (cls == "block_scale") {
+      if (name != "@scale_a" && name != "@scale_b")
+        throw UserError(cat("spec: block scale operand '", name, "' (expected @scale_a or @scale_b)"));
+      plan->block_scales.push_back(plan->operands.size());
+      plan->operands.emplace_back(name, LoadClass::scalar);  // the class is not used for these
+      continue;
+    }
+    plan->operands.emplace_back(name, class_of(cls, name));
+  }
   if (s.contains("merged")) {
     const nlohmann::json& m = s.at("merged");
     plan->merged_b = parse_part(m.at("b"));
@@ -511,6 +523,17 @@ std::vector<at::Tensor> run_dense(Plan& plan, const at::Tensor& a, const at::Ten
   std::vector<at::Tensor> keep;
   for (size_t i = 0; i < operands.size(); ++i) {
     const auto& [name, cls] = plan.operands[i];
+    if (std::find(plan.block_scales.begin(), plan.block_scales.end(), i) != plan.block_scales.end()) {
+      if (name == "@scale_a") {
+        args.scale_a(matrix_ref(operands[i], "scale_a"));
+      } else {
+        // _scaled_mm's 128×128 scale_b has its K blocks adjacent; evtc reads N blocks adjacent.
+        at::Tensor t = operands[i].contiguous();
+        if (!t.is_same(operands[i])) keep.push_back(t);
+        args.scale_b(matrix_ref(t, "scale_b"));
+      }
+      continue;
+    }
     args.set(name, operand_ref(operands[i], cls, m, n, operand_what(name), keep));
   }
   bind_merged_rows(plan, sources, n, stream, [&](const std::string& name, const TensorRef& t) { args.set(name, t); },

@@ -119,3 +119,27 @@ def test_blockwise_argument_errors_name_the_scale(kernels):
         fused(a, wq.t(), scale_a=sa, scale_b=sb[:1].contiguous(), bias=bias)
     with pytest.raises(evtc.UserError, match="scale_a: dtype bf16"):
         fused(a, wq.t(), scale_a=sa.to(torch.bfloat16), scale_b=sb, bias=bias)
+
+
+def test_torch_compile_fuses_a_block_scaled_scaled_mm_and_its_epilogue():
+    """torch.compile with evtc's backend: _scaled_mm with block scales + bias + GELU becomes one
+    block-scaled evtc kernel (Inductor alone cannot lower block scales with an epilogue)."""
+    import evtc.torch
+    import torch._dynamo
+
+    def f(a, b, sa, sb, bias):
+        y = torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+        return torch.nn.functional.gelu(y + bias)
+
+    m, n, k = 1000, 1040, 1008
+    a, wq, sa, sb, bias, want = problem(m, n, k, seed=21)
+    torch._dynamo.reset()
+    start = len(evtc.torch.reports)
+    compiled = torch.compile(f, backend="evtc", dynamic=False,
+                             options={"evtc.profitability": False, "evtc.wait_for_compile": True})
+    got = compiled(a, wq.t(), sa, sb.t().contiguous().t(), bias)
+    torch.cuda.synchronize()
+    fused = [fz for r in evtc.torch.reports[start:] for fz in r.fused]
+    assert len(fused) == 1, [r.refused for r in evtc.torch.reports[start:]]
+    assert evtc.torch.path_counts(fused[0].spec)["fused"] >= 1
+    check(got, want)

@@ -292,3 +292,36 @@ def test_norm_after_a_residual_add_stays_with_inductor():
     kernel = evtc.torch._op.spec_kernel(f.spec)[0]
     assert [o.dtype for o in kernel.outputs] == ["bf16"], f.expr
     assert "pow" not in f.expr and "square" not in f.expr
+
+
+def block_scaled_gelu(a, w, sa_t, sb_t, bias):
+    """_scaled_mm with DeepSeek-V3's block scales (A's M × K/128 with M adjacent, B's K/128 ×
+    N/128 with K adjacent: PyTorch's layouts), then a bias and GELU."""
+    y = torch._scaled_mm(a, w.t(), scale_a=sa_t.t(), scale_b=sb_t.t(), out_dtype=torch.bfloat16)
+    return F.gelu(y + bias)
+
+
+def test_block_scaled_scaled_mm_becomes_a_block_scaled_kernel():
+    m, n, k = 1000, 1040, 528  # 5 K blocks (the last partial), 9 N blocks
+    kb, nb = -(-k // 128), -(-n // 128)
+    gm, report = fuse(block_scaled_gelu, ((m, k), torch.float8_e4m3fn), ((n, k), torch.float8_e4m3fn),
+                      ((kb, m), torch.float32), ((nb, kb), torch.float32), ((n,), BF16))
+    assert len(report.fused) == 1, report.refused
+    ops = ops_of(gm)
+    assert torch.ops.aten._scaled_mm.default not in ops and torch.ops.aten.gelu.default not in ops
+    kernel, spec = evtc.torch._op.spec_kernel(report.fused[0].spec)
+    assert spec["options"]["fp8_blockwise"] is True
+    assert [o[1] for o in spec["operands"]].count("block_scale") == 2
+    assert "gelu" in kernel.ir and "@scale" not in kernel.ir  # the scales are the main loop's
+    assert kernel.config_for(m, n, k) == "coop_128x128x128_c1x1_persistent"
+
+
+def test_row_wise_scales_stay_epilogue_operands():
+    m, n, k = 1000, 1040, 528
+    gm, report = fuse(lambda a, w, sa, sb: torch._scaled_mm(a, w.t(), scale_a=sa, scale_b=sb, out_dtype=BF16) * 2,
+                      ((m, k), torch.float8_e4m3fn), ((n, k), torch.float8_e4m3fn), ((m, 1), torch.float32),
+                      ((1, n), torch.float32))
+    assert len(report.fused) == 1, report.refused
+    kernel, spec = evtc.torch._op.spec_kernel(report.fused[0].spec)
+    assert not spec["options"].get("fp8_blockwise", False)
+    assert [o[1] for o in spec["operands"]] == ["col", "row"]

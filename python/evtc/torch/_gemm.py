@@ -91,12 +91,38 @@ def _scaled_mm_expr(chain: Chain, gemm: fx.Node) -> str:
         t = val(s)
         if t is None or t.dtype != torch.float32:
             raise Refused(f"_scaled_mm {what} must be an f32 tensor")
+    if _block_scaled(chain, val(scale_a), val(scale_b)):
+        # DeepSeek-V3's 1×128 / 128×128 block scales: the main loop applies them (the kernel's
+        # fp8_blockwise option); the op passes them beside A and B.
+        chain.options["fp8_blockwise"] = True
+        chain.operands[scale_a] = ("@scale_a", "block_scale")
+        chain.operands[scale_b] = ("@scale_b", "block_scale")
+        return "acc" if bias is None else f"acc + {arg_expr(chain, bias)}"
     # Rowwise scales are (M, 1) and (1, N), tensorwise ones have one element: both broadcast
     # against the M×N result as the epilogue reads them.
     expr = f"acc * {arg_expr(chain, scale_a)} * {arg_expr(chain, scale_b)}"
     if bias is not None:
         expr = f"{expr} + {arg_expr(chain, bias)}"
     return expr
+
+
+def _block_scaled(chain: Chain, sa: torch.Tensor, sb: torch.Tensor) -> bool:
+    """Whether _scaled_mm's scales are the 1×128 (A: M × ceil(K/128)) and 128×128 (B:
+    ceil(K/128) × ceil(N/128)) block scales rather than row-wise or tensor-wise ones (where the
+    two coincide, K ≤ 128 and N ≤ 128 on one block, they mean the same product)."""
+    if sa.dim() != 2 or sb.dim() != 2:
+        return False
+    ta, tb = val(chain.a), val(chain.b)
+    sizes = [*ta.shape, tb.shape[1], *sa.shape, *sb.shape]
+    if not all(isinstance(s, int) for s in sizes):
+        if tuple(sb.shape) != (1, tb.shape[1]) and sb.numel() != 1:
+            raise Refused("block-scaled _scaled_mm with symbolic sizes")
+        return False
+    m, k = ta.shape
+    n = tb.shape[1]
+    kb, nb = -(-k // 128), -(-n // 128)
+    rowwise = tuple(sa.shape) == (m, 1) and tuple(sb.shape) == (1, n)
+    return not rowwise and tuple(sa.shape) == (m, kb) and tuple(sb.shape) == (kb, nb)
 
 
 def _start_grouped(gemm: fx.Node) -> Chain:
