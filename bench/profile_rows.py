@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Kernels of the benchmark rows that miss their targets, launched once each for Nsight Compute:
-evtc's fused kernel, the plain ``D = acc`` kernel of the same configuration, and cuBLAS's GEMM
-(through torch) of the same shape, in that order per row.
+evtc's fused kernel, the plain ``D = acc`` kernel of the same configuration, and the library
+GEMM of the same shape through torch (cuBLAS's ``mm``; cuBLASLt's row-wise ``_scaled_mm`` for
+the fp8 rows; ``_grouped_mm`` for the grouped row), in that order per row.
 
     ncu --profile-from-start off --clock-control none --set basic --section MemoryWorkloadAnalysis \\
         --section Occupancy --section LaunchStats -o prof python3 bench/profile_rows.py [--rows W1-8192,W7]
@@ -20,56 +21,96 @@ import torch
 import evtc
 
 ROWS = {
-    # id: (expression, M, N, K, operands)
+    # id: (expression, M, N, K, operands); fp8 rows take e4m3 A and B with row-wise scales sa, sb
     "W1-8192": ("out D: bf16 = silu(acc + bias[n])", 8192, 8192, 8192, ("bias",)),
     "W1-4096": ("out D: bf16 = silu(acc + bias[n])", 4096, 4096, 4096, ("bias",)),
     "W7": ("f = acc + bias[n]; out loss = sum((C - 1) * f + log(clamp(sigmoid(f), 1e-3, 0.999)))",
            8192, 8192, 1024, ("bias", "C")),
     "biasgrad": ("out D: bf16 = acc; out db = col_sum(acc)", 8192, 8192, 1024, ()),
+    "W3": ("input sa[m]: f32\ninput sb[n]: f32\nout D: bf16 = acc * sa[m] * sb[n]", 4096, 4096, 4096,
+           ("sa", "sb")),
+    "W3gelu": ("input sa[m]: f32\ninput sb[n]: f32\ninput bias[n]: bf16\n"
+               "out D: bf16 = gelu(acc * sa[m] * sb[n] + bias[n])", 4096, 4096, 4096, ("sa", "sb", "bias")),
+}
+# Grouped rows (W6): (expression, groups, rows per group, N, K); the reference is torch._grouped_mm.
+GROUPED_ROWS = {
+    "W6": ("out y: bf16 = gptoss_swiglu(acc + bias[n])", 8, 1024, 4096, 2048),
 }
 
 
 def operands(names, m, n, gen):
     out = {}
     for name in names:
+        if name in ("sa", "sb"):
+            out[name] = torch.rand((m if name == "sa" else n,), generator=gen, device="cuda") + 0.5
+            continue
         shape = (n,) if name == "bias" else (m, n)
         out[name] = torch.randn(shape, generator=gen, device="cuda", dtype=torch.bfloat16)
     return out
 
 
+def dense_row(row, gen):
+    """(fused, plain, reference) launchers and the configuration of a dense row."""
+    expr, m, n, k, names = ROWS[row]
+    fp8 = "sa" in names
+    dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
+    a = (torch.randn(m, k, generator=gen, device="cuda") * k ** -0.25).to(dtype)
+    w = (torch.randn(n, k, generator=gen, device="cuda") * k ** -0.25).to(dtype)
+    ops = operands(names, m, n, gen)
+    kw = {"a_dtype": "f8e4m3", "b_dtype": "f8e4m3"} if fp8 else {}
+    fused = evtc.compile(expr, **kw)
+    config = fused.config_for(m, n, k)
+    plain = evtc.compile("out D: bf16 = acc", config=config, **kw)
+    for kern in (fused, plain):
+        kern.compile_async(m, n, k)
+    if fp8:
+        sa, sb = ops["sa"].view(m, 1), ops["sb"].view(1, n)
+        reference = ("cuBLASLt (torch._scaled_mm, row-wise)",
+                     lambda: torch._scaled_mm(a, w.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16))
+    else:
+        reference = ("cuBLAS (torch.mm)", lambda: torch.mm(a, w.t()))
+    return (lambda: fused(a, w.t(), **ops)), (lambda: plain(a, w.t())), reference, config, (fused, plain)
+
+
+def grouped_row(row, gen):
+    expr, g, rows, n, k = GROUPED_ROWS[row]
+    x = torch.randn(g * rows, k, generator=gen, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(g, n, k, generator=gen, device="cuda", dtype=torch.bfloat16) * k ** -0.5
+    bias = torch.randn(g, n, generator=gen, device="cuda", dtype=torch.bfloat16)
+    offs = torch.arange(1, g + 1, device="cuda", dtype=torch.int32) * rows
+    fused = evtc.grouped(expr)
+    plain = evtc.grouped("out D: bf16 = acc", config=fused.config)
+    for kern in (fused, plain):
+        kern.compile()
+    wt = w.transpose(1, 2)
+    reference = ("CUTLASS ptr-array (torch._grouped_mm)", lambda: torch._grouped_mm(x, wt, offs=offs))
+    return (lambda: fused(x, wt, offs, bias=bias)), (lambda: plain(x, wt, offs)), reference, fused.config, (fused, plain)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rows", default=",".join(ROWS))
+    p.add_argument("--rows", default=",".join([*ROWS, *GROUPED_ROWS]))
     args = p.parse_args()
     gen = torch.Generator("cuda").manual_seed(0)
     launches = []
     prepared = []
     for row in args.rows.split(","):
-        expr, m, n, k, names = ROWS[row]
-        a = torch.randn(m, k, generator=gen, device="cuda", dtype=torch.bfloat16)
-        w = torch.randn(n, k, generator=gen, device="cuda", dtype=torch.bfloat16)
-        ops = operands(names, m, n, gen)
-        fused = evtc.compile(expr)
-        config = fused.config_for(m, n, k)
-        plain = evtc.compile("out D: bf16 = acc", config=config)
-        for kern in (fused, plain):
-            kern.compile_async(m, n, k)
-        prepared.append((row, a, w, ops, fused, plain, config))
-    for row, a, w, ops, fused, plain, config in prepared:
+        prepared.append((row, *(grouped_row(row, gen) if row in GROUPED_ROWS else dense_row(row, gen))))
+    for row, fused, plain, (_, reference), config, kernels in prepared:
         for _ in range(3):  # compiled, loaded and warm
-            fused(a, w.t(), **ops)
-            plain(a, w.t())
-            torch.mm(a, w.t())
-        assert fused.last_path == "fused" and plain.last_path == "fused", (row, fused.last_path, plain.last_path)
+            fused()
+            plain()
+            reference()
+        assert all(kern.last_path == "fused" for kern in kernels), (row, [kern.last_path for kern in kernels])
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStart()
-    for row, a, w, ops, fused, plain, config in prepared:
-        fused(a, w.t(), **ops)
+    for row, fused, plain, (ref_name, reference), config, kernels in prepared:
+        fused()
         launches.append({"row": row, "role": "fused", "config": config})
-        plain(a, w.t())
+        plain()
         launches.append({"row": row, "role": "plain D = acc", "config": config})
-        torch.mm(a, w.t())
-        launches.append({"row": row, "role": "cuBLAS (torch.mm)", "config": ""})
+        reference()
+        launches.append({"row": row, "role": ref_name, "config": ""})
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStop()
     print("LAUNCHES " + json.dumps(launches))
