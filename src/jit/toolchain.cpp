@@ -218,10 +218,13 @@ const Toolchain& toolchain(bool need_cutlass) {
 
 namespace {
 
-// CUTLASS's sm90 kernels need the architecture-specific target (wgmma, setmaxnreg).
+// CUTLASS's sm90 kernels need the architecture-specific target (wgmma, setmaxnreg), whose code
+// runs on sm_90 only. Other code carries its PTX beside the machine code, so that the driver
+// compiles it for a newer GPU where it runs (machine code of one major architecture does not run
+// on another: sm_80 code on a Hopper GPU, the unfused path of `arch=sm80`).
 std::string gencode_flag(int sm, bool need_cutlass) {
-  const std::string arch = sm == 90 && need_cutlass ? "90a" : std::to_string(sm);
-  return fmt::format("-gencode=arch=compute_{0},code=sm_{0}", arch);
+  if (sm == 90 && need_cutlass) return "-gencode=arch=compute_90a,code=sm_90a";
+  return fmt::format("-gencode=arch=compute_{0},code=[sm_{0},compute_{0}]", sm);
 }
 
 }  // namespace

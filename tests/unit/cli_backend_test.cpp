@@ -224,7 +224,7 @@ TEST(CliBackend, CompilesAreAnnouncedOffATerminal) {
     const bool info = std::string(level) != "warning";
     EXPECT_EQ(r.output.find("evtc: compiling plain epilogue ["), info ? 0u : std::string::npos) << level << r.output;
     EXPECT_EQ(r.output.find("evtc: compiled plain epilogue in ") != std::string::npos, info) << level << r.output;
-    EXPECT_EQ(r.output.find("-gencode=arch=compute_90,code=sm_90") != std::string::npos,
+    EXPECT_EQ(r.output.find("-gencode=arch=compute_90,code=[sm_90,compute_90]") != std::string::npos,
               std::string(level) == "debug")
         << level << r.output;
   }
