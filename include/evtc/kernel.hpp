@@ -26,9 +26,15 @@ struct KernelConfig {
   // the tensor-core partial sums into fp32 registers every few K blocks (more accurate for
   // long K, somewhat slower). Ignored for 16-bit A/B.
   bool fp8_fast_accum = false;
+  // fp8 A/B with the two-level accumulation only: the K elements between two promotions of the
+  // tensor cores' partial sums into the fp32 accumulators, a multiple of tile_k; 0 = CUTLASS's
+  // default, every 128 (4 WGMMAs). Longer intervals run faster and add error (docs/backend.md,
+  // "fp8 GEMMs"); the tuner never picks one by itself.
+  int fp8_promotion_k = 0;
 
   // A short stable name, e.g. "coop_128x256x64_c2x1_persistent" (part of cache keys);
-  // suffixes "_fastacc" (fp8_fast_accum) and "_precise" (precise_math) follow.
+  // suffixes "_fastacc" (fp8_fast_accum), "_pk<K>" (fp8_promotion_k) and "_precise"
+  // (precise_math) follow.
   std::string name() const;
   // Parses name(); nullopt if it is not one.
   static std::optional<KernelConfig> parse(const std::string& name);

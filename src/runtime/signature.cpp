@@ -16,11 +16,13 @@
 namespace evtc {
 
 std::string KernelConfig::name() const {
-  return fmt::format("{}_{}x{}x{}_c{}x{}_{}{}{}",
+  return fmt::format("{}_{}x{}x{}_c{}x{}_{}{}{}{}",
                      schedule == MainloopSchedule::cooperative ? "coop" : "pingpong", tile_m,
                      tile_n, tile_k, cluster_m, cluster_n,
                      scheduler == TileSchedulerKind::persistent ? "persistent" : "streamk",
-                     fp8_fast_accum ? "_fastacc" : "", precise_math ? "_precise" : "");
+                     fp8_fast_accum ? "_fastacc" : "",
+                     fp8_promotion_k > 0 ? fmt::format("_pk{}", fp8_promotion_k) : "",
+                     precise_math ? "_precise" : "");
 }
 
 KernelConfig KernelConfig::of(MainloopSchedule schedule, int tile_m, int tile_n, int cluster_m,
@@ -37,7 +39,7 @@ KernelConfig KernelConfig::of(MainloopSchedule schedule, int tile_m, int tile_n,
 
 std::optional<KernelConfig> KernelConfig::parse(const std::string& name) {
   static const std::regex re(
-      R"((coop|pingpong)_(\d+)x(\d+)x(\d+)_c(\d+)x(\d+)_(persistent|streamk)(_fastacc)?(_precise)?)");
+      R"((coop|pingpong)_(\d+)x(\d+)x(\d+)_c(\d+)x(\d+)_(persistent|streamk)(_fastacc)?(?:_pk(\d{3,5}))?(_precise)?)");
   std::smatch m;
   if (!std::regex_match(name, m, re)) return std::nullopt;
   // Sizes CUTLASS's sm90 builders take: tiles of 64, 128 or 256 rows and 64, 128, 192 or 256
@@ -63,7 +65,12 @@ std::optional<KernelConfig> KernelConfig::parse(const std::string& name) {
   c.cluster_n = *cn;
   c.scheduler = m[7] == "persistent" ? TileSchedulerKind::persistent : TileSchedulerKind::stream_k;
   c.fp8_fast_accum = m[8].matched;
-  c.precise_math = m[9].matched;
+  if (m[9].matched) {
+    c.fp8_promotion_k = std::stoi(m[9]);
+    // Whole K tiles, and not combined with fast accumulation (which never promotes).
+    if (c.fp8_promotion_k % c.tile_k != 0 || c.fp8_fast_accum) return std::nullopt;
+  }
+  c.precise_math = m[10].matched;
   if (c.schedule == MainloopSchedule::pingpong && c.scheduler == TileSchedulerKind::stream_k)
     return std::nullopt;  // CUTLASS's ping-pong kernel has no stream-K
   if (c.schedule == MainloopSchedule::cooperative && c.tile_m < 128) return std::nullopt;
@@ -170,6 +177,11 @@ std::string shared_memory_refusal(const Graph& g, const GemmDesc& gemm, const Ke
 }
 
 std::string config_refusal(const KernelConfig& c, const GemmDesc& gemm) {
+  if (c.fp8_promotion_k > 0 &&
+      (!is_fp8(gemm.a_dtype) || gemm.fp8_blockwise || gemm.fp8_fast_accum || c.fp8_fast_accum))
+    return fmt::format("configuration {} sets fp8's promotion interval (_pk{}), which only the two-level "
+                       "accumulation of fp8 A/B without block scales has",
+                       c.name(), c.fp8_promotion_k);
   if (!gemm.fp8_blockwise) return "";
   if (c.tile_n % kFp8ScaleBlock != 0 || c.tile_k % kFp8ScaleBlock != 0)
     return fmt::format("configuration {} has {}×{} (N×K) tiles, but a block-scaled fp8 GEMM needs tiles "

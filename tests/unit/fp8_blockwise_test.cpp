@@ -187,3 +187,28 @@ TEST(Fp8Blockwise, ReferenceScalesEachBlock) {
   in.scale_b.pop_back();
   EXPECT_THROW(evaluate_reference(g, in), UserError);
 }
+
+// fp8's two-level promotion interval (KernelConfig::fp8_promotion_k): named "_pk<K>", whole K
+// tiles, set on the main loop's arguments, and refused where there is no two-level accumulation.
+TEST(Fp8PromotionInterval, NamedSetAndRefusedElsewhere) {
+  const auto c = KernelConfig::parse("coop_128x128x128_c1x1_persistent_pk256");
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->fp8_promotion_k, 256);
+  EXPECT_EQ(c->name(), "coop_128x128x128_c1x1_persistent_pk256");
+  EXPECT_EQ(KernelConfig::parse("coop_128x128x128_c1x1_persistent_pk256_precise")->name(),
+            "coop_128x128x128_c1x1_persistent_pk256_precise");
+  EXPECT_FALSE(KernelConfig::parse("coop_128x128x128_c1x1_persistent_pk200").has_value()) << "not whole K tiles";
+  EXPECT_FALSE(KernelConfig::parse("coop_128x128x128_c1x1_persistent_fastacc_pk256").has_value());
+
+  GemmDesc fp8 = blockwise_gemm();
+  fp8.fp8_blockwise = false;
+  EXPECT_EQ(config_refusal(*c, fp8), "");
+  EXPECT_TRUE(contains(config_refusal(*c, blockwise_gemm()), "only the two-level accumulation"));
+  EXPECT_TRUE(contains(config_refusal(*c, GemmDesc{}), "only the two-level accumulation"));
+
+  const Graph g = run_pipeline(parse_expression("input sa[m]: f32\ninput sb[n]: f32\nout D: bf16 = acc * sa[m] * sb[n]"));
+  const std::string s = sm90::emit_kernel(g, fp8, *c).source;
+  EXPECT_TRUE(contains(s, "args.mainloop.mma_promotion_interval =\n      256 / cute::size<2>")) << s.substr(0, 0);
+  EXPECT_FALSE(contains(sm90::emit_kernel(g, fp8, *KernelConfig::parse("coop_128x128x128_c1x1_persistent")).source,
+                        "mma_promotion_interval"));
+}

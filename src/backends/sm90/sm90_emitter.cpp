@@ -785,7 +785,13 @@ GemmArguments gemm_arguments(const evtc_gemm_args& a, char* scratch) {
   args.scheduler.raster_order = a.raster == 1   ? RasterOptions::AlongM
                                 : a.raster == 2 ? RasterOptions::AlongN
                                                 : RasterOptions::Heuristic;
-  return args;
+)";
+  // fp8's two-level accumulation: the promotion interval, in WGMMAs (KernelConfig::fp8_promotion_k).
+  if (cfg_.fp8_promotion_k > 0 && !blockwise && !fast_accum && (is_fp8(gemm_.a_dtype) || is_fp8(gemm_.b_dtype)))
+    s += fmt::format("  args.mainloop.mma_promotion_interval =\n"
+                     "      {} / cute::size<2>(typename CollectiveMainloop::TiledMma::AtomShape_MNK{{}});\n",
+                     cfg_.fp8_promotion_k);
+  s += R"(  return args;
 }
 
 size_t gemm_workspace_bytes(const GemmArguments& args) {
