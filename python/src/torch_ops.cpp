@@ -20,7 +20,6 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
-#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <memory>
@@ -227,8 +226,9 @@ struct Plan {
   std::unique_ptr<Kernel> dense;
   std::unique_ptr<GroupedKernel> grouped;
   bool k_major = true;  // grouped: weights read K-major (b_layout col)
+  // By name and class; "@scale_a" / "@scale_b" (make_plan admits no other name starting with
+  // '@') are a block-scaled GEMM's scales, bound beside A and B.
   std::vector<std::pair<std::string, LoadClass>> operands;
-  std::vector<size_t> block_scales;  // indices into operands of "@scale_a" / "@scale_b"
   std::optional<MergedPart> merged_b;  // a merged op's B: gate and up columns interleaved
   std::vector<std::pair<std::string, MergedPart>> merged_rows;  // row operands made the same way
   std::vector<Output> outputs;
@@ -254,10 +254,12 @@ std::unique_ptr<Plan> make_plan(std::string_view text) {
     if (cls == "block_scale") {
       if (name != "@scale_a" && name != "@scale_b")
         throw UserError(cat("spec: block scale operand '", name, "' (expected @scale_a or @scale_b)"));
-      plan->block_scales.push_back(plan->operands.size());
       plan->operands.emplace_back(name, LoadClass::scalar);  // the class is not used for these
       continue;
     }
+    if (name.empty() || name[0] == '@')
+      throw UserError(cat("spec: operand '", name, "' of class ", cls, ": only block scales (class block_scale) have "
+                          "names that start with '@'"));
     plan->operands.emplace_back(name, class_of(cls, name));
   }
   if (s.contains("merged")) {
@@ -523,7 +525,7 @@ std::vector<at::Tensor> run_dense(Plan& plan, const at::Tensor& a, const at::Ten
   std::vector<at::Tensor> keep;
   for (size_t i = 0; i < operands.size(); ++i) {
     const auto& [name, cls] = plan.operands[i];
-    if (std::find(plan.block_scales.begin(), plan.block_scales.end(), i) != plan.block_scales.end()) {
+    if (name[0] == '@') {
       if (name == "@scale_a") {
         args.scale_a(matrix_ref(operands[i], "scale_a"));
       } else {
