@@ -11,6 +11,8 @@ class ParseError(UserError):
     line: int
     column: int
 
+FP8_SCALE_BLOCK: int  # the K (and N) extent of an fp8 block scale
+
 class KernelOptions:
     a_dtype: str
     b_dtype: str

@@ -222,6 +222,8 @@ NB_MODULE(_evtc, m) {
   // report of instances still alive at interpreter shutdown would only be noise.
   nb::set_leak_warnings(false);
   register_exceptions(m);
+  // The K (and N) extent of an fp8 block scale (GemmDesc::fp8_blockwise).
+  m.attr("FP8_SCALE_BLOCK") = kFp8ScaleBlock;
 
   nb::class_<KernelOptions>(m, "KernelOptions")
       .def(nb::init<>())

@@ -8,7 +8,8 @@ import torch
 from torch import fx
 
 from .. import _evtc
-from ._chain import EVTC_DTYPES, FP8_DTYPES, GEMM_OPERAND_DTYPES, Chain, Refused, arg_expr, cast_to, concrete, const, val
+from ._chain import (EVTC_DTYPES, FP8_DTYPES, GEMM_OPERAND_DTYPES, Chain, Refused, arg_expr, cast_to, concrete, const,
+                     same_shape, val)
 
 aten = torch.ops.aten
 
@@ -115,12 +116,14 @@ def _block_scaled(chain: Chain, sa: torch.Tensor, sb: torch.Tensor) -> bool:
     ta, tb = val(chain.a), val(chain.b)
     sizes = [*ta.shape, tb.shape[1], *sa.shape, *sb.shape]
     if not all(isinstance(s, int) for s in sizes):
-        if tuple(sb.shape) != (1, tb.shape[1]) and sb.numel() != 1:
+        # Compared by expression (same_shape), which adds no guard to the compiled graph.
+        if not same_shape(sb.shape, (1, tb.shape[1])) and not same_shape(sb.shape, (1, 1)):
             raise Refused("block-scaled _scaled_mm with symbolic sizes")
         return False
     m, k = ta.shape
     n = tb.shape[1]
-    kb, nb = -(-k // 128), -(-n // 128)
+    block = _evtc.FP8_SCALE_BLOCK
+    kb, nb = -(-k // block), -(-n // block)
     rowwise = tuple(sa.shape) == (m, 1) and tuple(sb.shape) == (1, n)
     return not rowwise and tuple(sa.shape) == (m, kb) and tuple(sb.shape) == (kb, nb)
 
