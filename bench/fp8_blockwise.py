@@ -23,7 +23,6 @@ and .png and prints the table.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
@@ -34,6 +33,7 @@ import torch
 import triton.testing
 
 import evtc
+from result_files import result_base
 
 BLOCK = 128
 E4M3_MAX = 448.0
@@ -166,10 +166,7 @@ def main():
         for name, v in shape_row["variants"].items():
             print(f"  {name:42s} {v['ms']:8.4f} ms  {v['tflops']:7.1f} TFLOP/s  (rel L2 {v['rel_l2_vs_f64']:.1e})")
 
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M")
-    gpu = "h200" if "H200" in dev else "h100" if "H100" in dev else dev.split()[-1].lower()
-    os.makedirs(opts.out, exist_ok=True)
-    base = os.path.join(opts.out, f"{stamp}-{gpu}-fp8-blockwise")
+    base = result_base(opts.out, dev, "fp8-blockwise")
     with open(base + ".json", "w") as f:
         json.dump({"device": dev, "torch": torch.__version__, "method": "triton.testing.do_bench median "
                    f"(L2 flushed), variants in turn, median of {opts.rounds} rounds", "shapes": rows}, f, indent=2)

@@ -15,7 +15,6 @@ variants in turn, median of --rounds rounds. Writes <out>/<stamp>-<gpu>-fp8-prom
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
@@ -24,6 +23,7 @@ import torch
 import triton.testing
 
 import evtc
+from result_files import result_base
 
 W3 = "input sa[m]: f32\ninput sb[n]: f32\nout D: {} = acc * sa[m] * sb[n]"
 BASE = "coop_128x128x128_c1x1_persistent"
@@ -89,10 +89,7 @@ def main():
         errs = "  ".join(f"K={k}: rel L2 {accuracy[k][name]['rel_l2']:.2e}, max/rms {accuracy[k][name]['max_over_rms']:.2e}"
                          for k in accuracy)
         print(f"  {name:24s} {ms[name]:.4f} ms  {ms[name] / ref:.3f}x   {errs}")
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M")
-    gpu = "h200" if "H200" in dev else "h100" if "H100" in dev else dev.split()[-1].lower()
-    os.makedirs(opts.out, exist_ok=True)
-    base = os.path.join(opts.out, f"{stamp}-{gpu}-fp8-promotion")
+    base = result_base(opts.out, dev, "fp8-promotion")
     with open(base + ".json", "w") as f:
         json.dump({"device": dev, "torch": torch.__version__, "size": s, "ms": ms, "rounds_ms": times,
                    "accuracy_f32_vs_f64": {str(k): v for k, v in accuracy.items()},

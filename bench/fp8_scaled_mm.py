@@ -16,7 +16,6 @@ prints a table of ratios.
 """
 import argparse
 import ctypes
-import datetime
 import json
 import os
 import re
@@ -25,6 +24,8 @@ import sys
 
 import torch
 import triton.testing
+
+from result_files import result_base
 
 EXPRESSIONS = {
     "W3": "input sa[m]: f32\ninput sb[n]: f32\nout D: bf16 = acc * sa[m] * sb[n]",
@@ -189,10 +190,7 @@ def main():
             print(f"  {x:28s} {t:8.4f} ms  {row['tflops'][x]:7.0f} TFLOP/s")
         for x, r in row["ratios"].items():
             print(f"  {x:40s} {r:.3f}x")
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M")
-    os.makedirs(opts.out, exist_ok=True)
-    gpu = "h200" if "H200" in dev else "h100" if "H100" in dev else dev.split()[-1].lower()
-    path = os.path.join(opts.out, f"{stamp}-{gpu}-fp8.json")
+    path = result_base(opts.out, dev, "fp8") + ".json"
     with open(path, "w") as f:
         json.dump({"device": dev, "torch": torch.__version__, "method":
                    "triton.testing.do_bench median (warmup 25 ms, rep 200 ms), same process",
