@@ -37,6 +37,8 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 int run(const RunArgs& ra) {
   if (!ra.json.empty()) check_output_path(ra.json, "--json");
   const GemmDesc gemm = ra.gemm.desc();
+  if (ra.integer_inputs && gemm.fp8_blockwise)
+    throw UserError("--integer-inputs: not with --fp8-blockwise (block scales make the products non-integers)");
   const ExpressionArg expression = read_expression_arg(ra.expr);
   const Graph g = parse_expression(expression.text, ra.gemm.parse_options(), expression.name);
   if (!have_gpu("run", "use `evtc compile` to build the kernel without running it")) return kExitFailed;
@@ -80,8 +82,6 @@ int run(const RunArgs& ra) {
 
   cudaStream_t stream;
   cudaStreamCreate(&stream);
-  if (ra.integer_inputs && gemm.fp8_blockwise)
-    throw UserError("--integer-inputs: not with --fp8-blockwise (block scales make the products non-integers)");
   ReferenceInputs inputs =
       ra.integer_inputs ? random_integer_inputs(kernel.graph(), ra.m, ra.n, ra.k, ra.seed)
                         : random_reference_inputs(kernel.graph(), ra.m, ra.n, ra.k, gemm.a_dtype, gemm.b_dtype, ra.seed);

@@ -99,7 +99,8 @@ KernelConfig default_config(const Graph& g, const GemmDesc& gemm);
 KernelConfig default_config_for_shape(const Graph& g, const GemmDesc& gemm);
 // Why configuration `c` cannot build this GEMM's main loop (empty when it can): a block-scaled
 // fp8 GEMM (GemmDesc::fp8_blockwise) needs tiles whose N and K are multiples of the 128-wide
-// scale blocks.
+// scale blocks and no fast accumulation; a promotion interval (fp8_promotion_k) needs fp8's
+// two-level accumulation.
 std::string config_refusal(const KernelConfig& c, const GemmDesc& gemm);
 // Why `c` cannot hold this epilogue: the [m,n] tensors it stages in shared memory leave fewer
 // than two main-loop stages (CUTLASS's kernels do not compile then). Empty when it can.

@@ -119,6 +119,19 @@ def test_blockwise_argument_errors_name_the_scale(kernels):
         fused(a, wq.t(), scale_a=sa, scale_b=sb[:1].contiguous(), bias=bias)
     with pytest.raises(evtc.UserError, match="scale_a: dtype bf16"):
         fused(a, wq.t(), scale_a=sa.to(torch.bfloat16), scale_b=sb, bias=bias)
+    with pytest.raises(evtc.UserError, match=r"scale_a was not given: a block-scaled kernel needs A's f32 scales, "
+                                             r"an M × ceil\(K/128\) = 256×2 matrix with M adjacent"):
+        fused(a, wq.t(), scale_b=sb, bias=bias)
+    with pytest.raises(evtc.UserError, match=r"scale_a: shape 128×2 given, expected M × ceil\(K/128\) = 256×2"):
+        fused(a, wq.t(), scale_a=sa[:128], scale_b=sb, bias=bias)
+    with pytest.raises(evtc.UserError, match=r"scale_b: strides \(1, 2\) given, expected a contiguous row-major "
+                                             r"matrix with strides \(2, 1\)"):
+        fused(a, wq.t(), scale_a=sa, scale_b=sb.t().contiguous().t(), bias=bias)
+    plain = evtc.compile("out D: bf16 = acc")
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(evtc.UserError, match=r"scale_a given, but the kernel was not built for fp8 block scales "
+                                             r"\(fp8_blockwise\)"):
+        plain(x, x.t(), scale_a=sa)
 
 
 def test_torch_compile_fuses_a_block_scaled_scaled_mm_and_its_epilogue():

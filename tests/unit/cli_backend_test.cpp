@@ -81,6 +81,23 @@ TEST(CliBackend, FastAccumulationNeedsFp8) {
       << r.output;
 }
 
+// --fp8-blockwise: fp8 A and B only, and no integer inputs (the scales make products non-integers):
+// usage errors found before anything compiles or needs a GPU.
+TEST(CliBackend, BlockScalesNeedFp8AndNoIntegerInputs) {
+  const auto r = run_cli("compile 'out D = acc' --fp8-blockwise --emit-only --emit /dev/null");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--fp8-blockwise: fp8 block scales (fp8_blockwise): A is bf16 and B is bf16: block "
+                          "scales apply to fp8 operands (f8e4m3, f8e5m2) only"),
+            std::string::npos)
+      << r.output;
+  const auto i = run_cli("run 'out D = acc' -m 256 -n 256 -k 256 --dtype f8e4m3 --layout-b c --fp8-blockwise "
+                         "--integer-inputs");
+  EXPECT_EQ(i.exit_code, 2) << i.output;
+  EXPECT_NE(i.output.find("--integer-inputs: not with --fp8-blockwise (block scales make the products non-integers)"),
+            std::string::npos)
+      << i.output;
+}
+
 TEST(CliBackend, UnknownDtypeOfBIsAUsageError) {
   const auto r = run_cli("compile 'out D = acc' --dtype f8e4m3 --dtype-b e6m1");
   EXPECT_EQ(r.exit_code, 2) << r.output;

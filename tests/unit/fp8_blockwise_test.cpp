@@ -61,7 +61,9 @@ TEST(Fp8Blockwise, ConfigurationsNeedTilesOfWholeScaleBlocks) {
             "fp8 GEMM needs tiles whose N and K are multiples of its 128-wide scale blocks (e.g. "
             "coop_128x128x128_c1x1_persistent)");
   EXPECT_NE(config_refusal(*KernelConfig::parse("coop_128x128x64_c1x1_persistent"), g), "");
-  EXPECT_NE(config_refusal(*KernelConfig::parse("coop_128x128x128_c1x1_persistent_fastacc"), g), "");
+  EXPECT_EQ(config_refusal(*KernelConfig::parse("coop_128x128x128_c1x1_persistent_fastacc"), g),
+            "configuration coop_128x128x128_c1x1_persistent_fastacc asks for fast accumulation, which a "
+            "block-scaled fp8 GEMM does not have");
   GemmDesc plain = g;
   plain.fp8_blockwise = false;
   EXPECT_EQ(config_refusal(*KernelConfig::parse("pingpong_128x192x128_c2x1_persistent"), plain), "");

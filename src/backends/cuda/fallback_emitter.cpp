@@ -340,7 +340,10 @@ extern "C" int evtc_fallback_scale_operands(const evtc_gemm_args* a, float* a32,
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const int threads = 256;
   const int64_t n_blocks = (a->n + {0} - 1) / {0};
-  auto blocks = [&](int64_t total) {{ return int((total + threads - 1) / threads < 65535 * 8 ? (total + threads - 1) / threads : 65535 * 8); }};
+  auto blocks = [&](int64_t total) {{  // a grid-stride loop: at most 8 × 65535 blocks
+    const int64_t needed = (total + threads - 1) / threads;
+    return int(needed < 65535 * 8 ? needed : 65535 * 8);
+  }};
   scale_operand<<<blocks(a->m * a->k), threads, 0, s>>>(static_cast<const {1}*>(a->a), a->m, a->k, a->lda,
       static_cast<const float*>(a->scale_a), 1, a->ld_scale_a, a32);
   scale_operand<<<blocks(a->n * a->k), threads, 0, s>>>(static_cast<const {2}*>(a->b), a->n, a->k, a->ldb,
