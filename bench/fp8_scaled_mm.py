@@ -43,7 +43,8 @@ class GemmArgs(ctypes.Structure):
                 ("scalars", ctypes.POINTER(ctypes.c_double)), ("sm_count", ctypes.c_int),
                 ("raster", ctypes.c_int), ("swizzle", ctypes.c_int),
                 ("scale_a", ctypes.c_void_p), ("scale_b", ctypes.c_void_p),
-                ("ld_scale_a", ctypes.c_int64)]
+                ("ld_scale_a", ctypes.c_int64), ("scale_a_m_stride", ctypes.c_int64),
+                ("scale_b_k_stride", ctypes.c_int64), ("scale_b_n_stride", ctypes.c_int64)]
 
 
 def compile_library(evtc, expr, *flags):

@@ -37,7 +37,9 @@ class GroupedArgs(ctypes.Structure):
                 ("offsets", ctypes.c_void_p), ("y", ctypes.c_void_p), ("ldx", ctypes.c_int64),
                 ("ldw", ctypes.c_int64), ("w_group_stride", ctypes.c_int64), ("ldy", ctypes.c_int64),
                 ("ptrs", ctypes.POINTER(ctypes.c_void_p)), ("scalars", ctypes.POINTER(ctypes.c_double)),
-                ("group_strides", ctypes.POINTER(ctypes.c_int64)), ("sm_count", ctypes.c_int)]
+                ("group_strides", ctypes.POINTER(ctypes.c_int64)), ("sm_count", ctypes.c_int),
+                ("scale_a", ctypes.c_void_p), ("scale_a_strides", ctypes.c_int64 * 2),
+                ("scale_b", ctypes.c_void_p), ("scale_b_strides", ctypes.c_int64 * 3)]
 
 
 def compile_kernel(evtc, expr, config):

@@ -60,9 +60,9 @@ void check_problem_size(const std::vector<int64_t>& rows, int64_t n, int64_t k) 
 
 Command add_grouped_command(CLI::App& app) {
   struct Args {
-    std::string expr, config, emit, rows, weights = "nk", arch;
+    std::string expr, config, emit, rows, weights = "nk", arch, dtype = "bf16";
     int64_t groups = 8, m = 0, n = 0, k = 0;
-    bool compile_only = false, check = false, bench = false, precise = false;
+    bool compile_only = false, check = false, bench = false, precise = false, fp8_blockwise = false;
   };
   auto a = std::make_shared<Args>();
   CLI::App* sub = app.add_subcommand(
@@ -76,6 +76,12 @@ Command add_grouped_command(CLI::App& app) {
   sub->add_option("--weights", a->weights, "Weight layout: nk (G×N×K, K-major) or kn (G×K×N)")
       ->capture_default_str()
       ->check(CLI::IsMember({"nk", "kn"}));
+  sub->add_option("--dtype", a->dtype, "x and weight dtype (bf16, f16, f8e4m3 or f8e5m2)")
+      ->capture_default_str()
+      ->check(dtype_value());
+  sub->add_flag("--fp8-blockwise", a->fp8_blockwise,
+                "fp8 x/weights with block scales (DeepSeek-V3's format): f32 scales per token row and 128 "
+                "of K, and per 128x128 block of each group's weights");
   sub->add_option("--config", a->config, "Kernel config name")->check(config_value());
   sub->add_option("--emit", a->emit, "Write the generated CUDA source to this file");
   sub->add_flag("--compile-only", a->compile_only, "Compile the kernel and print its path (no GPU needed)");
@@ -88,8 +94,17 @@ Command add_grouped_command(CLI::App& app) {
             opts.arch = arch_option(a->arch);
             opts.gemm.b_layout = a->weights == "nk" ? Layout::col_major : Layout::row_major;
             opts.precise_math = a->precise;
+            // dtype_value() has checked the dtype.
+            opts.gemm.a_dtype = opts.gemm.b_dtype = parse_dtype(a->dtype).value_or(DType::bf16);
+            opts.gemm.fp8_blockwise = a->fp8_blockwise;
+            if (std::string why = fp8_blockwise_refusal(opts.gemm); !why.empty())
+              throw UserError("--fp8-blockwise: " + why);
             if (!a->config.empty()) opts.config = KernelConfig::parse(a->config);  // config_value() checked it
-            GroupedKernel kernel(parse_expression_arg(a->expr), opts);
+            // Undeclared operands and outputs: x's dtype, or for fp8 f32 operands and bf16 outputs.
+            ParseOptions popts;
+            popts.operand_dtype = is_fp8(opts.gemm.a_dtype) ? DType::f32 : opts.gemm.a_dtype;
+            popts.output_dtype = is_fp8(opts.gemm.a_dtype) ? DType::bf16 : opts.gemm.a_dtype;
+            GroupedKernel kernel(parse_expression_arg(a->expr, popts), opts);
             // A problem to run is checked before anything is compiled or allocated.
             std::vector<int64_t> rows;
             if (!a->compile_only) {

@@ -26,10 +26,19 @@
 // device from the offsets, so a run never synchronises with the host and can be captured in
 // a CUDA graph; replays read the offsets as they are then.
 //
+// fp8 (e4m3/e5m2) X and W need K-major weights (G × N × K). Block-scaled fp8 (GemmDesc::
+// fp8_blockwise, DeepSeek-V3's format as for dense kernels) takes its f32 scales with every call:
+//   scale_a: total_m × ceil(K/128), one per token row and 128 of K;
+//   scale_b: G × ceil(N/128) × ceil(K/128), one per 128×128 block of each group's N×K weights.
+// The kernel reads scale_a row-major (strides (ceil(K/128), 1)) and scale_b with strides
+// (·, ceil(K/128), 1) in place; scales with other strides (e.g. the dense kernels' scale_a with
+// M adjacent) are first copied into that layout on the device, in the same call.
+//
 // Refused when the GroupedKernel is built, with a UserError naming the operand: [m,n]
 // operands, column vectors [m], the source C, reductions and second outputs (CUTLASS
 // 4.2's grouped kernels have no per-group aux loads/stores and its column reduction does not
-// compile with GroupProblemShape); fp8 or mixed X/W dtypes; a column-major X.
+// compile with GroupProblemShape); 16-bit X and W of different dtypes, fp8 mixed with 16-bit,
+// fp8 with G × K × N weights; a column-major X.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -69,6 +78,10 @@ class GroupedArguments {
     offsets_count_ = count;
     return *this;
   }
+  // fp8 block scales (a block-scaled kernel only): total_m × ceil(K/128) and
+  // G × ceil(N/128) × ceil(K/128), f32, any strides (see above).
+  GroupedArguments& scale_a(const TensorRef& t) { scale_a_ = t; return *this; }
+  GroupedArguments& scale_b(const BatchedTensorRef& t) { scale_b_ = t; return *this; }
   GroupedArguments& set(const std::string& name, const TensorRef& t) { tensors_[name] = t; return *this; }
   GroupedArguments& set(const std::string& name, double value) { scalars_[name] = value; return *this; }
 
@@ -76,6 +89,8 @@ class GroupedArguments {
   const std::optional<BatchedTensorRef>& weights() const { return w_; }
   const int32_t* offsets() const { return offsets_; }
   int64_t offsets_count() const { return offsets_count_; }
+  const std::optional<TensorRef>& scale_a() const { return scale_a_; }
+  const std::optional<BatchedTensorRef>& scale_b() const { return scale_b_; }
   const std::map<std::string, TensorRef>& tensors() const { return tensors_; }
   const std::map<std::string, double>& scalars() const { return scalars_; }
 
@@ -84,13 +99,16 @@ class GroupedArguments {
   std::optional<BatchedTensorRef> w_;
   const int32_t* offsets_ = nullptr;
   int64_t offsets_count_ = -1;
+  std::optional<TensorRef> scale_a_;
+  std::optional<BatchedTensorRef> scale_b_;
   std::map<std::string, TensorRef> tensors_;
   std::map<std::string, double> scalars_;
 };
 
 struct GroupedOptions {
-  // X/W dtypes (16-bit, equal) and the weights' layout: b_layout col_major = G × N × K
-  // (K-major, the default), row_major = G × K × N. a_layout must stay row-major.
+  // X/W dtypes (16-bit and equal, or fp8) and the weights' layout: b_layout col_major =
+  // G × N × K (K-major, the default), row_major = G × K × N (16-bit only). a_layout must stay
+  // row-major. fp8_blockwise: block-scaled fp8 (scales with every call, see above).
   GemmDesc gemm;
   // The kernel configuration; default_grouped_config() when unset.
   std::optional<KernelConfig> config;
@@ -109,6 +127,10 @@ struct GroupedOptions {
 
 // Measured on the H200 (bench/grouped_moe.py, docs/grouped.md): ping-pong 128×192, no cluster.
 KernelConfig default_grouped_config();
+// The default for `gemm`'s dtypes: the above for 16-bit and plain fp8 operands; for block-scaled
+// fp8, whose tiles must hold whole 128-wide scale blocks along N and K, the configuration
+// measured in bench/grouped_blockwise.py (docs/grouped.md).
+KernelConfig default_grouped_config(const GemmDesc& gemm);
 
 class GroupedKernel {
  public:
@@ -149,6 +171,7 @@ class GroupedKernel {
   const std::string& output_name() const;
   DType output_dtype() const;
   bool gated() const;
+  const GemmDesc& gemm() const;  // X/W dtypes, the weights' layout, fp8_blockwise
 
  private:
   struct Impl;
@@ -163,6 +186,9 @@ struct GroupedReferenceInputs {
   std::vector<double> w;      // G × N × K (each group's N×K, row-major)
   // By operand name: row vectors G×N (per group) or N (shared); scalars G or 1 values.
   std::map<std::string, std::vector<double>> operands;
+  // Block-scaled fp8 (empty otherwise): sum(M_g) × ceil(K/128) and G × ceil(N/128) × ceil(K/128),
+  // row-major; the product becomes Σ_k x·scale_a · w·scale_b, as in ReferenceInputs.
+  std::vector<double> scale_a, scale_b;
 };
 
 // The reference outputs of every group, stacked like Y: [m,n] outputs sum(M_g) × N, gated

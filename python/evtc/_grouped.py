@@ -22,7 +22,13 @@ class GroupedKernel(_Compiled):
     - ``offsets``: G int32 END offsets on the device (group g is rows
       ``[offsets[g-1], offsets[g])``); empty groups are fine;
     - keyword operands: row vectors ``[n]`` as G × N (one row per group) or N (shared), pointer
-      scalars as G values or one, by-value scalars as numbers.
+      scalars as G values or one, by-value scalars as numbers;
+    - ``scale_a``, ``scale_b`` (a kernel built with ``fp8_blockwise=True`` only; f32): x's scales,
+      rows of x × ceil(K/128) (one per token row and 128 of K), and the weights' scales,
+      G × ceil(K/128) × ceil(N/128) like ``w`` (one per 128×128 block). Read in place when
+      ``scale_a`` is row-major and ``scale_b`` is the ``transpose(1, 2)`` of a contiguous
+      G × ceil(N/128) × ceil(K/128) tensor (the scales of stacked ``nn.Linear`` weights); other
+      strides are copied into that layout on the device first, within the call.
 
     Returns the one output, rows of x × N (or × N/2 for a gated epilogue), allocated for torch
     inputs (else pass ``out={name: array}``). No host synchronisation: the per-group tables are
@@ -86,7 +92,8 @@ class GroupedKernel(_Compiled):
         return self._start_once("fallback", self._native.compile_fallback)
 
     def __call__(self, x: Any, w: Any, offsets: Any, *, out: Optional[dict[str, Any]] = None,
-                 stream: Optional[int] = None, **operands: Any) -> Any:
+                 stream: Optional[int] = None, scale_a: Any = None, scale_b: Any = None,
+                 **operands: Any) -> Any:
         # A failed background compile raises again (with nvcc's message) from the run; with
         # wait_for_compile off the call runs unfused instead, until the fused kernel is ready.
         if self._wait:
@@ -94,6 +101,11 @@ class GroupedKernel(_Compiled):
         name = self._native.output_name
         outputs = dict(out or {})
         tensors, scalars = _split_operands(operands)
+        if scale_b is not None and len(getattr(scale_b, "shape", ())) != 3:
+            raise _evtc.UserError(f"scale_b has shape {list(getattr(scale_b, 'shape', []))}: expected "
+                                  "G × ceil(K/128) × ceil(N/128), oriented like w")
+        # "@" names cannot be operands: the native layer binds them as the block scales.
+        tensors.update({n: t for n, t in (("@scale_a", scale_a), ("@scale_b", scale_b)) if t is not None})
         if not _is_torch_tensor(x):
             if name not in outputs:
                 raise _evtc.UserError(f"output '{name}' was not given: pass out={{'{name}': array}} "
@@ -106,7 +118,8 @@ class GroupedKernel(_Compiled):
 
         if w.dim() != 3:
             raise _evtc.UserError(f"w has shape {list(w.shape)}: expected G × K × N (3 dimensions)")
-        _require_cuda([("x", x), ("w", w), ("offsets", offsets), *operands.items(), *outputs.items()])
+        _require_cuda([("x", x), ("w", w), ("offsets", offsets), *operands.items(), *outputs.items(),
+                       *[(n, t) for n, t in (("scale_a", scale_a), ("scale_b", scale_b)) if t is not None]])
         if name not in outputs:
             outputs[name] = torch.empty(self.output_size(int(x.shape[0]), int(w.shape[2])),
                                         dtype=getattr(torch, _TORCH_DTYPES[self.output.dtype]),
@@ -128,12 +141,17 @@ class GroupedKernel(_Compiled):
 
 
 def grouped(expr: str, *, dtype: Any = "bf16", weights: str = "nk", cast_mode: str = "eager",
-            precise_math: bool = False, config: Optional[str] = None, operand_dtype: Any = "bf16",
-            output_dtype: Any = "bf16", wait_for_compile: bool = True, arch: Optional[str] = None) -> GroupedKernel:
+            precise_math: bool = False, config: Optional[str] = None, operand_dtype: Any = None,
+            output_dtype: Any = "bf16", wait_for_compile: bool = True, arch: Optional[str] = None,
+            fp8_blockwise: bool = False) -> GroupedKernel:
     """Parses ``expr`` and returns a :class:`GroupedKernel` (docs/grouped.md).
 
-    ``dtype`` is x's and w's (``"bf16"`` or ``"f16"``); ``weights`` ``"nk"`` (each group's
-    weights N×K, K-major: stacked ``nn.Linear`` weights) or ``"kn"`` (K×N, N-major);
+    ``dtype`` is x's and w's (``"bf16"``, ``"f16"``, or fp8 ``"f8e4m3"``/``"f8e5m2"``, which
+    need ``weights="nk"``); ``weights`` ``"nk"`` (each group's weights N×K, K-major: stacked
+    ``nn.Linear`` weights) or ``"kn"`` (K×N, N-major); ``fp8_blockwise=True`` (fp8 only) builds a
+    block-scaled kernel that takes ``scale_a`` and ``scale_b`` with each call (see
+    :class:`GroupedKernel`); ``operand_dtype`` is undeclared operands' (default bf16, or f32
+    for fp8);
     ``config`` fixes a kernel configuration. With ``wait_for_compile=False`` a call whose fused
     kernel is not compiled yet runs unfused (one cuBLASLt GEMM + the plain epilogue per
     non-empty group, after reading ``offsets`` back to the host) while the kernel compiles in
@@ -150,7 +168,10 @@ def grouped(expr: str, *, dtype: Any = "bf16", weights: str = "nk", cast_mode: s
     o.a_dtype = o.b_dtype = dtype_name(dtype, "dtype")
     o.a_layout, o.b_layout = "row", "col" if weights == "nk" else "row"
     o.cast_mode, o.precise_math, o.config = cast_mode, precise_math, config
+    if operand_dtype is None:
+        operand_dtype = "f32" if o.a_dtype.startswith("f8") else "bf16"
     o.operand_dtype = dtype_name(operand_dtype, "operand_dtype")
+    o.fp8_blockwise = fp8_blockwise
     o.output_dtype = dtype_name(output_dtype, "output_dtype")
     o.wait_for_compile = wait_for_compile
     o.arch = arch

@@ -194,7 +194,8 @@ class Kernel(_Compiled):
         """Runs ``D = epilogue(a @ b, ...)``. A kernel built with ``fp8_blockwise=True`` also takes
         ``scale_a`` (f32, M × ceil(K/128), M adjacent: PyTorch's 1×128 layout) and ``scale_b`` (f32,
         ceil(K/128) × ceil(N/128), contiguous row-major; for ``torch._scaled_mm``'s 128×128
-        ``scale_b``, pass ``scale_b.contiguous()``)."""
+        ``scale_b``, pass ``scale_b.contiguous()``). Scales in other strides run the unfused path
+        (with the reason logged)."""
         if self._options.wait_for_compile:
             self._wait_for_compiles()
         block_scales = {name: t for name, t in (("@scale_a", scale_a), ("@scale_b", scale_b)) if t is not None}

@@ -127,8 +127,13 @@ std::string run_grouped(const GroupedKernel& kernel, const nb::ndarray<>& x, con
   args.x(tensor_ref(x, "x", dtype_of(dtypes, "x")));
   args.weights(batched_tensor_ref(w, "weights", k_major));
   args.offsets(static_cast<const int32_t*>(offsets.data()), int64_t(offsets.shape(0)));
-  for (const auto& [name, array] : tensors)
-    args.set(name, tensor_ref(array, fmt::format("'{}'", name), dtype_of(dtypes, name)));
+  for (const auto& [name, array] : tensors) {
+    // "@scale_a"/"@scale_b": fp8 block scales; scale_b is G × ceil(K/128) × ceil(N/128), oriented
+    // like w, and read as the G × ceil(N/128) × ceil(K/128) blocks of the weights.
+    if (name == "@scale_a") args.scale_a(tensor_ref(array, "scale_a", dtype_of(dtypes, name)));
+    else if (name == "@scale_b") args.scale_b(batched_tensor_ref(array, "scale_b", true));
+    else args.set(name, tensor_ref(array, fmt::format("'{}'", name), dtype_of(dtypes, name)));
+  }
   for (const auto& [name, value] : scalars) args.set(name, value);
   nb::gil_scoped_release release;  // a first call may compile for a minute
   const ExecutionPath path = kernel.run(args, reinterpret_cast<cudaStream_t>(stream));

@@ -63,6 +63,19 @@ ReferenceOutputs evaluate_grouped_reference(const Graph& g, const GroupedReferen
     const double* wg = in.w.data() + grp * n * k;
     for (size_t j = 0; j < n; ++j)
       for (size_t kk = 0; kk < k; ++kk) ri.b[kk * n + j] = wg[j * k + kk];
+    if (!in.scale_a.empty() || !in.scale_b.empty()) {  // block-scaled fp8
+      const size_t kb = size_t(fp8_scale_blocks(in.k)), nb = size_t(fp8_scale_blocks(in.n));
+      if (in.scale_a.size() != total * kb || in.scale_b.size() != groups * nb * kb)
+        throw UserError(fmt::format("grouped reference: scale_a has {} values and scale_b {}, expected {} "
+                                    "(sum(M_g) × ceil(K/128)) and {} (G × ceil(N/128) × ceil(K/128))",
+                                    in.scale_a.size(), in.scale_b.size(), total * kb, groups * nb * kb));
+      ri.scale_a.assign(in.scale_a.begin() + static_cast<std::ptrdiff_t>(row0 * kb),
+                        in.scale_a.begin() + static_cast<std::ptrdiff_t>((row0 + m) * kb));
+      ri.scale_b.resize(kb * nb);  // K blocks × N blocks, from the group's N blocks × K blocks
+      const double* sg = in.scale_b.data() + grp * nb * kb;
+      for (size_t j = 0; j < nb; ++j)
+        for (size_t l = 0; l < kb; ++l) ri.scale_b[l * nb + j] = sg[j * kb + l];
+    }
     for (const Node& node : g.nodes()) {
       if (node.kind != NodeKind::row_vec && node.kind != NodeKind::scalar) continue;
       if (node.kind == NodeKind::scalar && node.scalar_kind == ScalarKind::constant) continue;

@@ -112,28 +112,34 @@ void bind_block_scales(const GemmDesc& gemm, const Arguments& args, int64_t m, i
     throw UserError(fmt::format("scale_a: shape {}×{} given, expected M × ceil(K/128) = {}×{} (one "
                                 "scale per row of A and 128 of K)",
                                 sa->rows, sa->cols, m, kb));
-  if ((sa->row_stride != 1 && m > 1) || (kb > 1 && sa->col_stride < m))
-    throw UserError(fmt::format("scale_a: strides ({}, {}) given, expected M adjacent: strides (1, ld) "
-                                "with ld ≥ M = {} (PyTorch: scale.t().contiguous().t())",
-                                sa->row_stride, sa->col_stride, m));
   if (sb->rows != kb || sb->cols != nb)
     throw UserError(fmt::format("scale_b: shape {}×{} given, expected ceil(K/128) × ceil(N/128) = {}×{} "
                                 "(one scale per 128×128 block of B)",
                                 sb->rows, sb->cols, kb, nb));
-  if ((sb->col_stride != 1 && nb > 1) || (kb > 1 && sb->row_stride != nb))
-    throw UserError(fmt::format("scale_b: strides ({}, {}) given, expected a contiguous row-major "
-                                "matrix with strides ({}, 1)",
-                                sb->row_stride, sb->col_stride, nb));
   pointers.check(sa->data, [] { return std::string("scale_a"); });
   pointers.check(sb->data, [] { return std::string("scale_b"); });
   call.scale_a = sa->data;
   call.scale_b = sb->data;
+  // Strides of a dimension of one element do not matter: the canonical ones stand in.
+  call.scale_a_m_stride = m > 1 ? sa->row_stride : 1;
   call.ld_scale_a = kb > 1 ? sa->col_stride : m;
-  // The TMA that loads A's scales reads 16-byte rows of them.
-  if (!aligned16(sa->data) || (call.ld_scale_a * 4) % 16 != 0)
+  call.scale_b_k_stride = kb > 1 ? sb->row_stride : nb;
+  call.scale_b_n_stride = nb > 1 ? sb->col_stride : 1;
+  // The fused kernel reads A's scales with M adjacent, 16-byte rows of them per K block (TMA),
+  // and B's row-major; the unfused path reads any strides.
+  if (call.scale_a_m_stride != 1 || call.ld_scale_a < m)
+    call.reasons.push_back(fmt::format("scale_a has strides ({}, {}): the fused kernel reads it with M "
+                                       "adjacent, strides (1, ld) with ld ≥ M = {} (PyTorch: "
+                                       "scale.t().contiguous().t())",
+                                       sa->row_stride, sa->col_stride, m));
+  else if (!aligned16(sa->data) || (call.ld_scale_a * 4) % 16 != 0)
     call.reasons.push_back(fmt::format("scale_a's K blocks are not 16-byte aligned (pointer {}, "
                                        "ld {}: the fused kernel needs ld a multiple of 4)",
                                        sa->data, call.ld_scale_a));
+  if (call.scale_b_k_stride != nb || call.scale_b_n_stride != 1)
+    call.reasons.push_back(fmt::format("scale_b has strides ({}, {}): the fused kernel reads it row-major, "
+                                       "strides ({}, 1) (PyTorch: scale_b.contiguous())",
+                                       sb->row_stride, sb->col_stride, nb));
 }
 
 }  // namespace
@@ -183,6 +189,9 @@ evtc_gemm_args BoundCall::abi() const {
   a.scale_a = scale_a;
   a.scale_b = scale_b;
   a.ld_scale_a = ld_scale_a;
+  a.scale_a_m_stride = scale_a_m_stride;
+  a.scale_b_k_stride = scale_b_k_stride;
+  a.scale_b_n_stride = scale_b_n_stride;
   return a;
 }
 

@@ -51,7 +51,8 @@ struct BoundCall {
   // fp8 block scales (GemmDesc::fp8_blockwise); null otherwise.
   const void* scale_a = nullptr;
   const void* scale_b = nullptr;
-  int64_t ld_scale_a = 0;
+  int64_t ld_scale_a = 0;  // between K blocks of scale_a
+  int64_t scale_a_m_stride = 1, scale_b_k_stride = 0, scale_b_n_stride = 1;
   std::vector<void*> ptrs;      // in signature order
   std::vector<double> scalars;  // in signature order
   // Why this call cannot take the fused path; empty if it can.

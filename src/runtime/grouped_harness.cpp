@@ -43,8 +43,19 @@ GroupedReferenceInputs random_grouped_inputs(const GroupedKernel& kernel, const 
   const int64_t total = std::accumulate(rows.begin(), rows.end(), int64_t(0));
   const double s = std::pow(double(k), -0.25);
   const size_t groups = rows.size();
-  in.x = normals(rng, size_t(total * k), s, DType::bf16);
-  in.w = normals(rng, groups * size_t(n * k), s, DType::bf16);
+  const GemmDesc& gemm = kernel.gemm();
+  in.x = normals(rng, size_t(total * k), s, gemm.a_dtype);
+  in.w = normals(rng, groups * size_t(n * k), s, gemm.b_dtype);
+  if (gemm.fp8_blockwise) {  // powers of two times [0.5, 1): 2^-3 .. 2^3 apart between blocks
+    auto scales = [&](size_t count) {
+      std::vector<double> v(count);
+      for (double& x : v)
+        x = round_to(DType::f32, std::ldexp(0.5 + 0.5 * double(rng() >> 11) * 0x1.0p-53, int(rng() % 7) - 3));
+      return v;
+    };
+    in.scale_a = scales(size_t(total * fp8_scale_blocks(k)));
+    in.scale_b = scales(groups * size_t(fp8_scale_blocks(n) * fp8_scale_blocks(k)));
+  }
   for (const OperandSlot& slot : kernel.signature().pointers) {
     if (slot.is_output) continue;  // a gated output
     const size_t per = slot.kind == NodeKind::row_vec ? size_t(n) : 1;
@@ -63,7 +74,7 @@ GroupedDeviceProblem::GroupedDeviceProblem(const GroupedKernel& kernel, const Gr
   const size_t groups = in.rows.size();
   const int64_t total = std::accumulate(in.rows.begin(), in.rows.end(), int64_t(0));
   if (capacity < total) throw UserError("grouped problem: capacity below the rows of the groups");
-  const DType ab = DType::bf16;
+  const DType xt = kernel.gemm().a_dtype, wt = kernel.gemm().b_dtype;
   auto upload = [&](const std::string& key, DType t, const std::vector<double>& values) {
     const auto bytes = encode(t, values);
     DeviceBuffer buf(bytes.size());
@@ -74,10 +85,21 @@ GroupedDeviceProblem::GroupedDeviceProblem(const GroupedKernel& kernel, const Gr
   };
   std::vector<double> x = in.x;
   std::mt19937_64 rng(12345);
-  const auto tail = normals(rng, size_t((capacity - total) * in.k), 1.0, ab);
+  const auto tail = normals(rng, size_t((capacity - total) * in.k), 1.0, xt);
   x.insert(x.end(), tail.begin(), tail.end());
-  args_.x(TensorRef::matrix(upload("x", ab, x), ab, capacity, in.k));
-  args_.weights(BatchedTensorRef::contiguous(upload("w", ab, in.w), ab, int64_t(groups), in.n, in.k));
+  args_.x(TensorRef::matrix(upload("x", xt, x), xt, capacity, in.k));
+  args_.weights(BatchedTensorRef::contiguous(upload("w", wt, in.w), wt, int64_t(groups), in.n, in.k));
+  if (kernel.gemm().fp8_blockwise) {
+    // scale_a with M adjacent (the dense kernels' layout, which the kernel copies into its own),
+    // capacity rows; scale_b G × ceil(N/128) × ceil(K/128) row-major (read in place).
+    const int64_t kb = fp8_scale_blocks(in.k), nb = fp8_scale_blocks(in.n);
+    std::vector<double> sa(size_t(capacity * kb), 1.0);
+    for (int64_t r = 0; r < total; ++r)
+      for (int64_t l = 0; l < kb; ++l) sa[size_t(l * capacity + r)] = in.scale_a[size_t(r * kb + l)];
+    args_.scale_a(TensorRef{upload("scale_a", DType::f32, sa), DType::f32, capacity, kb, 1, capacity});
+    args_.scale_b(BatchedTensorRef::contiguous(upload("scale_b", DType::f32, in.scale_b), DType::f32,
+                                               int64_t(groups), nb, kb));
+  }
   for (const OperandSlot& slot : kernel.signature().pointers) {
     if (slot.is_output) continue;  // a gated output: Y below
     const auto& values = in.operands.at(slot.name);

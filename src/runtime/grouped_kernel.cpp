@@ -39,6 +39,16 @@ KernelConfig default_grouped_config() {
   return KernelConfig::of(MainloopSchedule::pingpong, 128, 192, 1);
 }
 
+// fp8: 128-wide K tiles, and cooperative 128×128 tiles as for dense fp8 (a warp group holding
+// 64×256 accumulators twice, for the two-level accumulation, would spill); block-scaled tiles
+// also hold whole 128-wide scale blocks along N and K.
+KernelConfig default_grouped_config(const GemmDesc& gemm) {
+  if (!is_fp8(gemm.a_dtype) && !is_fp8(gemm.b_dtype)) return default_grouped_config();
+  KernelConfig c = KernelConfig::of(MainloopSchedule::cooperative, 128, 128, 1);
+  c.tile_k = 128;
+  return c;
+}
+
 struct GroupedKernel::Impl {
   Graph graph;
   Graph input_graph;  // as given: the unfused path's dense kernel runs the pipeline on it
@@ -107,10 +117,16 @@ GroupedKernel::GroupedKernel(const Graph& graph, const GroupedOptions& options)
   impl_->options = options;
   impl_->wait_for_compile = options.wait_for_compile || env_flag("EVTC_WAIT_FOR_COMPILE");
   impl_->arch = target_arch(options.arch);
-  impl_->config = options.config.value_or(default_grouped_config());
+  impl_->config = options.config.value_or(default_grouped_config(options.gemm));
   impl_->config.precise_math = options.precise_math;
   impl_->config.fp8_fast_accum = false;
-  const auto refusals = sm90::grouped_refusals(impl_->graph, options.gemm);
+  auto refusals = sm90::grouped_refusals(impl_->graph, options.gemm);
+  if (std::string why = config_refusal(impl_->config, options.gemm); !why.empty() && refusals.empty())
+    refusals.push_back(std::move(why));
+  if (impl_->config.fp8_promotion_k > 0 && refusals.empty())
+    refusals.push_back(fmt::format("configuration {} sets fp8's promotion interval, which grouped kernels do "
+                                   "not take",
+                                   impl_->config.name()));
   if (!refusals.empty()) {
     std::string text;
     for (const auto& r : refusals) text += (text.empty() ? "" : "; ") + r;
@@ -195,6 +211,7 @@ const KernelConfig& GroupedKernel::config() const { return impl_->config; }
 const std::string& GroupedKernel::output_name() const { return impl_->output; }
 DType GroupedKernel::output_dtype() const { return impl_->output_dtype; }
 bool GroupedKernel::gated() const { return impl_->gated; }
+const GemmDesc& GroupedKernel::gemm() const { return impl_->options.gemm; }
 
 FusionEstimate GroupedKernel::estimate(int64_t total_m, int64_t n, int64_t k, int64_t groups,
                                        const UnfusedWork& unfused) const {
@@ -214,12 +231,15 @@ FusionEstimate GroupedKernel::estimate(int64_t total_m, int64_t n, int64_t k, in
 namespace {
 
 // What a grouped problem with N output columns and K must be, on either path.
-std::string shape_problem(bool gated, const std::string& output, int64_t n, int64_t k) {
+std::string shape_problem(bool gated, const std::string& output, int64_t n, int64_t k, DType x_dtype) {
   if (gated && n % 2 != 0)
     return fmt::format("output '{}' is gated (one column per interleaved (gate, up) pair of the weights' N "
                        "rows): N={} must be even",
                        output, n);
-  if (k % 8 != 0) return fmt::format("K={} is not a multiple of 8 (16-bit x and weights need 16-byte rows)", k);
+  const int64_t per_row = 16 / dtype_bytes(x_dtype);
+  if (k % per_row != 0)
+    return fmt::format("K={} is not a multiple of {} ({} x and weights need 16-byte rows)", k, per_row,
+                       dtype_name(x_dtype));
   if (n % 8 != 0) return fmt::format("N={} is not a multiple of 8 (the output's rows must be 16-byte aligned)", n);
   return {};
 }
@@ -228,7 +248,7 @@ std::string shape_problem(bool gated, const std::string& output, int64_t n, int6
 
 std::string GroupedKernel::shape_reason(int64_t n, int64_t k) const {
   if (std::string why = arch_refusal(impl_->arch); !why.empty()) return why;
-  return shape_problem(impl_->gated, impl_->output, n, k);
+  return shape_problem(impl_->gated, impl_->output, n, k, impl_->options.gemm.a_dtype);
 }
 
 namespace {
@@ -295,7 +315,8 @@ ExecutionPath GroupedKernel::run(const GroupedArguments& args, cudaStream_t stre
   if (W.row_stride < W.cols || W.batch_stride < W.rows * W.row_stride)
     throw UserError(fmt::format("weights: strides ({}, {}, 1) overlap for shape [{}, {}, {}]",
                                 W.batch_stride, W.row_stride, groups, W.rows, W.cols));
-  if (const std::string why = shape_problem(im.gated, im.output, n, k); !why.empty()) throw UserError(why);
+  if (const std::string why = shape_problem(im.gated, im.output, n, k, gemm.a_dtype); !why.empty())
+    throw UserError(why);
   if (!args.offsets()) throw UserError("offsets (the groups' int32 end offsets) were not given");
   if (args.offsets_count() != groups)
     throw UserError(fmt::format("offsets has {} entries but the weights have {} groups: give one end "
@@ -308,6 +329,43 @@ ExecutionPath GroupedKernel::run(const GroupedArguments& args, cudaStream_t stre
   if (total_m > 0) device_ptrs.emplace_back(X.data, "x");
   device_ptrs.emplace_back(W.data, "weights");
   device_ptrs.emplace_back(args.offsets(), "offsets");
+
+  // --- fp8 block scales --------------------------------------------------------------------
+  const int64_t kb = fp8_scale_blocks(k), nb = fp8_scale_blocks(n);
+  const std::optional<TensorRef>& scale_a = args.scale_a();
+  const std::optional<BatchedTensorRef>& scale_b = args.scale_b();
+  if (!gemm.fp8_blockwise) {
+    if (scale_a || scale_b)
+      throw UserError(fmt::format("{} given, but the grouped kernel was not built for fp8 block scales "
+                                  "(fp8_blockwise)",
+                                  scale_a ? "scale_a" : "scale_b"));
+  } else {
+    if (!scale_a)
+      throw UserError(fmt::format("scale_a was not given: a block-scaled grouped kernel needs x's f32 scales, a "
+                                  "total_m × ceil(K/128) = {}×{} matrix",
+                                  total_m, kb));
+    if (!scale_b)
+      throw UserError(fmt::format("scale_b was not given: a block-scaled grouped kernel needs the weights' f32 "
+                                  "scales, G × ceil(N/128) × ceil(K/128) = {}×{}×{}",
+                                  groups, nb, kb));
+    if (scale_a->dtype != DType::f32)
+      throw UserError(fmt::format("scale_a: dtype {} given, block scales are f32", dtype_name(scale_a->dtype)));
+    if (scale_b->dtype != DType::f32)
+      throw UserError(fmt::format("scale_b: dtype {} given, block scales are f32", dtype_name(scale_b->dtype)));
+    if (scale_a->rows != total_m || scale_a->cols != kb)
+      throw UserError(fmt::format("scale_a: shape {}×{} given, expected total_m × ceil(K/128) = {}×{} (one scale "
+                                  "per row of x and 128 of K)",
+                                  scale_a->rows, scale_a->cols, total_m, kb));
+    if (scale_b->batches != groups || scale_b->rows != nb || scale_b->cols != kb)
+      throw UserError(fmt::format("scale_b: shape {}×{}×{} given, expected G × ceil(N/128) × ceil(K/128) = "
+                                  "{}×{}×{} (one scale per 128×128 block of each group's N×K weights)",
+                                  scale_b->batches, scale_b->rows, scale_b->cols, groups, nb, kb));
+    if (scale_a->row_stride < 0 || scale_a->col_stride < 0 || scale_b->batch_stride < 0 || scale_b->row_stride < 0 ||
+        scale_b->col_stride < 0)
+      throw UserError("scale_a, scale_b: strides must not be negative");
+    if (total_m > 0) device_ptrs.emplace_back(scale_a->data, "scale_a");
+    device_ptrs.emplace_back(scale_b->data, "scale_b");
+  }
 
   // --- the output ------------------------------------------------------------------------
   const std::string& out_name = im.output;
@@ -422,6 +480,15 @@ ExecutionPath GroupedKernel::run(const GroupedArguments& args, cudaStream_t stre
         void* p = group_strides[i] == 0 ? t.data : at(t.data, g * group_strides[i], t.dtype);
         d.set(s.name, s.kind == NodeKind::row_vec ? TensorRef::vector(p, t.dtype, n) : TensorRef::scalar(p, t.dtype));
       }
+      if (gemm.fp8_blockwise) {  // the group's rows of scale_a; its scale_b as B's K-blocks × N-blocks
+        const TensorRef& sa = *scale_a;
+        const BatchedTensorRef& sb = *scale_b;
+        d.scale_a(TensorRef{at(sa.data, start * sa.row_stride, DType::f32), DType::f32, rows, kb, sa.row_stride,
+                            sa.col_stride});
+        d.scale_b(TensorRef{at(sb.data, g * sb.batch_stride, DType::f32), DType::f32, nb, kb, sb.row_stride,
+                            sb.col_stride}
+                      .transposed());
+      }
       for (const auto& [name, value] : args.scalars()) d.set(name, value);
       d.set(out_name, TensorRef{at(Y.data, start * Y.row_stride, Y.dtype), Y.dtype, rows, out_cols, Y.row_stride, 1});
       dense.run(d, stream);
@@ -448,6 +515,15 @@ ExecutionPath GroupedKernel::run(const GroupedArguments& args, cudaStream_t stre
   a.ptrs = ptrs.data();
   a.scalars = scalars.data();
   a.group_strides = group_strides.data();
+  if (gemm.fp8_blockwise) {
+    a.scale_a = static_cast<const float*>(scale_a->data);
+    a.scale_a_strides[0] = scale_a->row_stride;
+    a.scale_a_strides[1] = scale_a->col_stride;
+    a.scale_b = static_cast<const float*>(scale_b->data);
+    a.scale_b_strides[0] = scale_b->batch_stride;
+    a.scale_b_strides[1] = scale_b->row_stride;
+    a.scale_b_strides[2] = scale_b->col_stride;
+  }
   char why[256] = {0};
   if (im.can_implement(&a, why, sizeof why) != EVTC_OK)
     throw UserError(fmt::format("CUTLASS cannot implement this grouped problem (G={}, N={}, K={}): {}",

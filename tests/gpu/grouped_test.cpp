@@ -131,6 +131,59 @@ TEST(GroupedGemm, KxNWeights) {
   EXPECT_TRUE(cmp.pass) << cmp.describe();
 }
 
+GroupedOptions fp8_options(bool blockwise) {
+  GroupedOptions o;
+  o.gemm.a_dtype = o.gemm.b_dtype = DType::f8e4m3;
+  o.gemm.fp8_blockwise = blockwise;
+  return o;
+}
+
+// Block-scaled fp8 (DeepSeek-V3's format) per group: N and K that are not multiples of the
+// 128-wide scale blocks (partial last blocks), empty groups, and group sizes that are not tile
+// multiples. The harness gives scale_a with M adjacent, which the kernel copies into its
+// row-major layout first; the second run gives it row-major, read in place.
+TEST(GroupedGemm, BlockScaledFp8MatchesReference) {
+  static GroupedKernel k(parse_expression("input bias[n]: bf16; out y: bf16 = gptoss_swiglu(acc + bias[n])"),
+                         fp8_options(true));
+  expect_matches(k, {0, 5, 128, 300, 0, 1, 129, 77}, 264, 400, 31);
+  expect_matches(k, random_rows(16, 32), 384, 272, 32);
+  const std::vector<int64_t> rows = random_rows(8, 33);
+  const int64_t n = 392, kk = 656, kb = fp8_scale_blocks(kk);
+  auto in = runtime::random_grouped_inputs(k, rows, n, kk, 33);
+  runtime::GroupedDeviceProblem problem(k, in, total(rows));
+  runtime::DeviceBuffer sa(in.scale_a.size() * sizeof(float));
+  const std::vector<float> sa32(in.scale_a.begin(), in.scale_a.end());
+  cuda_ok(cudaMemcpy(sa.get(), sa32.data(), sa.bytes(), cudaMemcpyHostToDevice));
+  GroupedArguments args = problem.arguments();
+  args.scale_a(TensorRef::matrix(sa.get(), DType::f32, total(rows), kb));
+  problem.poison_output(nullptr);
+  EXPECT_EQ(k.run(args, nullptr), ExecutionPath::fused);
+  const auto cmp = runtime::check_grouped_output(k, problem.read_output(total(rows), nullptr),
+                                                 evaluate_grouped_reference(k.graph(), in));
+  EXPECT_TRUE(cmp.pass) << "row-major scale_a: " << cmp.describe();
+}
+
+// The same problem on the unfused path (arch sm80: cuBLASLt on the scaled operands + the plain
+// epilogue, group by group), and fp8 without block scales (two-level accumulation, a per-group
+// scale by pointer).
+TEST(GroupedGemm, BlockScaledFp8UnfusedAndPlainFp8) {
+  GroupedOptions unfused_opts = fp8_options(true);
+  unfused_opts.arch = 80;
+  GroupedKernel unfused(parse_expression("input bias[n]: bf16; out y: bf16 = gptoss_swiglu(acc + bias[n])"),
+                        unfused_opts);
+  auto rows = std::vector<int64_t>{0, 5, 128, 300, 0, 1, 129, 77};
+  auto in = runtime::random_grouped_inputs(unfused, rows, 264, 400, 31);
+  runtime::GroupedDeviceProblem problem(unfused, in, total(rows));
+  problem.poison_output(nullptr);
+  EXPECT_EQ(unfused.run(problem.arguments(), nullptr), ExecutionPath::fallback);
+  auto cmp = runtime::check_grouped_output(unfused, problem.read_output(total(rows), nullptr),
+                                           evaluate_grouped_reference(unfused.graph(), in));
+  EXPECT_TRUE(cmp.pass) << "unfused: " << cmp.describe();
+
+  GroupedKernel plain(parse_expression("input s: f32 ptr; out D: bf16 = silu(acc * s)"), fp8_options(false));
+  expect_matches(plain, random_rows(8, 34), 392, 272, 34);
+}
+
 TEST(GroupedGemm, CudaGraphReplaysWithChangedOffsets) {
   GroupedKernel& k = bias_silu();
   const std::vector<int64_t> first = {100, 0, 300, 37, 250, 1, 0, 200};

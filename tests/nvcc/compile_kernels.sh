@@ -34,6 +34,7 @@ cases=(
   "dag_extra_output_gated||f = alpha * acc + bias[n]; out pre: bf16 = f; out D: bf16 = gelu(f) * f; out y: bf16 = swiglu7(f)"
   "grouped_per_group|grouped|input s: f32 ptr; out D: bf16 = silu(acc + bias[n]) * s * alpha"
   "grouped_gated|grouped|out y: bf16 = gptoss_swiglu(acc + bias[n])"
+  "grouped_fp8_blockwise_gated|grouped --dtype f8e4m3 --fp8-blockwise|input bias[n]: bf16; out y: bf16 = gptoss_swiglu(acc + bias[n])"
   "reductions||x = acc * s[m]; out D: bf16 = relu(x); out r = row_sum(x); out c: bf16 = col_amax(x); out t = sum(x); out lo = min(x)"
   "gate_pingpong|--config pingpong_128x128x64_c2x1_persistent|out D: bf16 = acc * gate[m,n]"
   "bias_streamk|--config coop_128x256x64_c2x1_streamk|out D: bf16 = acc + bias[n]"
@@ -59,8 +60,9 @@ compile_one() {
   local name="$1" options="$2" expr="$3"
   local start=$SECONDS
   # shellcheck disable=SC2086  # options is a list of words
-  if [ "$options" = grouped ]; then  # a grouped (ptr-array) kernel: evtc grouped
-    "$cli" grouped "$expr" --compile-only --emit "$work/$name.cu" >"$work/$name.log" 2>&1
+  if [ "${options%% *}" = grouped ]; then  # a grouped (ptr-array) kernel: evtc grouped [options]
+    # shellcheck disable=SC2086
+    "$cli" grouped "$expr" ${options#grouped} --compile-only --emit "$work/$name.cu" >"$work/$name.log" 2>&1
   else
     "$cli" compile "$expr" $options --emit "$work/$name.cu" >"$work/$name.log" 2>&1
   fi

@@ -207,6 +207,30 @@ def test_grouped_kernel_refusals_name_the_operand():
         evtc.grouped("out D: bf16 = acc", weights="mk")
 
 
+def test_grouped_fp8_and_block_scaled_kernels():
+    k = evtc.grouped("input bias[n]: bf16\nout y: bf16 = gptoss_swiglu(acc + bias[n])", dtype="f8e4m3",
+                     fp8_blockwise=True)
+    assert k.config == "coop_128x128x128_c1x1_persistent"
+    assert "KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise" in k.source
+    # Undeclared operands of an fp8 kernel are f32, as for evtc.compile's fp8 kernels.
+    plain = evtc.grouped("out D: bf16 = acc * s", dtype="f8e4m3")
+    assert [(o.name, o.dtype) for o in plain.inputs] == [("s", "f32")]
+    assert "FP8Blockwise" not in plain.source
+    with pytest.raises(evtc.UserError, match=r"fp8 weights must be G × N × K \(K-major"):
+        evtc.grouped("out D: bf16 = acc", dtype="f8e4m3", weights="kn")
+    with pytest.raises(evtc.UserError, match="block scales apply to fp8 operands"):
+        evtc.grouped("out D: bf16 = acc", fp8_blockwise=True)
+    with pytest.raises(evtc.UserError, match="multiples of its 128-wide scale blocks"):
+        evtc.grouped("out D: bf16 = acc", dtype="f8e4m3", fp8_blockwise=True,
+                     config="pingpong_128x192x64_c1x1_persistent")
+    torch = pytest.importorskip("torch")
+    x = torch.zeros(4, 128, dtype=torch.float8_e4m3fn)
+    with pytest.raises(evtc.UserError, match=r"scale_b has shape \[2, 1\]: expected G × ceil\(K/128\) × "
+                                             r"ceil\(N/128\)"):
+        k(x, torch.zeros(1, 128, 256, dtype=torch.float8_e4m3fn), torch.tensor([4], dtype=torch.int32),
+          scale_a=torch.ones(4, 1), scale_b=torch.ones(2, 1), bias=torch.zeros(256, dtype=torch.bfloat16))
+
+
 def test_grouped_kernel_argument_errors_name_what_is_wrong():
     o = evtc._evtc.KernelOptions()
     o.a_layout = "col"

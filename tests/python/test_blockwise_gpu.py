@@ -107,14 +107,26 @@ def test_blockwise_matches_torch_scaled_mm_where_torch_has_it(kernels):
     assert err < 2.0**-7, f"evtc and torch._scaled_mm differ by rel L2 {err:.2e}"
 
 
+def test_blockwise_scales_in_other_layouts_run_unfused(kernels):
+    """Scales with other strides (K-adjacent scale_a, PyTorch's K-adjacent scale_b) are read as
+    they are by the unfused path, which the call takes and logs."""
+    fused, _ = kernels
+    m, n, k = 520, 392, 648
+    a, wq, sa, sb, bias, want = problem(m, n, k, seed=21)
+    for scale_a, scale_b in ((sa.contiguous(), sb), (sa, sb.t().contiguous().t())):
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        fused(a, wq.t(), scale_a=scale_a, scale_b=scale_b, bias=bias, out={"D": out})
+        torch.cuda.synchronize()
+        assert fused.last_path == "fallback"
+        check(out, want)
+
+
 def test_blockwise_argument_errors_name_the_scale(kernels):
     fused, _ = kernels
     m, n, k = 256, 256, 256
     a, wq, sa, sb, bias, _ = problem(m, n, k, seed=9)
     with pytest.raises(evtc.UserError, match="scale_b was not given"):
         fused(a, wq.t(), scale_a=sa, bias=bias)
-    with pytest.raises(evtc.UserError, match=r"scale_a: strides"):
-        fused(a, wq.t(), scale_a=sa.contiguous(), scale_b=sb, bias=bias)
     with pytest.raises(evtc.UserError, match=r"scale_b: shape 1×2 given, expected ceil\(K/128\) × ceil\(N/128\)"):
         fused(a, wq.t(), scale_a=sa, scale_b=sb[:1].contiguous(), bias=bias)
     with pytest.raises(evtc.UserError, match="scale_a: dtype bf16"):
@@ -124,9 +136,6 @@ def test_blockwise_argument_errors_name_the_scale(kernels):
         fused(a, wq.t(), scale_b=sb, bias=bias)
     with pytest.raises(evtc.UserError, match=r"scale_a: shape 128×2 given, expected M × ceil\(K/128\) = 256×2"):
         fused(a, wq.t(), scale_a=sa[:128], scale_b=sb, bias=bias)
-    with pytest.raises(evtc.UserError, match=r"scale_b: strides \(1, 2\) given, expected a contiguous row-major "
-                                             r"matrix with strides \(2, 1\)"):
-        fused(a, wq.t(), scale_a=sa, scale_b=sb.t().contiguous().t(), bias=bias)
     plain = evtc.compile("out D: bf16 = acc")
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(evtc.UserError, match=r"scale_a given, but the kernel was not built for fp8 block scales "
@@ -156,3 +165,43 @@ def test_torch_compile_fuses_a_block_scaled_scaled_mm_and_its_epilogue():
     assert len(fused) == 1, [r.refused for r in evtc.torch.reports[start:]]
     assert evtc.torch.path_counts(fused[0].spec)["fused"] >= 1
     check(got, want)
+
+
+def test_grouped_block_scaled_fp8_matches_float64():
+    """evtc.grouped with fp8_blockwise: experts quantized with 128×128 block scales, tokens with
+    1×128 ones, ragged groups (an empty one, sizes that are not tile multiples), N and K with
+    partial scale blocks; gated GPT-OSS SwiGLU epilogue; the fused kernel against float64, with
+    scale_a given row-major (read in place) and with M adjacent (copied first)."""
+    groups, n, k = 6, 392, 656
+    rows = [130, 0, 257, 1, 64, 300]
+    g = torch.Generator(device="cuda").manual_seed(41)
+    x = torch.randn(sum(rows), k, device="cuda", generator=g)
+    w = torch.randn(groups, n, k, device="cuda", generator=g) * 0.05
+    xq, sa = quantize_rows(x)                                     # sa: M adjacent
+    wq, sb = zip(*(quantize_blocks(w[e]) for e in range(groups)))  # each sb: ceil(K/128) × ceil(N/128)
+    wq, sb = torch.stack(wq), torch.stack(sb)                     # G × N × K, G × Kb × Nb
+    bias = torch.randn(groups, n, device="cuda", generator=g).to(torch.bfloat16)
+    offsets = torch.tensor(rows, device="cuda").cumsum(0).to(torch.int32)
+    kernel = evtc.grouped("input bias[n]: bf16\nout y: bf16 = gptoss_swiglu(acc + bias[n])",
+                          dtype="f8e4m3", fp8_blockwise=True)
+    want = torch.empty(sum(rows), n // 2, device="cuda", dtype=torch.float64)
+    start = 0
+    for e, r in enumerate(rows):
+        acc = dequantized(xq[start:start + r], sa[start:start + r], False) @ dequantized(wq[e], sb[e], True).t()
+        pre = acc + bias[e].double()
+        gate, up = pre[:, 0::2].clamp(max=7.0), pre[:, 1::2].clamp(-7.0, 7.0)
+        want[start:start + r] = gate * torch.sigmoid(1.702 * gate) * (up + 1)
+        start += r
+    # The weights' scales as the kernel reads them: G × Kb × Nb oriented like w (a transpose of
+    # the G × Nb × Kb blocks), and w as G × K × N.
+    scale_b = sb.transpose(1, 2).contiguous().transpose(1, 2)
+    for scale_a in (sa.contiguous(), sa):
+        y = torch.full((sum(rows), n // 2), float("nan"), device="cuda", dtype=torch.bfloat16)
+        kernel(xq, wq.transpose(1, 2), offsets, scale_a=scale_a, scale_b=scale_b, bias=bias, out={"y": y})
+        torch.cuda.synchronize()
+        assert kernel.last_path == "fused"
+        check(y, want)
+    # One N block short (the message counts G × N blocks × K blocks, as the kernel reads them).
+    with pytest.raises(evtc.UserError, match=r"scale_b: shape 6×3×6 given, expected G × ceil\(N/128\) × "
+                                             r"ceil\(K/128\) = 6×4×6"):
+        kernel(xq, wq.transpose(1, 2), offsets, scale_a=sa, scale_b=scale_b[:, :, :3], bias=bias)

@@ -155,10 +155,10 @@ TEST(Fp8Blockwise, UnfusedPathScalesTheOperandsIntoFp32) {
   const GemmDesc gemm = blockwise_gemm();
   const std::string s = cuda::emit_fallback_kernel(g, sig, &gemm);
   EXPECT_TRUE(contains(s, "extern \"C\" int evtc_fallback_scale_operands(const evtc_gemm_args* a, float* a32, float* b32, void* stream)"));
-  // A: one scale per row (rows_per_block 1, K blocks ld_scale_a apart); B: per 128 rows of
-  // its N×K storage, K blocks ceil(N/128) apart.
-  EXPECT_TRUE(contains(s, "static_cast<const float*>(a->scale_a), 1, a->ld_scale_a, a32)"));
-  EXPECT_TRUE(contains(s, "static_cast<const float*>(a->scale_b), 128, n_blocks, b32)"));
+  // A: one scale per row (rows_per_block 1), any strides; B: per 128 rows of its N×K
+  // storage, any strides.
+  EXPECT_TRUE(contains(s, "static_cast<const float*>(a->scale_a), 1, a->scale_a_m_stride, a->ld_scale_a, a32)"));
+  EXPECT_TRUE(contains(s, "static_cast<const float*>(a->scale_b), 128, a->scale_b_n_stride, a->scale_b_k_stride, b32)"));
   EXPECT_TRUE(contains(s, "static_cast<const __nv_fp8_e4m3*>(a->a)"));
   EXPECT_FALSE(contains(cuda::emit_fallback_kernel(g, sig), "evtc_fallback_scale_operands"));
 }

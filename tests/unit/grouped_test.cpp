@@ -39,9 +39,31 @@ TEST(GroupedRefusals, NameTheOperandAndTheReason) {
   EXPECT_EQ(refusal("out y: bf16 = gptoss_swiglu(acc + bias[n])"), "");
   expect_has(refusal("out D: bf16 = acc; out y: bf16 = swiglu(acc)"), {"output 'y' is a second output", "'D'"});
   expect_has(refusal("out y: bf16 = swiglu(acc); out z: bf16 = reglu(acc)"), {"output 'z' is a second output", "'y'"});
+  // fp8: both operands, K-major weights, two-level accumulation; block scales need tiles of
+  // whole 128-wide scale blocks.
   GroupedOptions fp8;
   fp8.gemm.a_dtype = fp8.gemm.b_dtype = DType::f8e4m3;
-  expect_has(refusal("out D: bf16 = acc", fp8), {"bf16 or f16 X and W"});
+  EXPECT_EQ(refusal("out D: bf16 = acc", fp8), "");
+  GroupedOptions mixed = fp8;
+  mixed.gemm.b_dtype = DType::bf16;
+  expect_has(refusal("out D: bf16 = acc", mixed), {"grouped fp8 GEMMs take fp8 X and W (got f8e4m3 and bf16)"});
+  GroupedOptions kn = fp8;
+  kn.gemm.b_layout = Layout::row_major;
+  expect_has(refusal("out D: bf16 = acc", kn), {"fp8 weights must be G × N × K (K-major"});
+  GroupedOptions fast = fp8;
+  fast.gemm.fp8_fast_accum = true;
+  expect_has(refusal("out D: bf16 = acc", fast), {"no fast accumulation"});
+  GroupedOptions wide = fp8;
+  wide.gemm.fp8_blockwise = true;
+  EXPECT_EQ(refusal("out D: bf16 = acc", wide), "");
+  wide.config = default_grouped_config();  // 128×192 tiles
+  expect_has(refusal("out D: bf16 = acc", wide), {"pingpong_128x192x64", "multiples of its 128-wide scale blocks"});
+  GroupedOptions f16;
+  f16.gemm.a_dtype = DType::f16;
+  expect_has(refusal("out D: bf16 = acc", f16), {"bf16 or f16 X and W of one dtype, or fp8 X and W (got f16 and bf16)"});
+  GroupedOptions promote = fp8;
+  promote.config = KernelConfig::parse("coop_128x128x128_c1x1_persistent_pk256");
+  expect_has(refusal("out D: bf16 = acc", promote), {"grouped kernels do not take"});
   // Every reason at once, in one message.
   expect_has(refusal("out D: bf16 = acc + R[m,n] + s[m]"), {"operand 'R'", "operand 's[m]'"});
 }
@@ -98,6 +120,35 @@ TEST(GroupedEmitter, GatedKernelWritesHalfWidthThroughPerGroupPointers) {
   expect_has(plain, {"using ElementD = cutlass::bfloat16_t;", "t.ptr_y, t.stride_d}"});
   EXPECT_EQ(plain.find("sm90_half_store.cuh"), std::string::npos);
   EXPECT_FALSE(GroupedKernel(parse_expression("out D: bf16 = acc")).gated());
+}
+
+TEST(GroupedEmitter, BlockScaledFp8KernelReadsPerGroupScales) {
+  GroupedOptions o;
+  o.gemm.a_dtype = o.gemm.b_dtype = DType::f8e4m3;
+  o.gemm.fp8_blockwise = true;
+  GroupedKernel k(parse_expression("out y: bf16 = gptoss_swiglu(acc + bias[n])"), o);
+  EXPECT_EQ(k.config().name(), default_grouped_config(o.gemm).name());
+  EXPECT_EQ(k.config().tile_k, 128);
+  const std::string src = k.source();
+  expect_has(src, {"KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise",
+                   "sm90_mma_array_tma_gmma_ss_warpspecialized_fp8_blockwise_scaling.hpp",
+                   // K adjacent in both scales: a group's A scales are a slice of rows
+                   "Sm90BlockwiseScaleConfig<1, 128, 128, cute::GMMA::Major::K, cute::GMMA::Major::K>",
+                   "cute::tuple<LayoutA*, LayoutSFA*>", "cute::tuple<LayoutB*, LayoutSFB*>",
+                   "constexpr bool kBlockScaled = true;",
+                   "t.ptr_sfa[g] = sfa + start * ((k + kScaleBlockSize - 1) / kScaleBlockSize);",
+                   "t.ptr_sfb[g] = sfb + int64_t(g) * sfb_group_stride;",
+                   "t.ptr_a, t.stride_a, t.ptr_b, t.stride_b, t.ptr_sfa, nullptr, t.ptr_sfb, nullptr}",
+                   // scales in other strides are copied into the kernel's layout first
+                   "__global__ void compact_scales(", "if (t.sfa_copy) {", "if (t.sfb_copy) {",
+                   "using ElementA = cutlass::float_e4m3_t;"});
+  // Not block-scaled: the same tables without scales.
+  GroupedOptions plain = o;
+  plain.gemm.fp8_blockwise = false;
+  const std::string p = GroupedKernel(parse_expression("out D: bf16 = acc"), plain).source();
+  expect_has(p, {"constexpr bool kBlockScaled = false;", "    ElementA, LayoutA*, 128 /",
+                 "KernelPtrArrayTmaWarpSpecializedCooperative;"});
+  EXPECT_EQ(p.find("FP8Blockwise"), std::string::npos);
 }
 
 // --- validation: every error names the operand; no GPU is touched before these checks ----
@@ -197,6 +248,53 @@ TEST(GroupedValidation, ErrorsNameTheOperand) {
   }
 }
 
+TEST(GroupedValidation, BlockScalesAreCheckedByName) {
+  GroupedOptions o;
+  o.gemm.a_dtype = o.gemm.b_dtype = DType::f8e4m3;
+  o.gemm.fp8_blockwise = true;
+  GroupedKernel k(parse_expression("out D: bf16 = acc"), o);
+  Call c;
+  c.n = 256;
+  c.k = 272;  // 3 K blocks, 2 N blocks
+  auto args = [&] {
+    GroupedArguments a;
+    a.x(TensorRef::matrix(c.p, DType::f8e4m3, c.total_m, c.k))
+        .weights(BatchedTensorRef::contiguous(c.p, DType::f8e4m3, c.groups, c.n, c.k))
+        .offsets(static_cast<const int32_t*>(c.p), c.groups)
+        .set("D", TensorRef::matrix(c.p, DType::bf16, c.total_m, c.n));
+    return a;
+  };
+  expect_has(run_error(k, args()), {"scale_a was not given", "40×3"});
+  auto a = args();
+  a.scale_a(TensorRef::matrix(c.p, DType::f32, c.total_m, 3));
+  expect_has(run_error(k, a), {"scale_b was not given", "4×2×3"});
+  a.scale_b(BatchedTensorRef::contiguous(c.p, DType::f32, c.groups, 3, 2));  // K × N blocks: wrong
+  expect_has(run_error(k, a), {"scale_b: shape 4×3×2 given, expected G × ceil(N/128) × ceil(K/128) = 4×2×3"});
+  a.scale_b(BatchedTensorRef::contiguous(c.p, DType::f32, c.groups, 2, 3));
+  a.scale_a(TensorRef::matrix(c.p, DType::f32, c.total_m, 2));
+  expect_has(run_error(k, a), {"scale_a: shape 40×2 given, expected total_m × ceil(K/128) = 40×3"});
+  a.scale_a(TensorRef::matrix(c.p, DType::bf16, c.total_m, 3));
+  expect_has(run_error(k, a), {"scale_a: dtype bf16 given, block scales are f32"});
+  Call odd = c;
+  odd.k = 264;  // fp8 rows of 264 bytes: not 16-byte multiples
+  GroupedArguments b;
+  b.x(TensorRef::matrix(c.p, DType::f8e4m3, c.total_m, odd.k))
+      .weights(BatchedTensorRef::contiguous(c.p, DType::f8e4m3, c.groups, c.n, odd.k))
+      .offsets(static_cast<const int32_t*>(c.p), c.groups);
+  expect_has(run_error(k, b), {"K=264 is not a multiple of 16 (f8e4m3 x and weights need 16-byte rows)"});
+  // Scales given to a kernel without block scales.
+  GroupedKernel plain(parse_expression("out D: bf16 = acc"));
+  auto p = c.args();
+  p.set("bias", TensorRef::matrix(c.p, DType::bf16, c.groups, c.n));
+  GroupedArguments q;
+  q.x(TensorRef::matrix(c.p, DType::bf16, c.total_m, c.k))
+      .weights(BatchedTensorRef::contiguous(c.p, DType::bf16, c.groups, c.n, c.k))
+      .offsets(static_cast<const int32_t*>(c.p), c.groups)
+      .scale_a(TensorRef::matrix(c.p, DType::f32, c.total_m, 3))
+      .set("D", TensorRef::matrix(c.p, DType::bf16, c.total_m, c.n));
+  expect_has(run_error(plain, q), {"scale_a given, but the grouped kernel was not built for fp8 block scales"});
+}
+
 TEST(GroupedValidation, GatedOutputIsSumOfRowsByHalfN) {
   GroupedKernel k(parse_expression("out y: bf16 = gptoss_swiglu(acc + bias[n])"));
   Call c;
@@ -254,6 +352,26 @@ TEST(GroupedReference, EachGroupUsesItsOwnWeightsAndBias) {
   EXPECT_EQ(evaluate_grouped_reference(g, in).at("D")[0], (1 + 1) * 3.0);
 
   in.operands["bias"] = {1, 2, 3};
+  EXPECT_THROW(evaluate_grouped_reference(g, in), UserError);
+}
+
+TEST(GroupedReference, BlockScalesAreEachGroupsOwn) {
+  // K = 200: two K blocks; N = 2: one N block. Group 0 has one row, group 1 two.
+  const Graph g = parse_expression("out D: f32 = acc");
+  GroupedReferenceInputs in;
+  in.n = 2;
+  in.k = 200;
+  in.rows = {1, 2};
+  in.x.assign(3 * 200, 1.0);
+  in.w.assign(2 * 2 * 200, 1.0);
+  in.scale_a = {1, 2, /* group 1: */ 3, 4, 5, 6};  // rows × K blocks
+  in.scale_b = {10, 100, /* group 1: */ 1, -1};    // per group: N blocks × K blocks
+  const auto out = evaluate_grouped_reference(g, in).at("D");
+  // Row r: 128 · sa[r][0] · sb[0] + 72 · sa[r][1] · sb[1].
+  EXPECT_EQ(out[0], 128.0 * 1 * 10 + 72.0 * 2 * 100);
+  EXPECT_EQ(out[2], 128.0 * 3 * 1 - 72.0 * 4);
+  EXPECT_EQ(out[5], 128.0 * 5 * 1 - 72.0 * 6);
+  in.scale_b.pop_back();
   EXPECT_THROW(evaluate_grouped_reference(g, in), UserError);
 }
 

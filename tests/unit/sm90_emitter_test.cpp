@@ -511,7 +511,8 @@ TEST(Sm90Emitter, HostCodeReusesTheParamsOfARepeatedCall) {
   // contents it compares instead.
   const std::string same = section(s, "bool same_call(", "}", true);
   for (const char* field : {"m", "n", "k", "a", "b", "c", "d", "lda", "ldb", "ldc", "ldd", "sm_count",
-                            "raster", "swizzle", "scale_a", "scale_b", "ld_scale_a"})
+                            "raster", "swizzle", "scale_a", "scale_b", "ld_scale_a", "scale_a_m_stride",
+                            "scale_b_k_stride", "scale_b_n_stride"})
     EXPECT_NE(same.find(fmt::format("k.{0} == a.{0}", field)), std::string::npos) << field << "\n" << same;
   EXPECT_NE(same.find("std::memcmp(e.ptrs, a.ptrs, sizeof(void*) * kPointerSlots)"), std::string::npos);
   EXPECT_NE(same.find("std::memcmp(e.scalars, a.scalars, sizeof(double) * kScalarSlots)"), std::string::npos);

@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define EVTC_ABI_VERSION 3
+#define EVTC_ABI_VERSION 4
 
 #ifdef __cplusplus
 extern "C" {
@@ -33,11 +33,14 @@ typedef struct evtc_gemm_args {
   int raster;
   int swizzle;
   /* fp8 block scales (GemmDesc::fp8_blockwise), f32; NULL otherwise. scale_a: A's M × ceil(K/128)
-   * scales with M adjacent, scale_a[m + kb * ld_scale_a]; scale_b: B's ceil(K/128) × ceil(N/128)
-   * block scales, scale_b[nb + kb * ceil(N/128)]. */
+   * scales, scale_a[m * scale_a_m_stride + kb * ld_scale_a]; scale_b: B's ceil(K/128) × ceil(N/128)
+   * block scales, scale_b[kb * scale_b_k_stride + nb * scale_b_n_stride]. Fused kernels take
+   * scale_a with M adjacent (scale_a_m_stride 1) and scale_b row-major (strides ceil(N/128), 1);
+   * the unfused path takes any strides. */
   const void* scale_a;
   const void* scale_b;
   int64_t ld_scale_a;
+  int64_t scale_a_m_stride, scale_b_k_stride, scale_b_n_stride;
 } evtc_gemm_args;
 
 /* Status codes of evtc_can_implement and evtc_run. */

@@ -37,6 +37,15 @@ typedef struct evtc_grouped_args {
   const double* scalars;   /* scalar slots */
   const int64_t* group_strides; /* per pointer slot */
   int sm_count;            /* multiprocessors to use; 0 = all of the current device */
+  /* fp8 block scales (block-scaled kernels; NULL otherwise), f32, any strides in elements:
+   * scale_a is total_m × ceil(K/128), scale_a[r * s[0] + kb * s[1]]; scale_b is
+   * G × ceil(N/128) × ceil(K/128), scale_b[g * s[0] + nb * s[1] + kb * s[2]]. The kernel reads
+   * scale_a with strides (ceil(K/128), 1) and scale_b with (·, ceil(K/128), 1) in place; other
+   * strides are first copied into that layout in the workspace. */
+  const float* scale_a;
+  int64_t scale_a_strides[2];
+  const float* scale_b;
+  int64_t scale_b_strides[3];
 } evtc_grouped_args;
 
 typedef int (*evtc_grouped_can_implement_fn)(const evtc_grouped_args* args, char* why,

@@ -321,16 +321,17 @@ int evtc_fallback_run(const evtc_gemm_args* a, const float* acc, float* scratch,
 namespace {{
 
 // x (rows×k, row-major with leading dimension ld) times its block scale, in fp32. Row r's K
-// block kb has scale s[(r / rows_per_block) + kb * ld_scale] (A: one per row; B: per 128 rows).
+// block kb has scale s[(r / rows_per_block) * row_stride + kb * k_stride] (A: one per row; B:
+// per 128 rows).
 template <typename T>
 __global__ void scale_operand(const T* __restrict__ x, int64_t rows, int64_t k, int64_t ld,
-                              const float* __restrict__ scale, int64_t rows_per_block, int64_t ld_scale,
-                              float* __restrict__ out) {{
+                              const float* __restrict__ scale, int64_t rows_per_block, int64_t row_stride,
+                              int64_t k_stride, float* __restrict__ out) {{
   const int64_t total = rows * k;
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
        e += int64_t(gridDim.x) * blockDim.x) {{
     const int64_t r = e / k, l = e % k;
-    out[e] = float(x[r * ld + l]) * scale[r / rows_per_block + (l / {0}) * ld_scale];
+    out[e] = float(x[r * ld + l]) * scale[(r / rows_per_block) * row_stride + (l / {0}) * k_stride];
   }}
 }}
 
@@ -339,15 +340,14 @@ __global__ void scale_operand(const T* __restrict__ x, int64_t rows, int64_t k, 
 extern "C" int evtc_fallback_scale_operands(const evtc_gemm_args* a, float* a32, float* b32, void* stream) {{
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const int threads = 256;
-  const int64_t n_blocks = (a->n + {0} - 1) / {0};
   auto blocks = [&](int64_t total) {{  // a grid-stride loop: at most 8 × 65535 blocks
     const int64_t needed = (total + threads - 1) / threads;
     return int(needed < 65535 * 8 ? needed : 65535 * 8);
   }};
   scale_operand<<<blocks(a->m * a->k), threads, 0, s>>>(static_cast<const {1}*>(a->a), a->m, a->k, a->lda,
-      static_cast<const float*>(a->scale_a), 1, a->ld_scale_a, a32);
+      static_cast<const float*>(a->scale_a), 1, a->scale_a_m_stride, a->ld_scale_a, a32);
   scale_operand<<<blocks(a->n * a->k), threads, 0, s>>>(static_cast<const {2}*>(a->b), a->n, a->k, a->ldb,
-      static_cast<const float*>(a->scale_b), {0}, n_blocks, b32);
+      static_cast<const float*>(a->scale_b), {0}, a->scale_b_n_stride, a->scale_b_k_stride, b32);
   return cudaGetLastError() == cudaSuccess ? EVTC_OK : EVTC_ERROR_LAUNCH;
 }}
 )",

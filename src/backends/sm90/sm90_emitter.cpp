@@ -838,7 +838,8 @@ bool same_call(const LaunchEntry& e, const evtc_gemm_args& a, void* workspace, i
          k.k == a.k && k.a == a.a && k.b == a.b && k.c == a.c && k.d == a.d && k.lda == a.lda &&
          k.ldb == a.ldb && k.ldc == a.ldc && k.ldd == a.ldd && k.sm_count == a.sm_count &&
          k.raster == a.raster && k.swizzle == a.swizzle && k.scale_a == a.scale_a &&
-         k.scale_b == a.scale_b && k.ld_scale_a == a.ld_scale_a &&
+         k.scale_b == a.scale_b && k.ld_scale_a == a.ld_scale_a && k.scale_a_m_stride == a.scale_a_m_stride &&
+         k.scale_b_k_stride == a.scale_b_k_stride && k.scale_b_n_stride == a.scale_b_n_stride &&
          (kPointerSlots == 0 || std::memcmp(e.ptrs, a.ptrs, sizeof(void*) * kPointerSlots) == 0) &&
          (kScalarSlots == 0 || std::memcmp(e.scalars, a.scalars, sizeof(double) * kScalarSlots) == 0);
 }

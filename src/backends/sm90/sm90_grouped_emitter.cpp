@@ -18,9 +18,22 @@ std::string grouped_output_name(const Graph& g) {
 
 std::vector<std::string> grouped_refusals(const Graph& g, const GemmDesc& gemm) {
   std::vector<std::string> why;
-  if (!(gemm.a_dtype == DType::bf16 || gemm.a_dtype == DType::f16) || gemm.b_dtype != gemm.a_dtype)
-    why.push_back(fmt::format("grouped GEMMs take bf16 or f16 X and W of one dtype (got {} and {})",
+  const bool sixteen = gemm.a_dtype == DType::bf16 || gemm.a_dtype == DType::f16;
+  if (is_fp8(gemm.a_dtype) || is_fp8(gemm.b_dtype)) {
+    if (!is_fp8(gemm.a_dtype) || !is_fp8(gemm.b_dtype))
+      why.push_back(fmt::format("grouped fp8 GEMMs take fp8 X and W (got {} and {})", dtype_name(gemm.a_dtype),
+                                dtype_name(gemm.b_dtype)));
+    else if (gemm.b_layout != Layout::col_major)
+      why.push_back("fp8 weights must be G × N × K (K-major, b_layout col_major): the fp8 tensor-core "
+                    "instructions read both operands K-major");
+  } else if (!sixteen || gemm.b_dtype != gemm.a_dtype) {
+    why.push_back(fmt::format("grouped GEMMs take bf16 or f16 X and W of one dtype, or fp8 X and W (got {} "
+                              "and {})",
                               dtype_name(gemm.a_dtype), dtype_name(gemm.b_dtype)));
+  }
+  if (std::string r = fp8_blockwise_refusal(gemm); !r.empty()) why.push_back(std::move(r));
+  else if (gemm.fp8_fast_accum)
+    why.push_back("grouped fp8 GEMMs have no fast accumulation (fp8_fast_accum): they accumulate in two levels");
   if (gemm.a_layout != Layout::row_major)
     why.push_back("grouped GEMMs take a row-major token matrix X (sum of M_g × K)");
   const KernelSignature sig = make_signature(g);
@@ -116,7 +129,12 @@ EmittedKernel emit_grouped_kernel(const Graph& g, const GemmDesc& gemm, const Ke
 #include <cutlass/epilogue/collective/collective_builder.hpp>
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
 #include <cutlass/gemm/device/gemm_universal_adapter.h>
-
+)";
+  const bool blockwise = gemm.fp8_blockwise;
+  if (blockwise)  // the ptr-array main loop that scales each 128-wide K block's partial product
+    s += "#include <cutlass/detail/blockwise_scale_layout.hpp>\n"
+         "#include <cutlass/gemm/collective/sm90_mma_array_tma_gmma_ss_warpspecialized_fp8_blockwise_scaling.hpp>\n";
+  s += R"(
 #include <cstdio>
 #include <cstring>
 
@@ -147,9 +165,21 @@ namespace {
                    cfg.tile_n, cfg.tile_k);
   s += fmt::format("using ClusterShape = cute::Shape<cute::_{}, cute::_{}, cute::_1>;\n",
                    cfg.cluster_m, cfg.cluster_n);
-  s += fmt::format("using KernelSchedule = cutlass::gemm::{};\n",
-                   coop ? "KernelPtrArrayTmaWarpSpecializedCooperative"
-                        : "KernelPtrArrayTmaWarpSpecializedPingpong");
+  s += fmt::format("using KernelSchedule = cutlass::gemm::{}{};\n",
+                   coop ? "KernelPtrArrayTmaWarpSpecializedCooperative" : "KernelPtrArrayTmaWarpSpecializedPingpong",
+                   blockwise ? "FP8Blockwise" : "");
+  // Block scales, K adjacent in both: group g's A scales are rows [start_g, end_g) of a
+  // row-major total_m × ceil(K/128) matrix, so one pointer per group finds them. CUTLASS
+  // derives each group's scale layouts from its problem shape (the per-group layout tables are
+  // not read).
+  if (blockwise)
+    s += fmt::format(
+        "using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, {0}, {0}, cute::GMMA::Major::K, "
+        "cute::GMMA::Major::K>;\n"
+        "using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());\n"
+        "using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());\n"
+        "constexpr int kScaleBlock = {0};\n",
+        kFp8ScaleBlock);
   s += fmt::format("using EpilogueSchedule = cutlass::epilogue::{};\n",
                    coop ? "PtrArrayTmaWarpSpecializedCooperative" : "PtrArrayTmaWarpSpecializedPingpong");
   s += "using EpilogueTile = cutlass::epilogue::collective::EpilogueTileAuto;\n";
@@ -172,8 +202,12 @@ using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBui
 
 using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
-    ElementA, LayoutA*, 128 / cutlass::sizeof_bits<ElementA>::value,
-    ElementB, LayoutB*, 128 / cutlass::sizeof_bits<ElementB>::value, float,
+)";
+  s += blockwise ? "    ElementA, cute::tuple<LayoutA*, LayoutSFA*>, 128 / cutlass::sizeof_bits<ElementA>::value,\n"
+                   "    ElementB, cute::tuple<LayoutB*, LayoutSFB*>, 128 / cutlass::sizeof_bits<ElementB>::value, float,\n"
+                 : "    ElementA, LayoutA*, 128 / cutlass::sizeof_bits<ElementA>::value,\n"
+                   "    ElementB, LayoutB*, 128 / cutlass::sizeof_bits<ElementB>::value, float,\n";
+  s += R"(
     TileShape, ClusterShape,
     cutlass::gemm::collective::StageCountAutoCarveout<
         static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
@@ -197,18 +231,48 @@ struct GroupTables {
   StrideA* stride_a;
   StrideB* stride_b;
   StrideD* stride_d;
+  // Block-scaled kernels: each group's first A and B scale, and the scales copied into the
+  // layout the kernel reads when they came in other strides (null when read in place).
+  const float** ptr_sfa;
+  const float** ptr_sfb;
+  float* sfa_copy;
+  float* sfb_copy;
 };
 
+)";
+  s += fmt::format("constexpr bool kBlockScaled = {};\n", blockwise ? "true" : "false");
+  s += fmt::format("constexpr int64_t kScaleBlockSize = {};\n", kFp8ScaleBlock);
+  s += R"(
 size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
-size_t table_bytes(int64_t groups) {
-  const size_t g = size_t(groups);
-  return align256(g * sizeof(Shape3)) + 3 * align256(g * sizeof(void*)) +
-         align256(g * sizeof(StrideA)) + align256(g * sizeof(StrideB)) + align256(g * sizeof(StrideD));
+int64_t scale_k_blocks(const evtc_grouped_args& a) { return (a.k + kScaleBlockSize - 1) / kScaleBlockSize; }
+int64_t scale_n_blocks(const evtc_grouped_args& a) { return (a.n + kScaleBlockSize - 1) / kScaleBlockSize; }
+// Whether the scales already have the kernel's layout: scale_a row-major total_m × Kb, each
+// group's scale_b row-major Nb × Kb (strides of one-element dimensions do not matter).
+bool scale_a_in_place(const evtc_grouped_args& a) {
+  const int64_t kb = scale_k_blocks(a);
+  return (kb == 1 || a.scale_a_strides[1] == 1) && (a.total_m <= 1 || a.scale_a_strides[0] == kb);
+}
+bool scale_b_in_place(const evtc_grouped_args& a) {
+  const int64_t kb = scale_k_blocks(a);
+  return (kb == 1 || a.scale_b_strides[2] == 1) && (scale_n_blocks(a) == 1 || a.scale_b_strides[1] == kb);
 }
 
-GroupTables group_tables(void* workspace, int64_t groups) {
-  const size_t g = size_t(groups);
+size_t table_bytes(const evtc_grouped_args& a) {
+  const size_t g = size_t(a.groups);
+  size_t bytes = align256(g * sizeof(Shape3)) + 3 * align256(g * sizeof(void*)) + align256(g * sizeof(StrideA)) +
+                 align256(g * sizeof(StrideB)) + align256(g * sizeof(StrideD));
+  if (kBlockScaled) {
+    const size_t kb = size_t(scale_k_blocks(a)), nb = size_t(scale_n_blocks(a));
+    bytes += 2 * align256(g * sizeof(void*));
+    if (!scale_a_in_place(a)) bytes += align256(size_t(a.total_m) * kb * sizeof(float));
+    if (!scale_b_in_place(a)) bytes += align256(g * nb * kb * sizeof(float));
+  }
+  return bytes;
+}
+
+GroupTables group_tables(void* workspace, const evtc_grouped_args& a) {
+  const size_t g = size_t(a.groups);
   char* p = static_cast<char*>(workspace);
   GroupTables t{};
   auto take = [&](size_t bytes) { char* q = p; p += align256(bytes); return q; };
@@ -219,15 +283,34 @@ GroupTables group_tables(void* workspace, int64_t groups) {
   t.stride_a = reinterpret_cast<StrideA*>(take(g * sizeof(StrideA)));
   t.stride_b = reinterpret_cast<StrideB*>(take(g * sizeof(StrideB)));
   t.stride_d = reinterpret_cast<StrideD*>(take(g * sizeof(StrideD)));
+  if (kBlockScaled) {
+    const size_t kb = size_t(scale_k_blocks(a)), nb = size_t(scale_n_blocks(a));
+    t.ptr_sfa = reinterpret_cast<const float**>(take(g * sizeof(void*)));
+    t.ptr_sfb = reinterpret_cast<const float**>(take(g * sizeof(void*)));
+    if (!scale_a_in_place(a)) t.sfa_copy = reinterpret_cast<float*>(take(size_t(a.total_m) * kb * sizeof(float)));
+    if (!scale_b_in_place(a)) t.sfb_copy = reinterpret_cast<float*>(take(g * nb * kb * sizeof(float)));
+  }
   return t;
+}
+
+// dst[b][r][c] = src[b * s0 + r * s1 + c * s2]: block scales into the kernel's layout.
+__global__ void compact_scales(const float* __restrict__ src, int64_t batches, int64_t rows, int64_t cols,
+                               int64_t s0, int64_t s1, int64_t s2, float* __restrict__ dst) {
+  const int64_t total = batches * rows * cols;
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t c = e % cols, r = (e / cols) % rows, b = e / (cols * rows);
+    dst[e] = src[b * s0 + r * s1 + c * s2];
+  }
 }
 
 // One thread per group: its rows [start, end) of X and Y from the end offsets (clamped to
 // [0, total_m]; a decreasing offset gives an empty group, which CUTLASS's group scheduler
-// skips), its weights, and the strides.
+// skips), its weights, its block scales (block-scaled kernels: sfa row-major with kb columns,
+// sfb sfb_group_stride apart), and the strides.
 __global__ void build_group_tables(GroupTables t, const int32_t* offsets, int groups, int64_t total_m,
                                    int n, int k, const ElementA* x, int64_t ldx, const ElementB* w,
-                                   int64_t ldw, int64_t w_group_stride, ElementY* y, int64_t ldy) {
+                                   int64_t ldw, int64_t w_group_stride, ElementY* y, int64_t ldy,
+                                   const float* sfa, const float* sfb, int64_t sfb_group_stride) {
   const int g = blockIdx.x * blockDim.x + threadIdx.x;
   if (g >= groups) return;
   int64_t start = g == 0 ? 0 : int64_t(offsets[g - 1]);
@@ -237,6 +320,10 @@ __global__ void build_group_tables(GroupTables t, const int32_t* offsets, int gr
   t.shapes[g] = Shape3{int(end - start), n, k};
   t.ptr_a[g] = x + start * ldx;
   t.ptr_b[g] = w + int64_t(g) * w_group_stride;
+  if (kBlockScaled) {
+    t.ptr_sfa[g] = sfa + start * ((k + kScaleBlockSize - 1) / kScaleBlockSize);
+    t.ptr_sfb[g] = sfb + int64_t(g) * sfb_group_stride;
+  }
   t.ptr_y[g] = y + start * ldy;
   StrideA sa{};
   StrideB sb{};
@@ -279,7 +366,10 @@ typename Gemm::Arguments gemm_arguments(const evtc_grouped_args& a, const GroupT
   typename Gemm::Arguments args{
       cutlass::gemm::GemmUniversalMode::kGrouped,
       {int(a.groups), t.shapes, nullptr},
-      {t.ptr_a, t.stride_a, t.ptr_b, t.stride_b},
+      {t.ptr_a, t.stride_a, t.ptr_b, t.stride_b)";
+  // The per-group scale layout tables: CUTLASS computes each group's from its problem shape.
+  s += blockwise ? ", t.ptr_sfa, nullptr, t.ptr_sfb, nullptr},\n" : "},\n";
+  s += R"(
       {fusion_arguments(a, t), nullptr, nullptr, )";
   s += gated ? "nullptr, nullptr},  // no D: the half store writes Y\n" : "t.ptr_y, t.stride_d},\n";
   s += R"(      hw};
@@ -308,6 +398,10 @@ int evtc_grouped_can_implement(const evtc_grouped_args* a, char* why, size_t why
     set_reason(why, why_size, "G, N, K and total M must be positive and fit in 32 bits");
     return EVTC_ERROR_CANNOT_IMPLEMENT;
   }
+  if (kBlockScaled && (!a->scale_a || !a->scale_b)) {
+    set_reason(why, why_size, "a block-scaled kernel needs scale_a and scale_b");
+    return EVTC_ERROR_CANNOT_IMPLEMENT;
+  }
   cutlass::Status status = Gemm::can_implement(gemm_arguments(*a, GroupTables{}));
   if (status != cutlass::Status::kSuccess) {
     set_reason(why, why_size, cutlassGetStatusString(status));
@@ -317,24 +411,46 @@ int evtc_grouped_can_implement(const evtc_grouped_args* a, char* why, size_t why
 }
 
 size_t evtc_grouped_workspace_size(const evtc_grouped_args* a) {
-  return table_bytes(a->groups) + Gemm::get_workspace_size(gemm_arguments(*a, GroupTables{}));
+  return table_bytes(*a) + Gemm::get_workspace_size(gemm_arguments(*a, GroupTables{}));
 }
 
 int evtc_grouped_run(const evtc_grouped_args* a, void* workspace, void* stream, char* why, size_t why_size) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const GroupTables t = group_tables(workspace, a->groups);
+  const GroupTables t = group_tables(workspace, *a);
   const int threads = 128;
+  const float* sfa = a->scale_a;
+  const float* sfb = a->scale_b;
+  int64_t sfb_group_stride = a->scale_b_strides[0];
+  if (kBlockScaled) {
+    const int64_t kb = scale_k_blocks(*a), nb = scale_n_blocks(*a);
+    auto blocks = [&](int64_t total) {  // a grid-stride loop: at most 1024 blocks of 256
+      const int64_t needed = (total + 255) / 256;
+      return int(needed < 1 ? 1 : (needed < 1024 ? needed : 1024));
+    };
+    if (t.sfa_copy) {
+      compact_scales<<<blocks(a->total_m * kb), 256, 0, s>>>(sfa, 1, a->total_m, kb, 0, a->scale_a_strides[0],
+                                                              a->scale_a_strides[1], t.sfa_copy);
+      sfa = t.sfa_copy;
+    }
+    if (t.sfb_copy) {
+      compact_scales<<<blocks(a->groups * nb * kb), 256, 0, s>>>(sfb, a->groups, nb, kb, a->scale_b_strides[0],
+                                                                  a->scale_b_strides[1], a->scale_b_strides[2],
+                                                                  t.sfb_copy);
+      sfb = t.sfb_copy;
+      sfb_group_stride = nb * kb;
+    }
+  }
   build_group_tables<<<int((a->groups + threads - 1) / threads), threads, 0, s>>>(
       t, a->offsets, int(a->groups), a->total_m, int(a->n), int(a->k),
       static_cast<const ElementA*>(a->x), a->ldx, static_cast<const ElementB*>(a->w), a->ldw,
-      a->w_group_stride, static_cast<ElementY*>(a->y), a->ldy);
+      a->w_group_stride, static_cast<ElementY*>(a->y), a->ldy, sfa, sfb, sfb_group_stride);
   if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) {
     set_reason(why, why_size, cudaGetErrorString(err));
     return EVTC_ERROR_LAUNCH;
   }
   auto args = gemm_arguments(*a, t);
   Gemm gemm;
-  cutlass::Status status = gemm.initialize(args, static_cast<char*>(workspace) + table_bytes(a->groups), s);
+  cutlass::Status status = gemm.initialize(args, static_cast<char*>(workspace) + table_bytes(*a), s);
   if (status != cutlass::Status::kSuccess) {
     set_reason(why, why_size, cutlassGetStatusString(status));
     return EVTC_ERROR_CANNOT_IMPLEMENT;
