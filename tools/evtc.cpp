@@ -88,7 +88,8 @@ void add_arch_option(CLI::App* sub, std::string& arch) {
       "ARCH");
   sub->add_option("--arch", arch,
                   "GPU architecture to build for: sm80, sm86, sm89, sm90, sm100, sm120, ... (default: the "
-                  "device's; fused kernels exist for sm90 only, elsewhere the unfused path runs)")
+                  "device's; fused kernels exist for sm90, and compile-checked ones for sm100 and sm120 (fp8); elsewhere "
+                  "the unfused path runs)")
       ->check(v);
 }
 

@@ -4,6 +4,7 @@
 
 #include "evtc/arch.hpp"
 #include "evtc/ir_text.hpp"
+#include "evtc/kernel.hpp"
 
 namespace evtc {
 namespace {
@@ -49,8 +50,43 @@ class LegalityChecker {
   }
 
   void check_target() {
-    if (std::string why = arch_refusal(gemm_.sm); !why.empty()) refuse(std::move(why));
+    if (std::string why = arch_refusal(gemm_.sm); !why.empty()) {
+      refuse(std::move(why));
+      return;
+    }
+    // What this architecture's backend cannot fuse (evtc/arch.hpp's table).
+    const ArchFeatures& f = arch_features(gemm_.sm);
+    const DType a = gemm_.a_dtype;
+    if ((a == DType::bf16 || a == DType::f16) && !f.sixteen_bit)
+      refuse(arch_lacks(gemm_.sm, fmt::format("{} A and B (CUTLASS 4.2's kernels for it multiply fp8, fp6 and fp4 "
+                                              "only)",
+                                              dtype_name(a))));
+    if (is_fp8(a) && !f.fp8) refuse(arch_lacks(gemm_.sm, "fp8 A and B"));
+    if (gemm_.fp8_blockwise && !f.fp8_blockwise) refuse(arch_lacks(gemm_.sm, "block-scaled fp8 (fp8_blockwise)"));
+    for (NodeId id : canonical_order(g_)) {
+      const Node& n = g_.node(id);
+      if (n.kind == NodeKind::store && n.shape == Shape::half && !f.evtc_nodes)
+        refuse(arch_lacks(gemm_.sm, fmt::format("gated [m,n/2] outputs ('{}': evtc's half-width store node "
+                                                "reads Hopper's epilogue register layout)",
+                                                n.name)));
+      if (n.kind == NodeKind::store && g_.node(n.inputs[0]).kind == NodeKind::reduce && !f.evtc_nodes)
+        refuse(arch_lacks(gemm_.sm, fmt::format("reductions ('{}': evtc's partial-result nodes read Hopper's "
+                                                "epilogue register layout)",
+                                                n.name)));
+      if (n.kind == NodeKind::aux && !f.aux_tensors)
+        refuse(arch_lacks(gemm_.sm, fmt::format("[m,n] operands ('{}')", n.name)));
+      if (n.kind == NodeKind::store && n.shape == Shape::full && g_.node(n.inputs[0]).kind != NodeKind::reduce &&
+          !f.aux_tensors && !is_main_output(id))
+        refuse(arch_lacks(gemm_.sm, fmt::format("[m,n] outputs besides the main one ('{}')", n.name)));
+    }
   }
+
+  // The store CUTLASS's collective epilogue writes as D (KernelSignature::d_name).
+  bool is_main_output(NodeId id) const {
+    if (main_output_.empty()) main_output_ = make_signature(g_).d_name;
+    return g_.node(id).name == main_output_;
+  }
+  mutable std::string main_output_;
 
   void check_operand_types() {
     const DType a = gemm_.a_dtype, b = gemm_.b_dtype;

@@ -4,6 +4,8 @@
 
 #include <cctype>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 
 #include "evtc/error.hpp"
 #include "runtime/device_info.hpp"
@@ -28,8 +30,30 @@ int parse_arch(std::string_view text, std::string_view what) {
   return value;
 }
 
+const ArchFeatures& arch_features(int arch) {
+  // sm_90a: CUTLASS 3.x TMA warp-specialized kernels with wgmma, every feature, tested on H100/H200.
+  static const ArchFeatures sm90{90, true, true, true, true, true, true, true, true, true, true, true, "Hopper"};
+  // sm_100a: CUTLASS 4.2's tcgen05 (UMMA) kernels, one SM per MMA, with its sm90-style visitor
+  // tree. evtc's own nodes assume Hopper's epilogue thread layout (two warp groups reading
+  // registers, not tensor memory), so gated outputs and reductions are not offered.
+  static const ArchFeatures sm100{100, true, false, true, true, false, false, true, false, true, false, false,
+                                  "Blackwell B200/GB200"};
+  // sm_120a: CUTLASS 4.2's sm120 builder multiplies fp8/fp6/fp4 only (TN), without clusters.
+  static const ArchFeatures sm120{120, true, false, false, true, false, false, false, true, false, false, false,
+                                  "Blackwell RTX 50xx / RTX PRO 6000"};
+  static std::map<int, ArchFeatures> others;
+  static std::mutex mu;
+  if (arch == 90) return sm90;
+  if (arch == 100) return sm100;
+  if (arch == 120) return sm120;
+  std::lock_guard lock(mu);
+  auto [it, added] = others.try_emplace(arch);
+  if (added) it->second.arch = arch;
+  return it->second;
+}
+
 std::string arch_name(int arch, bool fused) {
-  return fused && arch == kFusedArch ? fmt::format("sm_{}a", arch) : fmt::format("sm_{}", arch);
+  return fused && arch_features(arch).fused ? fmt::format("sm_{}a", arch) : fmt::format("sm_{}", arch);
 }
 
 int target_arch(std::optional<int> option) {
@@ -40,10 +64,15 @@ int target_arch(std::optional<int> option) {
 }
 
 std::string arch_refusal(int arch) {
-  if (arch == kFusedArch) return {};
+  if (arch_features(arch).fused) return {};
   return fmt::format("the target architecture is {} (the GPU's, or CompileOptions::arch / EVTC_ARCH): evtc "
-                     "generates fused kernels for {} (Hopper) only",
-                     arch_name(arch), arch_name(kFusedArch, true));
+                     "generates fused kernels for sm_90a (Hopper) and sm_100a / sm_120a (Blackwell) only",
+                     arch_name(arch));
+}
+
+std::string arch_lacks(int arch, std::string_view what) {
+  const ArchFeatures& f = arch_features(arch);
+  return fmt::format("the {} backend ({}) does not fuse {}", arch_name(arch, true), f.family, what);
 }
 
 }  // namespace evtc

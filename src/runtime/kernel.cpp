@@ -63,7 +63,7 @@ namespace runtime {
 
 jit::CompileRequest fused_request(const Graph& graph, const CompileOptions& options, const KernelConfig& config) {
   jit::CompileRequest request{sm90::emit_kernel(graph, options.gemm, config).source, config.name(), expression_text(graph),
-                              true, 90};
+                              true, options.gemm.sm};
   request.in_parts = true;
   return request;
 }
@@ -332,8 +332,13 @@ ExecutionPath Kernel::run(const Arguments& args, cudaStream_t stream) const {
       }
       const int rc = plan->run(&abi, workspace, stream, why, sizeof why);
       if (graph_owned) cudaFreeAsync(workspace, stream);
-      if (rc != EVTC_OK) throw RuntimeError(fmt::format("fused kernel launch failed: {}", why));
-      return ExecutionPath::fused;
+      if (rc == EVTC_OK) return ExecutionPath::fused;
+      // A compile-checked backend's kernel (sm_100a, sm_120a) that this GPU or driver cannot
+      // load or launch: the unfused path answers instead, with the reason.
+      if (arch_features(im.options.gemm.sm).verified)
+        throw RuntimeError(fmt::format("fused kernel launch failed: {}", why));
+      call.reasons.push_back(fmt::format("the {} fused kernel did not launch here: {}",
+                                         arch_name(im.options.gemm.sm, true), why));
     }
   }
 

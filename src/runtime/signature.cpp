@@ -7,6 +7,7 @@
 #include <regex>
 #include <tuple>
 
+#include "evtc/arch.hpp"
 #include "evtc/ir_text.hpp"
 #include "evtc/kernel.hpp"
 #include "evtc/passes.hpp"
@@ -177,6 +178,24 @@ std::string shared_memory_refusal(const Graph& g, const GemmDesc& gemm, const Ke
 }
 
 std::string config_refusal(const KernelConfig& c, const GemmDesc& gemm) {
+  // What the target architecture's kernels have (evtc/arch.hpp).
+  const ArchFeatures& f = arch_features(gemm.sm);
+  if (f.fused && !f.pingpong && c.schedule == MainloopSchedule::pingpong)
+    return fmt::format("configuration {} is ping-pong, which {} kernels do not have", c.name(),
+                       arch_name(gemm.sm, true));
+  if (f.fused && !f.clusters && c.cluster_m * c.cluster_n > 1)
+    return fmt::format("configuration {} has a {}×{} cluster; {} kernels run without clusters (1×1)", c.name(),
+                       c.cluster_m, c.cluster_n, arch_name(gemm.sm, true));
+  if (f.fused && !f.stream_k && c.scheduler == TileSchedulerKind::stream_k)
+    return fmt::format("configuration {} asks for stream-K, which evtc's {} kernels do not use", c.name(),
+                       arch_name(gemm.sm, true));
+  if (f.fused && !f.two_level_fp8 && (c.fp8_fast_accum || c.fp8_promotion_k > 0))
+    return fmt::format("configuration {} sets fp8's accumulation ({}), which only Hopper's two-level fp8 main "
+                       "loop has",
+                       c.name(), c.fp8_fast_accum ? "_fastacc" : "_pk");
+  if (gemm.sm == 100 && (c.tile_m != 64 && c.tile_m != 128))
+    return fmt::format("configuration {} has {}-row tiles; sm_100a's one-SM MMA takes 64 or 128 rows", c.name(),
+                       c.tile_m);
   if (c.fp8_promotion_k > 0 &&
       (!is_fp8(gemm.a_dtype) || gemm.fp8_blockwise || gemm.fp8_fast_accum || c.fp8_fast_accum))
     return fmt::format("configuration {} sets fp8's promotion interval (_pk{}), which only the two-level "
@@ -193,7 +212,17 @@ std::string config_refusal(const KernelConfig& c, const GemmDesc& gemm) {
   return "";
 }
 
+// Blackwell (compile-checked, never timed): one 128-row MMA per SM with the widest tile its
+// tensor memory holds for 16-bit operands (128×256), 128 of K for fp8; sm_120a's fp8 kernels
+// with CUTLASS's cooperative 128×128×128 tile and no cluster.
+KernelConfig blackwell_default_config(const GemmDesc& gemm) {
+  KernelConfig c = KernelConfig::of(MainloopSchedule::cooperative, 128, gemm.sm == 120 ? 128 : 256, 1);
+  if (is_fp8(gemm.a_dtype) || is_fp8(gemm.b_dtype)) c.tile_k = 128;
+  return c;
+}
+
 KernelConfig default_config(const Graph& g, const GemmDesc& gemm) {
+  if (gemm.sm == 100 || gemm.sm == 120) return blackwell_default_config(gemm);
   KernelConfig c = default_config_for_shape(g, gemm);
   // An epilogue with many staged [m,n] tensors leaves a 128×256 tile too few main-loop
   // stages (fewer than 2 does not compile; fewer than 3 stalls on memory): use 128×128.

@@ -289,6 +289,23 @@ def test_other_architectures_run_the_unfused_path_built_for_them(monkeypatch):
     torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
 
 
+def test_a_compile_checked_backend_that_cannot_launch_falls_back(monkeypatch, caplog):
+    """arch="sm100" on a Hopper GPU: the sm_100a fused kernel compiles, cannot launch here, and
+    the call runs the unfused path with the reason logged, and the right result."""
+    monkeypatch.delenv("EVTC_ARCH", raising=False)
+    kernel = evtc.compile("input r[m,n]: bf16\nout D: bf16 = silu(acc + bias[n]) + r[m,n]", arch="sm100")
+    assert kernel.fallback_reason(M, N, K) == ""  # the sm_100a backend fuses this epilogue
+    x, w = x_w()
+    b, r = randn(N), randn(M, N)
+    poison_allocator()
+    got = kernel(x, w.t(), bias=b, r=r)
+    torch.cuda.synchronize()
+    assert kernel.last_path == "fallback"
+    assert not got.isnan().any(), "unwritten elements"
+    want = F.silu(x.double() @ w.double().t() + b.double()) + r.double()
+    torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
+
+
 def test_kernel_errors_name_the_operand(compiled_cases):
     kernel = spec_kernel(EXPORT_SPEC)[0]
     x, w = x_w()

@@ -1,7 +1,9 @@
 // check_legality: one test per rule, asserting the reason's exact text.
 #include <gtest/gtest.h>
 
+#include "evtc/expression.hpp"
 #include "evtc/graph.hpp"
+#include "evtc/kernel.hpp"
 #include "evtc/passes.hpp"
 
 using namespace evtc;
@@ -246,17 +248,65 @@ TEST(PassLegality, UnclassifiableViewIsRefusedWithItsReason) {
   EXPECT_TRUE(check_legality(g, d).fusable());
 }
 
-TEST(PassLegality, OnlySm90IsATarget) {
+TEST(PassLegality, FusedArchitecturesAndWhatEachFuses) {
   GemmDesc d = aligned_gemm();
   d.sm = 80;
   EXPECT_EQ(reasons(plain_graph(), d),
             (Reasons{"the target architecture is sm_80 (the GPU's, or CompileOptions::arch / EVTC_ARCH): "
-                     "evtc generates fused kernels for sm_90a (Hopper) only"}));
-  d.sm = 120;
-  ASSERT_EQ(reasons(plain_graph(), d).size(), 1u);
-  EXPECT_NE(reasons(plain_graph(), d)[0].find("sm_120"), std::string::npos);
+                     "evtc generates fused kernels for sm_90a (Hopper) and sm_100a / sm_120a (Blackwell) only"}));
   d.sm = 90;
   EXPECT_TRUE(reasons(plain_graph(), d).empty());
+  // sm_100a: bf16 and [m,n] operands fuse; gated outputs and reductions do not.
+  d.sm = 100;
+  EXPECT_TRUE(reasons(plain_graph(), d).empty());
+  EXPECT_TRUE(reasons(parse_expression("out D: bf16 = acc * gate[m,n]; out P: f32 = relu(acc)"), d).empty());
+  EXPECT_EQ(reasons(parse_expression("out y: bf16 = swiglu(acc)"), d),
+            (Reasons{"the sm_100a backend (Blackwell B200/GB200) does not fuse gated [m,n/2] outputs ('y': evtc's "
+                     "half-width store node reads Hopper's epilogue register layout)"}));
+  EXPECT_EQ(reasons(parse_expression("out D: bf16 = acc; out r = row_sum(acc)"), d),
+            (Reasons{"the sm_100a backend (Blackwell B200/GB200) does not fuse reductions ('r': evtc's "
+                     "partial-result nodes read Hopper's epilogue register layout)"}));
+  GemmDesc bw = d;
+  bw.a_dtype = bw.b_dtype = DType::f8e4m3;
+  bw.b_layout = Layout::col_major;
+  bw.fp8_blockwise = true;
+  EXPECT_EQ(reasons(plain_graph(), bw),
+            (Reasons{"the sm_100a backend (Blackwell B200/GB200) does not fuse block-scaled fp8 (fp8_blockwise)"}));
+  // sm_120a: fp8 only, no [m,n] operands or outputs besides D.
+  d.sm = 120;
+  EXPECT_EQ(reasons(plain_graph(), d),
+            (Reasons{"the sm_120a backend (Blackwell RTX 50xx / RTX PRO 6000) does not fuse bf16 A and B "
+                     "(CUTLASS 4.2's kernels for it multiply fp8, fp6 and fp4 only)"}));
+  GemmDesc fp8 = bw;
+  fp8.sm = 120;
+  fp8.fp8_blockwise = false;
+  EXPECT_TRUE(reasons(parse_expression("out D: bf16 = acc * s[m] * t[n]"), fp8).empty());
+  EXPECT_EQ(reasons(parse_expression("out D: bf16 = acc * r[m,n]"), fp8),
+            (Reasons{"the sm_120a backend (Blackwell RTX 50xx / RTX PRO 6000) does not fuse [m,n] operands ('r')"}));
+}
+
+TEST(PassLegality, ConfigurationsOfEachArchitecture) {
+  GemmDesc d = aligned_gemm();
+  d.sm = 100;
+  const KernelConfig coop = *KernelConfig::parse("coop_128x256x64_c2x1_persistent");
+  EXPECT_EQ(config_refusal(coop, d), "");
+  EXPECT_NE(config_refusal(*KernelConfig::parse("pingpong_128x128x64_c1x1_persistent"), d)
+                .find("is ping-pong, which sm_100a kernels do not have"),
+            std::string::npos);
+  EXPECT_NE(config_refusal(*KernelConfig::parse("coop_256x128x64_c2x1_persistent"), d).find("64 or 128 rows"),
+            std::string::npos);
+  EXPECT_NE(config_refusal(*KernelConfig::parse("coop_128x256x64_c2x1_streamk"), d).find("stream-K"),
+            std::string::npos);
+  d.sm = 120;
+  d.a_dtype = d.b_dtype = DType::f8e4m3;
+  EXPECT_NE(config_refusal(coop, d).find("run without clusters (1×1)"), std::string::npos);
+  EXPECT_NE(config_refusal(*KernelConfig::parse("coop_128x128x128_c1x1_persistent_fastacc"), d).find("_fastacc"),
+            std::string::npos);
+  // The defaults: one-SM 128×256 on sm_100a, 128×128×128 without a cluster on sm_120a.
+  EXPECT_EQ(default_config(plain_graph(), d).name(), "coop_128x128x128_c1x1_persistent");
+  d.sm = 100;
+  d.a_dtype = d.b_dtype = DType::bf16;
+  EXPECT_EQ(default_config(plain_graph(), d).name(), "coop_128x256x64_c1x1_persistent");
 }
 
 TEST(PassLegality, ThePipelinePassReportsAndLeavesTheGraph) {

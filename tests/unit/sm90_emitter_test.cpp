@@ -32,6 +32,7 @@
 #include "evtc/expression.hpp"
 #include "evtc/graph.hpp"
 #include "evtc/ir_text.hpp"
+#include "evtc/kernel.hpp"
 #include "evtc/passes.hpp"
 
 namespace fs = std::filesystem;
@@ -192,6 +193,43 @@ TEST(Sm90Emitter, RepeatedLeafIsReadAgainRatherThanShared) {
   const std::string s = emit("out D: bf16 = (acc + bias[n]) * (acc - bias[n])").source;
   EXPECT_EQ(s.find("Sm90TopologicalVisitor"), std::string::npos);
   EXPECT_EQ(count(s, "= cutlass::epilogue::fusion::Sm90AccFetch;"), 2u);
+}
+
+// --- Blackwell backends (compile-checked by tests/nvcc/compile_kernels.sh) --------------
+
+TEST(BlackwellEmitter, Sm100KernelIsTheOneSmUmmaKernelWithAConvertingRoot) {
+  GemmDesc g;
+  g.sm = 100;
+  const KernelConfig c = default_config(parse_expression("out D: bf16 = acc"), g);
+  const std::string s = emit("out D: bf16 = silu(acc + bias[n]) * gate[m,n]", g, c).source;
+  for (const char* part :
+       {"using ArchTag = cutlass::arch::Sm100;", "using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecialized1SmSm100;",
+        "using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized1Sm;",
+        "detail::Sm100EpilogueDescriptor<", "detail::Sm100AuxLoadDescriptor<EpilogueDescriptor,",
+        "#include <cutlass/gemm/collective/collective_builder.hpp>",
+        // Blackwell's epilogue stores the tree's result as it is: the root converts it to D's type.
+        "cutlass::epilogue::thread::Identity, ElementD, float,",
+        "return typename Callbacks::Arguments{typename V"})
+    EXPECT_NE(s.find(part), std::string::npos) << part;
+  EXPECT_EQ(s.find("sm90_gmma_builder.inl"), std::string::npos);
+  EXPECT_EQ(s.find("ArchTag = cutlass::arch::Sm90"), std::string::npos);
+}
+
+TEST(BlackwellEmitter, Sm120KernelIsFp8WithItsOwnArchTag) {
+  GemmDesc g;
+  g.sm = 120;
+  g.a_dtype = g.b_dtype = DType::f8e4m3;
+  g.b_layout = Layout::col_major;
+  const KernelConfig c = default_config(parse_expression("out D: bf16 = acc"), g);
+  EXPECT_EQ(c.name(), "coop_128x128x128_c1x1_persistent");
+  const std::string s = emit("input sa[m]: f32\ninput sb[n]: f32\nout D: bf16 = acc * sa[m] * sb[n]", g, c).source;
+  for (const char* part : {"using ArchTag = cutlass::arch::Sm120;",
+                           "using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;",
+                           "using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;",
+                           "cutlass::epilogue::thread::Identity, ElementD, float,"})
+    EXPECT_NE(s.find(part), std::string::npos) << part;
+  // Hopper's two-level fp8 main loop header is not included.
+  EXPECT_EQ(s.find("sm90_mma_tma_gmma_ss_warpspecialized_fp8.hpp"), std::string::npos);
 }
 
 // --- reductions ------------------------------------------------------------------------
