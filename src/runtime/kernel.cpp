@@ -10,6 +10,7 @@
 #include "backends/sm90/sm90_emitter.hpp"
 #include "evtc/arch.hpp"
 #include "evtc/device/abi.h"
+#include "runtime/device_info.hpp"
 #include "evtc/error.hpp"
 #include "evtc/ir_text.hpp"
 #include "jit/environment.hpp"
@@ -58,6 +59,20 @@ void Kernel::Impl::log_once(const std::string& reason) const {
   std::lock_guard lock(mu);
   if (logged.insert(reason).second) log_warning("running unfused (cuBLASLt + plain epilogue): {}", reason);
 }
+
+namespace {
+
+// Why a kernel built for `arch` may not launch here: the current GPU is of another architecture
+// that its code does not run on (an older one); empty otherwise.
+std::string arch_mismatch_note(int arch) {
+  const auto device = current_device();
+  if (!device || device->arch <= 0 || device->arch >= arch) return "";
+  return fmt::format(" (the kernels are built for {} and this GPU is {}, which cannot run them: leave "
+                     "CompileOptions::arch / EVTC_ARCH unset, or set them to the GPU's architecture)",
+                     arch_name(arch), arch_name(device->arch));
+}
+
+}  // namespace
 
 namespace runtime {
 
@@ -368,7 +383,8 @@ ExecutionPath Kernel::run(const Arguments& args, cudaStream_t stream) const {
     using scale_fn = int (*)(const evtc_gemm_args*, float*, float*, void*);
     if (reinterpret_cast<scale_fn>(lib->symbol("evtc_fallback_scale_operands"))(&abi, a32, b32, stream) != EVTC_OK) {
       cudaFreeAsync(acc, stream);
-      throw RuntimeError("fallback: scaling the block-scaled fp8 operands failed to launch");
+      throw RuntimeError("fallback: scaling the block-scaled fp8 operands failed to launch" +
+                         arch_mismatch_note(im.options.gemm.sm));
     }
     runtime::cublaslt_matmul({a32, DType::f32, true, k}, {b32, DType::f32, false, k}, acc, DType::f32, m, n, k,
                              stream);
@@ -382,7 +398,7 @@ ExecutionPath Kernel::run(const Arguments& args, cudaStream_t stream) const {
   const int rc = reinterpret_cast<fallback_fn>(lib->symbol("evtc_fallback_run"))(
       &abi, acc, acc + size_t(m) * n, stream);
   cudaFreeAsync(acc, stream);
-  if (rc != EVTC_OK) throw RuntimeError("fallback epilogue launch failed");
+  if (rc != EVTC_OK) throw RuntimeError("fallback epilogue launch failed" + arch_mismatch_note(im.options.gemm.sm));
   return ExecutionPath::fallback;
 }
 
