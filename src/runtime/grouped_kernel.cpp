@@ -49,6 +49,18 @@ KernelConfig default_grouped_config(const GemmDesc& gemm) {
   return c;
 }
 
+namespace {
+
+// Grouped kernels are generated for sm_90a only (the ptr-array kernels of the other backends are
+// not built): why `arch` runs them unfused, naming it.
+std::string grouped_arch_refusal(int arch) {
+  if (arch == kFusedArch) return "";
+  if (std::string why = arch_refusal(arch); !why.empty()) return why;
+  return arch_lacks(arch, "grouped GEMMs");
+}
+
+}  // namespace
+
 struct GroupedKernel::Impl {
   Graph graph;
   Graph input_graph;  // as given: the unfused path's dense kernel runs the pipeline on it
@@ -172,8 +184,8 @@ void GroupedKernel::Impl::log_once(const std::string& reason) const {
 }
 
 bool GroupedKernel::Impl::use_fused(cudaStream_t stream, std::string& why) const {
-  if (arch != kFusedArch) {
-    why = arch_refusal(arch);
+  if (std::string no = grouped_arch_refusal(arch); !no.empty()) {
+    why = std::move(no);
     return false;
   }
   std::shared_future<std::string> pending;
@@ -247,7 +259,7 @@ std::string shape_problem(bool gated, const std::string& output, int64_t n, int6
 }  // namespace
 
 std::string GroupedKernel::shape_reason(int64_t n, int64_t k) const {
-  if (std::string why = arch_refusal(impl_->arch); !why.empty()) return why;
+  if (std::string why = grouped_arch_refusal(impl_->arch); !why.empty()) return why;
   return shape_problem(impl_->gated, impl_->output, n, k, impl_->options.gemm.a_dtype);
 }
 

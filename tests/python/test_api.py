@@ -55,7 +55,7 @@ def test_config_and_fallback_reason():
 def test_an_architecture_without_fused_kernels_is_named_in_the_reason(monkeypatch):
     monkeypatch.delenv("EVTC_ARCH", raising=False)
     reason = evtc.compile(W1, arch="sm89").fallback_reason(4096, 4096, 4096)
-    assert "the target architecture is sm_89" in reason and "sm_90a (Hopper) only" in reason
+    assert "the target architecture is sm_89" in reason and "sm_90a (Hopper) and sm_100a / sm_120a" in reason
     assert evtc.compile(W1, arch="sm_90a").fallback_reason(4096, 4096, 4096) == ""
     monkeypatch.setenv("EVTC_ARCH", "sm120")  # the environment overrides the option
     assert "sm_120" in evtc.compile(W1, arch="sm90").fallback_reason(4096, 4096, 4096)
