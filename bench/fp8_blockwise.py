@@ -23,7 +23,6 @@ and .png and prints the table.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -33,7 +32,8 @@ import torch
 import triton.testing
 
 import evtc
-from result_files import result_base
+from result_files import write_do_bench_results
+from variant_plot import plot_variants
 
 BLOCK = 128
 E4M3_MAX = 448.0
@@ -66,6 +66,16 @@ def dequantize(q, scale, per_row):
         return q.double() * scale.double()[:, ks]
     rs = torch.arange(rows, device=q.device) // BLOCK
     return q.double() * scale.double()[ks][:, rs].t()
+
+
+def time_in_turn(variants, rounds):
+    """{name: [ms per round]}: each variant's (epilogue, fn) timed with triton's do_bench (median,
+    L2 flushed), the variants in turn, `rounds` times."""
+    times = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, (_, fn) in variants.items():
+            times[name].append(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+    return times
 
 
 def rel_l2(got, want):
@@ -151,10 +161,7 @@ def main():
             if err > 2.0**-6:
                 print(f"{m}x{n}x{k} {name}: rel L2 error {err:.2e} against float64: FAILED", flush=True)
                 sys.exit(1)
-        times = {name: [] for name in variants}
-        for _ in range(opts.rounds):
-            for name, (_, fn) in variants.items():
-                times[name].append(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+        times = time_in_turn(variants, opts.rounds)
         flops = 2.0 * m * n * k
         shape_row = {"m": m, "n": n, "k": k, "note": torch_note, "variants": {}}
         for name, ts in times.items():
@@ -166,35 +173,15 @@ def main():
         for name, v in shape_row["variants"].items():
             print(f"  {name:42s} {v['ms']:8.4f} ms  {v['tflops']:7.1f} TFLOP/s  (rel L2 {v['rel_l2_vs_f64']:.1e})")
 
-    base = result_base(opts.out, dev, "fp8-blockwise")
-    with open(base + ".json", "w") as f:
-        json.dump({"device": dev, "torch": torch.__version__, "method": "triton.testing.do_bench median "
-                   f"(L2 flushed), variants in turn, median of {opts.rounds} rounds", "shapes": rows}, f, indent=2)
+    base = write_do_bench_results(opts.out, dev, "fp8-blockwise", opts.rounds, rows, torch.__version__)
     plot(rows, base + ".png", dev)
     print(f"\nwrote {base}.json and .png")
 
 
 def plot(rows, path, dev):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(rows), figsize=(7 * len(rows), 5), squeeze=False)
-    for ax, row in zip(axes[0], rows):
-        names = list(row["variants"])
-        tf = [row["variants"][n]["tflops"] for n in names]
-        colors = ["tab:green" if n.startswith("evtc") else "tab:blue" if n.startswith("torch") else "tab:gray"
-                  for n in names]
-        ax.barh(range(len(names)), tf, color=colors)
-        ax.set_yticks(range(len(names)), [n.replace("_persistent", "") for n in names], fontsize=8)
-        ax.invert_yaxis()
-        ax.set_xlabel("TFLOP/s (2·M·N·K / time)")
-        ax.set_title(f"{row['m']}×{row['n']}×{row['k']}")
-        for i, v in enumerate(tf):
-            ax.text(v, i, f" {v:.0f}", va="center", fontsize=8)
-    fig.suptitle(f"Block-scaled fp8 GEMMs (1×128 / 128×128 scales), {dev}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    plot_variants([(f"{r['m']}×{r['n']}×{r['k']}", r["variants"]) for r in rows], path,
+                  f"Block-scaled fp8 GEMMs (1×128 / 128×128 scales), {dev}", lambda v: v["tflops"],
+                  "TFLOP/s (2·M·N·K / time)", lambda v: f"{v:.0f}")
 
 
 if __name__ == "__main__":

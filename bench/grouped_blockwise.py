@@ -22,18 +22,17 @@ rounds. Writes <out>/<stamp>-<gpu>-grouped-blockwise.json and .png and prints th
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import time
 
 import torch
-import triton.testing
 
 import evtc
-from fp8_blockwise import dequantize, quantize_blocks, quantize_rows
-from result_files import result_base
+from fp8_blockwise import dequantize, quantize_blocks, quantize_rows, time_in_turn
+from result_files import write_do_bench_results
+from variant_plot import plot_variants
 
 GATED = "input bias[n]: bf16\nout y: bf16 = gptoss_swiglu(acc + bias[n])"
 PLAIN = "out D: bf16 = acc"
@@ -152,10 +151,7 @@ def main():
             if err > (2.0**-5 if "bf16" in name else 2.0**-7):
                 print(f"{shape} {name}: rel L2 error {err:.2e} against float64: FAILED", flush=True)
                 sys.exit(1)
-        times = {name: [] for name in variants}
-        for _ in range(opts.rounds):
-            for name, (_, fn) in variants.items():
-                times[name].append(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+        times = time_in_turn(variants, opts.rounds)
         flops = 2.0 * total * n * k
         row = {"shape": shape, "groups": groups, "rows": rows, "n": n, "k": k, "note": note, "variants": {}}
         for name, ts in times.items():
@@ -177,34 +173,16 @@ def main():
         del acc, want, w_bf16, x_bf16
         torch.cuda.empty_cache()
 
-    base = result_base(opts.out, dev, "grouped-blockwise")
-    with open(base + ".json", "w") as f:
-        json.dump({"device": dev, "torch": torch.__version__, "method": "triton.testing.do_bench median "
-                   f"(L2 flushed), variants in turn, median of {opts.rounds} rounds", "shapes": results}, f, indent=2)
+    base = write_do_bench_results(opts.out, dev, "grouped-blockwise", opts.rounds, results, torch.__version__)
     plot(results, base + ".png", dev)
     print(f"\nwrote {base}.json and .png")
 
 
 def plot(rows, path, dev):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(rows), figsize=(8 * len(rows), 5), squeeze=False)
-    for ax, row in zip(axes[0], rows):
-        names = list(row["variants"])
-        ms = [row["variants"][n]["ms"] for n in names]
-        colors = ["tab:green" if n.startswith("evtc") else "tab:blue" for n in names]
-        ax.barh(range(len(names)), ms, color=colors)
-        ax.set_yticks(range(len(names)), [n.replace("_persistent", "") for n in names], fontsize=7)
-        ax.invert_yaxis()
-        ax.set_xlabel("ms (lower is better)")
-        ax.set_title(f"{row['shape']}: G={row['groups']}, M={sum(row['rows'])}, N={row['n']}, K={row['k']}")
-        for i, v in enumerate(ms):
-            ax.text(v, i, f" {v:.3f}", va="center", fontsize=7)
-    fig.suptitle(f"Block-scaled fp8 grouped GEMM + bias + GPT-OSS SwiGLU, {dev}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    panels = [(f"{r['shape']}: G={r['groups']}, M={sum(r['rows'])}, N={r['n']}, K={r['k']}", r["variants"])
+              for r in rows]
+    plot_variants(panels, path, f"Block-scaled fp8 grouped GEMM + bias + GPT-OSS SwiGLU, {dev}", lambda v: v["ms"],
+                  "ms (lower is better)", lambda v: f"{v:.3f}", width=8, fontsize=7)
 
 
 if __name__ == "__main__":

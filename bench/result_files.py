@@ -19,3 +19,15 @@ def result_base(out_dir: str, device_name: str, kind: str) -> str:
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M")
     os.makedirs(out_dir, exist_ok=True)
     return os.path.join(out_dir, f"{stamp}-{gpu_slug(device_name)}-{kind}")
+
+
+def write_do_bench_results(out_dir: str, device_name: str, kind: str, rounds: int, shapes: list, torch_version: str) -> str:
+    """Writes <base>.json for a benchmark timed with triton's do_bench, variants in turn for
+    `rounds` rounds; returns <base> for the plot beside it."""
+    import json
+
+    base = result_base(out_dir, device_name, kind)
+    with open(base + ".json", "w") as f:
+        json.dump({"device": device_name, "torch": torch_version, "method": "triton.testing.do_bench median "
+                   f"(L2 flushed), variants in turn, median of {rounds} rounds", "shapes": shapes}, f, indent=2)
+    return base
