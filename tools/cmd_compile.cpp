@@ -44,7 +44,7 @@ Command add_compile_command(CLI::App& app) {
                                           a->fallback ? "" : " (--fallback compiles the unfused path's epilogue)"));
             if (!a->emit.empty()) {
               write_output_file(a->emit,
-                                sm90::emit_kernel(kernel.graph(), opts.gemm, kernel.config_for(0, 0, 0)).source,
+                                sm90::emit_kernel(kernel.graph(), kernel.options().gemm, kernel.config_for(0, 0, 0)).source,
                                 "--emit");
               fmt::print("wrote {}\n", a->emit);
               if (a->emit_only) return kExitOk;

@@ -40,11 +40,11 @@ cases=(
   "bias_streamk|--config coop_128x256x64_c2x1_streamk|out D: bf16 = acc + bias[n]"
   "w3_fp8|--dtype f8e4m3 --layout-b c|input sa[m]: f32; input sb[n]: f32; out D: bf16 = acc * sa[m] * sb[n]"
   "w3_fp8_blockwise|--dtype f8e4m3 --layout-b c --fp8-blockwise --fallback|input bias[n]: bf16; out D: bf16 = gelu(acc + bias[n])"
-  # The compile-checked Blackwell backends (docs/backend.md, "Target architecture"): W1, W2 and
-  # W3 for sm_100a, W3 for sm_120a (its kernels multiply fp8 only). W7 and gated epilogues are
+  # The compile-checked Blackwell backends (docs/backend.md, "Target architecture"): W1, W2 (with
+  # an extra output, on the two-SM MMA) and W3 for sm_100a, W3 for sm_120a (its kernels multiply fp8 only). W7 and gated epilogues are
   # refused on both (evtc's own visitor nodes), which the unit tests check.
   "sm100_w1|--arch sm100|out D: bf16 = silu(acc + bias[n])"
-  "sm100_w2_extra_output|--arch sm100|out D: bf16 = acc * gate[m,n]; out P: f32 = relu(acc) * s[m]"
+  "sm100_w2_extra_output_2sm|--arch sm100 --config coop_256x128x64_c2x1_persistent|out D: bf16 = acc * gate[m,n]; out P: f32 = relu(acc) * s[m]"
   "sm100_w3_fp8|--arch sm100 --dtype f8e4m3 --layout-b c|input sa[m]: f32; input sb[n]: f32; out D: bf16 = acc * sa[m] * sb[n]"
   "sm120_w3_fp8|--arch sm120 --dtype f8e4m3 --layout-b c|input sa[m]: f32; input sb[n]: f32; input bias[n]: bf16; out D: bf16 = gelu(acc * sa[m] * sb[n] + bias[n])"
 )

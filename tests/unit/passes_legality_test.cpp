@@ -293,8 +293,13 @@ TEST(PassLegality, ConfigurationsOfEachArchitecture) {
   EXPECT_NE(config_refusal(*KernelConfig::parse("pingpong_128x128x64_c1x1_persistent"), d)
                 .find("is ping-pong, which sm_100a kernels do not have"),
             std::string::npos);
-  EXPECT_NE(config_refusal(*KernelConfig::parse("coop_256x128x64_c2x1_persistent"), d).find("64 or 128 rows"),
+  // 256-row tiles are the two-SM MMA, on a cluster of an even M.
+  EXPECT_EQ(config_refusal(*KernelConfig::parse("coop_256x128x64_c2x1_persistent"), d), "");
+  EXPECT_NE(config_refusal(*KernelConfig::parse("coop_256x128x64_c1x1_persistent"), d).find("cluster's M must be even"),
             std::string::npos);
+  KernelConfig odd = coop;  // not a name KernelConfig::parse takes, but a C++ caller can build it
+  odd.tile_m = 192;
+  EXPECT_NE(config_refusal(odd, d).find("64 or 128 rows on one SM, 256 on two"), std::string::npos);
   EXPECT_NE(config_refusal(*KernelConfig::parse("coop_128x256x64_c2x1_streamk"), d).find("stream-K"),
             std::string::npos);
   d.sm = 120;

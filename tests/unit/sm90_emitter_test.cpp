@@ -213,6 +213,14 @@ TEST(BlackwellEmitter, Sm100KernelIsTheOneSmUmmaKernelWithAConvertingRoot) {
     EXPECT_NE(s.find(part), std::string::npos) << part;
   EXPECT_EQ(s.find("sm90_gmma_builder.inl"), std::string::npos);
   EXPECT_EQ(s.find("ArchTag = cutlass::arch::Sm90"), std::string::npos);
+  // 256-row tiles: the two-SM MMA; the builders take its tile, the visitor nodes one CTA's half.
+  const std::string two = emit("out D: bf16 = acc + bias[n]", g, *KernelConfig::parse("coop_256x128x64_c2x1_persistent")).source;
+  for (const char* part : {"using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecialized2SmSm100;",
+                           "using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized2Sm;",
+                           "using TileShape = cute::Shape<cute::_128, cute::_128, cute::_64>;",
+                           "using MmaTileShape = cute::Shape<cute::_256, cute::_128, cute::_64>;",
+                           "Sm90RowBroadcast<0, TileShape,", "OpClassTensorOp, MmaTileShape, ClusterShape, EpilogueTile,"})
+    EXPECT_NE(two.find(part), std::string::npos) << part;
 }
 
 TEST(BlackwellEmitter, Sm120KernelIsFp8WithItsOwnArchTag) {

@@ -580,8 +580,16 @@ namespace {
   s += fmt::format("using ElementC = {};{}\n", elem_c,
                    sig_.reads_c ? "" : "  // void: the epilogue does not read C");
   s += fmt::format("using ElementD = {};{}\n", elem_d, sig_.d_name.empty() ? "  // void: no main output" : "");
-  s += fmt::format("using TileShape = cute::Shape<cute::_{}, cute::_{}, cute::_{}>;\n", cfg_.tile_m,
-                   cfg_.tile_n, cfg_.tile_k);
+  // sm_100a's two-SM MMA (256-row tiles): the builders take the MMA's tile, and each CTA of the
+  // pair, whose epilogue the visitor nodes run, holds half its rows (TileShape).
+  const bool two_sm = gemm_.sm == 100 && cfg_.tile_m == 256;
+  s += fmt::format("using TileShape = cute::Shape<cute::_{}, cute::_{}, cute::_{}>;{}\n",
+                   two_sm ? cfg_.tile_m / 2 : cfg_.tile_m, cfg_.tile_n, cfg_.tile_k,
+                   two_sm ? "  // one CTA's half of the two-SM MMA tile" : "");
+  if (gemm_.sm == 100)
+    s += fmt::format("using MmaTileShape = cute::Shape<cute::_{}, cute::_{}, cute::_{}>;\n", cfg_.tile_m,
+                     cfg_.tile_n, cfg_.tile_k);
+  const char* mma_tile = gemm_.sm == 100 ? "MmaTileShape" : "TileShape";
   s += fmt::format("using ClusterShape = cute::Shape<cute::_{}, cute::_{}, cute::_1>;\n",
                    cfg_.cluster_m, cfg_.cluster_n);
   // fp8: the default main loop promotes the tensor cores' partial sums into fp32 registers
@@ -595,7 +603,7 @@ namespace {
   // memory; fp8 accumulates at full precision, no promotion); sm_120a: the sm90-style schedules
   // of its own builder (fp8 only).
   if (gemm_.sm == 100)
-    s += "using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecialized1SmSm100;\n";
+    s += fmt::format("using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecialized{}SmSm100;\n", two_sm ? 2 : 1);
   else
     s += fmt::format("using KernelSchedule = cutlass::gemm::{}{};\n",
                      coop ? "KernelTmaWarpSpecializedCooperative" : "KernelTmaWarpSpecializedPingpong",
@@ -608,7 +616,7 @@ namespace {
         "using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());\n",
         kFp8ScaleBlock);
   s += fmt::format("using EpilogueSchedule = cutlass::epilogue::{};\n",
-                   gemm_.sm == 100 ? "TmaWarpSpecialized1Sm"
+                   gemm_.sm == 100 ? (two_sm ? "TmaWarpSpecialized2Sm" : "TmaWarpSpecialized1Sm")
                    : coop          ? "TmaWarpSpecializedCooperative"
                                    : "TmaWarpSpecialized");
   s += "using EpilogueTile = cutlass::epilogue::collective::EpilogueTileAuto;\n";
@@ -617,7 +625,7 @@ namespace {
   if (gemm_.sm == 100)
     s += fmt::format(
         "using EpilogueDescriptor = cutlass::epilogue::collective::detail::Sm100EpilogueDescriptor<\n"
-        "    cutlass::arch::OpClassTensorOp, TileShape, EpilogueTile, float, {}, {}, EpilogueSchedule,\n"
+        "    cutlass::arch::OpClassTensorOp, MmaTileShape, EpilogueTile, float, {}, {}, EpilogueSchedule,\n"
         "    cutlass::detail::TagToStrideC_t<cutlass::layout::RowMajor>, "
         "cutlass::detail::TagToStrideC_t<cutlass::layout::RowMajor>, false, false>;\n\n",
         desc_c, desc_d);
@@ -646,7 +654,7 @@ namespace {
   s += fmt::format(R"(
 using ArchTag = cutlass::arch::Sm{};
 using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-    ArchTag, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape, EpilogueTile,
+    ArchTag, cutlass::arch::OpClassTensorOp, {}, ClusterShape, EpilogueTile,
     float, float, ElementC, cutlass::layout::RowMajor, {},
     ElementD, cutlass::layout::RowMajor, {}, EpilogueSchedule, Callbacks>::CollectiveOp;
 
@@ -654,7 +662,7 @@ using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder
     ArchTag, cutlass::arch::OpClassTensorOp,
     ElementA, {}, 128 / cutlass::sizeof_bits<ElementA>::value,
     ElementB, {}, 128 / cutlass::sizeof_bits<ElementB>::value, float,
-    TileShape, ClusterShape,
+    {}, ClusterShape,
     cutlass::gemm::collective::StageCountAutoCarveout<
         static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
     KernelSchedule>::CollectiveOp;
@@ -685,8 +693,8 @@ extern "C" __attribute__((visibility("hidden"))) const unsigned char evtc_kernel
 namespace {{
 
 )",
-                   gemm_.sm, align_c, align_d, blockwise ? "cute::tuple<LayoutA, LayoutSFA>" : "LayoutA",
-                   blockwise ? "cute::tuple<LayoutB, LayoutSFB>" : "LayoutB",
+                   gemm_.sm, mma_tile, align_c, align_d, blockwise ? "cute::tuple<LayoutA, LayoutSFA>" : "LayoutA",
+                   blockwise ? "cute::tuple<LayoutB, LayoutSFB>" : "LayoutB", mma_tile,
                    cfg_.scheduler == TileSchedulerKind::stream_k ? "cutlass::gemm::StreamKScheduler"
                                                                  : "void");
   // Scratch for the reductions' partial results, after CUTLASS's workspace (see emit_reduce).
