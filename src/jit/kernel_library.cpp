@@ -1,3 +1,4 @@
+#include "evtc/arch.hpp"
 #include "jit/kernel_library.hpp"
 
 #include <fmt/format.h>
@@ -28,8 +29,6 @@ namespace {
 
 constexpr const char* kFormatName = "evtc-kernel-library";
 
-std::string arch_name(int sm) { return sm == 90 ? "sm_90a" : fmt::format("sm_{}", sm); }
-
 // A relative path with no "..", so an entry cannot name a file outside its library.
 bool inside(const std::string& file) {
   const fs::path p(file);
@@ -44,7 +43,7 @@ bool inside(const std::string& file) {
 LibraryIdentity current_identity(int sm) {
   LibraryIdentity id;
   id.sm = sm;
-  id.arch = arch_name(sm);
+  id.arch = evtc::arch_name(sm, true);
   id.cutlass = cutlass_version_in_use();
   id.device_headers = device_headers_digest();
   id.abi = EVTC_ABI_VERSION;
@@ -199,7 +198,7 @@ LibraryManifest add_locked(Registry& r, const std::string& dir_in) {
   std::error_code ec;
   const std::string dir = fs::weakly_canonical(fs::path(dir_in), ec).string();
   LibraryManifest m = read_manifest(dir.empty() ? dir_in : dir);
-  const LibraryIdentity here = current_identity(m.identity.sm);
+  const LibraryIdentity here = current_identity(target_arch());
   if (const std::string why = identity_mismatch(m.identity, here); !why.empty())
     throw UserError(fmt::format("kernel library {} is refused: {}", dir_in, why));
   if (const auto device = current_device(); device && device->arch != m.identity.sm)
