@@ -219,16 +219,22 @@ std::string config_refusal(const KernelConfig& c, const GemmDesc& gemm) {
 
 // Blackwell (compile-checked, never timed): one 128-row MMA per SM with the widest tile its
 // tensor memory holds for 16-bit operands (128×256), 128 of K for fp8; sm_120a's fp8 kernels
-// with CUTLASS's cooperative 128×128×128 tile and no cluster.
-KernelConfig blackwell_default_config(const GemmDesc& gemm) {
-  KernelConfig c = KernelConfig::of(MainloopSchedule::cooperative, 128, gemm.sm == 120 ? 128 : 256, 1);
+// with CUTLASS's cooperative 128×128×128 tile and no cluster. sm_100a's epilogue stages wider
+// tiles of [m,n] operands and outputs than Hopper's (4 stages of loads): with any besides D, a
+// 128×256 tile leaves no main-loop stage (nvcc: "Stages set to value 1 or more"), so 128×128.
+KernelConfig blackwell_default_config(const Graph& g, const GemmDesc& gemm) {
+  size_t staged = 0;  // [m,n] operands and outputs
+  for (const Node& n : g.nodes())
+    staged += n.kind == NodeKind::aux || (n.kind == NodeKind::store && n.shape == Shape::full &&
+                                          g.node(n.inputs[0]).kind != NodeKind::reduce);
+  const bool only_d = staged <= 1;
+  KernelConfig c = KernelConfig::of(MainloopSchedule::cooperative, 128, gemm.sm == 120 || !only_d ? 128 : 256, 1);
   if (is_fp8(gemm.a_dtype) || is_fp8(gemm.b_dtype)) c.tile_k = 128;
   return c;
 }
 
 KernelConfig default_config(const Graph& g, const GemmDesc& gemm) {
-  if (gemm.sm == 100 || gemm.sm == 120) return blackwell_default_config(gemm);
-  KernelConfig c = default_config_for_shape(g, gemm);
+  KernelConfig c = gemm.sm == 100 || gemm.sm == 120 ? blackwell_default_config(g, gemm) : default_config_for_shape(g, gemm);
   // An epilogue with many staged [m,n] tensors leaves a 128×256 tile too few main-loop
   // stages (fewer than 2 does not compile; fewer than 3 stalls on memory): use 128×128.
   if (c.tile_n == 256 && mainloop_stages(c, gemm, epilogue_smem_bytes(g, c)) < 3) c.tile_n = 128;
@@ -236,7 +242,8 @@ KernelConfig default_config(const Graph& g, const GemmDesc& gemm) {
   // CUTLASS's stage assertion): 64-row ping-pong tiles stage half as much per tile. Column and
   // whole-matrix reductions need the cooperative schedule: those are refused instead
   // (shared_memory_refusal).
-  if (mainloop_stages(c, gemm, epilogue_smem_bytes(g, c)) < kMinStages && !reduces_over_m(g)) {
+  if (mainloop_stages(c, gemm, epilogue_smem_bytes(g, c)) < kMinStages && !reduces_over_m(g) &&
+      arch_features(gemm.sm).pingpong) {
     KernelConfig p = KernelConfig::of(MainloopSchedule::pingpong, 64, 128);
     p.tile_k = c.tile_k;
     p.fp8_fast_accum = c.fp8_fast_accum;

@@ -312,6 +312,9 @@ TEST(PassLegality, ConfigurationsOfEachArchitecture) {
   d.sm = 100;
   d.a_dtype = d.b_dtype = DType::bf16;
   EXPECT_EQ(default_config(plain_graph(), d).name(), "coop_128x256x64_c1x1_persistent");
+  // [m,n] operands or outputs besides D: 128×128 (a 128×256 tile left no main-loop stage).
+  EXPECT_EQ(default_config(parse_expression("out D: bf16 = acc * gate[m,n]"), d).name(),
+            "coop_128x128x64_c1x1_persistent");
 }
 
 TEST(PassLegality, ThePipelinePassReportsAndLeavesTheGraph) {
