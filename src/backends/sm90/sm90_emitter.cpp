@@ -560,6 +560,7 @@ std::string Sm90Emitter::assemble(const Visitor& root) {
 #include <mutex>
 
 #include "evtc/device/abi.h"
+#include "evtc/device/host_support.h"
 #include "evtc/device/ops.cuh"
 #include "evtc/device/reduce.cuh"
 #include "evtc/device/sm90_half_store.cuh"
@@ -777,19 +778,8 @@ constexpr int kScalarSlots = {};
 )",
                    sig_.pointers.size(), sig_.scalars.size());
   s += R"(
-// Per thread: the device lookups below run on every cache miss only, but threads may use
-// different devices.
-int sm_count_of_current_device() {
-  int device = 0;
-  cudaGetDevice(&device);
-  thread_local int cached_device = -1;
-  thread_local int cached_count = 0;
-  if (device != cached_device) {
-    cached_count = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
-    cached_device = device;
-  }
-  return cached_count;
-}
+using evtc::device::set_reason;
+using evtc::device::sm_count_of_current_device;
 
 GemmArguments gemm_arguments(const evtc_gemm_args& a, char* scratch) {
   using StrideA = typename GemmKernel::StrideA;
@@ -848,13 +838,6 @@ GemmArguments gemm_arguments(const evtc_gemm_args& a, char* scratch) {
 
 size_t gemm_workspace_bytes(const GemmArguments& args) {
   return (GemmKernel::get_workspace_size(args) + 255) / 256 * 256;
-}
-
-void set_reason(char* why, size_t size, const char* text) {
-  if (why && size) {
-    std::strncpy(why, text, size - 1);
-    why[size - 1] = '\0';
-  }
 }
 
 // --- the launch cache ------------------------------------------------------------------

@@ -140,6 +140,7 @@ EmittedKernel emit_grouped_kernel(const Graph& g, const GemmDesc& gemm, const Ke
 
 #include "evtc/device/abi.h"
 #include "evtc/device/grouped_abi.h"
+#include "evtc/device/host_support.h"
 #include "evtc/device/ops.cuh"
 )";
   if (gated) s += "#include \"evtc/device/sm90_half_store.cuh\"\n";
@@ -345,17 +346,8 @@ typename Callbacks::Arguments fusion_arguments(const evtc_grouped_args& a, const
 )",
                    tree.root_args);
   s += R"(
-int sm_count_of_current_device() {
-  int device = 0;
-  cudaGetDevice(&device);
-  static int cached_device = -1;
-  static int cached_count = 0;
-  if (device != cached_device) {
-    cached_count = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
-    cached_device = device;
-  }
-  return cached_count;
-}
+using evtc::device::set_reason;
+using evtc::device::sm_count_of_current_device;
 
 // CUTLASS's arguments over the tables (problem shapes on the device only: no host copy, so
 // the group scheduler sizes the persistent grid by the multiprocessors).
@@ -374,13 +366,6 @@ typename Gemm::Arguments gemm_arguments(const evtc_grouped_args& a, const GroupT
   s += gated ? "nullptr, nullptr},  // no D: the half store writes Y\n" : "t.ptr_y, t.stride_d},\n";
   s += R"(      hw};
   return args;
-}
-
-void set_reason(char* why, size_t size, const char* text) {
-  if (why && size) {
-    std::strncpy(why, text, size - 1);
-    why[size - 1] = '\0';
-  }
 }
 
 }  // namespace
