@@ -21,7 +21,6 @@ inline constexpr int kFusedArch = 90;
 // What an architecture's fused kernels can do: the one table (src/runtime/arch.cpp) that
 // legality, the kernel configurations and the emitter ask.
 struct ArchFeatures {
-  int arch = 0;
   bool fused = false;          // fused kernels exist
   bool verified = false;       // run and tested on such a GPU; otherwise compile-checked only
   bool sixteen_bit = false;    // bf16/f16 A and B
@@ -35,6 +34,7 @@ struct ArchFeatures {
   bool two_level_fp8 = false;  // fp8 accumulation in two levels (promotion interval, fast accumulation)
   const char* family = "";     // e.g. "Hopper", "Blackwell B200/GB200"
 };
+// Every field false for an architecture without fused kernels.
 const ArchFeatures& arch_features(int arch);
 
 // "sm80", "sm_80", "80" (a trailing 'a' is accepted: "sm_90a") -> 80. Anything else is a

@@ -5,6 +5,7 @@
 #include <map>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "evtc/graph.hpp"
@@ -76,6 +77,8 @@ ReferenceInputs random_reference_inputs(const Graph& g, int64_t m, int64_t n, in
 // values 2^e·u, e uniform in {-3, ..., 3} and u uniform in [0.5, 1), each from its own stream
 // of `seed`, so that neighbouring blocks differ in magnitude as quantised weights do.
 void add_random_block_scales(ReferenceInputs& inputs, uint64_t seed);
+// `count` such scales from the stream `stream` of `seed` (the grouped harness draws its own).
+std::vector<double> random_block_scales(uint64_t seed, std::string_view stream, size_t count);
 // Integer-valued inputs for exact testing (what CUTLASS's own testbed does): A and B from
 // {-1, 0, 1}, C and every operand from {-3, ..., 3}, each input its own stream of (seed, name).
 // Every dtype holds these exactly, and an epilogue of ops exact on integers (OpInfo) computes

@@ -104,8 +104,9 @@ class GroupedKernel(_Compiled):
         if scale_b is not None and len(getattr(scale_b, "shape", ())) != 3:
             raise _evtc.UserError(f"scale_b has shape {list(getattr(scale_b, 'shape', []))}: expected "
                                   "G × ceil(K/128) × ceil(N/128), oriented like w")
+        scales = {n: t for n, t in (("scale_a", scale_a), ("scale_b", scale_b)) if t is not None}
         # "@" names cannot be operands: the native layer binds them as the block scales.
-        tensors.update({n: t for n, t in (("@scale_a", scale_a), ("@scale_b", scale_b)) if t is not None})
+        tensors.update({"@" + n: t for n, t in scales.items()})
         if not _is_torch_tensor(x):
             if name not in outputs:
                 raise _evtc.UserError(f"output '{name}' was not given: pass out={{'{name}': array}} "
@@ -119,7 +120,7 @@ class GroupedKernel(_Compiled):
         if w.dim() != 3:
             raise _evtc.UserError(f"w has shape {list(w.shape)}: expected G × K × N (3 dimensions)")
         _require_cuda([("x", x), ("w", w), ("offsets", offsets), *operands.items(), *outputs.items(),
-                       *[(n, t) for n, t in (("scale_a", scale_a), ("scale_b", scale_b)) if t is not None]])
+                       *scales.items()])
         if name not in outputs:
             outputs[name] = torch.empty(self.output_size(int(x.shape[0]), int(w.shape[2])),
                                         dtype=getattr(torch, _TORCH_DTYPES[self.output.dtype]),

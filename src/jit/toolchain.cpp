@@ -1,3 +1,4 @@
+#include "evtc/arch.hpp"
 #include "jit/toolchain.hpp"
 
 #include <fmt/format.h>
@@ -219,12 +220,13 @@ const Toolchain& toolchain(bool need_cutlass) {
 namespace {
 
 // CUTLASS's sm90 kernels need the architecture-specific target (wgmma, setmaxnreg), whose code
-// runs on sm_90 only; so do its sm100 (tcgen05) and sm120 kernels on theirs. Other code carries its PTX beside the machine code, so that the driver
+// runs on sm_90 only; so do its sm100 (tcgen05) and sm120 kernels on theirs (every architecture
+// with fused kernels, evtc/arch.hpp). Other code carries its PTX beside the machine code, so that the driver
 // compiles it for a newer GPU where it runs (machine code of one major architecture does not run
 // on another: sm_80 code on a Hopper GPU, the unfused path of `arch=sm80`).
 std::string gencode_flag(int sm, bool need_cutlass) {
   // Fused kernels: the architecture-specific target of each backend (sm_90a, sm_100a, sm_120a).
-  if ((sm == 90 || sm == 100 || sm == 120) && need_cutlass) return fmt::format("-gencode=arch=compute_{0}a,code=sm_{0}a", sm);
+  if (need_cutlass && arch_features(sm).fused) return fmt::format("-gencode=arch=compute_{0}a,code=sm_{0}a", sm);
   return fmt::format("-gencode=arch=compute_{0},code=[sm_{0},compute_{0}]", sm);
 }
 

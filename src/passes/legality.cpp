@@ -63,6 +63,8 @@ class LegalityChecker {
                                               dtype_name(a))));
     if (is_fp8(a) && !f.fp8) refuse(arch_lacks(gemm_.sm, "fp8 A and B"));
     if (gemm_.fp8_blockwise && !f.fp8_blockwise) refuse(arch_lacks(gemm_.sm, "block-scaled fp8 (fp8_blockwise)"));
+    // The store CUTLASS's collective epilogue writes as D (KernelSignature::d_name).
+    const std::string main_output = f.aux_tensors ? "" : make_signature(g_).d_name;
     for (NodeId id : canonical_order(g_)) {
       const Node& n = g_.node(id);
       if (n.kind == NodeKind::store && n.shape == Shape::half && !f.evtc_nodes)
@@ -76,17 +78,11 @@ class LegalityChecker {
       if (n.kind == NodeKind::aux && !f.aux_tensors)
         refuse(arch_lacks(gemm_.sm, fmt::format("[m,n] operands ('{}')", n.name)));
       if (n.kind == NodeKind::store && n.shape == Shape::full && g_.node(n.inputs[0]).kind != NodeKind::reduce &&
-          !f.aux_tensors && !is_main_output(id))
+          !f.aux_tensors && n.name != main_output)
         refuse(arch_lacks(gemm_.sm, fmt::format("[m,n] outputs besides the main one ('{}')", n.name)));
     }
   }
 
-  // The store CUTLASS's collective epilogue writes as D (KernelSignature::d_name).
-  bool is_main_output(NodeId id) const {
-    if (main_output_.empty()) main_output_ = make_signature(g_).d_name;
-    return g_.node(id).name == main_output_;
-  }
-  mutable std::string main_output_;
 
   void check_operand_types() {
     const DType a = gemm_.a_dtype, b = gemm_.b_dtype;

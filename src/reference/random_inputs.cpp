@@ -90,20 +90,21 @@ ReferenceInputs problem_inputs(const Graph& g, int64_t m, int64_t n, int64_t k, 
 
 }  // namespace
 
+std::vector<double> random_block_scales(uint64_t seed, std::string_view stream, size_t count) {
+  std::mt19937_64 rng(XXH3_64bits_withSeed(stream.data(), stream.size(), seed));
+  std::vector<double> v(count);
+  for (double& x : v) {
+    const int e = int(rng() % 7) - 3;
+    const double u = 0.5 + 0.5 * static_cast<double>(rng() >> 11) * 0x1p-53;
+    x = round_to(DType::f32, std::ldexp(u, e));
+  }
+  return v;
+}
+
 void add_random_block_scales(ReferenceInputs& in, uint64_t seed) {
   const int64_t kb = fp8_scale_blocks(in.k), nb = fp8_scale_blocks(in.n);
-  auto draw = [&](std::string_view stream, size_t count) {
-    std::mt19937_64 rng(XXH3_64bits_withSeed(stream.data(), stream.size(), seed));
-    std::vector<double> v(count);
-    for (double& x : v) {
-      const int e = int(rng() % 7) - 3;
-      const double u = 0.5 + 0.5 * static_cast<double>(rng() >> 11) * 0x1p-53;
-      x = round_to(DType::f32, std::ldexp(u, e));
-    }
-    return v;
-  };
-  in.scale_a = draw("gemm:scale_a", size_t(in.m * kb));
-  in.scale_b = draw("gemm:scale_b", size_t(kb * nb));
+  in.scale_a = random_block_scales(seed, "gemm:scale_a", size_t(in.m * kb));
+  in.scale_b = random_block_scales(seed, "gemm:scale_b", size_t(kb * nb));
 }
 
 ReferenceInputs random_integer_inputs(const Graph& g, int64_t m, int64_t n, int64_t k, uint64_t seed) {

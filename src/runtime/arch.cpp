@@ -4,8 +4,6 @@
 
 #include <cctype>
 #include <cstdlib>
-#include <map>
-#include <mutex>
 
 #include "evtc/error.hpp"
 #include "runtime/device_info.hpp"
@@ -32,24 +30,17 @@ int parse_arch(std::string_view text, std::string_view what) {
 
 const ArchFeatures& arch_features(int arch) {
   // sm_90a: CUTLASS 3.x TMA warp-specialized kernels with wgmma, every feature, tested on H100/H200.
-  static const ArchFeatures sm90{90, true, true, true, true, true, true, true, true, true, true, true, "Hopper"};
+  static const ArchFeatures sm90{true, true, true, true, true, true, true, true, true, true, true, "Hopper"};
   // sm_100a: CUTLASS 4.2's tcgen05 (UMMA) kernels, one SM per MMA, with its sm90-style visitor
   // tree. evtc's own nodes assume Hopper's epilogue thread layout (two warp groups reading
   // registers, not tensor memory), so gated outputs and reductions are not offered.
-  static const ArchFeatures sm100{100, true, false, true, true, false, false, true, false, true, false, false,
+  static const ArchFeatures sm100{true, false, true, true, false, false, true, false, true, false, false,
                                   "Blackwell B200/GB200"};
   // sm_120a: CUTLASS 4.2's sm120 builder multiplies fp8/fp6/fp4 only (TN), without clusters.
-  static const ArchFeatures sm120{120, true, false, false, true, false, false, false, true, false, false, false,
+  static const ArchFeatures sm120{true, false, false, true, false, false, false, true, false, false, false,
                                   "Blackwell RTX 50xx / RTX PRO 6000"};
-  static std::map<int, ArchFeatures> others;
-  static std::mutex mu;
-  if (arch == 90) return sm90;
-  if (arch == 100) return sm100;
-  if (arch == 120) return sm120;
-  std::lock_guard lock(mu);
-  auto [it, added] = others.try_emplace(arch);
-  if (added) it->second.arch = arch;
-  return it->second;
+  static const ArchFeatures none{};
+  return arch == 90 ? sm90 : arch == 100 ? sm100 : arch == 120 ? sm120 : none;
 }
 
 std::string arch_name(int arch, bool fused) {

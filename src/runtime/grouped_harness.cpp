@@ -46,15 +46,9 @@ GroupedReferenceInputs random_grouped_inputs(const GroupedKernel& kernel, const 
   const GemmDesc& gemm = kernel.gemm();
   in.x = normals(rng, size_t(total * k), s, gemm.a_dtype);
   in.w = normals(rng, groups * size_t(n * k), s, gemm.b_dtype);
-  if (gemm.fp8_blockwise) {  // powers of two times [0.5, 1): 2^-3 .. 2^3 apart between blocks
-    auto scales = [&](size_t count) {
-      std::vector<double> v(count);
-      for (double& x : v)
-        x = round_to(DType::f32, std::ldexp(0.5 + 0.5 * double(rng() >> 11) * 0x1.0p-53, int(rng() % 7) - 3));
-      return v;
-    };
-    in.scale_a = scales(size_t(total * fp8_scale_blocks(k)));
-    in.scale_b = scales(groups * size_t(fp8_scale_blocks(n) * fp8_scale_blocks(k)));
+  if (gemm.fp8_blockwise) {  // the dense reference's block scales (add_random_block_scales)
+    in.scale_a = random_block_scales(seed, "grouped:scale_a", size_t(total * fp8_scale_blocks(k)));
+    in.scale_b = random_block_scales(seed, "grouped:scale_b", groups * size_t(fp8_scale_blocks(n) * fp8_scale_blocks(k)));
   }
   for (const OperandSlot& slot : kernel.signature().pointers) {
     if (slot.is_output) continue;  // a gated output

@@ -222,7 +222,7 @@ std::string config_refusal(const KernelConfig& c, const GemmDesc& gemm) {
 // with CUTLASS's cooperative 128×128×128 tile and no cluster. sm_100a's epilogue stages wider
 // tiles of [m,n] operands and outputs than Hopper's (4 stages of loads): with any besides D, a
 // 128×256 tile leaves no main-loop stage (nvcc: "Stages set to value 1 or more"), so 128×128.
-KernelConfig blackwell_default_config(const Graph& g, const GemmDesc& gemm) {
+static KernelConfig blackwell_default_config(const Graph& g, const GemmDesc& gemm) {
   size_t staged = 0;  // [m,n] operands and outputs
   for (const Node& n : g.nodes())
     staged += n.kind == NodeKind::aux || (n.kind == NodeKind::store && n.shape == Shape::full &&
