@@ -96,6 +96,11 @@ TEST(CliBackend, BlockScalesNeedFp8AndNoIntegerInputs) {
   EXPECT_NE(i.output.find("--integer-inputs: not with --fp8-blockwise (block scales make the products non-integers)"),
             std::string::npos)
       << i.output;
+  const auto g = run_cli("grouped 'out D = acc' --fp8-blockwise --compile-only");
+  EXPECT_EQ(g.exit_code, 2) << g.output;
+  EXPECT_NE(g.output.find("--fp8-blockwise: fp8 block scales (fp8_blockwise): A is bf16 and B is bf16"),
+            std::string::npos)
+      << g.output;
 }
 
 TEST(CliBackend, UnknownDtypeOfBIsAUsageError) {

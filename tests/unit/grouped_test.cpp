@@ -275,6 +275,13 @@ TEST(GroupedValidation, BlockScalesAreCheckedByName) {
   expect_has(run_error(k, a), {"scale_a: shape 40×2 given, expected total_m × ceil(K/128) = 40×3"});
   a.scale_a(TensorRef::matrix(c.p, DType::bf16, c.total_m, 3));
   expect_has(run_error(k, a), {"scale_a: dtype bf16 given, block scales are f32"});
+  a.scale_a(TensorRef::matrix(c.p, DType::f32, c.total_m, 3));
+  a.scale_b(BatchedTensorRef::contiguous(c.p, DType::f16, c.groups, 2, 3));
+  expect_has(run_error(k, a), {"scale_b: dtype f16 given, block scales are f32"});
+  BatchedTensorRef backwards = BatchedTensorRef::contiguous(c.p, DType::f32, c.groups, 2, 3);
+  backwards.batch_stride = -6;
+  a.scale_b(backwards);
+  expect_has(run_error(k, a), {"scale_a, scale_b: strides must not be negative"});
   Call odd = c;
   odd.k = 264;  // fp8 rows of 264 bytes: not 16-byte multiples
   GroupedArguments b;

@@ -283,6 +283,9 @@ TEST(PassLegality, FusedArchitecturesAndWhatEachFuses) {
   EXPECT_TRUE(reasons(parse_expression("out D: bf16 = acc * s[m] * t[n]"), fp8).empty());
   EXPECT_EQ(reasons(parse_expression("out D: bf16 = acc * r[m,n]"), fp8),
             (Reasons{"the sm_120a backend (Blackwell RTX 50xx / RTX PRO 6000) does not fuse [m,n] operands ('r')"}));
+  EXPECT_EQ(reasons(parse_expression("out D: bf16 = acc; out P: f32 = relu(acc)"), fp8),
+            (Reasons{"the sm_120a backend (Blackwell RTX 50xx / RTX PRO 6000) does not fuse [m,n] outputs besides "
+                     "the main one ('P')"}));
 }
 
 TEST(PassLegality, ConfigurationsOfEachArchitecture) {
