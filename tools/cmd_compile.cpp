@@ -5,7 +5,7 @@
 #include <chrono>
 #include <fstream>
 
-#include "backends/sm90/sm90_emitter.hpp"
+#include "backends/emit.hpp"
 #include "cli.hpp"
 #include "evtc/error.hpp"
 #include "evtc/expression.hpp"
@@ -44,7 +44,7 @@ Command add_compile_command(CLI::App& app) {
                                           a->fallback ? "" : " (--fallback compiles the unfused path's epilogue)"));
             if (!a->emit.empty()) {
               write_output_file(a->emit,
-                                sm90::emit_kernel(kernel.graph(), kernel.options().gemm, kernel.config_for(0, 0, 0)).source,
+                                backend::emit_dense_kernel(kernel.graph(), kernel.options().gemm, kernel.config_for(0, 0, 0)).source,
                                 "--emit");
               fmt::print("wrote {}\n", a->emit);
               if (a->emit_only) return kExitOk;

@@ -2,15 +2,23 @@
 // spelling of it (EVTC_ARCH, CompileOptions::arch, the CLI's --arch, the Python `arch=`).
 //
 // An architecture is its compute capability × 10 (80 = sm_80, 90 = Hopper, 120 = sm_120).
-// Fused kernels are generated for Hopper (90, built as sm_90a), and for Blackwell's sm_100a
-// (B200/GB200) and sm_120a (RTX 50xx / RTX PRO 6000), which are compile-checked only: no such GPU
-// has run them. ArchFeatures says what each can fuse; on any other architecture, and for what
-// an architecture cannot fuse, evtc refuses fusion with a reason naming it and runs cuBLASLt +
+// Fused kernels come from four backends:
+//  - sm_80 (Ampere-class: A100, A10/L4/L40S, RTX 30xx/40xx, i.e. 80, 86, 89): CUTLASS 2.x's
+//    multistage mma.sync GEMM with its epilogue visitor tree, built as sm_XX machine code plus
+//    compute_80 PTX; run and tested on Hopper through EVTC_ARCH=sm80 (sm_80 code runs there);
+//  - sm_90a (Hopper, 90): CUTLASS 3.x TMA warp-specialized wgmma kernels, every feature;
+//  - sm_100a (B200/GB200) and sm_120a (RTX 50xx / RTX PRO 6000): CUTLASS 4.2's Blackwell
+//    kernels, compile-checked only: no such GPU has run them.
+// ArchFeatures says what each can fuse; on any other architecture, and for what an
+// architecture cannot fuse, evtc refuses fusion with a reason naming it and runs cuBLASLt +
 // the plain epilogue, which it compiles for that architecture.
 #pragma once
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
+
+#include "evtc/types.hpp"
 
 namespace evtc {
 
@@ -26,30 +34,43 @@ struct ArchFeatures {
   bool sixteen_bit = false;    // bf16/f16 A and B
   bool fp8 = false;            // f8e4m3/f8e5m2 A and B
   bool fp8_blockwise = false;  // block-scaled fp8 main loops
-  bool evtc_nodes = false;     // evtc's own visitor nodes: gated [m,n/2] outputs, reductions
-  bool aux_tensors = false;    // [m,n] operands and [m,n] outputs besides D (TMA-staged)
+  bool gated = false;          // gated [m,n/2] outputs (evtc's half-width store node)
+  bool reductions = false;     // row, column and whole-matrix reductions (evtc's partial-result nodes)
+  bool aux_tensors = false;    // [m,n] operands and [m,n] outputs besides D
+  bool column_major_mn = false;  // [m,n] operands in column-major order
   bool pingpong = false;       // the ping-pong schedule
   bool clusters = false;       // thread-block clusters larger than 1×1
   bool stream_k = false;       // the stream-K tile scheduler
   bool two_level_fp8 = false;  // fp8 accumulation in two levels (promotion interval, fast accumulation)
   const char* family = "";     // e.g. "Hopper", "Blackwell B200/GB200"
+  // The backend that builds the kernels (80, 90, 100, 120): which emitter, and how nvcc
+  // targets them (sm_80 code for every 8.x architecture; architecture-specific sm_XXa others).
+  int backend = 0;
 };
 // Every field false for an architecture without fused kernels.
 const ArchFeatures& arch_features(int arch);
+// The backend that builds `arch`'s fused kernels for A and B of type `ab`: the architecture's
+// own, except that 16-bit GEMMs on sm_120 (whose sm_120a kernels multiply fp8 only) take the
+// sm_80 backend, whose code runs there. Legality, the configurations and the emitter ask this.
+const ArchFeatures& backend_features(int arch, DType ab);
+
+// The most shared memory one thread block can opt into on `arch`, in bytes (A100: 163 KiB;
+// sm_86/89/120: 99 KiB; H100/H200, B200: 227 KiB).
+int64_t max_shared_memory_per_block(int arch);
 
 // "sm80", "sm_80", "80" (a trailing 'a' is accepted: "sm_90a") -> 80. Anything else is a
 // UserError naming `what` (the option or variable) and the accepted spellings.
 int parse_arch(std::string_view text, std::string_view what);
-// nvcc's name of a target: "sm_90a", "sm_100a", "sm_120a" for fused kernels (their
-// architecture-specific features), "sm_86" otherwise.
+// nvcc's name of a target: "sm_90a", "sm_100a", "sm_120a" for fused kernels of the backends
+// that use architecture-specific features, "sm_86" otherwise.
 std::string arch_name(int arch, bool fused = false);
 // The architecture kernels are built for: EVTC_ARCH when set, else `option`, else the
 // current device's, else 90 (no device: a machine that only compiles).
 int target_arch(std::optional<int> option = std::nullopt);
 // Why fusion is refused on `arch`, naming it; empty for an architecture with fused kernels.
 std::string arch_refusal(int arch);
-// Why `arch`'s fused kernels cannot do `what` (e.g. "gated [m,n/2] outputs"), naming the
-// architecture: for legality's reasons.
-std::string arch_lacks(int arch, std::string_view what);
+// Why `arch`'s fused kernels (for A and B of type `ab`) cannot do `what` (e.g. "gated [m,n/2]
+// outputs"), naming the backend: for legality's reasons.
+std::string arch_lacks(int arch, std::string_view what, DType ab = DType::bf16);
 
 }  // namespace evtc

@@ -10,7 +10,9 @@
 
 namespace evtc {
 
-enum class MainloopSchedule : uint8_t { cooperative, pingpong };
+// cooperative / pingpong: the sm90-style warp-specialized kernels (sm_90a, sm_100a, sm_120a);
+// multistage: the sm_80 backend's cp.async + mma.sync main loop (CUTLASS 2.x).
+enum class MainloopSchedule : uint8_t { cooperative, pingpong, multistage };
 enum class TileSchedulerKind : uint8_t { persistent, stream_k };
 
 // How the CUTLASS kernel around an epilogue is built (the autotuner's search space).
@@ -31,10 +33,12 @@ struct KernelConfig {
   // default, every 128 (4 WGMMAs). Longer intervals run faster and add error (docs/backend.md,
   // "fp8 GEMMs"); the tuner never picks one by itself.
   int fp8_promotion_k = 0;
+  // The multistage schedule only: main-loop stages in shared memory (2 to 6).
+  int stages = 0;
 
   // A short stable name, e.g. "coop_128x256x64_c2x1_persistent" (part of cache keys);
   // suffixes "_fastacc" (fp8_fast_accum), "_pk<K>" (fp8_promotion_k) and "_precise"
-  // (precise_math) follow.
+  // (precise_math) follow. The sm_80 backend's: "ms_128x256x64_s3" (tile, stages).
   std::string name() const;
   // Parses name(); nullopt if it is not one.
   static std::optional<KernelConfig> parse(const std::string& name);
@@ -42,6 +46,8 @@ struct KernelConfig {
   // column) and tile scheduler.
   static KernelConfig of(MainloopSchedule schedule, int tile_m, int tile_n, int cluster_m = 1,
                          TileSchedulerKind scheduler = TileSchedulerKind::persistent);
+  // An sm_80 backend configuration: CTA tile and main-loop stages (no cluster).
+  static KernelConfig multistage_of(int tile_m, int tile_n, int tile_k, int stages);
   bool operator==(const KernelConfig&) const = default;
 };
 

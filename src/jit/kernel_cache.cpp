@@ -438,15 +438,15 @@ void record_commands(const fs::path& tmp, const std::vector<std::vector<std::str
 // (the first that failed) and that log.
 CompilerRun compile_in_parts(const CompileRequest& req, const Toolchain& tc, const fs::path& tmp) {
   const std::vector<std::string> includes = {"-I" + tc.cutlass_include, "-I" + tc.evtc_include};
-  const auto device = nvcc_argv(tc, device_part_flags(req.sm), includes, "kernel.cubin", {"kernel.cu"});
-  const auto host = nvcc_argv(tc, host_part_flags(req.sm), includes, "host.o", {"kernel.cu"});
+  const auto device = nvcc_argv(tc, device_part_flags(req.sm, req.backend), includes, "kernel.cubin", {"kernel.cu"});
+  const auto host = nvcc_argv(tc, host_part_flags(req.sm, req.backend), includes, "host.o", {"kernel.cu"});
   // The cubin becomes the host part's evtc_kernel_image (hidden: each library its own).
   write_file(tmp / "image.cpp",
              "// The device part's cubin, as the host part's evtc_kernel_image.\n"
              "__asm__(\".section .rodata\\n.balign 128\\n.globl evtc_kernel_image\\n"
              ".hidden evtc_kernel_image\\n.type evtc_kernel_image, @object\\nevtc_kernel_image:\\n"
              ".incbin \\\"kernel.cubin\\\"\\n.byte 0\\n.previous\\n\");\n");
-  const auto link = nvcc_argv(tc, link_parts_flags(req.sm), {}, "kernel.so", {"host.o", "image.cpp"});
+  const auto link = nvcc_argv(tc, link_parts_flags(req.sm, req.backend), {}, "kernel.so", {"host.o", "image.cpp"});
   record_commands(tmp, {device, host, link});
 
   // Each part's output is kept in memory; compile.log gets them all below.
@@ -551,7 +551,7 @@ std::string compile_into_cache(const CompileRequest& req, const std::string& key
   } else {
     std::vector<std::string> includes = {"-I" + tc.evtc_include};
     if (req.needs_cutlass) includes.insert(includes.begin(), "-I" + tc.cutlass_include);
-    const auto argv = nvcc_argv(tc, kernel_flags(req.sm, req.needs_cutlass), includes, "kernel.so", {"kernel.cu"});
+    const auto argv = nvcc_argv(tc, kernel_flags(req.sm, req.needs_cutlass, req.backend), includes, "kernel.so", {"kernel.cu"});
     record_commands(tmp, {argv});
     run = run_compiler(argv, tmp / "compile.log", req.label, tmp);
   }

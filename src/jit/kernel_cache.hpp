@@ -47,6 +47,9 @@ struct CompileRequest {
   std::string expression;     // the epilogue (expression_text), recorded in the entry; not in the key
   bool needs_cutlass = true;  // fused kernels; false for plain CUDA fallback epilogues
   int sm = 90;
+  // The fused kernel's backend when it is not `sm`'s own (ArchFeatures::backend; sm_120's
+  // 16-bit kernels are the sm_80 backend's); 0 = `sm`'s own. It picks nvcc's code target.
+  int backend = 0;
   // Compile the source as two parts in parallel, the kernel alone into a cubin (EVTC_PART=1)
   // and the host code (EVTC_PART=2), then link them into one library: the host half
   // (template instantiation on the host, the host compiler) no longer adds to the device

@@ -69,7 +69,7 @@ std::string identity_mismatch(const LibraryIdentity& lib, const LibraryIdentity&
 
 std::string cache_key_for(const CompileRequest& req, const std::string& nvcc_version) {
   std::string material = req.source;
-  for (const auto& f : code_flags(req.sm, req.needs_cutlass)) material += "\n" + f;
+  for (const auto& f : code_flags(req.sm, req.needs_cutlass, req.backend)) material += "\n" + f;
   if (req.in_parts) material += "\ncompiled in parts";
   static const std::string headers = device_headers_digest();
   static const std::string cutlass = cutlass_version_in_use();

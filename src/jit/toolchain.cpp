@@ -224,19 +224,22 @@ namespace {
 // with fused kernels, evtc/arch.hpp). Other code carries its PTX beside the machine code, so that the driver
 // compiles it for a newer GPU where it runs (machine code of one major architecture does not run
 // on another: sm_80 code on a Hopper GPU, the unfused path of `arch=sm80`).
-std::string gencode_flag(int sm, bool need_cutlass) {
-  // Fused kernels: the architecture-specific target of each backend (sm_90a, sm_100a, sm_120a).
-  if (need_cutlass && arch_features(sm).fused) return fmt::format("-gencode=arch=compute_{0}a,code=sm_{0}a", sm);
+std::string gencode_flag(int sm, bool need_cutlass, int backend) {
+  // Fused kernels: the architecture-specific target of each backend (sm_90a, sm_100a, sm_120a);
+  // the sm_80 backend's machine code for the GPU's architecture, with compute_80 PTX beside it.
+  const int b = backend ? backend : arch_features(sm).backend;
+  if (need_cutlass && b == 80) return fmt::format("-gencode=arch=compute_80,code=[sm_{},compute_80]", sm);
+  if (need_cutlass && b) return fmt::format("-gencode=arch=compute_{0}a,code=sm_{0}a", sm);
   return fmt::format("-gencode=arch=compute_{0},code=[sm_{0},compute_{0}]", sm);
 }
 
 }  // namespace
 
-std::vector<std::string> code_flags(int sm, bool need_cutlass) {
+std::vector<std::string> code_flags(int sm, bool need_cutlass, int backend) {
   // -DNDEBUG matters: without it CUTLASS's asserts serialise the wgmma pipeline.
   std::vector<std::string> f = {"-std=c++17", "-O3", "-DNDEBUG", "--expt-relaxed-constexpr",
                                 "-Xcompiler=-fPIC", "-shared", "-lineinfo"};
-  f.push_back(gencode_flag(sm, need_cutlass));
+  f.push_back(gencode_flag(sm, need_cutlass, backend));
   return f;
 }
 
@@ -251,37 +254,39 @@ void add_driver_library(std::vector<std::string>& f) {
 }
 
 // code_flags without the ones that make a shared library.
-std::vector<std::string> compile_only_flags(int sm) {
+std::vector<std::string> compile_only_flags(int sm, int backend) {
   std::vector<std::string> f;
-  for (const std::string& flag : code_flags(sm, true))
+  for (const std::string& flag : code_flags(sm, true, backend))
     if (flag != "-shared") f.push_back(flag);
   return f;
 }
 
 }  // namespace
 
-std::vector<std::string> kernel_flags(int sm, bool need_cutlass) {
-  std::vector<std::string> f = code_flags(sm, need_cutlass);
+std::vector<std::string> kernel_flags(int sm, bool need_cutlass, int backend) {
+  std::vector<std::string> f = code_flags(sm, need_cutlass, backend);
   if (need_cutlass) add_driver_library(f);
   return f;
 }
 
-std::vector<std::string> device_part_flags(int sm) {
-  std::vector<std::string> f = compile_only_flags(sm);
-  f.push_back("-cubin");
+std::vector<std::string> device_part_flags(int sm, int backend) {
+  std::vector<std::string> f = compile_only_flags(sm, backend);
+  // The sm_80 backend's image carries compute_80 PTX beside its machine code (a fat binary),
+  // which the driver compiles for newer GPUs; the others' are one architecture's cubin.
+  f.push_back((backend ? backend : arch_features(sm).backend) == 80 ? "-fatbin" : "-cubin");
   f.push_back("-DEVTC_PART=1");
   return f;
 }
 
-std::vector<std::string> host_part_flags(int sm) {
-  std::vector<std::string> f = compile_only_flags(sm);
+std::vector<std::string> host_part_flags(int sm, int backend) {
+  std::vector<std::string> f = compile_only_flags(sm, backend);
   f.push_back("-c");
   f.push_back("-DEVTC_PART=2");
   return f;
 }
 
-std::vector<std::string> link_parts_flags(int sm) {
-  std::vector<std::string> f = {"-Xcompiler=-fPIC", "-shared", gencode_flag(sm, true)};
+std::vector<std::string> link_parts_flags(int sm, int backend) {
+  std::vector<std::string> f = {"-Xcompiler=-fPIC", "-shared", gencode_flag(sm, true, backend)};
   add_driver_library(f);
   return f;
 }

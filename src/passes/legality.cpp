@@ -55,8 +55,9 @@ class LegalityChecker {
       return;
     }
     // What this architecture's backend cannot fuse (evtc/arch.hpp's table).
-    const ArchFeatures& f = arch_features(gemm_.sm);
     const DType a = gemm_.a_dtype;
+    const ArchFeatures& f = backend_features(gemm_.sm, a);
+    const auto arch_lacks = [&](int arch, std::string_view what) { return evtc::arch_lacks(arch, what, a); };
     if ((a == DType::bf16 || a == DType::f16) && !f.sixteen_bit)
       refuse(arch_lacks(gemm_.sm, fmt::format("{} A and B (CUTLASS 4.2's kernels for it multiply fp8, fp6 and fp4 "
                                               "only)",
@@ -67,16 +68,20 @@ class LegalityChecker {
     const std::string main_output = f.aux_tensors ? "" : make_signature(g_).d_name;
     for (NodeId id : canonical_order(g_)) {
       const Node& n = g_.node(id);
-      if (n.kind == NodeKind::store && n.shape == Shape::half && !f.evtc_nodes)
+      if (n.kind == NodeKind::store && n.shape == Shape::half && !f.gated)
         refuse(arch_lacks(gemm_.sm, fmt::format("gated [m,n/2] outputs ('{}': evtc's half-width store node "
                                                 "reads Hopper's epilogue register layout)",
                                                 n.name)));
-      if (n.kind == NodeKind::store && g_.node(n.inputs[0]).kind == NodeKind::reduce && !f.evtc_nodes)
+      if (n.kind == NodeKind::store && g_.node(n.inputs[0]).kind == NodeKind::reduce && !f.reductions)
         refuse(arch_lacks(gemm_.sm, fmt::format("reductions ('{}': evtc's partial-result nodes read Hopper's "
                                                 "epilogue register layout)",
                                                 n.name)));
       if (n.kind == NodeKind::aux && !f.aux_tensors)
         refuse(arch_lacks(gemm_.sm, fmt::format("[m,n] operands ('{}')", n.name)));
+      if (n.kind == NodeKind::aux && f.aux_tensors && !f.column_major_mn && n.layout == Layout::col_major)
+        refuse(arch_lacks(gemm_.sm, fmt::format("column-major [m,n] operands ('{}': its epilogue reads them in "
+                                                "16-byte vectors along N; pass it row-major)",
+                                                n.name)));
       if (n.kind == NodeKind::store && n.shape == Shape::full && g_.node(n.inputs[0]).kind != NodeKind::reduce &&
           !f.aux_tensors && n.name != main_output)
         refuse(arch_lacks(gemm_.sm, fmt::format("[m,n] outputs besides the main one ('{}')", n.name)));
@@ -160,7 +165,7 @@ class LegalityChecker {
           }
           check_matrix_alignment(n.dtype, n.layout, fmt::format("output '{}'", n.name));
           if (n.layout == Layout::col_major)
-            refuse(fmt::format("output '{}' is column-major, and the sm90 backend stores "
+            refuse(fmt::format("output '{}' is column-major, and evtc's fused kernels store "
                                "row-major outputs only",
                                n.name));
           break;

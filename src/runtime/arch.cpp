@@ -29,22 +29,57 @@ int parse_arch(std::string_view text, std::string_view what) {
 }
 
 const ArchFeatures& arch_features(int arch) {
+  // Fields: fused, verified, sixteen_bit, fp8, fp8_blockwise, gated, reductions, aux_tensors,
+  // column_major_mn, pingpong, clusters, stream_k, two_level_fp8, family, backend.
+  //
+  // sm_80 code (80, 86, 89): CUTLASS 2.x's multistage mma.sync GEMM with its epilogue visitor
+  // tree; [m,n] tensors are read and written with 16-byte vectors along N, so row-major only.
+  // Run and tested on Hopper (sm_80 code runs there), never on an Ampere GPU, so unverified:
+  // a launch failure falls back with its reason.
+  static const ArchFeatures sm8x{true,  false, true,  false, false, true,  true, true,
+                                 false, false, false, false, false, "Ampere-class, sm_80 code", 80};
   // sm_90a: CUTLASS 3.x TMA warp-specialized kernels with wgmma, every feature, tested on H100/H200.
-  static const ArchFeatures sm90{true, true, true, true, true, true, true, true, true, true, true, "Hopper"};
+  static const ArchFeatures sm90{true, true, true, true, true, true, true, true, true, true, true, true, true,
+                                 "Hopper", 90};
   // sm_100a: CUTLASS 4.2's tcgen05 (UMMA) kernels, one SM per MMA, with its sm90-style visitor
   // tree. evtc's own nodes assume Hopper's epilogue thread layout (two warp groups reading
   // registers, not tensor memory), so gated outputs and reductions are not offered.
-  static const ArchFeatures sm100{true, false, true, true, false, false, true, false, true, false, false,
-                                  "Blackwell B200/GB200"};
+  static const ArchFeatures sm100{true,  false, true, true,  false, false, false, true,
+                                  true,  false, true, false, false, "Blackwell B200/GB200", 100};
   // sm_120a: CUTLASS 4.2's sm120 builder multiplies fp8/fp6/fp4 only (TN), without clusters.
-  static const ArchFeatures sm120{true, false, false, true, false, false, false, true, false, false, false,
-                                  "Blackwell RTX 50xx / RTX PRO 6000"};
+  static const ArchFeatures sm120{true,  false, false, true,  false, false, false, false, false,
+                                  true,  false, false, false, "Blackwell RTX 50xx / RTX PRO 6000", 120};
   static const ArchFeatures none{};
-  return arch == 90 ? sm90 : arch == 100 ? sm100 : arch == 120 ? sm120 : none;
+  switch (arch) {
+    case 80: case 86: case 89: return sm8x;
+    case 90: return sm90;
+    case 100: return sm100;
+    case 120: return sm120;
+    default: return none;
+  }
+}
+
+int64_t max_shared_memory_per_block(int arch) {
+  switch (arch) {
+    case 80: case 87: return 163 * 1024;
+    case 90: case 100: case 103: return 227 * 1024;
+    default: return 99 * 1024;  // 75 (64 KiB) is below every configuration evtc builds
+  }
+}
+
+const ArchFeatures& backend_features(int arch, DType ab) {
+  // sm_120's 16-bit GEMMs: the sm_80 backend's kernels, built as sm_120 machine code.
+  static const ArchFeatures sm120_sixteen_bit = [] {
+    ArchFeatures f = arch_features(80);
+    f.family = "Blackwell RTX 50xx / RTX PRO 6000, sm_80 code";
+    return f;
+  }();
+  if (arch == 120 && (ab == DType::bf16 || ab == DType::f16)) return sm120_sixteen_bit;
+  return arch_features(arch);
 }
 
 std::string arch_name(int arch, bool fused) {
-  return fused && arch_features(arch).fused ? fmt::format("sm_{}a", arch) : fmt::format("sm_{}", arch);
+  return fused && arch_features(arch).backend >= 90 ? fmt::format("sm_{}a", arch) : fmt::format("sm_{}", arch);
 }
 
 int target_arch(std::optional<int> option) {
@@ -57,13 +92,15 @@ int target_arch(std::optional<int> option) {
 std::string arch_refusal(int arch) {
   if (arch_features(arch).fused) return {};
   return fmt::format("the target architecture is {} (the GPU's, or CompileOptions::arch / EVTC_ARCH): evtc "
-                     "generates fused kernels for sm_90a (Hopper) and sm_100a / sm_120a (Blackwell) only",
+                     "generates fused kernels for sm_80/86/89 (Ampere-class), sm_90a (Hopper) and sm_100a / sm_120a "
+                     "(Blackwell) only",
                      arch_name(arch));
 }
 
-std::string arch_lacks(int arch, std::string_view what) {
-  const ArchFeatures& f = arch_features(arch);
-  return fmt::format("the {} backend ({}) does not fuse {}", arch_name(arch, true), f.family, what);
+std::string arch_lacks(int arch, std::string_view what, DType ab) {
+  const ArchFeatures& f = backend_features(arch, ab);
+  return fmt::format("the {} backend ({}) does not fuse {}", f.backend >= 90 ? arch_name(arch, true) : arch_name(arch),
+                     f.family, what);
 }
 
 }  // namespace evtc

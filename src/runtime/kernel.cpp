@@ -7,7 +7,7 @@
 #include <optional>
 
 #include "backends/cuda/fallback_emitter.hpp"
-#include "backends/sm90/sm90_emitter.hpp"
+#include "backends/emit.hpp"
 #include "evtc/arch.hpp"
 #include "evtc/device/abi.h"
 #include "runtime/device_info.hpp"
@@ -77,9 +77,10 @@ std::string arch_mismatch_note(int arch) {
 namespace runtime {
 
 jit::CompileRequest fused_request(const Graph& graph, const CompileOptions& options, const KernelConfig& config) {
-  jit::CompileRequest request{sm90::emit_kernel(graph, options.gemm, config).source, config.name(), expression_text(graph),
+  jit::CompileRequest request{backend::emit_dense_kernel(graph, options.gemm, config).source, config.name(), expression_text(graph),
                               true, options.gemm.sm};
   request.in_parts = true;
+  request.backend = backend_features(options.gemm.sm, options.gemm.a_dtype).backend;
   return request;
 }
 
@@ -350,7 +351,7 @@ ExecutionPath Kernel::run(const Arguments& args, cudaStream_t stream) const {
       if (rc == EVTC_OK) return ExecutionPath::fused;
       // A compile-checked backend's kernel (sm_100a, sm_120a) that this GPU or driver cannot
       // load or launch: the unfused path answers instead, with the reason.
-      if (arch_features(im.options.gemm.sm).verified)
+      if (backend_features(im.options.gemm.sm, im.options.gemm.a_dtype).verified)
         throw RuntimeError(fmt::format("fused kernel launch failed: {}", why));
       call.reasons.push_back(fmt::format("the {} fused kernel did not launch here: {}",
                                          arch_name(im.options.gemm.sm, true), why));

@@ -69,7 +69,8 @@ KernelConfig Kernel::Impl::heuristic_config(int64_t m, int64_t n, int64_t k) con
 
 std::optional<tuning::ProblemIdentity> Kernel::Impl::identity() const {
   const auto dev = current_device();
-  if (!dev || dev->arch != 90) return std::nullopt;  // the sm90 backend's kernels only
+  // The sm90 backend's kernels only, built for the GPU they run on.
+  if (!dev || dev->arch != 90 || options.gemm.sm != 90) return std::nullopt;
   tuning::ProblemIdentity id;
   id.graph_hash = graph_hash_hex(graph);
   id.gemm = options.gemm;

@@ -17,6 +17,8 @@
 namespace evtc {
 
 std::string KernelConfig::name() const {
+  if (schedule == MainloopSchedule::multistage)
+    return fmt::format("ms_{}x{}x{}_s{}{}", tile_m, tile_n, tile_k, stages, precise_math ? "_precise" : "");
   return fmt::format("{}_{}x{}x{}_c{}x{}_{}{}{}{}",
                      schedule == MainloopSchedule::cooperative ? "coop" : "pingpong", tile_m,
                      tile_n, tile_k, cluster_m, cluster_n,
@@ -38,7 +40,34 @@ KernelConfig KernelConfig::of(MainloopSchedule schedule, int tile_m, int tile_n,
   return c;
 }
 
+KernelConfig KernelConfig::multistage_of(int tile_m, int tile_n, int tile_k, int stages) {
+  KernelConfig c;
+  c.schedule = MainloopSchedule::multistage;
+  c.tile_m = tile_m;
+  c.tile_n = tile_n;
+  c.tile_k = tile_k;
+  c.stages = stages;
+  c.cluster_m = c.cluster_n = 1;
+  return c;
+}
+
 std::optional<KernelConfig> KernelConfig::parse(const std::string& name) {
+  // The sm_80 backend's tiles: CUTLASS 2.x's tensor-op shapes, whose warp tiles
+  // (sm80::warp_shape) divide them into 4 or 8 warps.
+  static const std::regex ms(R"(ms_(\d+)x(\d+)x(\d+)_s([2-6])(_precise)?)");
+  if (std::smatch m; std::regex_match(name, m, ms)) {
+    const int tm = std::stoi(m[1].str().substr(0, 4)), tn = std::stoi(m[2].str().substr(0, 4)),
+              tk = std::stoi(m[3].str().substr(0, 4));
+    static const int kTiles[][3] = {{128, 256, 64}, {256, 128, 64}, {128, 128, 64}, {128, 256, 32},
+                                    {256, 128, 32}, {128, 128, 32}, {64, 128, 64},  {128, 64, 64},
+                                    {64, 64, 64}};
+    bool known = false;
+    for (const auto& t : kTiles) known = known || (t[0] == tm && t[1] == tn && t[2] == tk);
+    if (!known || m[1].length() > 4 || m[2].length() > 4 || m[3].length() > 4) return std::nullopt;
+    KernelConfig c = multistage_of(tm, tn, tk, std::stoi(m[4]));
+    c.precise_math = m[5].matched;
+    return c;
+  }
   static const std::regex re(
       R"((coop|pingpong)_(\d+)x(\d+)x(\d+)_c(\d+)x(\d+)_(persistent|streamk)(_fastacc)?(?:_pk(\d{3,5}))?(_precise)?)");
   std::smatch m;
@@ -170,6 +199,8 @@ bool reduces_over_m(const Graph& g) {
 }  // namespace
 
 std::string shared_memory_refusal(const Graph& g, const GemmDesc& gemm, const KernelConfig& c) {
+  // CUTLASS 2.x kernels keep the main loop's and the epilogue's shared memory in one union.
+  if (c.schedule == MainloopSchedule::multistage) return "";
   const size_t epilogue = epilogue_smem_bytes(g, c);
   if (mainloop_stages(c, gemm, epilogue) >= kMinStages) return "";
   return fmt::format("the epilogue stages about {} KiB of [m,n] tensors in shared memory, which leaves configuration "
@@ -179,7 +210,25 @@ std::string shared_memory_refusal(const Graph& g, const GemmDesc& gemm, const Ke
 
 std::string config_refusal(const KernelConfig& c, const GemmDesc& gemm) {
   // What the target architecture's kernels have (evtc/arch.hpp).
-  const ArchFeatures& f = arch_features(gemm.sm);
+  const ArchFeatures& f = backend_features(gemm.sm, gemm.a_dtype);
+  if (f.backend == 80 && c.schedule != MainloopSchedule::multistage)
+    return fmt::format("configuration {} is a warp-specialized (sm_90a-style) one; {} kernels take multistage "
+                       "configurations (e.g. {})",
+                       c.name(), arch_name(gemm.sm, true), KernelConfig::multistage_of(128, 128, 32, 4).name());
+  if (f.fused && f.backend != 80 && c.schedule == MainloopSchedule::multistage)
+    return fmt::format("configuration {} is a multistage (sm_80 backend) one; {} kernels take cooperative or "
+                       "ping-pong configurations",
+                       c.name(), arch_name(gemm.sm, true));
+  if (c.schedule == MainloopSchedule::multistage) {
+    // The main loop's stages of A and B tiles must fit in the architecture's shared memory.
+    const int64_t bytes = int64_t(c.stages) * (c.tile_m + c.tile_n) * c.tile_k * dtype_bytes(gemm.a_dtype);
+    const int64_t limit = max_shared_memory_per_block(gemm.sm);
+    if (bytes > limit)
+      return fmt::format("configuration {} stages {} KiB of A and B tiles; {} has {} KiB of shared memory per "
+                         "block",
+                         c.name(), bytes / 1024, arch_name(gemm.sm), limit / 1024);
+    return "";
+  }
   if (f.fused && !f.pingpong && c.schedule == MainloopSchedule::pingpong)
     return fmt::format("configuration {} is ping-pong, which {} kernels do not have", c.name(),
                        arch_name(gemm.sm, true));
@@ -233,7 +282,17 @@ static KernelConfig blackwell_default_config(const Graph& g, const GemmDesc& gem
   return c;
 }
 
+// The sm_80 backend: CUTLASS 2.x's usual large tile, 128×256 with three stages, in the
+// K depth that the architecture's shared memory holds (64 on A100 and Hopper, 32 in the 99 KiB
+// of sm_86/89/120); decode-sized M (at most 64 rows) a 64-row tile with four stages.
+static KernelConfig multistage_default_config(const GemmDesc& gemm) {
+  const bool big_smem = max_shared_memory_per_block(gemm.sm) >= 144 * 1024;
+  if (gemm.m > 0 && gemm.m <= 64) return KernelConfig::multistage_of(64, 128, big_smem ? 64 : 32, 4);
+  return KernelConfig::multistage_of(128, 256, big_smem ? 64 : 32, 3);
+}
+
 KernelConfig default_config(const Graph& g, const GemmDesc& gemm) {
+  if (backend_features(gemm.sm, gemm.a_dtype).backend == 80) return multistage_default_config(gemm);
   KernelConfig c = gemm.sm == 100 || gemm.sm == 120 ? blackwell_default_config(g, gemm) : default_config_for_shape(g, gemm);
   // An epilogue with many staged [m,n] tensors leaves a 128×256 tile too few main-loop
   // stages (fewer than 2 does not compile; fewer than 3 stalls on memory): use 128×128.
@@ -243,7 +302,7 @@ KernelConfig default_config(const Graph& g, const GemmDesc& gemm) {
   // whole-matrix reductions need the cooperative schedule: those are refused instead
   // (shared_memory_refusal).
   if (mainloop_stages(c, gemm, epilogue_smem_bytes(g, c)) < kMinStages && !reduces_over_m(g) &&
-      arch_features(gemm.sm).pingpong) {
+      backend_features(gemm.sm, gemm.a_dtype).pingpong) {
     KernelConfig p = KernelConfig::of(MainloopSchedule::pingpong, 64, 128);
     p.tile_k = c.tile_k;
     p.fp8_fast_accum = c.fp8_fast_accum;

@@ -1,5 +1,7 @@
 #include "gpu_suite.hpp"
 
+#include "evtc/arch.hpp"
+
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -26,6 +28,19 @@ struct SuiteKernel {
   std::optional<DType> b_dtype;  // B's dtype when it differs from A's
   bool fp8_blockwise = false;    // GemmDesc::fp8_blockwise
 };
+
+// Under EVTC_ARCH=sm80 (the sm_80 backend, run on this GPU through its sm_80 code) the suite's
+// Hopper configurations become multistage ones of the same role: other tiles and stage counts
+// than the default's, at the same partial-tile sizes.
+const char* sm80_config(const char* hopper) {
+  if (!hopper) return nullptr;
+  const std::string c = hopper;
+  if (c.starts_with("pingpong_128x128")) return "ms_128x128x32_s4";
+  if (c.starts_with("coop_128x128x64_c1x2_streamk")) return "ms_64x128x64_s4";
+  if (c.starts_with("coop_256x192")) return "ms_256x128x64_s3";
+  if (c.starts_with("pingpong_128x192")) return "ms_128x128x64_s3";
+  return nullptr;  // fp8 configurations: the sm_80 backend does not fuse fp8
+}
 
 // Few kernels, each testing many ops through several outputs (one CUTLASS kernel takes
 // about a minute to compile). Operands are chosen so every op sees its whole domain:
@@ -186,7 +201,8 @@ class SuiteEnvironment : public ::testing::Environment {
       o.gemm.a_layout = s.a_layout;
       o.gemm.b_layout = s.b_layout;
       o.gemm.fp8_blockwise = s.fp8_blockwise;
-      if (s.config) o.config = KernelConfig::parse(s.config);
+      const bool multistage = arch_features(target_arch()).backend == 80;
+      if (const char* c = multistage ? sm80_config(s.config) : s.config) o.config = KernelConfig::parse(c);
       ParseOptions p;
       p.operand_dtype = p.output_dtype = is_fp8(s.ab) ? DType::bf16 : s.ab;
       kernels()[s.name] = std::make_unique<Kernel>(parse_expression(s.expr, p), o);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Compiles the fused sm90 kernels (CUTLASS) of a few representative epilogues with nvcc,
+# Compiles the fused kernels (CUTLASS) of a few representative epilogues with nvcc, for each backend,
 # through `evtc compile`, into a fresh cache: a wrong emitter fails here, on a machine
 # without a GPU. Runs JOBS compiles at a time (each takes one core for a minute or two).
 #
@@ -40,13 +40,24 @@ cases=(
   "bias_streamk|--config coop_128x256x64_c2x1_streamk|out D: bf16 = acc + bias[n]"
   "w3_fp8|--dtype f8e4m3 --layout-b c|input sa[m]: f32; input sb[n]: f32; out D: bf16 = acc * sa[m] * sb[n]"
   "w3_fp8_blockwise|--dtype f8e4m3 --layout-b c --fp8-blockwise --fallback|input bias[n]: bf16; out D: bf16 = gelu(acc + bias[n])"
-  # The compile-checked Blackwell backends (docs/backend.md, "Target architecture"): W1, W2 (with
-  # an extra output, on the two-SM MMA) and W3 for sm_100a, W3 for sm_120a (its kernels multiply fp8 only). W7 and gated epilogues are
-  # refused on both (evtc's own visitor nodes), which the unit tests check.
+  # The sm_80 backend (CUTLASS 2.x, docs/backend.md "Target architecture"): W1; W2 with C, a DAG
+  # and an extra output; gated outputs and every reduction axis on sm_89's 99 KiB; W7 on sm_86.
+  "sm80_w1|--arch sm80|out D: bf16 = silu(acc + bias[n])"
+  "sm80_w2_dag_c|--arch sm80 --dtype f16|input C: f16; f = acc * alpha + C; out D: f16 = relu(f) * gate[m,n]; out P: f32 = f"
+  "sm89_gated_reductions|--arch sm89|h = acc + bias[n]; out y: bf16 = swiglu(h); out r = row_sum(h); out c: bf16 = col_amax(h); out t = sum(h)"
+  "sm86_w7|--arch sm86 --config ms_64x128x64_s4|f = acc + bias[n]; out loss = sum((C - 1) * f + log(clamp(sigmoid(f), 1e-3, 0.999)))"
+  # The compile-checked Blackwell backends: W1, W2 (with an extra output, on the two-SM MMA) and
+  # W3 for sm_100a; W3 for sm_120a (its kernels multiply fp8 only) and W1, W2, W7 and a gated
+  # kernel for sm_120 through the sm_80 backend (16-bit GEMMs there). sm_100a refuses W7 and
+  # gated epilogues (evtc's own visitor nodes), which the unit tests check.
   "sm100_w1|--arch sm100|out D: bf16 = silu(acc + bias[n])"
   "sm100_w2_extra_output_2sm|--arch sm100 --config coop_256x128x64_c2x1_persistent|out D: bf16 = acc * gate[m,n]; out P: f32 = relu(acc) * s[m]"
   "sm100_w3_fp8|--arch sm100 --dtype f8e4m3 --layout-b c|input sa[m]: f32; input sb[n]: f32; out D: bf16 = acc * sa[m] * sb[n]"
   "sm120_w3_fp8|--arch sm120 --dtype f8e4m3 --layout-b c|input sa[m]: f32; input sb[n]: f32; input bias[n]: bf16; out D: bf16 = gelu(acc * sa[m] * sb[n] + bias[n])"
+  "sm120_w1|--arch sm120|out D: bf16 = silu(acc + bias[n])"
+  "sm120_w2|--arch sm120|out D: bf16 = acc * gate[m,n]"
+  "sm120_w7|--arch sm120|f = acc + bias[n]; out loss = sum((C - 1) * f + log(clamp(sigmoid(f), 1e-3, 0.999)))"
+  "sm120_gated|--arch sm120|out y: bf16 = gptoss_swiglu(acc + bias[n])"
 )
 
 # Two random epilogues of `evtc fuzz` (eight outputs each), as it builds them.

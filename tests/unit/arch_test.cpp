@@ -1,6 +1,7 @@
 // The target architecture (evtc/arch.hpp): its spelling, who decides it, and what a kernel
 // does on an architecture without fused kernels (refuses fusion naming it, builds the unfused
 // path's plain epilogue for it).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -40,9 +41,10 @@ TEST(Arch, SpellingsAndErrors) {
   }
   EXPECT_EQ(arch_name(90, true), "sm_90a");
   EXPECT_EQ(arch_name(90), "sm_90");
-  EXPECT_EQ(arch_name(86, true), "sm_86");
+  EXPECT_EQ(arch_name(86, true), "sm_86");  // the sm_80 backend's code is not architecture-specific
   EXPECT_TRUE(arch_refusal(90).empty());
-  EXPECT_NE(arch_refusal(89).find("the target architecture is sm_89"), std::string::npos);
+  EXPECT_TRUE(arch_refusal(89).empty());
+  EXPECT_NE(arch_refusal(75).find("the target architecture is sm_75"), std::string::npos);
 }
 
 TEST(Arch, TheEnvironmentOverridesTheOptionWhichOverridesTheDevice) {
@@ -69,22 +71,48 @@ TEST(Arch, KernelsElsewhereRunUnfusedBuiltForThatArchitecture) {
   ScopedEnv env("EVTC_ARCH", std::nullopt);
   const Graph g = parse_expression("out D: bf16 = silu(acc + bias[n])");
   CompileOptions o;
-  o.arch = 86;
+  o.arch = 75;
   const Kernel k(g, o);
-  EXPECT_EQ(k.options().gemm.sm, 86);
+  EXPECT_EQ(k.options().gemm.sm, 75);
   const std::string why = k.fallback_reason(1024, 1024, 1024);
-  EXPECT_NE(why.find("sm_86"), std::string::npos) << why;
+  EXPECT_NE(why.find("sm_75"), std::string::npos) << why;
   EXPECT_NE(why.find("sm_90a"), std::string::npos) << why;
   EXPECT_THROW(const_cast<Kernel&>(k).compile(1024, 1024, 1024), UserError);
-  // The unfused path's epilogue is compiled for sm_86; the fused architecture's stays sm_90a.
+  // The unfused path's epilogue is compiled for sm_75; the fused architecture's stays sm_90a.
   const jit::CompileRequest plain = runtime::fallback_request(k.graph(), k.signature(), k.options().gemm.sm);
-  EXPECT_EQ(plain.sm, 86);
+  EXPECT_EQ(plain.sm, 75);
   const auto flags = jit::code_flags(plain.sm, plain.needs_cutlass);
-  EXPECT_NE(std::find(flags.begin(), flags.end(), "-gencode=arch=compute_86,code=[sm_86,compute_86]"), flags.end());
+  EXPECT_NE(std::find(flags.begin(), flags.end(), "-gencode=arch=compute_75,code=[sm_75,compute_75]"), flags.end());
   const auto fused = jit::code_flags(90, true);
   EXPECT_NE(std::find(fused.begin(), fused.end(), "-gencode=arch=compute_90a,code=sm_90a"), fused.end());
   o.arch = 90;
   EXPECT_TRUE(Kernel(g, o).fallback_reason(1024, 1024, 1024).empty());
+}
+
+TEST(Arch, AmpereClassArchitecturesFuseWithTheSm80Backend) {
+  ScopedEnv env("EVTC_ARCH", std::nullopt);
+  const Graph g = parse_expression("out D: bf16 = silu(acc + bias[n])");
+  for (int arch : {80, 86, 89}) {
+    CompileOptions o;
+    o.arch = arch;
+    const Kernel k(g, o);
+    EXPECT_TRUE(k.fallback_reason(1024, 1024, 1024).empty()) << arch;
+    EXPECT_EQ(arch_features(arch).backend, 80);
+    // sm_XX machine code and compute_80 PTX, which newer GPUs compile.
+    const auto flags = jit::code_flags(arch, true);
+    EXPECT_NE(std::find(flags.begin(), flags.end(),
+                        fmt::format("-gencode=arch=compute_80,code=[sm_{},compute_80]", arch)),
+              flags.end())
+        << arch;
+  }
+  // A100's 163 KiB hold 128×256×64 tiles in three stages; sm_86/89's 99 KiB take K tiles of 32.
+  CompileOptions a100;
+  a100.arch = 80;
+  EXPECT_EQ(Kernel(g, a100).config_for(4096, 4096, 4096).name(), "ms_128x256x64_s3");
+  CompileOptions ada;
+  ada.arch = 89;
+  EXPECT_EQ(Kernel(g, ada).config_for(4096, 4096, 4096).name(), "ms_128x256x32_s3");
+  EXPECT_EQ(Kernel(g, ada).config_for(32, 4096, 4096).name(), "ms_64x128x32_s4");
 }
 
 TEST(Arch, GroupedKernelsElsewhereAreNotFused) {
@@ -123,9 +151,9 @@ TEST(Arch, CliArchOption) {
   const auto bad = evtc::test::run_cli("compile 'out D = relu(acc)' --arch hopper");
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
   EXPECT_NE(bad.output.find("--arch: 'hopper' is not a GPU architecture"), std::string::npos) << bad.output;
-  const auto other = evtc::test::run_cli("compile 'out D = relu(acc)' --arch sm86 --emit /dev/null");
+  const auto other = evtc::test::run_cli("compile 'out D = relu(acc)' --arch sm75 --emit /dev/null");
   EXPECT_EQ(other.exit_code, 2) << other.output;  // a UserError
-  EXPECT_NE(other.output.find("no fused kernel to emit: the target architecture is sm_86"), std::string::npos)
+  EXPECT_NE(other.output.find("no fused kernel to emit: the target architecture is sm_75"), std::string::npos)
       << other.output;
 }
 

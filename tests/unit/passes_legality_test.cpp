@@ -1,6 +1,7 @@
 // check_legality: one test per rule, asserting the reason's exact text.
 #include <gtest/gtest.h>
 
+#include "evtc/arch.hpp"
 #include "evtc/expression.hpp"
 #include "evtc/graph.hpp"
 #include "evtc/kernel.hpp"
@@ -160,7 +161,7 @@ TEST(PassLegality, ColumnMajorOutputIsRefused) {
   EXPECT_EQ(reasons(g, d),
             (Reasons{"M=1001 is not a multiple of 8 (column-major bf16 output 'D' needs 16-byte "
                      "columns)",
-                     "output 'D' is column-major, and the sm90 backend stores row-major outputs "
+                     "output 'D' is column-major, and evtc's fused kernels store row-major outputs "
                      "only"}));
 }
 
@@ -250,10 +251,29 @@ TEST(PassLegality, UnclassifiableViewIsRefusedWithItsReason) {
 
 TEST(PassLegality, FusedArchitecturesAndWhatEachFuses) {
   GemmDesc d = aligned_gemm();
-  d.sm = 80;
+  d.sm = 75;
   EXPECT_EQ(reasons(plain_graph(), d),
-            (Reasons{"the target architecture is sm_80 (the GPU's, or CompileOptions::arch / EVTC_ARCH): "
-                     "evtc generates fused kernels for sm_90a (Hopper) and sm_100a / sm_120a (Blackwell) only"}));
+            (Reasons{"the target architecture is sm_75 (the GPU's, or CompileOptions::arch / EVTC_ARCH): "
+                     "evtc generates fused kernels for sm_80/86/89 (Ampere-class), sm_90a (Hopper) and sm_100a / "
+                     "sm_120a (Blackwell) only"}));
+  // The sm_80 backend (80, 86, 89): 16-bit GEMMs with every epilogue, [m,n] operands row-major.
+  for (int arch : {80, 86, 89}) {
+    d.sm = arch;
+    EXPECT_TRUE(reasons(plain_graph(), d).empty()) << arch;
+    EXPECT_TRUE(reasons(parse_expression("out y: bf16 = swiglu(acc)"), d).empty()) << arch;
+    EXPECT_TRUE(reasons(parse_expression("out D: bf16 = acc * r[m,n]; out s = row_sum(acc); out t = amax(acc)"), d)
+                    .empty())
+        << arch;
+  }
+  d.sm = 86;
+  EXPECT_EQ(reasons(parse_expression("input r[m,n]: bf16 col_major\nout D: bf16 = acc * r[m,n]"), d),
+            (Reasons{"the sm_86 backend (Ampere-class, sm_80 code) does not fuse column-major [m,n] operands ('r': its "
+                     "epilogue reads them in 16-byte vectors along N; pass it row-major)"}));
+  GemmDesc ampere_fp8 = d;
+  ampere_fp8.a_dtype = ampere_fp8.b_dtype = DType::f8e4m3;
+  ampere_fp8.b_layout = Layout::col_major;
+  EXPECT_EQ(reasons(plain_graph(), ampere_fp8),
+            (Reasons{"the sm_86 backend (Ampere-class, sm_80 code) does not fuse fp8 A and B"}));
   d.sm = 90;
   EXPECT_TRUE(reasons(plain_graph(), d).empty());
   // sm_100a: bf16 and [m,n] operands fuse; gated outputs and reductions do not.
@@ -272,11 +292,14 @@ TEST(PassLegality, FusedArchitecturesAndWhatEachFuses) {
   bw.fp8_blockwise = true;
   EXPECT_EQ(reasons(plain_graph(), bw),
             (Reasons{"the sm_100a backend (Blackwell B200/GB200) does not fuse block-scaled fp8 (fp8_blockwise)"}));
-  // sm_120a: fp8 only, no [m,n] operands or outputs besides D.
+  // sm_120: fp8 through the sm_120a backend; 16-bit GEMMs through the sm_80 backend, which fuses
+  // [m,n] operands, gated outputs and reductions.
   d.sm = 120;
-  EXPECT_EQ(reasons(plain_graph(), d),
-            (Reasons{"the sm_120a backend (Blackwell RTX 50xx / RTX PRO 6000) does not fuse bf16 A and B "
-                     "(CUTLASS 4.2's kernels for it multiply fp8, fp6 and fp4 only)"}));
+  EXPECT_TRUE(reasons(plain_graph(), d).empty());
+  EXPECT_TRUE(reasons(parse_expression("out y: bf16 = swiglu(acc); out D: bf16 = acc * r[m,n]; out s = sum(acc)"), d)
+                  .empty());
+  EXPECT_EQ(backend_features(120, DType::bf16).backend, 80);
+  EXPECT_EQ(backend_features(120, DType::f8e4m3).backend, 120);
   GemmDesc fp8 = bw;
   fp8.sm = 120;
   fp8.fp8_blockwise = false;

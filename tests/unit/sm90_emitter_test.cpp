@@ -366,13 +366,13 @@ TEST(Sm90Emitter, WholeMatrixReductionGoesThroughPerWarpPartialsAndAFinalKernel)
   // canonical order, by name) with the identity of their operation.
   const std::string final_stage = section(s, "void finish_reductions", "}", true);
   EXPECT_NE(s.find("reduce_partials<evtc::device::MaxOp, cutlass::bfloat16_t><<<1, 1024, 0, s>>>("
-                   "scratch_partials(a, scratch, 0), int64_t(partial_floats(a, 'a')), "
+                   "scratch_partials(a, scratch, 0), int64_t(kScratch.floats(a, 'a')), "
                    "static_cast<cutlass::bfloat16_t*>(a.ptrs[0]), "
                    "(-cutlass::platform::numeric_limits<float>::infinity()));"),
             std::string::npos)
       << final_stage;
   EXPECT_NE(s.find("reduce_partials<evtc::device::MinOp, float><<<1, 1024, 0, s>>>("
-                   "scratch_partials(a, scratch, 1), int64_t(partial_floats(a, 'a')), "
+                   "scratch_partials(a, scratch, 1), int64_t(kScratch.floats(a, 'a')), "
                    "static_cast<float*>(a.ptrs[1]), "
                    "cutlass::platform::numeric_limits<float>::infinity());"),
             std::string::npos)
@@ -394,12 +394,12 @@ TEST(Sm90Emitter, RowAndColumnReductionsSkipCutlasssFinalStageAndFoldPartialRows
   // c (slot 0): tiles_m rows of the padded N; r (slot 1): tiles_n rows of the padded M.
   EXPECT_NE(final_stage.find("reduce_partial_rows<evtc::device::MaxOp, cutlass::bfloat16_t>"
                              "<<<int((a.n + 255) / 256), 256, 0, s>>>(scratch_partials(a, "
-                             "scratch, 0), a.n, tiles_n(a) * kTileN, tiles_m(a), "),
+                             "scratch, 0), a.n, kScratch.tiles_n(a) * kTileN, kScratch.tiles_m(a), "),
             std::string::npos)
       << final_stage;
   EXPECT_NE(final_stage.find("reduce_partial_rows<evtc::device::SumOp, float>"
                              "<<<int((a.m + 255) / 256), 256, 0, s>>>(scratch_partials(a, "
-                             "scratch, 1), a.m, tiles_m(a) * kTileM, tiles_n(a), "),
+                             "scratch, 1), a.m, kScratch.tiles_m(a) * kTileM, kScratch.tiles_n(a), "),
             std::string::npos)
       << final_stage;
 }

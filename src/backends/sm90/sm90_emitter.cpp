@@ -10,31 +10,16 @@
 #include "evtc/error.hpp"
 #include "evtc/ir_text.hpp"
 #include "evtc/passes.hpp"
+#include "backends/visitor_lowering.hpp"
 
 namespace evtc::sm90 {
-
-std::string cutlass_type(DType t) {
-  switch (t) {
-    case DType::f32: return "float";
-    case DType::f16: return "cutlass::half_t";
-    case DType::bf16: return "cutlass::bfloat16_t";
-    case DType::f8e4m3: return "cutlass::float_e4m3_t";
-    case DType::f8e5m2: return "cutlass::float_e5m2_t";
-  }
-  return "?";
-}
 
 namespace {
 
 constexpr const char* kRound = "cutlass::FloatRoundStyle::round_to_nearest";
 
-std::string float_literal(double v) {
-  if (std::isnan(v)) return "cutlass::platform::numeric_limits<float>::quiet_NaN()";
-  if (std::isinf(v))
-    return v > 0 ? "cutlass::platform::numeric_limits<float>::infinity()"
-                 : "(-cutlass::platform::numeric_limits<float>::infinity())";
-  return fmt::format("float({})", v);
-}
+using backend::cutlass_type;
+using backend::float_literal;
 
 std::string layout_tag(Layout l) {
   return l == Layout::row_major ? "cutlass::layout::RowMajor" : "cutlass::layout::ColumnMajor";
@@ -47,46 +32,29 @@ std::string mn_stride_value(Layout l) {
              : "cute::make_stride(cute::Int<1>{}, int64_t(a.m), int64_t(0))";
 }
 
-// A visitor: its C++ type and an expression building its Arguments.
-struct Visitor {
-  std::string type;
-  std::string args;
-};
+using backend::Visitor;
 
-class Sm90Emitter {
+class Sm90Emitter : public backend::VisitorLowering {
  public:
   Sm90Emitter(const Graph& g, const GemmDesc& gemm, const KernelConfig& cfg,
               EpilogueTarget target = EpilogueTarget::dense)
-      : g_(g), gemm_(gemm), cfg_(cfg), sig_(make_signature(g)),
+      : VisitorLowering(g, make_signature(g).d_name), gemm_(gemm), cfg_(cfg), sig_(make_signature(g)),
         grouped_(target == EpilogueTarget::grouped) {
     for (size_t i = 0; i < sig_.pointers.size(); ++i) ptr_slot_[sig_.pointers[i].name] = i;
     for (size_t i = 0; i < sig_.scalars.size(); ++i) scalar_slot_[sig_.scalars[i].name] = i;
-    for (NodeId id : g_.outputs()) {
-      const Node& s = g_.node(id);
-      if (s.name == sig_.d_name) d_value_ = s.inputs[0];
-      else terminals_.push_back(id);
-    }
-    std::sort(terminals_.begin(), terminals_.end(),
-              [&](NodeId a, NodeId b) { return g_.node(a).name < g_.node(b).name; });
   }
 
   EmittedKernel emit() {
-    const Visitor root = plan_and_emit_visitors();
+    const Visitor root = lower();
     return {assemble(root), sig_};
   }
   // The visitor tree alone, for an assembler of another GEMM kind (the grouped one).
   EpilogueVisitors emit_visitors() {
-    const Visitor root = plan_and_emit_visitors();
-    return {decls_, root.type, root.args, sig_};
+    const Visitor root = lower();
+    return {declarations(), root.type, root.args, sig_};
   }
 
  private:
-  // --- naming ------------------------------------------------------------------------
-  std::string alias(const std::string& definition, const std::string& comment) {
-    std::string name = fmt::format("V{}", next_alias_++);
-    decls_ += fmt::format("// {}\nusing {} = {};\n", comment, name, definition);
-    return name;
-  }
   std::string ptr(const std::string& name, const std::string& ctype, bool is_const = true) {
     auto it = ptr_slot_.find(name);
     EVTC_INTERNAL_ASSERT(it != ptr_slot_.end(), "no pointer slot for " + name);
@@ -244,30 +212,20 @@ class Sm90Emitter {
   //  - row (over N) / column (over M): CUTLASS's Sm90ColReduction / Sm90RowReduction without
   //    their final stage (which serialises on a tile counter), one partial per CTA tile.
   Visitor emit_reduce(const Node& r, const Node& s) {
-    std::string reg, identity;
-    switch (r.reduce_op) {
-      case ReduceOp::sum: reg = "cutlass::plus"; identity = "0.0f"; break;
-      case ReduceOp::max:
-        reg = "cutlass::maximum";
-        identity = "(-cutlass::platform::numeric_limits<float>::infinity())";
-        break;
-      case ReduceOp::min:
-        reg = "cutlass::minimum";
-        identity = "cutlass::platform::numeric_limits<float>::infinity()";
-        break;
-      case ReduceOp::amax:
-        // amax(x) = max(|x|): the |x| is its own compute node, emitted by the caller.
-        reg = "cutlass::maximum"; identity = "0.0f"; break;
-    }
+    // amax(x) = max(|x|): the |x| is its own compute node, emitted by the caller.
+    const std::string reg = r.reduce_op == ReduceOp::sum   ? "cutlass::plus"
+                            : r.reduce_op == ReduceOp::min ? "cutlass::minimum"
+                                                           : "cutlass::maximum";
+    const std::string identity = backend::reduction_identity(r.reduce_op);
     const std::string name = fmt::format("{}_{} -> output {}", reduce_axis_name(r.axis),
                                          reduce_op_name(r.reduce_op), s.name);
     const size_t index = reductions_.size();
-    reductions_.push_back({ptr_slot_.at(s.name), r.axis, r.reduce_op, s.dtype, identity});
+    reductions_.push_back({ptr_slot_.at(s.name), r.axis, r.reduce_op, s.dtype});
     std::string type;
     switch (r.axis) {
       case ReduceAxis::all:
         type = alias(fmt::format("evtc::device::Sm90ScalarPartials<{}, TileShape>",
-                                 device_reduce_op(r.reduce_op)),
+                                 backend::device_reduce_op(r.reduce_op)),
                      name + " (per-warp partials)");
         return {type, fmt::format("typename {}::Arguments{{scratch_partials(a, scratch, {}), {}}}",
                                   type, index, identity)};
@@ -289,13 +247,7 @@ class Sm90Emitter {
     return {type, fmt::format("typename {}::Arguments{{scratch_partials(a, scratch, {}), {}, {{}}}}",
                               type, index, identity)};
   }
-  static const char* device_reduce_op(ReduceOp op) {
-    return op == ReduceOp::sum ? "evtc::device::SumOp"
-           : op == ReduceOp::min ? "evtc::device::MinOp"
-                                 : "evtc::device::MaxOp";
-  }
-
-  Visitor emit_node(NodeId id) {
+  Visitor emit_node(NodeId id) override {
     const Node& n = g_.node(id);
     switch (n.kind) {
       case NodeKind::accum: return emit_accum(n);
@@ -313,177 +265,46 @@ class Sm90Emitter {
     internal_fail(__FILE__, __LINE__, "emit_node on a terminal");
   }
 
-  // --- lowering to trees and a topological visitor -------------------------------------
+  // --- what the shared lowering asks (backends/visitor_lowering.hpp) -------------------
 
-  std::vector<NodeId> op_inputs(NodeId id) const { return store_operands(g_, id); }
-  bool is_leaf(NodeId id) const { return g_.node(id).inputs.empty(); }
-
-  // amax(x) reduces |x|: an abs node in front of a max reduction.
-  Visitor emit_terminal_node(NodeId store) {
+  Visitor emit_terminal_node(NodeId store) override {
     const Node& s = g_.node(store);
     const Node& in = g_.node(s.inputs[0]);
     if (in.kind == NodeKind::reduce) return emit_reduce(in, s);
     return emit_store(s);
   }
-  bool terminal_needs_abs(NodeId store) const {
-    const Node& in = g_.node(g_.node(store).inputs[0]);
-    return in.kind == NodeKind::reduce && in.reduce_op == ReduceOp::amax;
-  }
-  Visitor abs_op() {
+  Visitor abs_op() override {
     const std::string type = alias(
         fmt::format("cutlass::epilogue::fusion::Sm90Compute<evtc::device::Abs, float, float, {}>", kRound),
         "abs (for amax)");
     return {type, fmt::format("typename {}::Arguments{{}}", type)};
   }
-
-  // Nested tree for value v where nothing below v is materialised.
-  Visitor tree(NodeId v) {
-    if (is_leaf(v)) return emit_node(v);
-    std::vector<Visitor> kids;
-    for (NodeId in : g_.node(v).inputs) kids.push_back(tree(in));
-    return evt(emit_node(v), kids);
-  }
-  Visitor evt(const Visitor& op, const std::vector<Visitor>& kids) {
-    std::string type = "cutlass::epilogue::fusion::Sm90EVT<" + op.type;
-    std::string args = "{";
-    for (const Visitor& k : kids) {
-      type += ", " + k.type;
-      args += k.args + ", ";
-    }
-    type += ">";
-    args += op.args + "}";
-    const std::string name = alias(type, "tree");
-    return {name, fmt::format("typename {}::Arguments{}", name, args)};
-  }
-  // A terminal as a tree over its input value tree.
-  Visitor terminal_tree(NodeId store, const Visitor& input) {
-    Visitor in = input;
-    if (terminal_needs_abs(store)) in = evt(abs_op(), {in});
-    return evt(emit_terminal_node(store), {in});
-  }
-
   // The collective epilogue takes the root's result as f32 fragments (its compute type) and
   // converts them to D itself, so the main output's value must leave the tree as f32. Most
   // visitors compute in f32; a cast and an aux load give their own element type.
-  bool yields_f32(NodeId v) const {
+  bool yields_f32(NodeId v) const override {
     const Node& n = g_.node(v);
     return !((n.kind == NodeKind::cast || n.kind == NodeKind::aux) && n.dtype != DType::f32);
   }
   // An f32 -> f32 identity op (the comment says what it is for).
-  Visitor identity_f32(const std::string& comment) {
+  Visitor identity_f32(const std::string& comment) override {
     const std::string type = alias(
         fmt::format("cutlass::epilogue::fusion::Sm90Compute<evtc::device::Identity, float, float, {}>",
                     kRound),
         comment);
     return {type, fmt::format("typename {}::Arguments{{}}", type)};
   }
-  Visitor as_f32() { return identity_f32("main output (as f32)"); }
-
-  Visitor plan_and_emit_visitors() {
-    // Values used more than once are computed once and shared; what becomes a topological
-    // visitor's entry is decided by plan_dag, which the shared-memory model reads too.
-    const DagPlan plan = plan_dag(g_, sig_.d_name);
-    EVTC_INTERNAL_ASSERT(plan.terminals == terminals_ && plan.d_value == d_value_, "visitor plan outputs");
-    const size_t outputs = terminals_.size() + (d_value_ ? 1 : 0);
-    EVTC_INTERNAL_ASSERT(outputs > 0, "graph without outputs");
-    if (plan.tree) {
-      if (d_value_) return yields_f32(*d_value_) ? tree(*d_value_) : evt(as_f32(), {tree(*d_value_)});
-      const NodeId t = terminals_.front();
-      return terminal_tree(t, tree(op_inputs(t)[0]));
-    }
-    return topological(plan.materialised);
-  }
-
-  Visitor topological(const std::vector<bool>& mat) {
-    // Order: operands first (post-order from the terminals, then the main output last).
-    std::vector<NodeId> order;  // materialised values
-    std::map<NodeId, int> index;
-    std::vector<std::string> entries;
-    std::vector<std::string> edges;
-    std::vector<std::string> args;
-    auto add_entry = [&](const Visitor& v, const std::vector<int>& in_idx) {
-      entries.push_back(v.type);
-      args.push_back(v.args);
-      std::string e = "cute::seq<";
-      for (size_t i = 0; i < in_idx.size(); ++i) e += (i ? ", " : "") + std::to_string(in_idx[i]);
-      edges.push_back(e + ">");
-      return static_cast<int>(entries.size() - 1);
-    };
-    auto visit = [&](auto&& self, NodeId v) -> void {
-      if (index.count(v)) return;
-      const auto& ins = g_.node(v).inputs;
-      if (!is_leaf(v) && reaches_materialised(g_, mat, ins)) {
-        std::vector<int> idx;
-        for (NodeId in : ins) {
-          self(self, in);
-          idx.push_back(index.at(in));
-        }
-        index[v] = add_entry(emit_node(v), idx);
-      } else {
-        index[v] = add_entry(tree(v), {});
-      }
-    };
-    for (NodeId t : terminals_) {
-      const auto ins = op_inputs(t);
-      const NodeId in = ins[0];
-      if (mat[in]) {
-        visit(visit, in);
-        int src = index.at(in);
-        if (terminal_needs_abs(t)) src = add_entry(abs_op(), {src});
-        add_entry(emit_terminal_node(t), {src});
-      } else {
-        add_entry(terminal_tree(t, tree(in)), {});
-      }
-    }
-    if (d_value_) {
-      if (index.count(*d_value_) || !yields_f32(*d_value_)) {
-        // Already an operand of another op (the last op must be the main output), or not
-        // f32: an identity op as the last, giving the value as f32.
-        visit(visit, *d_value_);
-        add_entry(as_f32(), {index.at(*d_value_)});
-      } else {
-        visit(visit, *d_value_);
-      }
-    }
-    if (entries.size() == 1) return {entries[0], args[0]};
-    if (entries.size() == 2) {
-      // CUTLASS 4.2's topological visitor does not compile with exactly two ops (it keeps
-      // the results of all but the last in cute::repeat<1>, which is not a tuple): pass the
-      // last op's value through an identity op, which changes nothing it computes.
-      add_entry(identity_f32("pass-through (a topological visitor needs three ops)"), {1});
-    }
-    std::string type = "cutlass::epilogue::fusion::Sm90TopologicalVisitor<float, cute::tuple<";
-    for (size_t i = 0; i < edges.size(); ++i) type += (i ? ", " : "") + edges[i];
-    type += ">";
-    for (const auto& e : entries) type += ", " + e;
-    type += ">";
-    const std::string name = alias(type, "DAG");
-    std::string a = "{";
-    for (size_t i = 0; i < args.size(); ++i) a += (i ? ", " : "") + args[i];
-    a += "}";
-    return {name, fmt::format("typename {}::Arguments{}", name, a)};
-  }
+  std::string tree_template() const override { return "cutlass::epilogue::fusion::Sm90EVT"; }
+  std::string topological_template() const override { return "cutlass::epilogue::fusion::Sm90TopologicalVisitor"; }
 
   // --- the translation unit ------------------------------------------------------------
   std::string assemble(const Visitor& root);
 
-  const Graph& g_;
   GemmDesc gemm_;
   KernelConfig cfg_;
   KernelSignature sig_;
   std::map<std::string, size_t> ptr_slot_, scalar_slot_;
-  std::optional<NodeId> d_value_;
-  std::vector<NodeId> terminals_;
-  std::string decls_;
-  int next_alias_ = 0;
-  struct Reduction {
-    size_t slot;  // the output's pointer slot
-    ReduceAxis axis;
-    ReduceOp op;
-    DType dtype;
-    std::string identity;  // of the operation, as a float expression
-  };
-  std::vector<Reduction> reductions_;
+  std::vector<backend::ReductionSlot> reductions_;
   DType aux_element_ = DType::bf16;
   bool grouped_ = false;
 };
@@ -561,6 +382,7 @@ std::string Sm90Emitter::assemble(const Visitor& root) {
 
 #include "evtc/device/abi.h"
 #include "evtc/device/host_support.h"
+#include "evtc/device/kernel_host.h"
 #include "evtc/device/ops.cuh"
 #include "evtc/device/reduce.cuh"
 #include "evtc/device/sm90_half_store.cuh"
@@ -635,7 +457,7 @@ namespace {
         "using EpilogueDescriptor = cutlass::epilogue::collective::detail::EpilogueDescriptor<\n"
         "    TileShape, EpilogueTile, {}, {}, EpilogueSchedule>;\n\n",
         desc_c, desc_d);
-  s += decls_;
+  s += declarations();
   if (!hopper && !sig_.d_name.empty()) {
     // Blackwell's collective epilogues assign the tree's result to D's fragment without a
     // conversion: the root converts to ElementD.
@@ -699,79 +521,22 @@ namespace {{
                    cfg_.scheduler == TileSchedulerKind::stream_k ? "cutlass::gemm::StreamKScheduler"
                                                                  : "void");
   // Scratch for the reductions' partial results, after CUTLASS's workspace (see emit_reduce).
-  std::string axes;
-  for (const Reduction& r : reductions_)
-    axes += r.axis == ReduceAxis::all ? 'a' : r.axis == ReduceAxis::row ? 'r' : 'c';
-  s += fmt::format(R"(// The reductions' axes in slot order: a(ll), r(ow, over N), c(olumn, over M).
-constexpr char kReductionAxes[] = "{}";
-constexpr int kReductions = sizeof(kReductionAxes) - 1;
-constexpr int kTileM = cute::size<0>(TileShape{{}});
-constexpr int kTileN = cute::size<1>(TileShape{{}});
-constexpr int kEpilogueWarps = decltype(cute::size(typename CollectiveMainloop::TiledMma{{}}))::value / 32;
+  s += R"(constexpr int kTileM = cute::size<0>(TileShape{});
+constexpr int kTileN = cute::size<1>(TileShape{});
+constexpr int kEpilogueWarps = decltype(cute::size(typename CollectiveMainloop::TiledMma{}))::value / 32;
 
-int64_t tiles_m(const evtc_gemm_args& a) {{ return (a.m + kTileM - 1) / kTileM; }}
-int64_t tiles_n(const evtc_gemm_args& a) {{ return (a.n + kTileN - 1) / kTileN; }}
-
-// Partials of one reduction: one per warp and tile (whole matrix); tiles_n rows of the
-// padded M (row reductions); tiles_m rows of the padded N (column reductions).
-size_t partial_floats(const evtc_gemm_args& a, char axis) {{
-  if (axis == 'a') return size_t(tiles_m(a) * tiles_n(a) * kEpilogueWarps);
-  return size_t(tiles_m(a) * tiles_n(a)) * (axis == 'r' ? kTileM : kTileN);
-}}
-
-size_t partial_bytes(const evtc_gemm_args& a, char axis) {{
-  return (partial_floats(a, axis) * sizeof(float) + 255) / 256 * 256;
-}}
-
-size_t scratch_bytes(const evtc_gemm_args& a) {{
-  size_t bytes = 0;
-  for (int i = 0; i < kReductions; ++i) bytes += partial_bytes(a, kReductionAxes[i]);
-  return bytes;
-}}
-
-float* scratch_partials(const evtc_gemm_args& a, char* scratch, int index) {{
-  if (!scratch) return nullptr;  // sizing and can_implement only
-  size_t offset = 0;
-  for (int i = 0; i < index; ++i) offset += partial_bytes(a, kReductionAxes[i]);
-  return reinterpret_cast<float*>(scratch + offset);
-}}
-
+)";
+  s += backend::reduction_scratch_code(reductions_);
+  s += fmt::format(R"(
 typename Callbacks::Arguments fusion_arguments(const evtc_gemm_args& a, char* scratch) {{
   (void)scratch;
   return {};
 }}
 )",
-                   axes,
                    !hopper && !sig_.d_name.empty()
                        ? fmt::format("typename Callbacks::Arguments{{{}, {{}}}}", root.args)
                        : root.args);
-  s += R"(
-// The fixed-order final stage of every reduction (evtc/device/reduce.cuh).
-void finish_reductions(const evtc_gemm_args& a, char* scratch, cudaStream_t s) {
-  (void)a; (void)scratch; (void)s;
-)";
-  for (size_t i = 0; i < reductions_.size(); ++i) {
-    const Reduction& r = reductions_[i];
-    const std::string& identity = r.identity;
-    const std::string out = fmt::format("static_cast<{}*>(a.ptrs[{}])", cutlass_type(r.dtype), r.slot);
-    const std::string partials = fmt::format("scratch_partials(a, scratch, {})", i);
-    const char* op = device_reduce_op(r.op);
-    const std::string kernel = fmt::format("evtc::device::{}<{}, {}>",
-                                           r.axis == ReduceAxis::all ? "reduce_partials" : "reduce_partial_rows",
-                                           op, cutlass_type(r.dtype));
-    if (r.axis == ReduceAxis::all)
-      s += fmt::format("  {}<<<1, 1024, 0, s>>>({}, int64_t(partial_floats(a, 'a')), {}, {});\n",
-                       kernel, partials, out, identity);
-    else if (r.axis == ReduceAxis::row)  // rows of the padded M, one per tile column
-      s += fmt::format("  {}<<<int((a.m + 255) / 256), 256, 0, s>>>({}, a.m, tiles_m(a) * kTileM, "
-                       "tiles_n(a), {}, {});\n",
-                       kernel, partials, out, identity);
-    else  // rows of the padded N, one per tile row
-      s += fmt::format("  {}<<<int((a.n + 255) / 256), 256, 0, s>>>({}, a.n, tiles_n(a) * kTileN, "
-                       "tiles_m(a), {}, {});\n",
-                       kernel, partials, out, identity);
-  }
-  s += "}\n";
+  s += backend::reduction_finish_code(reductions_);
   s += fmt::format(R"(
 constexpr int kPointerSlots = {};
 constexpr int kScalarSlots = {};
@@ -880,22 +645,13 @@ bool same_call(const LaunchEntry& e, const evtc_gemm_args& a, void* workspace, i
 }
 
 // The kernel's handle for the launch APIs: its own symbol when compiled whole, else the
-// entry of the cubin this library holds, loaded on first use (into every device's context).
+// entry of the cubin this library holds.
 const void* gemm_kernel(cudaError_t* error) {
 #if EVTC_PART == 0
   *error = cudaSuccess;
   return reinterpret_cast<const void*>(&evtc_gemm_kernel);
 #else
-  static cudaKernel_t kernel = nullptr;
-  static cudaError_t status = cudaSuccess;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    cudaLibrary_t library = nullptr;
-    status = cudaLibraryLoadData(&library, evtc_kernel_image, nullptr, nullptr, 0, nullptr, nullptr, 0);
-    if (status == cudaSuccess) status = cudaLibraryGetKernel(&kernel, library, "evtc_gemm_kernel");
-  });
-  *error = status;
-  return status == cudaSuccess ? reinterpret_cast<const void*>(kernel) : nullptr;
+  return evtc::device::kernel_from_image(evtc_kernel_image, "evtc_gemm_kernel", error);
 #endif
 }
 

@@ -14,6 +14,7 @@
 #include "evtc/gemm.hpp"
 #include "evtc/graph.hpp"
 #include "evtc/kernel.hpp"
+#include "backends/visitor_lowering.hpp"
 
 namespace evtc::sm90 {
 
@@ -45,7 +46,6 @@ struct EpilogueVisitors {
 EpilogueVisitors emit_epilogue_visitors(const Graph& g, const GemmDesc& gemm,
                                         const KernelConfig& config, EpilogueTarget target);
 
-// The CUTLASS element type spelling of a dtype ("cutlass::bfloat16_t", ...).
-std::string cutlass_type(DType t);
+using backend::cutlass_type;
 
 }  // namespace evtc::sm90

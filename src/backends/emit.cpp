@@ -1,0 +1,13 @@
+#include "backends/emit.hpp"
+
+#include "backends/sm80/sm80_emitter.hpp"
+#include "evtc/arch.hpp"
+
+namespace evtc::backend {
+
+sm90::EmittedKernel emit_dense_kernel(const Graph& g, const GemmDesc& gemm, const KernelConfig& config) {
+  if (backend_features(gemm.sm, gemm.a_dtype).backend == 80) return sm80::emit_kernel(g, gemm, config);
+  return sm90::emit_kernel(g, gemm, config);
+}
+
+}  // namespace evtc::backend

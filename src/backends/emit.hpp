@@ -1,0 +1,12 @@
+// The one place that picks a dense kernel's emitter: the backend of the target architecture
+// (evtc/arch.hpp's ArchFeatures::backend).
+#pragma once
+#include "backends/sm90/sm90_emitter.hpp"
+
+namespace evtc::backend {
+
+// The fused kernel's translation unit for `gemm.sm`: CUTLASS 2.x (sm_80 backend) or 3.x/4.x
+// (sm_90a, sm_100a, sm_120a). `config` must suit that backend (config_refusal).
+sm90::EmittedKernel emit_dense_kernel(const Graph& g, const GemmDesc& gemm, const KernelConfig& config);
+
+}  // namespace evtc::backend

@@ -1,0 +1,103 @@
+// The backend-neutral half of every emitter: how an epilogue graph becomes a CUTLASS epilogue
+// visitor tree, whichever architecture's visitor nodes spell it.
+//
+// Lowering (plan_dag in passes/dag_plan decides which values are shared):
+//  - a graph whose values are each used once and that has one output becomes nested trees
+//    (Sm90EVT / Sm80EVT);
+//  - otherwise the shared values and the outputs become the ops of one topological visitor
+//    (Sm90TopologicalVisitor / Sm80TopologicalVisitor), each op a nested tree of the values
+//    only it uses.
+// Cheap leaves (acc, C, broadcasts, aux loads) are re-read at each use rather than shared.
+//
+// A backend derives from VisitorLowering and spells the nodes: one visitor per graph node
+// (emit_node), per output (emit_terminal_node), the pass-through ops the lowering inserts, and
+// the names of its tree and topological visitor templates.
+#pragma once
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "evtc/gemm.hpp"
+#include "evtc/graph.hpp"
+#include "evtc/kernel.hpp"
+
+namespace evtc::backend {
+
+// The CUTLASS element type spelling of a dtype ("cutlass::bfloat16_t", ...).
+std::string cutlass_type(DType t);
+// A float expression of `v` in generated code (NaN and infinities through numeric_limits).
+std::string float_literal(double v);
+
+// One fused reduction: its output's pointer slot, axis, operation and output type.
+struct ReductionSlot {
+  size_t slot;
+  ReduceAxis axis;
+  ReduceOp op;
+  DType dtype;
+};
+// The identity of a reduction's operation, as a float expression.
+std::string reduction_identity(ReduceOp op);
+// evtc::device::SumOp / MaxOp / MinOp (amax reduces |x| with MaxOp).
+const char* device_reduce_op(ReduceOp op);
+// The generated library's reduction scratch (evtc/device/kernel_host.h's ReductionScratch:
+// kReductionAxes, kReductions, scratch_bytes, scratch_partials), given the constants kTileM,
+// kTileN and kEpilogueWarps declared before it.
+std::string reduction_scratch_code(const std::vector<ReductionSlot>& reductions);
+// finish_reductions(a, scratch, stream): the fixed-order final stage of every reduction.
+std::string reduction_finish_code(const std::vector<ReductionSlot>& reductions);
+
+// A visitor: its C++ type and an expression building its Arguments.
+struct Visitor {
+  std::string type;
+  std::string args;
+};
+
+class VisitorLowering {
+ public:
+  // `main_output`: the output the GEMM's collective epilogue stores itself (Hopper's D), whose
+  // value leaves the tree as the root's result; empty when every output is a visitor node.
+  VisitorLowering(const Graph& g, std::string main_output);
+  virtual ~VisitorLowering() = default;
+
+  // Plans the tree and emits every visitor's declaration (declarations()); returns the root.
+  Visitor lower();
+  // The `using Vk = ...;` declarations the root's type refers to, in dependency order.
+  const std::string& declarations() const { return decls_; }
+
+ protected:
+  // Names `definition` as the next alias V0, V1, ... (with `comment` above it).
+  std::string alias(const std::string& definition, const std::string& comment);
+
+  // --- what a backend spells ----------------------------------------------------------
+  // A non-output node: a leaf (acc, C, scalar, vector, [m,n] operand) or an op.
+  virtual Visitor emit_node(NodeId id) = 0;
+  // An output: its store, or its reduction.
+  virtual Visitor emit_terminal_node(NodeId store) = 0;
+  // |x| for an amax reduction's input; an f32 -> f32 identity (the comment says what for).
+  virtual Visitor abs_op() = 0;
+  virtual Visitor identity_f32(const std::string& comment) = 0;
+  // "cutlass::epilogue::fusion::Sm90EVT", "cutlass::epilogue::fusion::Sm90TopologicalVisitor".
+  virtual std::string tree_template() const = 0;
+  virtual std::string topological_template() const = 0;
+  // Whether the main output's value leaves the tree as the f32 its collective epilogue takes;
+  // when not, an identity op converts it.
+  virtual bool yields_f32(NodeId) const { return true; }
+
+  const Graph& g_;
+  std::optional<NodeId> d_value_;   // the main output's value
+  std::vector<NodeId> terminals_;   // the other outputs' stores, by name
+
+ private:
+  Visitor tree(NodeId v);
+  Visitor evt(const Visitor& op, const std::vector<Visitor>& kids);
+  Visitor terminal_tree(NodeId store, const Visitor& input);
+  bool terminal_needs_abs(NodeId store) const;
+  Visitor topological(const std::vector<bool>& materialised);
+
+  std::string main_output_;
+  std::string decls_;
+  int next_alias_ = 0;
+};
+
+}  // namespace evtc::backend
