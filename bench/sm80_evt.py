@@ -41,17 +41,18 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 W1 = "input bias[n]: bf16\nout D: bf16 = silu(acc + bias[n])"
 W2 = "input gate[m,n]: bf16\nout D: bf16 = acc * gate[m,n]"
 PLAIN = "out D: bf16 = acc"
-# The sm_80 backend's warp tiles (src/backends/sm80/sm80_emitter.cpp, warp_shape).
-WARPS = {(128, 256): (64, 64), (256, 128): (64, 64), (128, 128): (64, 64), (64, 128): (32, 64),
-         (128, 64): (64, 32), (64, 64): (32, 32)}
 
 
-def build_plain(config: str) -> ctypes.CDLL:
-    m = re.fullmatch(r"ms_(\d+)x(\d+)x(\d+)_s(\d)", config)
-    if not m:
-        sys.exit(f"--config {config}: expected an sm_80 configuration such as ms_128x256x64_s3")
-    tm, tn, tk, stages = (int(v) for v in m.groups())
-    wm, wn = WARPS[(tm, tn)]
+def build_plain(kernel_source: str) -> ctypes.CDLL:
+    """The plain GEMM in the tile, warp tile and stages of evtc's kernel (read from its source)."""
+    def value(pattern):
+        m = re.search(pattern, kernel_source)
+        if not m:
+            sys.exit(f"no {pattern!r} in evtc's sm_80 kernel source")
+        return [int(v) for v in m.groups()]
+    tm, tn, tk = value(r"using ThreadblockShape = cutlass::gemm::GemmShape<(\d+), (\d+), (\d+)>;")
+    wm, wn, _ = value(r"using WarpShape = cutlass::gemm::GemmShape<(\d+), (\d+), (\d+)>;")
+    (stages,) = value(r"constexpr int kStages = (\d+);")
     cutlass = os.environ.get("EVTC_CUTLASS_DIR") or os.path.join(os.path.dirname(evtc.__file__), "cutlass")
     out = os.path.join(tempfile.mkdtemp(prefix="evtc-plain-"), "plain_gemm.so")
     cmd = ["nvcc", "-std=c++17", "-O3", "-DNDEBUG", "--expt-relaxed-constexpr", "-Xcompiler=-fPIC", "-shared",
@@ -76,12 +77,14 @@ def main():
     cc = torch.cuda.get_device_capability()
     print(f"device: {dev} (sm_{cc[0]}{cc[1]}), torch {torch.__version__}", flush=True)
 
-    plain_lib = build_plain(opts.config)
     sm80 = {name: evtc.compile(expr, arch="sm80", config=opts.config) for name, expr in
             (("W1", W1), ("W2", W2), ("D = acc", PLAIN))}
     hopper = {name: evtc.compile(expr) for name, expr in (("W1", W1), ("W2", W2))} if cc == (9, 0) else {}
     for k in [*sm80.values(), *hopper.values()]:
         k.compile_async(0, 0, 0).result()
+    # The generated source sits beside the compiled library in evtc's cache.
+    with open(os.path.join(os.path.dirname(sm80["W1"].library_path()), "kernel.cu")) as f:
+        plain_lib = build_plain(f.read())
 
     shapes = []
     for shape in opts.shapes.split(","):
