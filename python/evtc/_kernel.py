@@ -303,9 +303,10 @@ def compile(expr: str, *, a_dtype: DType = "bf16", b_dtype: DType = "bf16", a_la
     unfused (cuBLASLt + the plain epilogue) while it compiles in the background, and later calls
     switch to it once it is ready (``EVTC_WAIT_FOR_COMPILE=1`` makes every kernel wait). ``arch``
     (``"sm80"``, ``"sm90"``, ...) is the GPU architecture to build for, by default the current
-    device's (``EVTC_ARCH`` overrides it): fused kernels exist for sm90, and compile-checked ones
-    for sm100 and sm120 (fp8 only, docs/backend.md "Target architecture"); elsewhere every call
-    runs cuBLASLt + the plain epilogue built for that architecture. ``fp8_blockwise=True``
+    device's (``EVTC_ARCH`` overrides it): fused kernels exist for sm90, sm80/86/89 (CUTLASS 2.x
+    kernels, also sm120's 16-bit GEMMs), and compile-checked ones for sm100 and sm120 (fp8;
+    docs/backend.md "Target architecture"); elsewhere every call runs cuBLASLt + the plain
+    epilogue built for that architecture. ``fp8_blockwise=True``
     (fp8 A and B) builds the block-scaled GEMM of DeepSeek-V3's format: each call passes
     ``scale_a`` and ``scale_b`` (see :meth:`Kernel.__call__`), which the main loop applies per
     128-wide K block, so the epilogue sees the scaled product. Errors

@@ -54,11 +54,17 @@ def test_config_and_fallback_reason():
 
 def test_an_architecture_without_fused_kernels_is_named_in_the_reason(monkeypatch):
     monkeypatch.delenv("EVTC_ARCH", raising=False)
-    reason = evtc.compile(W1, arch="sm89").fallback_reason(4096, 4096, 4096)
-    assert "the target architecture is sm_89" in reason and "sm_90a (Hopper) and sm_100a / sm_120a" in reason
+    reason = evtc.compile(W1, arch="sm75").fallback_reason(4096, 4096, 4096)
+    assert "the target architecture is sm_75" in reason and "sm_80/86/89 (Ampere-class), sm_90a (Hopper)" in reason
     assert evtc.compile(W1, arch="sm_90a").fallback_reason(4096, 4096, 4096) == ""
-    monkeypatch.setenv("EVTC_ARCH", "sm120")  # the environment overrides the option
-    assert "sm_120" in evtc.compile(W1, arch="sm90").fallback_reason(4096, 4096, 4096)
+    # The sm_80 backend: Ampere-class GPUs, and sm_120's 16-bit GEMMs; not fp8 there.
+    for arch in ("sm80", "sm86", "sm89", "sm120"):
+        assert evtc.compile(W1, arch=arch).fallback_reason(4096, 4096, 4096) == "", arch
+    fp8 = evtc.compile(W1, arch="sm89", a_dtype="f8e4m3", b_dtype="f8e4m3")
+    assert "the sm_89 backend (Ampere-class, sm_80 code) does not fuse fp8 A and B" in fp8.fallback_reason(4096, 4096, 4096)
+    monkeypatch.setenv("EVTC_ARCH", "sm75")  # the environment overrides the option
+    assert "sm_75" in evtc.compile(W1, arch="sm90").fallback_reason(4096, 4096, 4096)
+    monkeypatch.setenv("EVTC_ARCH", "sm120")
     assert "sm_120" in evtc.grouped("out D: bf16 = silu(acc + bias[n])").shape_reason(4096, 2048)
 
 
