@@ -1,0 +1,26 @@
+// The fixed parts of a generated dense kernel library that every backend writes alike: the
+// banner, the two-part compile's prelude, the kernel image and its loader, and the launch of
+// the reductions' final stage. (What they call at run time is a real header:
+// include/evtc/device/kernel_host.h.)
+#pragma once
+#include <string>
+
+#include "evtc/graph.hpp"
+
+namespace evtc::backend {
+
+// "//   <line>" for each line of the graph's text form.
+std::string commented_graph(const Graph& g);
+// The file's first lines: what it builds (`what`), the graph's hash, `details` and the graph.
+std::string source_banner(const std::string& what, const Graph& g, const std::string& details);
+// EVTC_PART: 0 compiles the file whole; 1 the kernel alone into a cubin; 2 the host part.
+std::string parts_prelude();
+// The host part's declaration of the device part's image (EVTC_PART 2).
+std::string kernel_image_declaration();
+// gemm_kernel(error): the kernel `evtc_gemm_kernel` as the launch APIs take it.
+std::string kernel_loader();
+// In evtc_run, after the GEMM's launch: the reductions' final stage over the scratch at
+// `scratch` (a char* expression), returning EVTC_ERROR_LAUNCH with the reason if it fails.
+std::string finish_reductions_call(const std::string& scratch);
+
+}  // namespace evtc::backend
