@@ -57,7 +57,7 @@ const void* gemm_kernel(cudaError_t* error) {
 )";
 }
 
-std::string finish_reductions_call(const std::string& scratch) {
+std::string run_end(const std::string& scratch) {
   return fmt::format(R"(  if (kReductions > 0) {{
     finish_reductions(*a, {}, s);
     if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) {{
@@ -65,6 +65,11 @@ std::string finish_reductions_call(const std::string& scratch) {
       return EVTC_ERROR_LAUNCH;
     }}
   }}
+  return EVTC_OK;
+}}
+
+}}  // extern "C"
+#endif  // EVTC_PART != 1
 )",
                      scratch);
 }

@@ -19,8 +19,9 @@ std::string parts_prelude();
 std::string kernel_image_declaration();
 // gemm_kernel(error): the kernel `evtc_gemm_kernel` as the launch APIs take it.
 std::string kernel_loader();
-// In evtc_run, after the GEMM's launch: the reductions' final stage over the scratch at
-// `scratch` (a char* expression), returning EVTC_ERROR_LAUNCH with the reason if it fails.
-std::string finish_reductions_call(const std::string& scratch);
+// The end of evtc_run after the GEMM's launch, and of the file: the reductions' final stage over
+// the scratch at `scratch` (a char* expression), returning EVTC_ERROR_LAUNCH with the reason if
+// it fails, else EVTC_OK.
+std::string run_end(const std::string& scratch);
 
 }  // namespace evtc::backend

@@ -127,22 +127,17 @@ struct Sm80Compute
 // between rows. A fragment starts at a multiple of kElementsPerAccess (even) columns, so its
 // pairs are whole; where the fragment lies inside the problem and the address allows, its
 // FragmentSize / 2 values go out in one store, else one by one.
+template <class Element>
+struct HalfStoreArguments {
+  Element* ptr = nullptr;
+  int64_t ld = 0;
+};
+
 template <class ThreadMap, class Element, cutlass::FloatRoundStyle RoundStyle>
-struct Sm80HalfStore {
-  struct Arguments {
-    Element* ptr = nullptr;
-    int64_t ld = 0;
-  };
+struct Sm80HalfStore : sm80_detail::HostSide<HalfStoreArguments<Element>> {
+  using Arguments = HalfStoreArguments<Element>;
   using Params = Arguments;
-  struct SharedStorage {};
-  template <class ProblemShape>
-  static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) {
-    return args;
-  }
-  template <class ProblemShape>
-  static size_t get_workspace_size(ProblemShape const&, Arguments const&) {
-    return 0;
-  }
+  using SharedStorage = typename sm80_detail::HostSide<Arguments>::SharedStorage;
 
   CUTLASS_HOST_DEVICE Sm80HalfStore() {}
   CUTLASS_HOST_DEVICE Sm80HalfStore(Params const& params, SharedStorage const&) : params_ptr(&params) {}
@@ -269,20 +264,12 @@ struct Sm80RowPartials : sm80_detail::HostSide<PartialsArguments> {
 // Each thread folds its columns over the rows it visits; the lanes sharing a column fold them
 // by shuffles; each warp's result goes to shared memory, and the CTA folds the warps in order.
 template <class ThreadMap, class ReduceOp, int TileN, int Warps>
-struct Sm80ColPartials {
+struct Sm80ColPartials : sm80_detail::HostSide<PartialsArguments> {
   using Arguments = PartialsArguments;
   using Params = Arguments;
   struct SharedStorage {
     float warp_columns[Warps][TileN];
   };
-  template <class ProblemShape>
-  static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) {
-    return args;
-  }
-  template <class ProblemShape>
-  static size_t get_workspace_size(ProblemShape const&, Arguments const&) {
-    return 0;
-  }
   static constexpr int kAccessWidth = ThreadMap::Detail::kAccessWidth;
   static constexpr int kVector = ThreadMap::kElementsPerAccess;
   static constexpr int kColumns = ThreadMap::Iterations::kColumn;  // fragment columns per row

@@ -338,13 +338,7 @@ int evtc_run(const evtc_gemm_args* a, void* workspace, void* stream, char* why, 
     return EVTC_ERROR_LAUNCH;
   }
 )";
-  s += backend::finish_reductions_call("static_cast<char*>(workspace)");
-  s += R"(  return EVTC_OK;
-}
-
-}  // extern "C"
-#endif  // EVTC_PART != 1
-)";
+  s += backend::run_end("static_cast<char*>(workspace)");
   return s;
 }
 
