@@ -57,6 +57,16 @@ const void* gemm_kernel(cudaError_t* error) {
 )";
 }
 
+std::string exports_begin(const std::string& signature_export) {
+  return R"(}  // namespace
+
+extern "C" {
+
+int evtc_abi_version(void) { return EVTC_ABI_VERSION; }
+
+)" + signature_export;
+}
+
 std::string run_end(const std::string& scratch) {
   return fmt::format(R"(  if (kReductions > 0) {{
     finish_reductions(*a, {}, s);

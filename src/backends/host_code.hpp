@@ -19,6 +19,9 @@ std::string parts_prelude();
 std::string kernel_image_declaration();
 // gemm_kernel(error): the kernel `evtc_gemm_kernel` as the launch APIs take it.
 std::string kernel_loader();
+// The end of the host part's anonymous namespace and the start of its C exports: the ABI
+// version and the kernel's signature (KernelSignature::c_export).
+std::string exports_begin(const std::string& signature_export);
 // The end of evtc_run after the GEMM's launch, and of the file: the reductions' final stage over
 // the scratch at `scratch` (a char* expression), returning EVTC_ERROR_LAUNCH with the reason if
 // it fails, else EVTC_OK.

@@ -279,14 +279,8 @@ GemmArguments gemm_arguments(const evtc_gemm_args& a, char* scratch) {
 )";
   s += backend::kernel_loader();
   s += R"(
-}  // namespace
-
-extern "C" {
-
-int evtc_abi_version(void) { return EVTC_ABI_VERSION; }
-
 )";
-  s += sig_.c_export();
+  s += backend::exports_begin(sig_.c_export());
   s += R"(
 int evtc_can_implement(const evtc_gemm_args* a, char* why, size_t why_size) {
   const cutlass::Status status = GemmKernel::can_implement(gemm_arguments(*a, nullptr));

@@ -677,14 +677,8 @@ cudaError_t launch(LaunchEntry& e, const void* kernel, cudaStream_t s) {
   return cudaLaunchKernelExC(&config, kernel, params);
 }
 
-}  // namespace
-
-extern "C" {
-
-int evtc_abi_version(void) { return EVTC_ABI_VERSION; }
-
 )";
-  s += sig_.c_export();
+  s += backend::exports_begin(sig_.c_export());
   s += R"(
 int evtc_can_implement(const evtc_gemm_args* a, char* why, size_t why_size) {
   if (!GemmKernel::can_implement(gemm_arguments(*a, nullptr))) {

@@ -355,14 +355,8 @@ typename Gemm::Arguments gemm_arguments(const evtc_grouped_args& a, const GroupT
   return args;
 }
 
-}  // namespace
-
-extern "C" {
-
-int evtc_abi_version(void) { return EVTC_ABI_VERSION; }
-
 )";
-  s += sig.c_export();
+  s += backend::exports_begin(sig.c_export());
   s += R"(
 int evtc_grouped_can_implement(const evtc_grouped_args* a, char* why, size_t why_size) {
   if (a->groups < 1 || a->groups > (int64_t(1) << 30) || a->n < 1 || a->k < 1 ||
