@@ -133,6 +133,12 @@ bool VisitorLowering::terminal_needs_abs(NodeId store) const {
   return in.kind == NodeKind::reduce && in.reduce_op == ReduceOp::amax;
 }
 
+Visitor VisitorLowering::emit_terminal_node(NodeId store) {
+  const Node& s = g_.node(store);
+  const Node& in = g_.node(s.inputs[0]);
+  return in.kind == NodeKind::reduce ? emit_reduce(in, s) : emit_store(s);
+}
+
 // A terminal as a tree over its input value tree.
 Visitor VisitorLowering::terminal_tree(NodeId store, const Visitor& input) {
   Visitor in = input;

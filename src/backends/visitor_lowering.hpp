@@ -72,8 +72,9 @@ class VisitorLowering {
   // --- what a backend spells ----------------------------------------------------------
   // A non-output node: a leaf (acc, C, scalar, vector, [m,n] operand) or an op.
   virtual Visitor emit_node(NodeId id) = 0;
-  // An output: its store, or its reduction.
-  virtual Visitor emit_terminal_node(NodeId store) = 0;
+  // An output's store ([m,n] or gated [m,n/2]), or the reduction `r` that output `s` holds.
+  virtual Visitor emit_store(const Node& s) = 0;
+  virtual Visitor emit_reduce(const Node& r, const Node& s) = 0;
   // |x| for an amax reduction's input; an f32 -> f32 identity (the comment says what for).
   virtual Visitor abs_op() = 0;
   virtual Visitor identity_f32(const std::string& comment) = 0;
@@ -92,6 +93,7 @@ class VisitorLowering {
   Visitor tree(NodeId v);
   Visitor evt(const Visitor& op, const std::vector<Visitor>& kids);
   Visitor terminal_tree(NodeId store, const Visitor& input);
+  Visitor emit_terminal_node(NodeId store);
   bool terminal_needs_abs(NodeId store) const;
   Visitor topological(const std::vector<bool>& materialised);
 

@@ -117,11 +117,8 @@ class Sm80Emitter : public backend::VisitorLowering {
     internal_fail(__FILE__, __LINE__, "emit_node on a terminal");
   }
 
-  Visitor emit_terminal_node(NodeId store) override {
-    const Node& s = g_.node(store);
-    const Node& in = g_.node(s.inputs[0]);
+  Visitor emit_store(const Node& s) override {
     const std::string e = cutlass_type(s.dtype);
-    if (in.kind == NodeKind::reduce) return emit_reduce(in, s);
     if (s.shape == Shape::half)  // a gated [m,n/2] output, packed row-major
       return simple(fmt::format("evtc::device::Sm80HalfStore<OutputTileThreadMap, {}, {}>", e, kRound),
                     "gated output " + s.name + "[m,n/2]", fmt::format("{{{}, a.n / 2}}", ptr(s.name, e, false)));
@@ -135,7 +132,7 @@ class Sm80Emitter : public backend::VisitorLowering {
 
   // Reductions write per-tile partials to evtc's scratch, folded in a fixed order after the
   // kernel (evtc/device/sm80_nodes.cuh, reduce.cuh): deterministic, no atomics.
-  Visitor emit_reduce(const Node& r, const Node& s) {
+  Visitor emit_reduce(const Node& r, const Node& s) override {
     const size_t index = reductions_.size();
     reductions_.push_back({ptr_slot_.at(s.name), r.axis, r.reduce_op, s.dtype});
     const char* op = backend::device_reduce_op(r.reduce_op);

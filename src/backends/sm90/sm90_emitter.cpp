@@ -179,7 +179,7 @@ class Sm90Emitter : public backend::VisitorLowering {
     return {type, fmt::format("typename {}::Arguments{{}}", type)};
   }
   // An extra [m,n] output (the main output D is written by the collective epilogue).
-  Visitor emit_store(const Node& s) {
+  Visitor emit_store(const Node& s) override {
     const std::string e = cutlass_type(s.dtype);
     if (s.shape == Shape::half) {  // a gated [m,n/2] output, packed row-major
       const std::string type = alias(
@@ -212,7 +212,7 @@ class Sm90Emitter : public backend::VisitorLowering {
   //  - whole-matrix: evtc's Sm90ScalarPartials, one partial per warp and tile;
   //  - row (over N) / column (over M): CUTLASS's Sm90ColReduction / Sm90RowReduction without
   //    their final stage (which serialises on a tile counter), one partial per CTA tile.
-  Visitor emit_reduce(const Node& r, const Node& s) {
+  Visitor emit_reduce(const Node& r, const Node& s) override {
     // amax(x) = max(|x|): the |x| is its own compute node, emitted by the caller.
     const std::string reg = r.reduce_op == ReduceOp::sum   ? "cutlass::plus"
                             : r.reduce_op == ReduceOp::min ? "cutlass::minimum"
@@ -268,12 +268,6 @@ class Sm90Emitter : public backend::VisitorLowering {
 
   // --- what the shared lowering asks (backends/visitor_lowering.hpp) -------------------
 
-  Visitor emit_terminal_node(NodeId store) override {
-    const Node& s = g_.node(store);
-    const Node& in = g_.node(s.inputs[0]);
-    if (in.kind == NodeKind::reduce) return emit_reduce(in, s);
-    return emit_store(s);
-  }
   Visitor abs_op() override {
     const std::string type = alias(
         fmt::format("cutlass::epilogue::fusion::Sm90Compute<evtc::device::Abs, float, float, {}>", kRound),
