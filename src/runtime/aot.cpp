@@ -262,12 +262,18 @@ LibraryBuildResult build_kernel_library(const std::string& list_json, const std:
     req.label = label;
     jobs.push_back({std::move(req), std::move(kind), std::move(label), std::move(origin), {}});
   };
+  // One architecture per library: EVTC_ARCH, else the current GPU's, else sm_90a.
+  const int arch = target_arch();
   for (size_t i = 0; i < items.size(); ++i) {
     const ListItem& item = items[i];
     try {
       const OptionText ot = option_text_from_json(item.options.dump());
       const Graph g = item.ir.empty() ? parse_expression(item.expr, parse_options(ot)) : parse_canonical(item.ir);
       if (item.grouped) {
+        if (arch != kFusedArch)
+          throw UserError(fmt::format("grouped kernels are built for sm_90a only, and this library is for {} "
+                                      "(EVTC_ARCH, or the GPU's)",
+                                      arch_name(arch, true)));
         const GroupedOptions go = grouped_options(ot);
         const GroupedKernel gk(g, go);
         json origin = {{"ir", print(gk.graph())},
@@ -278,6 +284,9 @@ LibraryBuildResult build_kernel_library(const std::string& list_json, const std:
       }
       const CompileOptions co = compile_options(ot);
       const Kernel kernel(g, co);
+      if (kernel.options().gemm.sm != arch)
+        throw UserError(fmt::format("it asks for {} kernels, and this library is for {} (EVTC_ARCH, or the GPU's)",
+                                    arch_name(kernel.options().gemm.sm, true), arch_name(arch, true)));
       const json opts = code_options(option_text(co.gemm, co.cast_mode, co.precise_math));
       for (const ListShape& s : item.shapes) {
         KernelConfig config;
@@ -290,11 +299,12 @@ LibraryBuildResult build_kernel_library(const std::string& list_json, const std:
         }
         const std::string label =
             s.m || s.n || s.k ? fmt::format("{} for {}x{}x{}", config.name(), s.m, s.n, s.k) : config.name();
-        add_job(runtime::fused_request(kernel.graph(), co, config), "fused", label,
+        add_job(runtime::fused_request(kernel.graph(), kernel.options(), config), "fused", label,
                 {{"ir", print(kernel.graph())}, {"options", opts}, {"m", s.m}, {"n", s.n}, {"k", s.k},
                  {"config", config.name()}});
       }
-      add_job(runtime::fallback_request(kernel.graph(), kernel.signature(), kFusedArch, &kernel.options().gemm), "plain", "plain epilogue",
+      add_job(runtime::fallback_request(kernel.graph(), kernel.signature(), arch, &kernel.options().gemm), "plain",
+              "plain epilogue",
               {{"ir", print(kernel.graph())}, {"options", opts}});
     } catch (const UserError& e) {
       throw UserError(fmt::format("kernel list entry {}: {}", i + 1, e.what()));
@@ -302,7 +312,7 @@ LibraryBuildResult build_kernel_library(const std::string& list_json, const std:
   }
 
   // The library: a new one, or one built by this toolchain (its keys use one nvcc version).
-  const jit::LibraryIdentity here = jit::current_identity(90);
+  const jit::LibraryIdentity here = jit::current_identity(arch);
   if (here.nvcc == "none")
     throw RuntimeError("building a kernel library needs nvcc: install the CUDA toolkit, or set CUDACXX");
   std::error_code ec;

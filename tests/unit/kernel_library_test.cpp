@@ -277,6 +277,27 @@ TEST_F(KernelLibrary, MalformedKernelListsNameTheEntry) {
   EXPECT_FALSE(fs::exists(dir_ / "out" / "manifest.json"));
 }
 
+TEST_F(KernelLibrary, OneArchitecturePerLibrary) {
+  // A library holds kernels of one architecture (EVTC_ARCH, else the GPU's, else sm_90a): an entry
+  // asking for another, or a grouped entry in a library not for sm_90a, is refused by name.
+  ScopedEnv arch("EVTC_ARCH", std::nullopt);
+  const std::string other = kernel_list_of(R"J([{"expr": "out D = relu(acc)", "options": {"arch": "sm100"}}])J");
+  const auto expect_error = [&](const std::string& list, const std::string& part) {
+    try {
+      build_kernel_library(list, (dir_ / "out").string());
+      ADD_FAILURE() << "accepted: " << list;
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  if (target_arch() == 90)
+    expect_error(other, "kernel list entry 1: it asks for sm_100a kernels, and this library is for sm_90a");
+  ScopedEnv ampere("EVTC_ARCH", "sm80");
+  expect_error(kernel_list_of(R"J([{"expr": "out y: bf16 = swiglu(acc)", "grouped": true}])J"),
+               "kernel list entry 1: grouped kernels are built for sm_90a only, and this library is for sm_80");
+  EXPECT_FALSE(fs::exists(dir_ / "out" / "manifest.json"));
+}
+
 TEST_F(KernelLibrary, LibrariesOfAnotherToolchainAreNotAddedTo) {
   jit::LibraryIdentity other = identity();
   other.cutlass = "3.9.0";
