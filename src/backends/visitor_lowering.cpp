@@ -89,8 +89,22 @@ void finish_reductions(const evtc_gemm_args& a, char* scratch, cudaStream_t s) {
   return s + "}\n";
 }
 
-VisitorLowering::VisitorLowering(const Graph& g, std::string main_output)
-    : g_(g), main_output_(std::move(main_output)) {
+std::string layout_tag(Layout l) {
+  return l == Layout::row_major ? "cutlass::layout::RowMajor" : "cutlass::layout::ColumnMajor";
+}
+
+std::string op_arguments(const Node& n) {
+  const OpInfo& info = op_info(n.op);
+  if (info.num_attrs == 0) return "{}";
+  std::string args = "{";
+  for (int i = 0; i < info.num_attrs; ++i) args += (i ? ", " : "") + float_literal(n.attrs[i]);
+  return args + "}";
+}
+
+VisitorLowering::VisitorLowering(const Graph& g, bool collective_stores_d)
+    : g_(g), sig_(make_signature(g)), main_output_(collective_stores_d ? sig_.d_name : "") {
+  for (size_t i = 0; i < sig_.pointers.size(); ++i) ptr_slot_[sig_.pointers[i].name] = i;
+  for (size_t i = 0; i < sig_.scalars.size(); ++i) scalar_slot_[sig_.scalars[i].name] = i;
   for (NodeId id : g_.outputs()) {
     const Node& s = g_.node(id);
     if (!main_output_.empty() && s.name == main_output_) d_value_ = s.inputs[0];
@@ -104,6 +118,12 @@ std::string VisitorLowering::alias(const std::string& definition, const std::str
   std::string name = fmt::format("V{}", next_alias_++);
   decls_ += fmt::format("// {}\nusing {} = {};\n", comment, name, definition);
   return name;
+}
+
+std::string VisitorLowering::ptr(const std::string& name, const std::string& ctype, bool is_const) const {
+  auto it = ptr_slot_.find(name);
+  EVTC_INTERNAL_ASSERT(it != ptr_slot_.end(), "no pointer slot for " + name);
+  return fmt::format("static_cast<{}{}*>(a.ptrs[{}])", is_const ? "const " : "", ctype, it->second);
 }
 
 // Nested tree for value v where nothing below v is materialised.

@@ -47,6 +47,12 @@ std::string reduction_scratch_code(const std::vector<ReductionSlot>& reductions)
 // finish_reductions(a, scratch, stream): the fixed-order final stage of every reduction.
 std::string reduction_finish_code(const std::vector<ReductionSlot>& reductions);
 
+// "cutlass::layout::RowMajor" / "cutlass::layout::ColumnMajor".
+std::string layout_tag(Layout l);
+// The braced argument list of an op's attributes ("{float(0.2)}"; "{}" without attributes),
+// which evtc's compute nodes pass to the functor (Sm90Compute, Sm80Compute).
+std::string op_arguments(const Node& n);
+
 // A visitor: its C++ type and an expression building its Arguments.
 struct Visitor {
   std::string type;
@@ -55,9 +61,10 @@ struct Visitor {
 
 class VisitorLowering {
  public:
-  // `main_output`: the output the GEMM's collective epilogue stores itself (Hopper's D), whose
-  // value leaves the tree as the root's result; empty when every output is a visitor node.
-  VisitorLowering(const Graph& g, std::string main_output);
+  // `collective_stores_d`: the GEMM's collective epilogue stores the main output itself
+  // (Hopper's D, KernelSignature::d_name), whose value leaves the tree as the root's result;
+  // false when every output is a visitor node.
+  VisitorLowering(const Graph& g, bool collective_stores_d);
   virtual ~VisitorLowering() = default;
 
   // Plans the tree and emits every visitor's declaration (declarations()); returns the root.
@@ -68,6 +75,8 @@ class VisitorLowering {
  protected:
   // Names `definition` as the next alias V0, V1, ... (with `comment` above it).
   std::string alias(const std::string& definition, const std::string& comment);
+  // Operand or output `name`'s pointer from the ABI's table, as `ctype*` (const unless not).
+  std::string ptr(const std::string& name, const std::string& ctype, bool is_const = true) const;
 
   // --- what a backend spells ----------------------------------------------------------
   // A non-output node: a leaf (acc, C, scalar, vector, [m,n] operand) or an op.
@@ -86,6 +95,8 @@ class VisitorLowering {
   virtual bool yields_f32(NodeId) const { return true; }
 
   const Graph& g_;
+  const KernelSignature sig_;       // the ABI's tables: pointer and scalar slots
+  std::map<std::string, size_t> ptr_slot_, scalar_slot_;
   std::optional<NodeId> d_value_;   // the main output's value
   std::vector<NodeId> terminals_;   // the other outputs' stores, by name
 

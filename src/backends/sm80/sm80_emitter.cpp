@@ -35,10 +35,7 @@ class Sm80Emitter : public backend::VisitorLowering {
  public:
   // Every output is a store node: no collective epilogue stores D here.
   Sm80Emitter(const Graph& g, const GemmDesc& gemm, const KernelConfig& cfg)
-      : VisitorLowering(g, ""), gemm_(gemm), cfg_(cfg), sig_(make_signature(g)) {
-    for (size_t i = 0; i < sig_.pointers.size(); ++i) ptr_slot_[sig_.pointers[i].name] = i;
-    for (size_t i = 0; i < sig_.scalars.size(); ++i) scalar_slot_[sig_.scalars[i].name] = i;
-  }
+      : VisitorLowering(g, false), gemm_(gemm), cfg_(cfg) {}
 
   sm90::EmittedKernel emit() {
     const Visitor root = lower();
@@ -46,11 +43,6 @@ class Sm80Emitter : public backend::VisitorLowering {
   }
 
  private:
-  std::string ptr(const std::string& name, const std::string& ctype, bool is_const = true) const {
-    auto it = ptr_slot_.find(name);
-    EVTC_INTERNAL_ASSERT(it != ptr_slot_.end(), "no pointer slot for " + name);
-    return fmt::format("static_cast<{}{}*>(a.ptrs[{}])", is_const ? "const " : "", ctype, it->second);
-  }
   Visitor simple(const std::string& definition, const std::string& comment, const std::string& args = "{}") {
     const std::string type = alias(definition, comment);
     return {type, fmt::format("typename {}::Arguments{}", type, args)};
@@ -99,13 +91,7 @@ class Sm80Emitter : public backend::VisitorLowering {
         return mn_load(ptr(n.name, e), e, "a.n", "aux load " + n.name + "[m,n]");
       case NodeKind::compute: {
         const OpInfo& info = op_info(n.op);
-        std::string args = "{}";
-        if (info.num_attrs > 0) {
-          args = "{";
-          for (int i = 0; i < info.num_attrs; ++i) args += (i ? ", " : "") + float_literal(n.attrs[i]);
-          args += "}";
-        }
-        return compute(std::string(info.cuda_functor), n.dtype, std::string(info.name), args);
+        return compute(std::string(info.cuda_functor), n.dtype, std::string(info.name), backend::op_arguments(n));
       }
       case NodeKind::cast:  // the node's output type rounds; the identity functor computes nothing
         return compute("Identity", n.dtype, fmt::format("cast to {}", dtype_name(n.dtype)));
@@ -173,8 +159,6 @@ class Sm80Emitter : public backend::VisitorLowering {
 
   GemmDesc gemm_;
   KernelConfig cfg_;
-  KernelSignature sig_;
-  std::map<std::string, size_t> ptr_slot_, scalar_slot_;
   std::vector<backend::ReductionSlot> reductions_;
 };
 
@@ -204,9 +188,9 @@ std::string Sm80Emitter::assemble(const Visitor& root) {
   s += backend::parts_prelude();
   s += "\nnamespace {\n\n";
   s += fmt::format("using ElementA = {};\nusing LayoutA = {};\n", cutlass_type(gemm_.a_dtype),
-                   gemm_.a_layout == Layout::row_major ? "cutlass::layout::RowMajor" : "cutlass::layout::ColumnMajor");
+                   backend::layout_tag(gemm_.a_layout));
   s += fmt::format("using ElementB = {};\nusing LayoutB = {};\n", cutlass_type(gemm_.b_dtype),
-                   gemm_.b_layout == Layout::row_major ? "cutlass::layout::RowMajor" : "cutlass::layout::ColumnMajor");
+                   backend::layout_tag(gemm_.b_layout));
   s += fmt::format(
       "using ThreadblockShape = cutlass::gemm::GemmShape<{0}, {1}, {2}>;\n"
       "using WarpShape = cutlass::gemm::GemmShape<{3}, {4}, {2}>;\n"

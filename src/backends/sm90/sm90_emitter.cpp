@@ -22,9 +22,7 @@ constexpr const char* kRound = "cutlass::FloatRoundStyle::round_to_nearest";
 using backend::cutlass_type;
 using backend::float_literal;
 
-std::string layout_tag(Layout l) {
-  return l == Layout::row_major ? "cutlass::layout::RowMajor" : "cutlass::layout::ColumnMajor";
-}
+using backend::layout_tag;
 
 // Stride of an M×N operand in CUTLASS's (M, N, L) convention, and its value from the args.
 std::string mn_stride_value(Layout l) {
@@ -39,11 +37,7 @@ class Sm90Emitter : public backend::VisitorLowering {
  public:
   Sm90Emitter(const Graph& g, const GemmDesc& gemm, const KernelConfig& cfg,
               EpilogueTarget target = EpilogueTarget::dense)
-      : VisitorLowering(g, make_signature(g).d_name), gemm_(gemm), cfg_(cfg), sig_(make_signature(g)),
-        grouped_(target == EpilogueTarget::grouped) {
-    for (size_t i = 0; i < sig_.pointers.size(); ++i) ptr_slot_[sig_.pointers[i].name] = i;
-    for (size_t i = 0; i < sig_.scalars.size(); ++i) scalar_slot_[sig_.scalars[i].name] = i;
-  }
+      : VisitorLowering(g, true), gemm_(gemm), cfg_(cfg), grouped_(target == EpilogueTarget::grouped) {}
 
   EmittedKernel emit() {
     const Visitor root = lower();
@@ -56,12 +50,6 @@ class Sm90Emitter : public backend::VisitorLowering {
   }
 
  private:
-  std::string ptr(const std::string& name, const std::string& ctype, bool is_const = true) {
-    auto it = ptr_slot_.find(name);
-    EVTC_INTERNAL_ASSERT(it != ptr_slot_.end(), "no pointer slot for " + name);
-    return fmt::format("static_cast<{}{}*>(a.ptrs[{}])", is_const ? "const " : "", ctype,
-                       it->second);
-  }
   std::string elem_d_desc() const {
     return cutlass_type(sig_.d_name.empty() ? aux_element_ : sig_.d_dtype);
   }
@@ -153,13 +141,7 @@ class Sm90Emitter : public backend::VisitorLowering {
         fmt::format("cutlass::epilogue::fusion::Sm90Compute<evtc::device::{}, {}, float, {}>",
                     info.cuda_functor, cutlass_type(n.dtype), kRound),
         std::string(info.name));
-    std::string args = "{}";
-    if (info.num_attrs > 0) {
-      args = "{";
-      for (int i = 0; i < info.num_attrs; ++i) args += (i ? ", " : "") + float_literal(n.attrs[i]);
-      args += "}";
-    }
-    return {type, fmt::format("typename {}::Arguments{}", type, args)};
+    return {type, fmt::format("typename {}::Arguments{}", type, backend::op_arguments(n))};
   }
   // gate(x) / up(x): both elements of each (gate, up) pair of x's fragment become the
   // pair's gate (up) value (evtc/device/sm90_half_store.cuh); a half store writes one.
@@ -297,8 +279,6 @@ class Sm90Emitter : public backend::VisitorLowering {
 
   GemmDesc gemm_;
   KernelConfig cfg_;
-  KernelSignature sig_;
-  std::map<std::string, size_t> ptr_slot_, scalar_slot_;
   std::vector<backend::ReductionSlot> reductions_;
   DType aux_element_ = DType::bf16;
   bool grouped_ = false;

@@ -85,9 +85,7 @@ std::vector<std::string> grouped_refusals(const Graph& g, const GemmDesc& gemm) 
 
 namespace {
 
-std::string layout_tag(Layout l) {
-  return l == Layout::row_major ? "cutlass::layout::RowMajor" : "cutlass::layout::ColumnMajor";
-}
+using backend::layout_tag;
 
 }  // namespace
 
