@@ -54,16 +54,15 @@ KernelConfig KernelConfig::multistage_of(int tile_m, int tile_n, int tile_k, int
 std::optional<KernelConfig> KernelConfig::parse(const std::string& name) {
   // The sm_80 backend's tiles: CUTLASS 2.x's tensor-op shapes, whose warp tiles
   // (sm80::warp_shape) divide them into 4 or 8 warps.
-  static const std::regex ms(R"(ms_(\d+)x(\d+)x(\d+)_s([2-6])(_precise)?)");
+  static const std::regex ms(R"(ms_(\d{2,3})x(\d{2,3})x(\d{2})_s([2-6])(_precise)?)");
   if (std::smatch m; std::regex_match(name, m, ms)) {
-    const int tm = std::stoi(m[1].str().substr(0, 4)), tn = std::stoi(m[2].str().substr(0, 4)),
-              tk = std::stoi(m[3].str().substr(0, 4));
+    const int tm = std::stoi(m[1]), tn = std::stoi(m[2]), tk = std::stoi(m[3]);
     static const int kTiles[][3] = {{128, 256, 64}, {256, 128, 64}, {128, 128, 64}, {128, 256, 32},
-                                    {256, 128, 32}, {128, 128, 32}, {64, 128, 64},  {128, 64, 64},
-                                    {64, 64, 64}};
+                                    {256, 128, 32}, {128, 128, 32}, {64, 128, 64},  {64, 128, 32},
+                                    {128, 64, 64},  {64, 64, 64}};
     bool known = false;
     for (const auto& t : kTiles) known = known || (t[0] == tm && t[1] == tn && t[2] == tk);
-    if (!known || m[1].length() > 4 || m[2].length() > 4 || m[3].length() > 4) return std::nullopt;
+    if (!known) return std::nullopt;
     KernelConfig c = multistage_of(tm, tn, tk, std::stoi(m[4]));
     c.precise_math = m[5].matched;
     return c;

@@ -99,8 +99,20 @@ TEST(Sm80Configs, NamesParseAndRoundTrip) {
     EXPECT_EQ(c->name(), name);
     EXPECT_EQ(c->schedule, MainloopSchedule::multistage);
   }
-  for (const char* bad : {"ms_128x256x64_s7", "ms_96x256x64_s3", "ms_128x256x16_s3", "ms_128x256x64"})
+  for (const char* bad : {"ms_128x256x64_s7", "ms_96x256x64_s3", "ms_128x256x16_s3", "ms_128x256x64",
+                          "ms_0128x256x64_s3"})
     EXPECT_FALSE(KernelConfig::parse(bad)) << bad;
+  // Every default configuration is one the parser takes back (kernel lists, --config).
+  const Graph g = parse_expression("out D: bf16 = acc");
+  for (int arch : {80, 86, 89, 120})
+    for (int64_t m : {0, 32, 4096}) {
+      GemmDesc d = ampere(arch);
+      d.m = m;
+      d.n = d.k = 4096;
+      const KernelConfig c = default_config(g, d);
+      ASSERT_TRUE(KernelConfig::parse(c.name())) << c.name();
+      EXPECT_EQ(*KernelConfig::parse(c.name()), c) << c.name();
+    }
 }
 
 TEST(Sm80Configs, EachBackendTakesItsOwnKindAndSharedMemoryBounds) {
