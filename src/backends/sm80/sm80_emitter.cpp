@@ -282,11 +282,8 @@ int evtc_run(const evtc_gemm_args* a, void* workspace, void* stream, char* why, 
     return EVTC_ERROR_LAUNCH;
   }
   cudaStream_t s = static_cast<cudaStream_t>(stream);
+  // evtc_can_implement was asked once for this problem (the runtime's plan), as for every backend.
   const GemmArguments args = gemm_arguments(*a, static_cast<char*>(workspace));
-  if (cutlass::Status status = GemmKernel::can_implement(args); status != cutlass::Status::kSuccess) {
-    set_reason(why, why_size, cutlassGetStatusString(status));
-    return EVTC_ERROR_CANNOT_IMPLEMENT;
-  }
   // Building the Params is a few integer operations (no TMA descriptors): no launch cache.
   GemmParams params(args, a->sm_count > 0 ? a->sm_count : evtc::device::sm_count_of_current_device(), 1);
   cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<8> swizzle;
