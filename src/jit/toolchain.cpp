@@ -224,10 +224,13 @@ namespace {
 // with fused kernels, evtc/arch.hpp). Other code carries its PTX beside the machine code, so that the driver
 // compiles it for a newer GPU where it runs (machine code of one major architecture does not run
 // on another: sm_80 code on a Hopper GPU, the unfused path of `arch=sm80`).
+// The backend whose code a request holds: the one given, else `sm`'s own (evtc/arch.hpp).
+int code_backend(int sm, int backend) { return backend ? backend : arch_features(sm).backend; }
+
 std::string gencode_flag(int sm, bool need_cutlass, int backend) {
   // Fused kernels: the architecture-specific target of each backend (sm_90a, sm_100a, sm_120a);
   // the sm_80 backend's machine code for the GPU's architecture, with compute_80 PTX beside it.
-  const int b = backend ? backend : arch_features(sm).backend;
+  const int b = code_backend(sm, backend);
   if (need_cutlass && b == 80) return fmt::format("-gencode=arch=compute_80,code=[sm_{},compute_80]", sm);
   if (need_cutlass && b) return fmt::format("-gencode=arch=compute_{0}a,code=sm_{0}a", sm);
   return fmt::format("-gencode=arch=compute_{0},code=[sm_{0},compute_{0}]", sm);
@@ -273,7 +276,7 @@ std::vector<std::string> device_part_flags(int sm, int backend) {
   std::vector<std::string> f = compile_only_flags(sm, backend);
   // The sm_80 backend's image carries compute_80 PTX beside its machine code (a fat binary),
   // which the driver compiles for newer GPUs; the others' are one architecture's cubin.
-  f.push_back((backend ? backend : arch_features(sm).backend) == 80 ? "-fatbin" : "-cubin");
+  f.push_back(code_backend(sm, backend) == 80 ? "-fatbin" : "-cubin");
   f.push_back("-DEVTC_PART=1");
   return f;
 }
