@@ -62,7 +62,7 @@ def build_plain(kernel_source: str) -> ctypes.CDLL:
     subprocess.run(cmd, check=True)
     lib = ctypes.CDLL(out)
     lib.plain_gemm.restype = ctypes.c_int
-    lib.plain_gemm.argtypes = [ctypes.c_int] * 3 + [ctypes.c_void_p] * 4
+    lib.plain_gemm.argtypes = [ctypes.c_int] * 3 + [ctypes.c_void_p] * 3 + [ctypes.c_float] + [ctypes.c_void_p] * 2
     return lib
 
 
@@ -83,7 +83,7 @@ def main():
     for k in [*sm80.values(), *hopper.values()]:
         k.compile_async(0, 0, 0).result()
     # The generated source sits beside the compiled library in evtc's cache.
-    with open(os.path.join(os.path.dirname(sm80["W1"].library_path()), "kernel.cu")) as f:
+    with open(os.path.join(os.path.dirname(sm80["W1"].library_path), "kernel.cu")) as f:
         plain_lib = build_plain(f.read())
 
     shapes = []
@@ -96,17 +96,20 @@ def main():
         bias = torch.randn(n, device="cuda").to(torch.bfloat16)
         gate = torch.randn(m, n, device="cuda").to(torch.bfloat16)
         acc = a.double() @ b.double()
-        want = {"W1": torch.nn.functional.silu(acc + bias.double()), "W2": acc * gate.double(), "plain": acc}
+        want = {"W1": torch.nn.functional.silu(acc + bias.double()), "W2": acc * gate.double(), "plain": acc,
+                "plus C": acc + gate.double()}
         d_plain = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
 
-        def plain_cutlass():
-            rc = plain_lib.plain_gemm(m, n, k, a.data_ptr(), w.data_ptr(), d_plain.data_ptr(),
+        def plain_cutlass(c=None):
+            rc = plain_lib.plain_gemm(m, n, k, a.data_ptr(), w.data_ptr(), None if c is None else c.data_ptr(),
+                                      0.0 if c is None else 1.0, d_plain.data_ptr(),
                                       torch.cuda.current_stream().cuda_stream)
             if rc:
                 raise RuntimeError(f"plain CUTLASS GEMM failed ({rc})")
             return d_plain
 
-        variants = {f"plain CUTLASS 2.x {opts.config}": ("plain", plain_cutlass)}
+        variants = {f"plain CUTLASS 2.x {opts.config}": ("plain", plain_cutlass),
+                    f"plain CUTLASS 2.x + C {opts.config}": ("plus C", lambda: plain_cutlass(gate))}
         variants[f"evtc sm80 W1 {opts.config}"] = ("W1", lambda: sm80["W1"](a, b, bias=bias))
         variants[f"evtc sm80 W2 {opts.config}"] = ("W2", lambda: sm80["W2"](a, b, gate=gate))
         variants[f"evtc sm80 D = acc {opts.config}"] = ("plain", lambda: sm80["D = acc"](a, b))
@@ -137,6 +140,10 @@ def main():
         v = result["variants"]
         base = v[f"plain CUTLASS 2.x {opts.config}"]["ms"]
         result["evt_cost"] = {w: v[f"evtc sm80 {w} {opts.config}"]["ms"] / base for w in ("W1", "W2", "D = acc")}
+        # W2 reads an [m,n] operand: against the plain GEMM that reads one too (D = A·B + C), the
+        # same memory traffic, the ratio is the visitor tree's own cost.
+        result["evt_cost"]["W2 vs plain + C"] = (v[f"evtc sm80 W2 {opts.config}"]["ms"] /
+                                                 v[f"plain CUTLASS 2.x + C {opts.config}"]["ms"])
         result["vs_cublas"] = {w: v[f"evtc sm80 {w} {opts.config}"]["ms"] / v["torch cuBLAS alone"]["ms"]
                                for w in ("W1", "W2", "D = acc")}
         shapes.append(result)

@@ -1,5 +1,6 @@
 // A plain CUTLASS 2.x GEMM (D = A·B in bf16, CUTLASS's default LinearCombination epilogue)
-// in one configuration of evtc's sm_80 backend, for bench/sm80_evt.py: the same main loop as
+// (and D = A·B + C, the plain epilogue's way to read an [m,n] tensor) in one configuration of
+// evtc's sm_80 backend, for bench/sm80_evt.py: the same main loop as
 // evtc's fused kernel of that configuration, so their difference is the visitor tree's cost.
 // Built by the benchmark with -DTILE_M/N/K, -DWARP_M/N and -DSTAGES.
 #include <cutlass/cutlass.h>
@@ -14,10 +15,12 @@ using Gemm = cutlass::gemm::device::GemmUniversal<
     cutlass::epilogue::thread::LinearCombination<cutlass::bfloat16_t, 8, float, float>,
     cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<8>, STAGES>;
 
-// D (m×n, row-major) = A (m×k, row-major) · B (k×n, column-major: n rows of k). Returns 0 on success.
-extern "C" int plain_gemm(int m, int n, int k, const void* a, const void* b, void* d, void* stream) {
-  typename Gemm::Arguments args(cutlass::gemm::GemmUniversalMode::kGemm, {m, n, k}, 1, {1.0f, 0.0f}, a, b, d, d,
-                                0, 0, 0, 0, k, k, n, n);
+// D (m×n, row-major) = A (m×k, row-major) · B (k×n, column-major: n rows of k) + beta · C (m×n,
+// row-major; read only when beta is not 0). Returns 0 on success.
+extern "C" int plain_gemm(int m, int n, int k, const void* a, const void* b, const void* c, float beta, void* d,
+                          void* stream) {
+  typename Gemm::Arguments args(cutlass::gemm::GemmUniversalMode::kGemm, {m, n, k}, 1, {1.0f, beta}, a, b,
+                                beta != 0.0f ? c : d, d, 0, 0, 0, 0, k, k, n, n);
   Gemm gemm;
   if (gemm.can_implement(args) != cutlass::Status::kSuccess) return 1;
   if (gemm.initialize(args, nullptr, static_cast<cudaStream_t>(stream)) != cutlass::Status::kSuccess) return 2;

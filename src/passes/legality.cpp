@@ -70,11 +70,11 @@ class LegalityChecker {
       const Node& n = g_.node(id);
       if (n.kind == NodeKind::store && n.shape == Shape::half && !f.gated)
         refuse(arch_lacks(gemm_.sm, fmt::format("gated [m,n/2] outputs ('{}': evtc's half-width store node "
-                                                "reads Hopper's epilogue register layout)",
+                                                "is not built for this backend's epilogue)",
                                                 n.name)));
       if (n.kind == NodeKind::store && g_.node(n.inputs[0]).kind == NodeKind::reduce && !f.reductions)
-        refuse(arch_lacks(gemm_.sm, fmt::format("reductions ('{}': evtc's partial-result nodes read Hopper's "
-                                                "epilogue register layout)",
+        refuse(arch_lacks(gemm_.sm, fmt::format("reductions ('{}': evtc's partial-result nodes are not built "
+                                                "for this backend's epilogue)",
                                                 n.name)));
       if (n.kind == NodeKind::aux && !f.aux_tensors)
         refuse(arch_lacks(gemm_.sm, fmt::format("[m,n] operands ('{}')", n.name)));

@@ -41,10 +41,11 @@ const ArchFeatures& arch_features(int arch) {
   // sm_90a: CUTLASS 3.x TMA warp-specialized kernels with wgmma, every feature, tested on H100/H200.
   static const ArchFeatures sm90{true, true, true, true, true, true, true, true, true, true, true, true, true,
                                  "Hopper", 90};
-  // sm_100a: CUTLASS 4.2's tcgen05 (UMMA) kernels, one SM per MMA, with its sm90-style visitor
-  // tree. evtc's own nodes assume Hopper's epilogue thread layout (two warp groups reading
-  // registers, not tensor memory), so gated outputs and reductions are not offered.
-  static const ArchFeatures sm100{true,  false, true, true,  false, false, false, true,
+  // sm_100a: CUTLASS 4.2's tcgen05 (UMMA) kernels, one or two SMs per MMA, with its sm90-style
+  // visitor tree; evtc's gated store and whole-matrix partials read the epilogue's thread layout
+  // from its tiled copy (tensor memory to registers), and kernels without D store into a sink
+  // (evtc/device/sm100_epilogue.cuh).
+  static const ArchFeatures sm100{true,  false, true, true,  false, true, true, true,
                                   true,  false, true, false, false, "Blackwell B200/GB200", 100};
   // sm_120a: CUTLASS 4.2's sm120 builder multiplies fp8/fp6/fp4 only (TN), without clusters.
   static const ArchFeatures sm120{true,  false, false, true,  false, false, false, false, false,

@@ -276,16 +276,13 @@ TEST(PassLegality, FusedArchitecturesAndWhatEachFuses) {
             (Reasons{"the sm_86 backend (Ampere-class, sm_80 code) does not fuse fp8 A and B"}));
   d.sm = 90;
   EXPECT_TRUE(reasons(plain_graph(), d).empty());
-  // sm_100a: bf16 and [m,n] operands fuse; gated outputs and reductions do not.
+  // sm_100a: bf16, [m,n] operands, gated outputs and reductions fuse, with and without D.
   d.sm = 100;
   EXPECT_TRUE(reasons(plain_graph(), d).empty());
   EXPECT_TRUE(reasons(parse_expression("out D: bf16 = acc * gate[m,n]; out P: f32 = relu(acc)"), d).empty());
-  EXPECT_EQ(reasons(parse_expression("out y: bf16 = swiglu(acc)"), d),
-            (Reasons{"the sm_100a backend (Blackwell B200/GB200) does not fuse gated [m,n/2] outputs ('y': evtc's "
-                     "half-width store node reads Hopper's epilogue register layout)"}));
-  EXPECT_EQ(reasons(parse_expression("out D: bf16 = acc; out r = row_sum(acc)"), d),
-            (Reasons{"the sm_100a backend (Blackwell B200/GB200) does not fuse reductions ('r': evtc's "
-                     "partial-result nodes read Hopper's epilogue register layout)"}));
+  EXPECT_TRUE(reasons(parse_expression("out y: bf16 = swiglu(acc)"), d).empty());
+  EXPECT_TRUE(reasons(parse_expression("out D: bf16 = acc; out r = row_sum(acc); out c = col_max(acc)"), d).empty());
+  EXPECT_TRUE(reasons(parse_expression("out t = sum(acc * C)"), d).empty());
   GemmDesc bw = d;
   bw.a_dtype = bw.b_dtype = DType::f8e4m3;
   bw.b_layout = Layout::col_major;
@@ -306,6 +303,9 @@ TEST(PassLegality, FusedArchitecturesAndWhatEachFuses) {
   EXPECT_TRUE(reasons(parse_expression("out D: bf16 = acc * s[m] * t[n]"), fp8).empty());
   EXPECT_EQ(reasons(parse_expression("out D: bf16 = acc * r[m,n]"), fp8),
             (Reasons{"the sm_120a backend (Blackwell RTX 50xx / RTX PRO 6000) does not fuse [m,n] operands ('r')"}));
+  EXPECT_EQ(reasons(parse_expression("out y: bf16 = swiglu(acc)"), fp8),
+            (Reasons{"the sm_120a backend (Blackwell RTX 50xx / RTX PRO 6000) does not fuse gated [m,n/2] outputs "
+                     "('y': evtc's half-width store node is not built for this backend's epilogue)"}));
   EXPECT_EQ(reasons(parse_expression("out D: bf16 = acc; out P: f32 = relu(acc)"), fp8),
             (Reasons{"the sm_120a backend (Blackwell RTX 50xx / RTX PRO 6000) does not fuse [m,n] outputs besides "
                      "the main one ('P')"}));

@@ -6,7 +6,9 @@
 // In the Hopper wgmma accumulator layout every thread holds adjacent column pairs in
 // adjacent registers, and the epilogue visits them in fragments of an even number of
 // elements starting at a pair's first column, so both halves of a pair meet in one fragment
-// of one thread and the gating moves no data between threads.
+// of one thread and the gating moves no data between threads. The same holds on sm_100a, whose
+// epilogue loads each thread one row of the tile from tensor memory, consecutive columns in
+// consecutive registers.
 //
 // Three pieces, all ordinary EVT nodes:
 //  - PairGate / PairUp (Sm90Compute functors): element i of the result is the pair's gate
@@ -20,7 +22,8 @@
 //    tile's L coordinate (the group), the problem shape and residue being the group's.
 //    Halving leaves each thread one value per 8-column block, so the store first regroups
 //    values among the four lanes of each quad into runs of consecutive output columns and
-//    writes each run with wide stores (see "Quad runs" below).
+//    writes each run with wide stores (see "Quad runs" below). On sm_100a a fragment's pair
+//    values already are consecutive output columns of one row and go out as they are.
 #pragma once
 
 #include <cstdint>
@@ -99,6 +102,10 @@ CUTLASS_HOST_DEVICE constexpr SubtileCoords<sizeof...(I)> subtile_coords(
 template <int Pairs>
 struct FragmentPairs {
   bool adjacent = true;  // every pair is (row, column), (row, column + 1)
+  // Every fragment holds one row's consecutive columns, pair k at column 2k: its pair values
+  // are consecutive output columns of one thread (sm_100a's tensor-memory loads give each
+  // thread a row of the tile).
+  bool row_run = false;
   // The pairs form a grid of `rows` rows × `blocks` 8-column blocks (column offsets 0, 8,
   // 16, ...), one pair per cell, every fragment repeating the pattern of the first, and the
   // quad's rows × 4·blocks output values split into four equal runs, 4/rows per row: the
@@ -125,6 +132,9 @@ CUTLASS_HOST_DEVICE constexpr FragmentPairs<Pairs> fragment_pairs(SubtileCoords<
     }
   }
   if (!repeats || !f.adjacent) return f;
+  f.row_run = true;
+  for (int k = 0; k < Pairs; ++k)
+    if (c.m[2 * k] != c.m[0] || c.n[2 * k] - c.n[0] != 2 * k) f.row_run = false;
   for (int r = 0; r < 4; ++r)
     for (int b = 0; b < Pairs; ++b) f.pair_at[r][b] = -1;
   for (int k = 0; k < Pairs; ++k) {
@@ -244,19 +254,23 @@ struct Sm90HalfStore : Sm90RegisterNode {
       for (int k = 0; k < kPairs; ++k) y[k] = convert(input[2 * k]);
 
       auto coords_mn = coords(cute::_, cute::_, cute::_, epi_m, epi_n);
-      if constexpr (run_bytes<kPairs>() != 0) {
-        if (quads) {
-          store_runs(y, coords_mn(epi_v * FragmentSize));
-          return input;
+      if constexpr (pairs<kPairs>().row_run) {
+        store_row_run(y, coords_mn(epi_v * FragmentSize));
+      } else {
+        if constexpr (run_bytes<kPairs>() != 0) {
+          if (quads) {
+            store_runs(y, coords_mn(epi_v * FragmentSize));
+            return input;
+          }
         }
-      }
-      CUTLASS_PRAGMA_UNROLL
-      for (int k = 0; k < kPairs; ++k) {
-        auto c = coords_mn(epi_v * FragmentSize + 2 * k);
-        if (!cute::elem_less(c, residue)) continue;
-        const int64_t m = row0 + int64_t(cute::get<0>(c));
-        const int64_t n = col0 + int64_t(cute::get<1>(c));
-        base[m * ld + n / 2] = y[k];
+        CUTLASS_PRAGMA_UNROLL
+        for (int k = 0; k < kPairs; ++k) {
+          auto c = coords_mn(epi_v * FragmentSize + 2 * k);
+          if (!cute::elem_less(c, residue)) continue;
+          const int64_t m = row0 + int64_t(cute::get<0>(c));
+          const int64_t n = col0 + int64_t(cute::get<1>(c));
+          base[m * ld + n / 2] = y[k];
+        }
       }
       return input;
     }
@@ -360,6 +374,31 @@ struct Sm90HalfStore : Sm90RegisterNode {
         for (int k = 0; k < kRun; ++k)
           if (n + k < half_cols) out[k] = values[k];
       }
+    }
+
+    // Writes one fragment's pair values y, consecutive output columns of one row (row_run), with
+    // the widest stores their address allows; elements past the problem's edge are not written.
+    template <int Pairs, class Coord>
+    CUTLASS_DEVICE void store_row_run(cutlass::Array<ElementOutput, Pairs> const& y,
+                                      Coord const& c0) const {
+      const int64_t m = row0 + int64_t(cute::get<0>(c0));
+      const int64_t n = (col0 + int64_t(cute::get<1>(c0))) / 2;  // the first pair's column is even
+      if (m >= rows) return;
+      ElementOutput* out = base + m * ld + n;
+      constexpr int kBytes = Pairs * int(sizeof(ElementOutput));
+      const uintptr_t address = reinterpret_cast<uintptr_t>(out);
+      if constexpr (cutlass::sizeof_bits<ElementOutput>::value % 8 == 0 && kBytes % 16 == 0) {
+        if (n + Pairs <= half_cols && address % 16 == 0) return store_pieces<16>(y, out);
+      }
+      if constexpr (cutlass::sizeof_bits<ElementOutput>::value % 8 == 0 && kBytes % 8 == 0) {
+        if (n + Pairs <= half_cols && address % 8 == 0) return store_pieces<8>(y, out);
+      }
+      if constexpr (cutlass::sizeof_bits<ElementOutput>::value % 8 == 0 && kBytes % 4 == 0) {
+        if (n + Pairs <= half_cols && address % 4 == 0) return store_pieces<4>(y, out);
+      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int k = 0; k < Pairs; ++k)
+        if (n + k < half_cols) out[k] = y[k];
     }
 
     // Writes `values` (a whole run, in bounds) as consecutive stores of Bytes each; `out` is

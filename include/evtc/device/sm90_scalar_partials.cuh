@@ -94,8 +94,10 @@ struct Sm90ScalarPartials : Sm90RegisterNode {
   template <bool ReferenceSrc, class... Args>
   CUTLASS_DEVICE auto get_consumer_store_callbacks(
       cutlass::epilogue::fusion::ConsumerStoreArgs<Args...> const& args) {
-    // The epilogue's threads are the MMA's threads; thread_idx counts from 0 within them.
-    constexpr int kWarps = decltype(cute::size(args.tiled_mma))::value / 32;
+    // The epilogue's threads are those of the tiled copy that hands it the accumulators
+    // (Hopper: the MMA's threads; sm_100a: the warps that read tensor memory); thread_idx
+    // counts from 0 within them.
+    constexpr int kWarps = decltype(args.tiled_copy)::TiledNumThr::value / 32;
     const int tile_m = int(cute::get<0>(args.tile_coord_mnkl));
     const int tile_n = int(cute::get<1>(args.tile_coord_mnkl));
     // A cluster may hold a CTA whose tile lies wholly outside the problem: it writes nothing.

@@ -155,6 +155,18 @@ class Sm80Emitter : public backend::VisitorLowering {
     return "float";
   }
 
+  // Two epilogue stages when the tree loads [m,n] tensors (C or operands): CUTLASS's pipelined
+  // 2.x epilogue then issues the loads of the next step's rows (VisitorAuxLoad's begin_step)
+  // before visiting this step's, and the loads' latency hides behind the visit. Without such
+  // loads nothing is gained and the second shared-memory stage only costs. Measured on W2
+  // (acc * gate[m,n], 8192×8192×1024, bench/sm80_evt.py): 1.118× the plain GEMM with one stage,
+  // 1.091× with two.
+  int epilogue_stages() const {
+    for (const Node& n : g_.nodes())
+      if (n.kind == NodeKind::aux || n.kind == NodeKind::source) return 2;
+    return 1;
+  }
+
   std::string assemble(const Visitor& root);
 
   GemmDesc gemm_;
@@ -196,7 +208,7 @@ std::string Sm80Emitter::assemble(const Visitor& root) {
       "using WarpShape = cutlass::gemm::GemmShape<{3}, {4}, {2}>;\n"
       "using InstructionShape = cutlass::gemm::GemmShape<16, 8, 16>;  // mma.sync for 16-bit A and B\n"
       "constexpr int kStages = {5};\n"
-      "constexpr int kEpilogueStages = 1;  // the epilogue pipelining measured (bench/sm80_evt.py)\n"
+      "constexpr int kEpilogueStages = {8};\n"
       "// The element the epilogue's thread map is laid out for (16-byte accesses of it).\n"
       "using ElementLayoutC = {6};\n"
       "constexpr int kAlignmentC = 128 / cutlass::sizeof_bits<ElementLayoutC>::value;\n"
@@ -205,7 +217,8 @@ std::string Sm80Emitter::assemble(const Visitor& root) {
       "constexpr int kTileM = {0};\n"
       "constexpr int kTileN = {1};\n"
       "constexpr int kEpilogueWarps = {7};\n\n",
-      cfg_.tile_m, cfg_.tile_n, cfg_.tile_k, warp.m, warp.n, cfg_.stages, layout_element(), warps);
+      cfg_.tile_m, cfg_.tile_n, cfg_.tile_k, warp.m, warp.n, cfg_.stages, layout_element(), warps,
+      epilogue_stages());
   s += declarations();
   s += fmt::format("\nusing Callbacks = {};\n", root.type);
   s += R"(

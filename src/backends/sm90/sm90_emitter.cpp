@@ -289,8 +289,11 @@ std::string Sm90Emitter::assemble(const Visitor& root) {
   const std::string elem_a = cutlass_type(gemm_.a_dtype);
   const std::string elem_b = cutlass_type(gemm_.b_dtype);
   const std::string elem_c = sig_.reads_c ? cutlass_type(sig_.c_dtype) : "void";
-  const std::string elem_d = sig_.d_name.empty() ? "void" : cutlass_type(sig_.d_dtype);
   const std::string desc_d = elem_d_desc();
+  // Without D: void on Hopper; on sm_100a a D of the descriptor's type that stores into a sink
+  // (evtc/device/sm100_epilogue.cuh), CUTLASS 4.2's sm100 collective having no void-D form.
+  const bool d_sink = sig_.d_name.empty() && gemm_.sm == 100;
+  const std::string elem_d = d_sink ? desc_d : sig_.d_name.empty() ? "void" : cutlass_type(sig_.d_dtype);
   const std::string desc_c = sig_.reads_c ? elem_c : desc_d;
   const std::string align_d = fmt::format("128 / cutlass::sizeof_bits<{}>::value", desc_d);
   const std::string align_c = fmt::format("128 / cutlass::sizeof_bits<{}>::value", desc_c);
@@ -349,15 +352,19 @@ std::string Sm90Emitter::assemble(const Visitor& root) {
 #include "evtc/device/reduce.cuh"
 #include "evtc/device/sm90_half_store.cuh"
 #include "evtc/device/sm90_scalar_partials.cuh"
-
 )";
+  if (d_sink) s += "#include \"evtc/device/sm100_epilogue.cuh\"\n";
+  s += "\n";
   s += backend::parts_prelude();
   s += "\nnamespace {\n\n";
   s += fmt::format("using ElementA = {};\nusing LayoutA = {};\n", elem_a, layout_tag(gemm_.a_layout));
   s += fmt::format("using ElementB = {};\nusing LayoutB = {};\n", elem_b, layout_tag(gemm_.b_layout));
   s += fmt::format("using ElementC = {};{}\n", elem_c,
                    sig_.reads_c ? "" : "  // void: the epilogue does not read C");
-  s += fmt::format("using ElementD = {};{}\n", elem_d, sig_.d_name.empty() ? "  // void: no main output" : "");
+  s += fmt::format("using ElementD = {};{}\n", elem_d,
+                   d_sink                ? "  // no main output: D is a sink (evtc/device/sm100_epilogue.cuh)"
+                   : sig_.d_name.empty() ? "  // void: no main output"
+                                         : "");
   // sm_100a's two-SM MMA (256-row tiles): the builders take the MMA's tile, and each CTA of the
   // pair, whose epilogue the visitor nodes run, holds half its rows (TileShape).
   const bool two_sm = gemm_.sm == 100 && cfg_.tile_m == 256;
@@ -413,7 +420,7 @@ std::string Sm90Emitter::assemble(const Visitor& root) {
         "    TileShape, EpilogueTile, {}, {}, EpilogueSchedule>;\n\n",
         desc_c, desc_d);
   s += declarations();
-  if (!hopper && !sig_.d_name.empty()) {
+  if (!hopper && (!sig_.d_name.empty() || d_sink)) {
     // Blackwell's collective epilogues assign the tree's result to D's fragment without a
     // conversion: the root converts to ElementD.
     s += fmt::format(
@@ -431,11 +438,11 @@ std::string Sm90Emitter::assemble(const Visitor& root) {
   }
   s += fmt::format(R"(
 using ArchTag = cutlass::arch::Sm{};
-using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+using {}CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
     ArchTag, cutlass::arch::OpClassTensorOp, {}, ClusterShape, EpilogueTile,
     float, float, ElementC, cutlass::layout::RowMajor, {},
     ElementD, cutlass::layout::RowMajor, {}, EpilogueSchedule, Callbacks>::CollectiveOp;
-
+{}
 using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
     ArchTag, cutlass::arch::OpClassTensorOp,
     ElementA, {}, 128 / cutlass::sizeof_bits<ElementA>::value,
@@ -464,18 +471,25 @@ evtc_gemm_kernel(CUTLASS_GRID_CONSTANT const GemmParams params) {{
 
 #if EVTC_PART != 1
 )",
-                   gemm_.sm, mma_tile, align_c, align_d, blockwise ? "cute::tuple<LayoutA, LayoutSFA>" : "LayoutA",
+                   gemm_.sm, d_sink ? "Built" : "", mma_tile, align_c, align_d,
+                   d_sink ? "using CollectiveEpilogue = evtc::device::Sm100EpilogueWithoutD<BuiltCollectiveEpilogue>;\n"
+                          : "",
+                   blockwise ? "cute::tuple<LayoutA, LayoutSFA>" : "LayoutA",
                    blockwise ? "cute::tuple<LayoutB, LayoutSFB>" : "LayoutB", mma_tile,
                    cfg_.scheduler == TileSchedulerKind::stream_k ? "cutlass::gemm::StreamKScheduler"
                                                                  : "void");
   s += backend::kernel_image_declaration();
   s += "\nnamespace {\n\n";
   // Scratch for the reductions' partial results, after CUTLASS's workspace (see emit_reduce).
+  // The epilogue's warps: Hopper's are the MMA's (one or two consumer warp groups); sm_100a's
+  // tcgen05 MMA is issued by one thread and its epilogue is a warp group of its own that reads
+  // the accumulators from tensor memory.
   s += R"(constexpr int kTileM = cute::size<0>(TileShape{});
 constexpr int kTileN = cute::size<1>(TileShape{});
-constexpr int kEpilogueWarps = decltype(cute::size(typename CollectiveMainloop::TiledMma{}))::value / 32;
-
 )";
+  s += gemm_.sm == 100
+           ? "constexpr int kEpilogueWarps = CollectiveEpilogue::ThreadCount / 32;\n\n"
+           : "constexpr int kEpilogueWarps = decltype(cute::size(typename CollectiveMainloop::TiledMma{}))::value / 32;\n\n";
   s += backend::reduction_scratch_code(reductions_);
   s += fmt::format(R"(
 typename Callbacks::Arguments fusion_arguments(const evtc_gemm_args& a, char* scratch) {{
@@ -483,7 +497,7 @@ typename Callbacks::Arguments fusion_arguments(const evtc_gemm_args& a, char* sc
   return {};
 }}
 )",
-                   !hopper && !sig_.d_name.empty()
+                   !hopper && (!sig_.d_name.empty() || d_sink)
                        ? fmt::format("typename Callbacks::Arguments{{{}, {{}}}}", root.args)
                        : root.args);
   s += backend::reduction_finish_code(reductions_);
