@@ -9,14 +9,15 @@ and compute_80 PTX, which the driver compiles for a newer GPU). On Hopper this m
 visitor tree's cost on the mma.sync main loop, not Ampere's speed: Hopper's wgmma kernels (the
 sm_90a backend, also timed) are what runs there by default. For each shape it times, on the same
 tensors (bf16 A row-major, B column-major):
-  plain CUTLASS 2.x   bench/sm80/plain_gemm.cu in --config's tile and stages, D = A·B (nvcc, here)
+  plain CUTLASS 2.x   bench/sm80/plain_gemm.cu in --config's tile and stages, D = A·B, and
+                      D = A·B + C (C = W2's gate: the same memory traffic as W2) (nvcc, here)
   evtc sm80           W1 silu(acc + bias[n]), W2 acc * gate[m,n] and D = acc, in --config
   evtc sm90a          W1 and W2 with the default Hopper kernel (on an sm_90 GPU only)
   torch               cuBLAS alone (a @ b), and + the epilogue in eager PyTorch (the unfused path)
 Every output is checked against float64 first. Timing: triton.testing.do_bench (median, L2
 flushed), the variants in turn for --rounds rounds; the median of the rounds. Writes
 <out>/<stamp>-<gpu>-sm80-evt.json and .png and prints the ratios the docs quote
-(evtc ÷ plain CUTLASS 2.x, target ≤ 1.10 for W1 and W2).
+(evtc ÷ plain CUTLASS 2.x, target ≤ 1.10 for W1 and W2; W2 ÷ the plain GEMM + C beside it).
 """
 from __future__ import annotations
 
