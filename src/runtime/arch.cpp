@@ -47,8 +47,9 @@ const ArchFeatures& arch_features(int arch) {
   // (evtc/device/sm100_epilogue.cuh).
   static const ArchFeatures sm100{true,  false, true, true,  false, true, true, true,
                                   true,  false, true, false, false, "Blackwell B200/GB200", 100};
-  // sm_120a: CUTLASS 4.2's sm120 builder multiplies fp8/fp6/fp4 only (TN), without clusters.
-  static const ArchFeatures sm120{true,  false, false, true,  false, false, false, false, false,
+  // sm_120a: CUTLASS 4.2's sm120 builder multiplies fp8/fp6/fp4 only (TN), without clusters; its
+  // epilogue is Hopper's collective, so evtc's gated store and partials apply as they are.
+  static const ArchFeatures sm120{true,  false, false, true,  false, true, true, false, false,
                                   true,  false, false, false, "Blackwell RTX 50xx / RTX PRO 6000", 120};
   static const ArchFeatures none{};
   switch (arch) {
