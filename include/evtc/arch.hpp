@@ -64,6 +64,9 @@ int parse_arch(std::string_view text, std::string_view what);
 // nvcc's name of a target: "sm_90a", "sm_100a", "sm_120a" for fused kernels of the backends
 // that use architecture-specific features, "sm_86" otherwise.
 std::string arch_name(int arch, bool fused = false);
+// Whether a GPU of `device_arch` runs the kernels evtc builds for `arch`: the same architecture
+// for the sm_90a/100a/120a ones, the same or a newer one for the others (their PTX is built in).
+bool code_runs_on(int arch, int device_arch);
 // The architecture kernels are built for: EVTC_ARCH when set, else `option`, else the
 // current device's, else 90 (no device: a machine that only compiles).
 int target_arch(std::optional<int> option = std::nullopt);

@@ -201,9 +201,9 @@ LibraryManifest add_locked(Registry& r, const std::string& dir_in) {
   const LibraryIdentity here = current_identity(target_arch());
   if (const std::string why = identity_mismatch(m.identity, here); !why.empty())
     throw UserError(fmt::format("kernel library {} is refused: {}", dir_in, why));
-  if (const auto device = current_device(); device && device->arch != m.identity.sm)
-    throw UserError(fmt::format("kernel library {} is refused: its kernels are {} code, but this GPU ({}) has "
-                                "compute capability {}.{}",
+  if (const auto device = current_device(); device && !code_runs_on(m.identity.sm, device->arch))
+    throw UserError(fmt::format("kernel library {} is refused: its kernels are {} code, which this GPU ({}, "
+                                "compute capability {}.{}) cannot run",
                                 dir_in, m.identity.arch, device->name, device->arch / 10, device->arch % 10));
   Registered reg;
   reg.dir = dir.empty() ? dir_in : dir;

@@ -84,6 +84,14 @@ std::string arch_name(int arch, bool fused) {
   return fused && arch_features(arch).backend >= 90 ? fmt::format("sm_{}a", arch) : fmt::format("sm_{}", arch);
 }
 
+bool code_runs_on(int arch, int device_arch) {
+  // sm_90a/100a/120a machine code runs on its own architecture only; sm_XX machine code with
+  // compute_XX PTX (the sm_80 backend, every plain epilogue of a non-"a" target) on it and,
+  // through the driver's PTX compile, on every newer one.
+  if (arch_features(arch).backend >= 90) return device_arch == arch;
+  return device_arch >= arch;
+}
+
 int target_arch(std::optional<int> option) {
   if (const char* env = std::getenv("EVTC_ARCH"); env && *env) return parse_arch(env, "EVTC_ARCH");
   if (option) return *option;

@@ -66,7 +66,7 @@ namespace {
 // that its code does not run on (an older one); empty otherwise.
 std::string arch_mismatch_note(int arch) {
   const auto device = current_device();
-  if (!device || device->arch <= 0 || device->arch >= arch) return "";
+  if (!device || device->arch <= 0 || code_runs_on(arch, device->arch)) return "";
   return fmt::format(" (the kernels are built for {} and this GPU is {}, which cannot run them: leave "
                      "CompileOptions::arch / EVTC_ARCH unset, or set them to the GPU's architecture)",
                      arch_name(arch), arch_name(device->arch));

@@ -34,6 +34,12 @@ def fresh_constant(salt: int) -> float:
     return 1.0 + ((time.time_ns() // 1000 + 7919 * salt + os.getpid()) % 100003) / 2 ** 20
 
 
+def skip_unless_grouped_kernels_fuse():
+    """Fused grouped kernels are sm_90a's (under EVTC_ARCH=sm80 they run unfused by design)."""
+    if why := evtc.grouped("out y: bf16 = acc").shape_reason(264, 136):
+        pytest.skip(f"no fused grouped kernels for this target: {why}")
+
+
 def only_fusion(start: int):
     (fusion,) = [f for r in evtc.torch.reports[start:] for f in r.fused]
     return fusion
@@ -141,6 +147,7 @@ def check_groups(y: torch.Tensor, want) -> None:
 def test_grouped_kernel_runs_group_by_group_while_compiling_then_switches():
     """evtc.grouped(..., wait_for_compile=False): a per-group bias and a per-group scalar by
     pointer, gated output (N -> N/2) and plain output."""
+    skip_unless_grouped_kernels_fuse()
     scale = fresh_constant(4)
     n, k = 264, 136
     x, w, offs = grouped_inputs(n, k)
@@ -182,6 +189,7 @@ def test_grouped_unfused_path_refuses_offsets_that_go_backwards():
 
 
 def test_grouped_op_in_a_model_runs_unfused_while_compiling():
+    skip_unless_grouped_kernels_fuse()
     scale = fresh_constant(5)
     n, k = 264, 136
 

@@ -158,3 +158,19 @@ TEST(Arch, CliArchOption) {
 }
 
 }  // namespace
+
+TEST(Arch, WhichGpusRunTheCodeOfAnArchitecture) {
+  // The architecture-specific targets run on their own architecture only.
+  EXPECT_TRUE(code_runs_on(90, 90));
+  EXPECT_FALSE(code_runs_on(90, 100));
+  EXPECT_FALSE(code_runs_on(100, 90));
+  EXPECT_FALSE(code_runs_on(120, 100));
+  // sm_80-class code carries compute_XX PTX: the same or any newer GPU runs it.
+  EXPECT_TRUE(code_runs_on(80, 80));
+  EXPECT_TRUE(code_runs_on(80, 89));
+  EXPECT_TRUE(code_runs_on(80, 90));
+  EXPECT_TRUE(code_runs_on(86, 120));
+  EXPECT_FALSE(code_runs_on(89, 86));
+  EXPECT_TRUE(code_runs_on(75, 90));
+  EXPECT_FALSE(code_runs_on(80, 75));
+}
