@@ -67,6 +67,18 @@ int evtc_abi_version(void) { return EVTC_ABI_VERSION; }
 )" + signature_export;
 }
 
+std::string run_begin() {
+  return R"(int evtc_run(const evtc_gemm_args* a, void* workspace, void* stream, char* why, size_t why_size) {
+  cudaError_t load_error = cudaSuccess;
+  const void* kernel = gemm_kernel(&load_error);
+  if (!kernel) {
+    set_reason(why, why_size, cudaGetErrorString(load_error));
+    return EVTC_ERROR_LAUNCH;
+  }
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+)";
+}
+
 std::string run_end(const std::string& scratch) {
   return fmt::format(R"(  if (kReductions > 0) {{
     finish_reductions(*a, {}, s);

@@ -22,6 +22,9 @@ std::string kernel_loader();
 // The end of the host part's anonymous namespace and the start of its C exports: the ABI
 // version and the kernel's signature (KernelSignature::c_export).
 std::string exports_begin(const std::string& signature_export);
+// The start of evtc_run: the kernel's handle (`kernel`; EVTC_ERROR_LAUNCH with the reason when
+// it does not load) and the stream `s`.
+std::string run_begin();
 // The end of evtc_run after the GEMM's launch, and of the file: the reductions' final stage over
 // the scratch at `scratch` (a char* expression), returning EVTC_ERROR_LAUNCH with the reason if
 // it fails, else EVTC_OK.

@@ -287,15 +287,9 @@ int evtc_can_implement(const evtc_gemm_args* a, char* why, size_t why_size) {
 
 size_t evtc_workspace_size(const evtc_gemm_args* a) { return scratch_bytes(*a); }
 
-int evtc_run(const evtc_gemm_args* a, void* workspace, void* stream, char* why, size_t why_size) {
-  cudaError_t load_error = cudaSuccess;
-  const void* kernel = gemm_kernel(&load_error);
-  if (!kernel) {
-    set_reason(why, why_size, cudaGetErrorString(load_error));
-    return EVTC_ERROR_LAUNCH;
-  }
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
-  // evtc_can_implement was asked once for this problem (the runtime's plan), as for every backend.
+)";
+  s += backend::run_begin();
+  s += R"(  // evtc_can_implement was asked once for this problem (the runtime's plan), as for every backend.
   const GemmArguments args = gemm_arguments(*a, static_cast<char*>(workspace));
   // Building the Params is a few integer operations (no TMA descriptors): no launch cache.
   GemmParams params(args, a->sm_count > 0 ? a->sm_count : evtc::device::sm_count_of_current_device(), 1);

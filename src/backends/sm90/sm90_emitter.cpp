@@ -294,6 +294,9 @@ std::string Sm90Emitter::assemble(const Visitor& root) {
   // (evtc/device/sm100_epilogue.cuh), CUTLASS 4.2's sm100 collective having no void-D form.
   const bool d_sink = sig_.d_name.empty() && gemm_.sm == 100;
   const std::string elem_d = d_sink ? desc_d : sig_.d_name.empty() ? "void" : cutlass_type(sig_.d_dtype);
+  // Blackwell's collective epilogues assign the tree's result to D's fragment without a
+  // conversion: where there is a D (or its sink), the root converts to ElementD.
+  const bool converting_root = gemm_.sm != 90 && elem_d != "void";
   const std::string desc_c = sig_.reads_c ? elem_c : desc_d;
   const std::string align_d = fmt::format("128 / cutlass::sizeof_bits<{}>::value", desc_d);
   const std::string align_c = fmt::format("128 / cutlass::sizeof_bits<{}>::value", desc_c);
@@ -420,9 +423,7 @@ std::string Sm90Emitter::assemble(const Visitor& root) {
         "    TileShape, EpilogueTile, {}, {}, EpilogueSchedule>;\n\n",
         desc_c, desc_d);
   s += declarations();
-  if (!hopper && (!sig_.d_name.empty() || d_sink)) {
-    // Blackwell's collective epilogues assign the tree's result to D's fragment without a
-    // conversion: the root converts to ElementD.
+  if (converting_root) {
     s += fmt::format(
         "\n// The tree's result converted to D's type (Blackwell's epilogues store it as it is).\n"
         "using Callbacks = cutlass::epilogue::fusion::Sm90EVT<cutlass::epilogue::fusion::Sm90Compute<\n"
@@ -497,7 +498,7 @@ typename Callbacks::Arguments fusion_arguments(const evtc_gemm_args& a, char* sc
   return {};
 }}
 )",
-                   !hopper && (!sig_.d_name.empty() || d_sink)
+                   converting_root
                        ? fmt::format("typename Callbacks::Arguments{{{}, {{}}}}", root.args)
                        : root.args);
   s += backend::reduction_finish_code(reductions_);
@@ -680,15 +681,9 @@ size_t evtc_workspace_size(const evtc_gemm_args* a) {
   return gemm_workspace_bytes(gemm_arguments(*a, nullptr)) + scratch_bytes(*a);
 }
 
-int evtc_run(const evtc_gemm_args* a, void* workspace, void* stream, char* why, size_t why_size) {
-  cudaError_t load_error = cudaSuccess;
-  const void* kernel = gemm_kernel(&load_error);
-  if (!kernel) {
-    set_reason(why, why_size, cudaGetErrorString(load_error));
-    return EVTC_ERROR_LAUNCH;
-  }
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
-  int device = 0;
+)";
+  s += backend::run_begin();
+  s += R"(  int device = 0;
   cudaGetDevice(&device);
   thread_local LaunchCache cache;
   LaunchEntry* e = nullptr;
