@@ -42,6 +42,9 @@ struct ArchFeatures {
   bool clusters = false;       // thread-block clusters larger than 1×1
   bool stream_k = false;       // the stream-K tile scheduler
   bool two_level_fp8 = false;  // fp8 accumulation in two levels (promotion interval, fast accumulation)
+  // CTA tiles of any multiple of 16 columns up to 256 (otherwise 64, 128, 192 or 256), and
+  // split-K through the stream-K scheduler.
+  bool any_tile_n = false;
   const char* family = "";     // e.g. "Hopper", "Blackwell B200/GB200"
   // The backend that builds the kernels (80, 90, 100, 120): which emitter, and how nvcc
   // targets them (sm_80 code for every 8.x architecture; architecture-specific sm_XXa others).

@@ -35,9 +35,13 @@ struct KernelConfig {
   int fp8_promotion_k = 0;
   // The multistage schedule only: main-loop stages in shared memory (2 to 6).
   int stages = 0;
+  // The stream-K tile scheduler only: 1 lets CUTLASS's stream-K decomposition balance the
+  // waves; 2 to 16 split every output tile's K loop into that many equal parts instead
+  // (split-K), whose partial sums the scheduler adds in a fixed order (deterministic).
+  int splits = 1;
 
-  // A short stable name, e.g. "coop_128x256x64_c2x1_persistent" (part of cache keys);
-  // suffixes "_fastacc" (fp8_fast_accum), "_pk<K>" (fp8_promotion_k) and "_precise"
+  // A short stable name, e.g. "coop_128x256x64_c2x1_persistent" (part of cache keys); the
+  // tile scheduler is "persistent", "streamk" or "splitk<splits>"; suffixes "_fastacc" (fp8_fast_accum), "_pk<K>" (fp8_promotion_k) and "_precise"
   // (precise_math) follow. The sm_80 backend's: "ms_128x256x64_s3" (tile, stages).
   std::string name() const;
   // Parses name(); nullopt if it is not one.

@@ -29,28 +29,57 @@ int parse_arch(std::string_view text, std::string_view what) {
 }
 
 const ArchFeatures& arch_features(int arch) {
-  // Fields: fused, verified, sixteen_bit, fp8, fp8_blockwise, gated, reductions, aux_tensors,
-  // column_major_mn, pingpong, clusters, stream_k, two_level_fp8, family, backend.
-  //
   // sm_80 code (80, 86, 89): CUTLASS 2.x's multistage mma.sync GEMM with its epilogue visitor
   // tree; [m,n] tensors are read and written with 16-byte vectors along N, so row-major only.
   // Run and tested on Hopper (sm_80 code runs there), never on an Ampere GPU, so unverified:
   // a launch failure falls back with its reason.
-  static const ArchFeatures sm8x{true,  false, true,  false, false, true,  true, true,
-                                 false, false, false, false, false, "Ampere-class, sm_80 code", 80};
+  static const ArchFeatures sm8x{.fused = true,
+                                 .sixteen_bit = true,
+                                 .gated = true,
+                                 .reductions = true,
+                                 .aux_tensors = true,
+                                 .family = "Ampere-class, sm_80 code",
+                                 .backend = 80};
   // sm_90a: CUTLASS 3.x TMA warp-specialized kernels with wgmma, every feature, tested on H100/H200.
-  static const ArchFeatures sm90{true, true, true, true, true, true, true, true, true, true, true, true, true,
-                                 "Hopper", 90};
+  static const ArchFeatures sm90{.fused = true,
+                                 .verified = true,
+                                 .sixteen_bit = true,
+                                 .fp8 = true,
+                                 .fp8_blockwise = true,
+                                 .gated = true,
+                                 .reductions = true,
+                                 .aux_tensors = true,
+                                 .column_major_mn = true,
+                                 .pingpong = true,
+                                 .clusters = true,
+                                 .stream_k = true,
+                                 .two_level_fp8 = true,
+                                 .any_tile_n = true,
+                                 .family = "Hopper",
+                                 .backend = 90};
   // sm_100a: CUTLASS 4.2's tcgen05 (UMMA) kernels, one or two SMs per MMA, with its sm90-style
   // visitor tree; evtc's gated store and whole-matrix partials read the epilogue's thread layout
   // from its tiled copy (tensor memory to registers), and kernels without D store into a sink
   // (evtc/device/sm100_epilogue.cuh).
-  static const ArchFeatures sm100{true,  false, true, true,  false, true, true, true,
-                                  true,  false, true, false, false, "Blackwell B200/GB200", 100};
+  static const ArchFeatures sm100{.fused = true,
+                                  .sixteen_bit = true,
+                                  .fp8 = true,
+                                  .gated = true,
+                                  .reductions = true,
+                                  .aux_tensors = true,
+                                  .column_major_mn = true,
+                                  .clusters = true,
+                                  .family = "Blackwell B200/GB200",
+                                  .backend = 100};
   // sm_120a: CUTLASS 4.2's sm120 builder multiplies fp8/fp6/fp4 only (TN), without clusters; its
   // epilogue is Hopper's collective, so evtc's gated store and partials apply as they are.
-  static const ArchFeatures sm120{true,  false, false, true,  false, true, true, false, false,
-                                  true,  false, false, false, "Blackwell RTX 50xx / RTX PRO 6000", 120};
+  static const ArchFeatures sm120{.fused = true,
+                                  .fp8 = true,
+                                  .gated = true,
+                                  .reductions = true,
+                                  .pingpong = true,
+                                  .family = "Blackwell RTX 50xx / RTX PRO 6000",
+                                  .backend = 120};
   static const ArchFeatures none{};
   switch (arch) {
     case 80: case 86: case 89: return sm8x;

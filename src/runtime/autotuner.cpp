@@ -70,10 +70,32 @@ int mainloop_stages(const KernelConfig& c, DType ab, const DeviceLimits& d) {
   return int((d.smem_bytes_per_block - 32 * 1024) / per_stage);
 }
 
-std::vector<KernelConfig> whole_space(const GemmDesc& gemm) {
+KernelConfig make_config(MainloopSchedule sched, TileSchedulerKind scheduler, int tm, int tn, int tk, int cm, int cn,
+                         int splits, const GemmDesc& gemm) {
+  KernelConfig c;
+  c.schedule = sched;
+  c.scheduler = scheduler;
+  c.tile_m = tm;
+  c.tile_n = tn;
+  c.tile_k = tk;
+  c.cluster_m = cm;
+  c.cluster_n = cn;
+  c.splits = splits;
+  c.fp8_fast_accum = is_fp8(gemm.a_dtype) && gemm.fp8_fast_accum;
+  return c;
+}
+
+// Problems whose 128×128 tile grid leaves multiprocessors idle (decode-sized M, small N):
+// their main loop streams B from memory, so what counts is how many multiprocessors pull it.
+bool small_grid(const GemmDesc& gemm, const DeviceLimits& d) {
+  return ceil_div(size_or(gemm.m), 128) * ceil_div(size_or(gemm.n), 128) < 2 * int64_t(d.sm_count);
+}
+
+std::vector<KernelConfig> whole_space(const GemmDesc& gemm, const DeviceLimits& device) {
   static const int kTiles[][2] = {{128, 128}, {128, 256}, {256, 128}, {64, 128}, {64, 256}, {128, 192}, {256, 192}};
   static const int kClusters[][2] = {{1, 1}, {2, 1}, {1, 2}};
-  const int tile_k = is_fp8(gemm.a_dtype) ? 128 : 64;
+  const bool fp8 = is_fp8(gemm.a_dtype);
+  const int tile_k = fp8 ? 128 : 64;
   std::vector<KernelConfig> out;
   for (auto sched : {MainloopSchedule::cooperative, MainloopSchedule::pingpong})
     for (auto scheduler : {TileSchedulerKind::persistent, TileSchedulerKind::stream_k})
@@ -82,17 +104,26 @@ std::vector<KernelConfig> whole_space(const GemmDesc& gemm) {
           // Cooperative 128×192 splits into two 64×192 halves: ping-pong's 128×192 tile does the
           // same work per multiprocessor at twice the intensity per warp group.
           if (sched == MainloopSchedule::cooperative && t[0] == 128 && t[1] == 192) continue;
-          KernelConfig c;
-          c.schedule = sched;
-          c.scheduler = scheduler;
-          c.tile_m = t[0];
-          c.tile_n = t[1];
-          c.tile_k = tile_k;
-          c.cluster_m = cl[0];
-          c.cluster_n = cl[1];
-          c.fp8_fast_accum = is_fp8(gemm.a_dtype) && gemm.fp8_fast_accum;
-          out.push_back(c);
+          out.push_back(make_config(sched, scheduler, t[0], t[1], tile_k, cl[0], cl[1], 1, gemm));
         }
+  // Widths between the usual ones, for grids whose last wave the usual widths fill badly.
+  out.push_back(make_config(MainloopSchedule::pingpong, TileSchedulerKind::persistent, 128, 160, tile_k, 2, 1, 1, gemm));
+  out.push_back(make_config(MainloopSchedule::cooperative, TileSchedulerKind::persistent, 256, 160, tile_k, 2, 1, 1, gemm));
+  if (!small_grid(gemm, device)) return out;
+  // Small grids: 64-row ping-pong tiles narrow enough that every multiprocessor gets a tile,
+  // with deep K tiles (each stage's copy of B is then large enough to keep memory busy), alone
+  // or in clusters along N (A's tile multicast); and 128-row cooperative tiles whose K loop
+  // is split (split-K) or balanced across the multiprocessors (stream-K).
+  for (int tn : {32, 48, 64, 96, 128, 160, 192, 256}) {
+    const int tk = fp8 ? 256 : tn <= 128 ? 128 : 64;
+    out.push_back(make_config(MainloopSchedule::pingpong, TileSchedulerKind::persistent, 64, tn, tk, 1, 1, 1, gemm));
+    if (tn == 32 || tn == 64 || tn == 128)
+      out.push_back(make_config(MainloopSchedule::pingpong, TileSchedulerKind::persistent, 64, tn, tk, 1, 2, 1, gemm));
+  }
+  for (int tn : {64, 128})
+    for (int splits : {1, 2, 4, 8})
+      out.push_back(make_config(MainloopSchedule::cooperative, TileSchedulerKind::stream_k, 128, tn, tile_k, 1, 1,
+                                splits, gemm));
   return out;
 }
 
@@ -119,9 +150,21 @@ std::string prune_reason(const KernelConfig& c, const Graph& g, const GemmDesc& 
   if (tiles_m < c.cluster_m || tiles_n < c.cluster_n)
     return fmt::format("cluster {}x{} is wider than the {}x{} tile grid", c.cluster_m, c.cluster_n,
                        tiles_m, tiles_n);
-  if (padding_efficiency(c, gemm) < 0.5) return "more than half of the tile grid is padding";
+  // Below 64 rows every tile pads M (no tile has fewer rows): only padding beyond that counts.
+  GemmDesc padded = gemm;
+  padded.m = std::max<int64_t>(size_or(gemm.m), 64);
+  if (padding_efficiency(c, padded) < 0.5) return "more than half of the tile grid is padding";
   if (has_reduction(g) && c.scheduler != TileSchedulerKind::persistent)
     return "reductions run with persistent kernels only";
+  if (c.splits > 1) {
+    // Split-K pays where the tiles alone leave multiprocessors idle, with K long enough that
+    // every part keeps several K tiles.
+    if (tile_count(c, gemm) * c.splits > 2 * int64_t(device.sm_count))
+      return fmt::format("{} tiles split {} ways are more than two waves", tile_count(c, gemm), c.splits);
+    if (tile_count(c, gemm) >= int64_t(device.sm_count)) return "the tiles alone fill the multiprocessors";
+    if (size_or(gemm.k) < 4 * c.splits * c.tile_k) return "K is too short to split that many ways";
+    return {};
+  }
   if (c.scheduler == TileSchedulerKind::stream_k) {
     KernelConfig persistent = c;
     persistent.scheduler = TileSchedulerKind::persistent;
@@ -133,7 +176,12 @@ std::string prune_reason(const KernelConfig& c, const Graph& g, const GemmDesc& 
 }
 
 double grid_efficiency(const KernelConfig& c, const GemmDesc& gemm, const DeviceLimits& device) {
-  const double waves = c.scheduler == TileSchedulerKind::stream_k ? 0.95 : wave_efficiency(c, gemm, device);
+  // Split-K runs tiles × splits units of work in waves; stream-K balances its waves.
+  double waves = c.scheduler == TileSchedulerKind::stream_k ? 0.95 : wave_efficiency(c, gemm, device);
+  if (c.splits > 1) {
+    const int64_t units = tile_count(c, gemm) * c.splits;
+    waves = double(units) / double(ceil_div(units, device.sm_count) * device.sm_count);
+  }
   return waves * padding_efficiency(c, gemm);
 }
 
@@ -147,13 +195,24 @@ double heuristic_score(const KernelConfig& c, const GemmDesc& gemm, const Device
   // B's tiles by multicast; ping-pong pays off when the main loop is short.
   const double cluster = c.cluster_m == 2 && c.cluster_n == 1 ? 1.0 : c.cluster_m * c.cluster_n == 1 ? 0.97 : 0.98;
   const double sched = c.schedule == MainloopSchedule::pingpong && size_or(gemm.k) > 2048 ? 0.97 : 1.0;
+  if (small_grid(gemm, device)) {
+    // B streams from memory: what counts is the share of multiprocessors pulling it, then the
+    // padding; a tile's intensity matters little.
+    const int64_t units = c.scheduler == TileSchedulerKind::stream_k && c.splits == 1
+                              ? int64_t(device.sm_count)
+                              : tile_count(c, gemm) * c.splits;
+    const double busy = std::min(1.0, double(units) / device.sm_count);
+    GemmDesc padded = gemm;
+    padded.m = std::max<int64_t>(size_or(gemm.m), 64);
+    return busy * padding_efficiency(c, padded) * (0.9 + 0.1 * std::sqrt(intensity)) * sched;
+  }
   return grid_efficiency(c, gemm, device) * std::sqrt(intensity) * cluster * sched;
 }
 
 std::vector<KernelConfig> candidate_configs(const Graph& g, const GemmDesc& gemm,
                                             const DeviceLimits& device, size_t max_candidates) {
   std::vector<std::pair<double, KernelConfig>> scored;
-  for (const KernelConfig& c : whole_space(gemm))
+  for (const KernelConfig& c : whole_space(gemm, device))
     if (prune_reason(c, g, gemm, device).empty()) scored.emplace_back(heuristic_score(c, gemm, device), c);
   std::stable_sort(scored.begin(), scored.end(),
                    [](const auto& a, const auto& b) { return a.first > b.first; });

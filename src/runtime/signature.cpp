@@ -22,7 +22,9 @@ std::string KernelConfig::name() const {
   return fmt::format("{}_{}x{}x{}_c{}x{}_{}{}{}{}",
                      schedule == MainloopSchedule::cooperative ? "coop" : "pingpong", tile_m,
                      tile_n, tile_k, cluster_m, cluster_n,
-                     scheduler == TileSchedulerKind::persistent ? "persistent" : "streamk",
+                     scheduler == TileSchedulerKind::persistent ? std::string("persistent")
+                     : splits > 1                               ? fmt::format("splitk{}", splits)
+                                                                : std::string("streamk"),
                      fp8_fast_accum ? "_fastacc" : "",
                      fp8_promotion_k > 0 ? fmt::format("_pk{}", fp8_promotion_k) : "",
                      precise_math ? "_precise" : "");
@@ -68,12 +70,13 @@ std::optional<KernelConfig> KernelConfig::parse(const std::string& name) {
     return c;
   }
   static const std::regex re(
-      R"((coop|pingpong)_(\d+)x(\d+)x(\d+)_c(\d+)x(\d+)_(persistent|streamk)(_fastacc)?(?:_pk(\d{3,5}))?(_precise)?)");
+      R"((coop|pingpong)_(\d+)x(\d+)x(\d+)_c(\d+)x(\d+)_(persistent|streamk|splitk(\d{1,2}))(_fastacc)?(?:_pk(\d{3,5}))?(_precise)?)");
   std::smatch m;
   if (!std::regex_match(name, m, re)) return std::nullopt;
-  // Sizes CUTLASS's sm90 builders take: tiles of 64, 128 or 256 rows and 64, 128, 192 or 256
-  // columns (a wgmma's N is a multiple of 8 up to 256; M is split in 64-row steps), K tiles of
-  // 32 to 256, clusters of 1, 2 or 4; stream-K with the cooperative schedule only.
+  // Sizes CUTLASS's sm90 builders take: tiles of 64, 128 or 256 rows and any multiple of 16
+  // columns up to 256 (a wgmma's N is a multiple of 8 up to 256, and the epilogue's subtiles
+  // are 16 or 32 columns wide; M is split in 64-row steps), K tiles of 32 to 256, clusters of
+  // 1, 2 or 4; stream-K and split-K (2 to 16 parts) with the cooperative schedule only.
   auto one_of = [](const std::string& v, std::initializer_list<int> allowed) -> std::optional<int> {
     if (v.size() > 4) return std::nullopt;
     const int x = std::stoi(v);
@@ -83,7 +86,12 @@ std::optional<KernelConfig> KernelConfig::parse(const std::string& name) {
   };
   KernelConfig c;
   c.schedule = m[1] == "coop" ? MainloopSchedule::cooperative : MainloopSchedule::pingpong;
-  const auto tm = one_of(m[2], {64, 128, 256}), tn = one_of(m[3], {64, 128, 192, 256}),
+  auto multiple_of_16 = [](const std::string& v) -> std::optional<int> {
+    if (v.size() > 3) return std::nullopt;
+    const int x = std::stoi(v);
+    return x >= 16 && x <= 256 && x % 16 == 0 ? std::optional<int>(x) : std::nullopt;
+  };
+  const auto tm = one_of(m[2], {64, 128, 256}), tn = multiple_of_16(m[3]),
              tk = one_of(m[4], {32, 64, 128, 256}), cm = one_of(m[5], {1, 2, 4}),
              cn = one_of(m[6], {1, 2, 4});
   if (!tm || !tn || !tk || !cm || !cn) return std::nullopt;
@@ -93,15 +101,19 @@ std::optional<KernelConfig> KernelConfig::parse(const std::string& name) {
   c.cluster_m = *cm;
   c.cluster_n = *cn;
   c.scheduler = m[7] == "persistent" ? TileSchedulerKind::persistent : TileSchedulerKind::stream_k;
-  c.fp8_fast_accum = m[8].matched;
-  if (m[9].matched) {
-    c.fp8_promotion_k = std::stoi(m[9]);
+  if (m[8].matched) {
+    c.splits = std::stoi(m[8]);
+    if (c.splits < 2 || c.splits > 16 || m[8].str()[0] == '0') return std::nullopt;
+  }
+  c.fp8_fast_accum = m[9].matched;
+  if (m[10].matched) {
+    c.fp8_promotion_k = std::stoi(m[10]);
     // Whole K tiles, and not combined with fast accumulation (which never promotes).
     if (c.fp8_promotion_k % c.tile_k != 0 || c.fp8_fast_accum) return std::nullopt;
   }
-  c.precise_math = m[10].matched;
+  c.precise_math = m[11].matched;
   if (c.schedule == MainloopSchedule::pingpong && c.scheduler == TileSchedulerKind::stream_k)
-    return std::nullopt;  // CUTLASS's ping-pong kernel has no stream-K
+    return std::nullopt;  // CUTLASS's ping-pong kernel has no stream-K (nor split-K)
   if (c.schedule == MainloopSchedule::cooperative && c.tile_m < 128) return std::nullopt;
   return c;
 }
@@ -234,9 +246,15 @@ std::string config_refusal(const KernelConfig& c, const GemmDesc& gemm) {
   if (f.fused && !f.clusters && c.cluster_m * c.cluster_n > 1)
     return fmt::format("configuration {} has a {}×{} cluster; {} kernels run without clusters (1×1)", c.name(),
                        c.cluster_m, c.cluster_n, arch_name(gemm.sm, true));
+  if (f.fused && !f.any_tile_n && c.splits > 1)
+    return fmt::format("configuration {} asks for split-K, which evtc's {} kernels do not use", c.name(),
+                       arch_name(gemm.sm, true));
   if (f.fused && !f.stream_k && c.scheduler == TileSchedulerKind::stream_k)
     return fmt::format("configuration {} asks for stream-K, which evtc's {} kernels do not use", c.name(),
                        arch_name(gemm.sm, true));
+  if (f.fused && !f.any_tile_n && c.tile_n != 64 && c.tile_n != 128 && c.tile_n != 192 && c.tile_n != 256)
+    return fmt::format("configuration {} has {}-column tiles; {} kernels take 64, 128, 192 or 256 columns", c.name(),
+                       c.tile_n, arch_name(gemm.sm, true));
   if (f.fused && !f.two_level_fp8 && (c.fp8_fast_accum || c.fp8_promotion_k > 0))
     return fmt::format("configuration {} sets fp8's accumulation ({}), which only Hopper's two-level fp8 main "
                        "loop has",

@@ -107,6 +107,38 @@ TEST(TuningCandidates, SkinnyProblemsGetSmallMTiles) {
   EXPECT_TRUE(small_m);
 }
 
+TEST(TuningCandidates, DecodeProblemsGetNarrowTilesAndSplitK) {
+  const Graph g = lowered("out D: bf16 = acc");
+  // 16 rows: no tile is that short, so 64-row tiles are not "mostly padding".
+  for (const int64_t m : {16, 64}) {
+    const auto cands = candidate_configs(g, problem(m, 4096, 4096), {}, 0);
+    bool narrow = false, split = false;
+    for (const auto& c : cands) {
+      narrow |= c.tile_m == 64 && c.tile_n == 32;  // 128 tiles for 132 multiprocessors
+      split |= c.splits > 1;
+      EXPECT_LE(tile_count(c, problem(m, 4096, 4096)) * c.splits, 2 * 132) << c.name();
+    }
+    EXPECT_TRUE(narrow) << m;
+    EXPECT_TRUE(split) << m;
+  }
+  // Large problems keep the usual space.
+  for (const auto& c : candidate_configs(g, problem(8192, 8192, 4096), {}, 0)) {
+    EXPECT_EQ(c.splits, 1) << c.name();
+    EXPECT_GE(c.tile_n, 128) << c.name();
+  }
+}
+
+TEST(TuningPruning, SplitKOnlyWhereTheTilesLeaveMultiprocessorsIdle) {
+  const Graph g = lowered("out D: bf16 = acc");
+  EXPECT_EQ(prune_reason(config("coop_128x128x64_c1x1_splitk4"), g, problem(64, 4096, 4096)), "");
+  EXPECT_NE(prune_reason(config("coop_128x128x64_c1x1_splitk4"), g, problem(4096, 4096, 4096)).find("waves"),
+            std::string::npos);
+  EXPECT_NE(prune_reason(config("coop_128x128x64_c1x1_splitk8"), g, problem(64, 4096, 1024)).find("K is too short"),
+            std::string::npos);
+  EXPECT_NE(prune_reason(config("coop_128x128x64_c1x1_splitk4"), lowered(kLoss), problem(64, 4096, 4096)).find("reductions"),
+            std::string::npos);
+}
+
 TEST(TuningPruning, NamesWhyAConfigurationIsDropped) {
   const Graph g = lowered(kBiasSilu);
   const GemmDesc big = problem(8192, 8192, 8192);

@@ -270,7 +270,11 @@ TEST(SignatureKernelConfig, NameAndParseRoundTrip) {
 TEST(SignatureKernelConfig, ParseRejectsConfigurationsCutlassCannotBuild) {
   for (const char* bad : {"pingpong_128x128x64_c1x1_streamk",     // ping-pong has no stream-K
                           "coop_64x256x64_c1x1_persistent",       // cooperative needs 128+ rows
-                          "coop_0x0x0_c0x0_persistent", "coop_128x240x64_c1x1_persistent",
+                          "coop_0x0x0_c0x0_persistent", "coop_128x248x64_c1x1_persistent",
+                          "coop_128x8x64_c1x1_persistent", "coop_128x272x64_c1x1_persistent",
+                          "pingpong_64x128x64_c1x1_splitk2",       // nor split-K
+                          "coop_128x128x64_c1x1_splitk1", "coop_128x128x64_c1x1_splitk17",
+                          "coop_128x128x64_c1x1_splitk02",
                           "coop_128x256x64_c3x1_persistent", "coop_128x256x16_c1x1_persistent",
                           "coop_99999999999x256x64_c2x1_persistent"})
     EXPECT_FALSE(KernelConfig::parse(bad).has_value()) << bad;
@@ -280,6 +284,15 @@ TEST(SignatureKernelConfig, ParseRejectsConfigurationsCutlassCannotBuild) {
   EXPECT_TRUE(KernelConfig::parse("pingpong_128x192x64_c2x1_persistent").has_value());
   EXPECT_TRUE(KernelConfig::parse("coop_256x192x64_c2x1_persistent").has_value());
   EXPECT_FALSE(KernelConfig::parse("coop_192x192x64_c2x1_persistent").has_value());
+  // Any multiple of 16 columns up to 256 (so the last wave can be filled), and split-K.
+  for (const char* good : {"pingpong_64x16x128_c1x1_persistent", "pingpong_64x48x128_c1x2_persistent",
+                           "coop_128x240x64_c1x1_persistent", "coop_256x160x64_c2x1_persistent"})
+    EXPECT_TRUE(KernelConfig::parse(good).has_value()) << good;
+  const auto split = KernelConfig::parse("coop_128x128x64_c1x1_splitk4");
+  ASSERT_TRUE(split.has_value());
+  EXPECT_EQ(split->scheduler, TileSchedulerKind::stream_k);
+  EXPECT_EQ(split->splits, 4);
+  EXPECT_EQ(split->name(), "coop_128x128x64_c1x1_splitk4");
 }
 
 TEST(SignatureKernelConfig, ParseRejectsWhatIsNotAName) {

@@ -327,6 +327,14 @@ TEST(PassLegality, ConfigurationsOfEachArchitecture) {
   EXPECT_NE(config_refusal(odd, d).find("64 or 128 rows on one SM, 256 on two"), std::string::npos);
   EXPECT_NE(config_refusal(*KernelConfig::parse("coop_128x256x64_c2x1_streamk"), d).find("stream-K"),
             std::string::npos);
+  // Widths between 64, 128, 192 and 256, and split-K, are Hopper's.
+  EXPECT_NE(config_refusal(*KernelConfig::parse("coop_128x96x64_c1x1_persistent"), d)
+                .find("96-column tiles; sm_100a kernels take 64, 128, 192 or 256 columns"),
+            std::string::npos);
+  EXPECT_NE(config_refusal(*KernelConfig::parse("coop_128x128x64_c1x1_splitk2"), d).find("split-K"), std::string::npos);
+  GemmDesc hopper = aligned_gemm();
+  EXPECT_EQ(config_refusal(*KernelConfig::parse("coop_128x96x64_c1x1_persistent"), hopper), "");
+  EXPECT_EQ(config_refusal(*KernelConfig::parse("coop_128x128x64_c1x1_splitk2"), hopper), "");
   d.sm = 120;
   d.a_dtype = d.b_dtype = DType::f8e4m3;
   EXPECT_NE(config_refusal(coop, d).find("run without clusters (1×1)"), std::string::npos);

@@ -558,6 +558,13 @@ GemmArguments gemm_arguments(const evtc_gemm_args& a, char* scratch) {
                                 : a.raster == 2 ? RasterOptions::AlongN
                                                 : RasterOptions::Heuristic;
 )";
+  // Split-K (KernelConfig::splits): every output tile's K loop in equal parts, added in a fixed
+  // order by the stream-K scheduler's deterministic reduction.
+  if (cfg_.scheduler == TileSchedulerKind::stream_k && cfg_.splits > 1)
+    s += fmt::format("  args.scheduler.splits = {};\n"
+                     "  args.scheduler.decomposition_mode =\n"
+                     "      cutlass::gemm::kernel::detail::DecompositionMode::SplitK;\n",
+                     cfg_.splits);
   // fp8's two-level accumulation: the promotion interval, in WGMMAs (KernelConfig::fp8_promotion_k).
   if (hopper && cfg_.fp8_promotion_k > 0 && !blockwise && !fast_accum && (is_fp8(gemm_.a_dtype) || is_fp8(gemm_.b_dtype)))
     s += fmt::format("  args.mainloop.mma_promotion_interval =\n"
