@@ -1,0 +1,1078 @@
+#!/usr/bin/env python3
+"""evtc's default kernel against the library GEMM a user would call instead, over the linear
+layers of real models (bf16 and fp8, one GPU); and, with --sweep, the measurement behind the
+shipped configuration-selection table.
+
+    python3 bench/gemm_shapes.py [--sets plain,silu,swiglu,fp8] [--m 16,64,...] [--shapes MxNxK,...]
+                                 [--off-grid] [--max-shapes N] [--quick] [--rounds 5] [--calls 20]
+                                 [--warmup-ms 100] [--rotate-mb 256] [--no-backlog] [--seed 0]
+                                 [--out bench/results] [--dry-run]
+    python3 bench/gemm_shapes.py --table bench/results/STAMP-h100-gemm-shapes.json   # only print the table
+    python3 bench/gemm_shapes.py --sweep --evtc PATH_TO_EVTC_CLI --table-out FILE.json
+                                 [--m ...] [--shapes ...] [--max-shapes N] [--rounds 3] [--calls 10] [--dry-run]
+
+Compare mode (the default). Each set is one epilogue compiled with `evtc.compile(expr)` (no
+configuration given: the configuration a user gets) and the library call it replaces:
+
+    plain   out D: bf16 = acc                     vs torch.mm(a, w.t())
+    silu    out D: bf16 = silu(acc + bias[n])     vs torch.mm(a, w.t())  (the plain GEMM of the same N)
+    swiglu  out D: bf16 = swiglu(acc)  (M x N/2)  vs torch.mm(a, w.t())  (merged gate/up layers only)
+    fp8     out D: bf16 = acc * sa[m] * sb[n]     vs torch._scaled_mm(a, w.t(), scale_a=sa.view(-1, 1),
+                                                     scale_b=sb.view(1, -1), out_dtype=torch.bfloat16)
+
+A is M x K row-major, w the N x K nn.Linear weight (row-major) and B = w.t(). Shapes: M in
+{16, 32, 64, 128, 256, 1024, 4096, 8192, 16384} x the (N, K) of real linear layers (LAYERS);
+--m restricts M, --shapes replaces the grid, --off-grid times a fixed list of shapes outside it
+(other M, N and K) to check that results carry over, --max-shapes keeps that many shapes per set
+(evenly spread), --quick is 3 rounds x 10 calls and at most 12 shapes per set.
+
+Method. Every evtc kernel of the run compiles first, in parallel (Kernel.compile_async). Per
+shape: the first evtc call writes into an output filled with NaN and is checked against the
+reference computed in float64 on the GPU (relative L2 error at most 2e-2; a NaN or a larger
+error fails the row, and the run exits non-zero after finishing the others); then about 100 ms
+of calls of both warm the clocks, and R rounds (--rounds, default 5) alternate evtc and the
+reference (their order rotating), each timing N calls (--calls, default 20) of each with a pair
+of CUDA events around every call. Reported: the median per call over all rounds. The weight
+matrix is copied until the copies exceed 256 MB (--rotate-mb; at most 64 copies) and calls
+rotate through the copies, evtc's and the reference's alike, so that every call reads its
+weights from DRAM, not from the 50 MB L2. Each batch of timed calls is queued behind a GPU
+sleep so that the host stays ahead of the GPU and the events time the kernels, not Python's
+launch cost (--no-backlog times with the host in the loop).
+
+Writes <out>/<stamp>-<gpu>-gemm-shapes.json (after every row) and .png (evtc time over the
+reference's per shape, grouped by M; skipped without matplotlib), then prints a Markdown table
+and the summary: geometric mean of evtc / reference over all shapes, M <= 64 and M >= 128, the
+largest ratio, and how many shapes are above 1.04, per set. Choices tuned earlier on this
+machine (`evtc tune`) are used by the default kernel; EVTC_TUNE=off measures the untuned default.
+
+Sweep mode (--sweep; plain set, bf16). For each shape, `PATH_TO_EVTC_CLI tune 'out D: bf16 = acc' -s MxNxK
+--max-candidates 0 --list-candidates --layout-b c` lists the candidate configurations; every
+distinct candidate compiles once (`evtc.compile(expr, config=name)`, in parallel); then each
+shape times torch.mm and each of its candidates as above (default 3 rounds x 10 calls; each
+candidate's first call checked against the float64 reference; a candidate that fails to
+compile, to run fused or to match is skipped with its error). Writes the whole sweep to
+<out>/<stamp>-<gpu>-gemm-sweep.json and the selection table to --table-out:
+
+    {"format": 1, "gpu": ..., "gpu_class": "h100" | "h200", "dtype": "bf16", "epilogue": "out D: bf16 = acc",
+     "measured": UTC ISO date, "command": ..., "entries": [{"m", "n", "k", "config", "ms", "cublas_ms",
+     "runner_up", "runner_up_ms"}, ...]}   (entries sorted by m, n, k)
+
+--dry-run prints the shapes (and, sweeping, the candidate-listing command) and exits without
+importing torch or evtc.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import math
+import os
+import pathlib
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Callable, Optional
+
+from result_files import gpu_slug, result_base
+
+M_GRID = (16, 32, 64, 128, 256, 1024, 4096, 8192, 16384)
+
+# (model, layer, N, K): N x K is the nn.Linear weight; "merged" layers are the projections
+# inference engines run as one GEMM.
+LAYERS = (
+    ("LLaMA-3 8B", "qkv merged", 6144, 4096),
+    ("LLaMA-3 8B", "o", 4096, 4096),
+    ("LLaMA-3 8B", "gate/up merged", 28672, 4096),
+    ("LLaMA-3 8B", "down", 4096, 14336),
+    ("LLaMA-3 70B", "qkv merged", 10240, 8192),
+    ("LLaMA-3 70B", "down", 8192, 28672),
+    ("Qwen2.5 7B", "qkv merged", 4608, 3584),
+    ("Qwen2.5 7B", "gate/up merged", 37888, 3584),
+    ("Qwen2.5 7B", "down", 3584, 18944),
+    ("Gemma-2 9B", "qkv merged", 8192, 3584),
+    ("Gemma-2 9B", "o", 3584, 4096),
+    ("GPT-2 XL", "qkv merged", 4800, 1600),
+    ("GPT-2 XL", "mlp up", 6400, 1600),
+    ("BERT-large", "ffn down", 1024, 4096),
+    ("DeepSeek-V3 dense", "gate/up merged", 36864, 7168),
+    ("DeepSeek-V3 dense", "down", 7168, 18432),
+    ("LLaMA-2 7B", "gate/up merged", 22016, 4096),
+    ("LLaMA-2 7B", "down", 4096, 11008),
+)
+
+# (model, layer, M, N, K): neither M nor (N, K) is in the grid above.
+OFF_GRID = (
+    ("Phi-3 mini", "qkv merged", 48, 9216, 3072),
+    ("Phi-3 mini", "down", 100, 3072, 8192),
+    ("Phi-3 mini", "gate/up merged", 384, 16384, 3072),
+    ("LLaMA-3.2 3B", "qkv merged", 80, 5120, 3072),
+    ("Falcon 7B", "qkv merged", 24, 4672, 4544),
+    ("Falcon 7B", "mlp up", 768, 18176, 4544),
+    ("Qwen2.5 14B", "qkv merged", 200, 7168, 5120),
+    ("Qwen2.5 14B", "gate/up merged", 640, 27648, 5120),
+    ("Qwen2.5 14B", "down", 1500, 5120, 13824),
+    ("Gemma-2 2B", "gate/up merged", 2000, 18432, 2304),
+    ("Mistral-Nemo 12B", "down", 3000, 5120, 14336),
+    ("Gemma-2 2B", "down", 5000, 2304, 9216),
+    ("Mistral-Nemo 12B", "qkv merged", 6000, 6144, 5120),
+    ("Mistral-Nemo 12B", "gate/up merged", 12000, 28672, 5120),
+)
+
+PLAIN_EXPR = "out D: bf16 = acc"
+ERROR_BOUND = 2e-2  # relative L2 error of a bf16 output against the float64 reference
+ABOVE = 1.04  # the summary counts shapes where evtc takes longer than this times the reference
+CONFIG_NAME = re.compile(r"^(coop|pingpong|ms)_\S+$")
+TORCH_DTYPES = {"bf16": "bfloat16", "f16": "float16", "f32": "float32",
+                "f8e4m3": "float8_e4m3fn", "f8e5m2": "float8_e5m2"}
+
+
+@dataclass(frozen=True)
+class SetSpec:
+    name: str
+    expr: str
+    reference: str
+    fp8: bool = False
+    gated: bool = False  # output M x N/2; only merged gate/up layers
+
+    def compile_options(self) -> dict:
+        # Undeclared operands default to bf16 in the Python API; the scales are f32.
+        return {"a_dtype": "f8e4m3", "b_dtype": "f8e4m3", "operand_dtype": "f32"} if self.fp8 else {}
+
+
+SETS = {s.name: s for s in (
+    SetSpec("plain", PLAIN_EXPR, "torch.mm(a, w.t())"),
+    SetSpec("silu", "out D: bf16 = silu(acc + bias[n])", "torch.mm(a, w.t()) (the plain GEMM, same N)"),
+    SetSpec("swiglu", "out D: bf16 = swiglu(acc)", "torch.mm(a, w.t()) (the plain GEMM, same N)", gated=True),
+    SetSpec("fp8", "out D: bf16 = acc * sa[m] * sb[n]",
+            "torch._scaled_mm(a, w.t(), scale_a=sa.view(-1, 1), scale_b=sb.view(1, -1), out_dtype=torch.bfloat16)",
+            fp8=True),
+)}
+
+
+@dataclass(frozen=True)
+class Shape:
+    model: str
+    layer: str
+    m: int
+    n: int
+    k: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.model} {self.layer}".strip()
+
+    @property
+    def mnk(self) -> str:
+        return f"{self.m}x{self.n}x{self.k}"
+
+
+def log(text: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
+
+
+def command_line() -> str:
+    return "python3 bench/gemm_shapes.py " + shlex.join(sys.argv[1:])
+
+
+# --- shapes -----------------------------------------------------------------------------------
+
+def is_gate_up(layer: str) -> bool:
+    return layer.startswith("gate/up")
+
+
+def grid_shapes(spec: SetSpec, m_values) -> list[Shape]:
+    layers = [l for l in LAYERS if is_gate_up(l[1]) or not spec.gated]
+    return [Shape(model, layer, m, n, k) for m in m_values for model, layer, n, k in layers]
+
+
+def off_grid_shapes(spec: SetSpec) -> list[Shape]:
+    return [Shape(*s) for s in OFF_GRID if is_gate_up(s[1]) or not spec.gated]
+
+
+def custom_shapes(spec: SetSpec, mnks: list[tuple[int, int, int]]) -> list[Shape]:
+    if spec.gated and (odd := [f"{m}x{n}x{k}" for m, n, k in mnks if n % 2]):
+        print(f"warning: {spec.name}: skipping {', '.join(odd)} (a gated output needs an even N)", file=sys.stderr)
+    return [Shape("custom", "", m, n, k) for m, n, k in mnks if not (spec.gated and n % 2)]
+
+
+def spread(shapes: list[Shape], most: Optional[int]) -> list[Shape]:
+    """At most `most` shapes, evenly spaced over the list (so over M and over the layers)."""
+    if most is None or len(shapes) <= most:
+        return shapes
+    if most <= 1:
+        return shapes[:max(most, 0)]
+    return [shapes[round(i * (len(shapes) - 1) / (most - 1))] for i in range(most)]
+
+
+def unique(shapes: list[Shape]) -> list[Shape]:
+    seen, kept = set(), []
+    for s in shapes:
+        if (s.m, s.n, s.k) not in seen:
+            seen.add((s.m, s.n, s.k))
+            kept.append(s)
+    return kept
+
+
+def plan_shapes(args, spec: SetSpec) -> list[Shape]:
+    if args.shapes:
+        shapes = custom_shapes(spec, args.shapes)
+    elif args.off_grid:
+        shapes = off_grid_shapes(spec)
+    else:
+        shapes = grid_shapes(spec, args.m or M_GRID)
+    return spread(unique(shapes), args.max_shapes)
+
+
+def weight_copies(weight_bytes: int, rotate_bytes: int, most: int = 64) -> int:
+    """How many copies of a weight matrix together exceed `rotate_bytes`, between 1 and `most`."""
+    return max(1, min(most, rotate_bytes // max(weight_bytes, 1) + 1))
+
+
+def weight_bytes(spec: SetSpec, shape: Shape) -> int:
+    return shape.n * shape.k * (1 if spec.fp8 else 2)
+
+
+def tflops(shape: Shape, ms: Optional[float]) -> Optional[float]:
+    return 2 * shape.m * shape.n * shape.k / (ms * 1e9) if ms else None
+
+
+# --- problems and references (torch) ----------------------------------------------------------
+
+class Rotation:
+    """The weight copies, handed out in turn. One rotation serves every variant of a shape, so
+    a variant's first call follows another's last on a copy not read for a whole cycle."""
+
+    def __init__(self, weights: list):
+        self.weights = weights
+        self.i = 0
+
+    def next(self):
+        w = self.weights[self.i % len(self.weights)]
+        self.i += 1
+        return w
+
+
+@dataclass
+class Problem:
+    a: object
+    weights: list  # B = w.t() of each copy (K x N, column-major)
+    operands: dict = field(default_factory=dict)
+
+    @property
+    def b(self):
+        return self.weights[0]
+
+
+def make_problem(spec: SetSpec, shape: Shape, rotate_bytes: int, seed: int) -> Problem:
+    import torch
+
+    torch.manual_seed(seed)
+    m, n, k = shape.m, shape.n, shape.k
+    dev = "cuda"
+    if spec.fp8:
+        a = (torch.randn(m, k, device=dev) * 0.5).to(torch.float8_e4m3fn)
+        w = (torch.randn(n, k, device=dev) * 0.5).to(torch.float8_e4m3fn)
+        operands = {"sa": torch.randn(m, device=dev).abs() + 0.5, "sb": torch.randn(n, device=dev).abs() + 0.5}
+    else:
+        # Entries of a @ w.t() of about unit size, whatever K.
+        a = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+        w = (torch.randn(n, k, device=dev) * k ** -0.5).to(torch.bfloat16)
+        operands = {"bias": torch.randn(n, device=dev, dtype=torch.bfloat16)} if spec.name == "silu" else {}
+    copies = weight_copies(weight_bytes(spec, shape), rotate_bytes)
+    weights = [w] + [w.clone() for _ in range(copies - 1)]
+    return Problem(a, [x.t() for x in weights], operands)
+
+
+def epilogue64(spec: SetSpec, acc, operands: dict, rows: slice):
+    import torch
+
+    if spec.name == "silu":
+        x = acc + operands["bias"].double()
+        return x * torch.sigmoid(x)
+    if spec.name == "swiglu":
+        # evtc's gated layout: column 2j is gate feature j, column 2j+1 up feature j.
+        g, u = acc[:, 0::2], acc[:, 1::2]
+        return g * torch.sigmoid(g) * u
+    if spec.fp8:
+        return acc * operands["sa"][rows].double()[:, None] * operands["sb"].double()[None, :]
+    return acc
+
+
+def row_chunk(cols: int, budget_bytes: int = 1 << 28) -> int:
+    """Rows per chunk so that a float64 chunk of `cols` columns stays within the budget."""
+    return max(1, budget_bytes // (8 * max(cols, 1)))
+
+
+def reference_output(spec: SetSpec, problem: Problem):
+    """The epilogue of A @ B computed in float64 on the GPU, row chunk by row chunk, kept as
+    float32 (its rounding, about 6e-8 relative, is far below the bound checked against)."""
+    import torch
+
+    a, b64 = problem.a, problem.b.double()
+    m, n = a.shape[0], b64.shape[1]
+    ref = torch.empty(m, n // 2 if spec.gated else n, dtype=torch.float32, device=a.device)
+    step = row_chunk(n)
+    for r0 in range(0, m, step):
+        rows = slice(r0, min(m, r0 + step))
+        ref[rows] = epilogue64(spec, a[rows].double() @ b64, problem.operands, rows)
+    return ref
+
+
+def relative_error(y, ref) -> tuple[float, Optional[str]]:
+    """Relative L2 error of `y` against `ref` (in float64) and why it fails, if it does."""
+    import torch
+
+    if not bool(torch.isfinite(y).all()):
+        return math.nan, "NaN or infinity in the output"
+    num = den = 0.0
+    step = row_chunk(y.shape[1])
+    for r0 in range(0, y.shape[0], step):
+        yy, rr = y[r0:r0 + step].double(), ref[r0:r0 + step].double()
+        num += float((yy - rr).square().sum())
+        den += float(rr.square().sum())
+    err = math.sqrt(num / den)
+    return err, None if err <= ERROR_BOUND else f"rel-L2 error {err:.2e} above {ERROR_BOUND}"
+
+
+def nan_outputs(kernel, m: int, n: int) -> dict:
+    """Every output of the kernel, preallocated and filled with NaN, so a part the kernel does
+    not write shows in the check."""
+    import torch
+
+    return {o.name: torch.full(o.size(m, n), math.nan, dtype=getattr(torch, TORCH_DTYPES[o.dtype]), device="cuda")
+            for o in kernel.outputs}
+
+
+def refill_nan(outputs: dict) -> None:
+    for t in outputs.values():
+        t.fill_(math.nan)
+
+
+def main_output(result, name: str):
+    # A kernel returns its one output, or a dict of outputs by name when there are several.
+    return result[name] if isinstance(result, dict) else result
+
+
+def evtc_caller(kernel, problem: Problem, outputs: dict) -> Callable:
+    a, operands = problem.a, problem.operands
+
+    def call(b):
+        return kernel(a, b, out=outputs, **operands)
+    return call
+
+
+def reference_caller(spec: SetSpec, problem: Problem) -> Callable:
+    import torch
+
+    a = problem.a
+    if spec.fp8:
+        sa, sb = problem.operands["sa"].view(-1, 1), problem.operands["sb"].view(1, -1)
+        return lambda b: torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+    return lambda b: torch.mm(a, b)
+
+
+def rotating(call: Callable, rotation: Rotation) -> Callable:
+    return lambda: call(rotation.next())
+
+
+# --- timing -----------------------------------------------------------------------------------
+
+class Timer:
+    """CUDA-event timings of calls, one pair of events around each call.
+
+    With a backlog, each batch of calls is queued behind a GPU sleep long enough for the host
+    to enqueue the whole batch before the GPU reaches it: the events then time the kernels
+    back to back, not the launch cost of Python code. A batch whose sleep ran out before the
+    host finished is timed again with a longer sleep."""
+
+    def __init__(self, backlog: bool):
+        import torch
+
+        self.torch = torch
+        self.backlog = backlog and hasattr(torch.cuda, "_sleep")
+        if backlog and not self.backlog:
+            print("warning: torch.cuda._sleep is missing: timing without a backlog", file=sys.stderr)
+        self.host_ms_per_call = 0.1
+        self.starved = 0
+        self.cycles_per_ms = self._sleep_rate() if self.backlog else 0.0
+
+    def _sleep_rate(self) -> float:
+        torch = self.torch
+        torch.cuda._sleep(1000)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        cycles = 20_000_000
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        torch.cuda.synchronize()
+        return cycles / start.elapsed_time(end)
+
+    def times(self, call: Callable, count: int) -> list[float]:
+        """`count` calls' times in ms. A batch the host could not keep ahead of is timed again
+        (at most twice) with a longer backlog; `starved` counts batches kept all the same."""
+        for _ in range(3):
+            result, starved = self._batch(call, count)
+            if not starved:
+                return result
+            self.host_ms_per_call = min(2 * self.host_ms_per_call, 2.0)
+        self.starved += 1
+        return result
+
+    def _batch(self, call: Callable, count: int) -> tuple[list[float], bool]:
+        torch = self.torch
+        pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(count)]
+        ready = None
+        if self.backlog:
+            torch.cuda._sleep(int(self.cycles_per_ms * self.host_ms_per_call * count) + 1)
+            ready = torch.cuda.Event()
+            ready.record()
+        for start, end in pairs:
+            start.record()
+            call()
+            end.record()
+        # The sleep over before the last call was queued: the GPU may have waited for the host.
+        starved = ready is not None and ready.query()
+        torch.cuda.synchronize()
+        return [start.elapsed_time(end) for start, end in pairs], starved
+
+    def warm_up(self, variants: dict[str, Callable], ms: float) -> None:
+        """Calls every variant in turn for about `ms` milliseconds (at least 4 times each), so
+        that the clocks have ramped up and every lazy initialisation is done."""
+        start, turns = time.perf_counter(), 0
+        while True:
+            for call in variants.values():
+                call()
+            turns += 1
+            if turns % 4 == 0:  # the host runs ahead in between; the clock is read once the GPU is done
+                self.torch.cuda.synchronize()
+                if (time.perf_counter() - start) * 1e3 >= ms:
+                    return
+
+    def interleaved(self, variants: dict[str, Callable], rounds: int, count: int):
+        """Median ms per call of each variant over all rounds, each round's medians, and the
+        errors of variants that raised (dropped from later rounds). Each round times `count`
+        calls of every variant back to back; the order of the variants rotates each round."""
+        names, samples, per_round, errors = list(variants), {v: [] for v in variants}, [], {}
+        for r in range(rounds):
+            medians = {}
+            for v in names[r % len(names):] + names[:r % len(names)]:
+                if v in errors:
+                    continue
+                try:
+                    t = self.times(variants[v], count)
+                except Exception as e:  # recorded; the other variants go on
+                    errors[v] = f"{type(e).__name__}: {str(e)[:500]}"
+                    continue
+                samples[v] += t
+                medians[v] = statistics.median(t)
+            per_round.append(medians)
+        medians = {v: statistics.median(s) for v, s in samples.items() if s and v not in errors}
+        return medians, per_round, errors
+
+
+# --- compiling --------------------------------------------------------------------------------
+
+def wait_with_progress(jobs: list[tuple[str, concurrent.futures.Future]], what: str) -> dict[str, str]:
+    """Waits for every compile, printing each as it ends and a heartbeat every 30 s; returns
+    the errors by job label."""
+    pending = {future: label for label, future in jobs}
+    errors, done, start = {}, 0, time.perf_counter()
+    log(f"{what}: compiling {len(jobs)} kernel(s) in parallel")
+    while pending:
+        finished, _ = concurrent.futures.wait(pending, timeout=30, return_when=concurrent.futures.FIRST_COMPLETED)
+        if not finished:
+            log(f"{what}: {done}/{len(jobs)} compiled after {time.perf_counter() - start:.0f} s")
+        for future in finished:
+            label = pending.pop(future)
+            done += 1
+            if (e := future.exception()) is not None:
+                errors[label] = f"{type(e).__name__}: {e}"
+                log(f"{what}: {done}/{len(jobs)} FAILED {label}: {str(e)[:300]}")
+            else:
+                log(f"{what}: {done}/{len(jobs)} {label} ({time.perf_counter() - start:.0f} s)")
+    return errors
+
+
+def default_compile_jobs(set_name: str, kernel, shapes: list[Shape]) -> list[tuple[str, concurrent.futures.Future]]:
+    """One compile per distinct configuration the shapes run with (a fused kernel depends on
+    its configuration, not on the problem size), and the unfused path's epilogue where a shape
+    cannot be fused."""
+    jobs, seen, unfused = [], set(), False
+    for s in shapes:
+        if kernel.fallback_reason(s.m, s.n, s.k):
+            unfused = True
+            continue
+        config = kernel.config_for(s.m, s.n, s.k)
+        if config not in seen:
+            seen.add(config)
+            jobs.append((f"{set_name} {config}", kernel.compile_async(s.m, s.n, s.k)))
+    if unfused:
+        jobs.append((f"{set_name} unfused epilogue", kernel.compile_fallback_async()))
+    return jobs
+
+
+# --- compare mode -----------------------------------------------------------------------------
+
+def new_row(spec: SetSpec, shape: Shape) -> dict:
+    return {"set": spec.name, "label": shape.label, "model": shape.model, "layer": shape.layer,
+            "m": shape.m, "n": shape.n, "k": shape.k, "failed": False}
+
+
+def describe_kernel(kernel, shape: Shape, row: dict) -> None:
+    row["config"] = kernel.config_for(shape.m, shape.n, shape.k)
+    if reason := kernel.fallback_reason(shape.m, shape.n, shape.k):
+        row["fallback_reason"] = reason
+
+
+def check_first_call(spec: SetSpec, kernel, problem: Problem, outputs: dict, row: dict) -> None:
+    y = main_output(evtc_caller(kernel, problem, outputs)(problem.b), kernel.outputs[0].name)
+    row["first_path"] = kernel.last_path
+    row["rel_err"], failure = relative_error(y, reference_output(spec, problem))
+    if failure:
+        row["failed"], row["failure"] = True, failure
+
+
+def time_row(spec: SetSpec, kernel, shape: Shape, problem: Problem, outputs: dict, row: dict, args,
+             timer: Timer) -> None:
+    rotation = Rotation(problem.weights)
+    variants = {"evtc": rotating(evtc_caller(kernel, problem, outputs), rotation),
+                "ref": rotating(reference_caller(spec, problem), rotation)}
+    starved = timer.starved
+    timer.warm_up(variants, args.warmup_ms)
+    medians, per_round, errors = timer.interleaved(variants, args.rounds, args.calls)
+    row["last_path"] = kernel.last_path
+    row["starved_batches"] = timer.starved - starved
+    if errors:
+        row["failed"], row["failure"] = True, "; ".join(f"{v}: {e}" for v, e in errors.items())
+        return
+    row["evtc_ms"], row["ref_ms"] = medians["evtc"], medians["ref"]
+    row["ratio"] = row["evtc_ms"] / row["ref_ms"]
+    row["ratio_rounds"] = [r["evtc"] / r["ref"] for r in per_round]
+    row["evtc_tflops"], row["ref_tflops"] = tflops(shape, row["evtc_ms"]), tflops(shape, row["ref_ms"])
+
+
+def measure_row(spec: SetSpec, kernel, shape: Shape, args, timer: Timer) -> dict:
+    import torch
+
+    row = new_row(spec, shape)
+    problem = outputs = None
+    try:
+        describe_kernel(kernel, shape, row)
+        problem = make_problem(spec, shape, args.rotate_mb << 20, args.seed)
+        row["weight_copies"] = len(problem.weights)
+        outputs = nan_outputs(kernel, shape.m, shape.n)
+        check_first_call(spec, kernel, problem, outputs, row)
+        time_row(spec, kernel, shape, problem, outputs, row, args, timer)
+    except Exception as e:  # the row records it; the other shapes go on
+        row["failed"], row["failure"] = True, f"{type(e).__name__}: {str(e)[:2000]}"
+    del problem, outputs
+    torch.cuda.empty_cache()
+    return row
+
+
+def row_line(row: dict) -> str:
+    head = f"{row['set']} {row['label']} {row['m']}x{row['n']}x{row['k']}:"
+    if row.get("ratio") is None:
+        return f"{head} FAILED: {row.get('failure')}"
+    text = (f"{head} evtc {row['evtc_ms']:.4f} ms, ref {row['ref_ms']:.4f} ms, {row['ratio']:.3f}x, "
+            f"{row['config']} ({row.get('last_path')}), rel-L2 {fmt(row.get('rel_err'), '.1e')}")
+    return text + (f" FAILED: {row['failure']}" if row.get("failed") else "")
+
+
+def run_compare(args, plan: dict[str, list[Shape]]) -> int:
+    import torch
+    import evtc
+
+    if not os.environ.get("EVTC_LOG"):
+        evtc.set_log_level("warning")  # this script prints its own progress
+    kernels, set_errors, jobs = {}, {}, []
+    for name, shapes in plan.items():
+        try:
+            kernels[name] = evtc.compile(SETS[name].expr, **SETS[name].compile_options())
+            jobs += default_compile_jobs(name, kernels[name], shapes)
+        except Exception as e:  # every row of the set fails with it; the other sets go on
+            set_errors[name] = f"{type(e).__name__}: {str(e)[:2000]}"
+            log(f"{name}: {set_errors[name]}")
+    compile_errors = wait_with_progress(jobs, "default kernels")
+    data = run_metadata(torch, evtc, args, "compare")
+    data.update({"sets": {name: {"expr": SETS[name].expr, "reference": SETS[name].reference} for name in plan},
+                 "error_bound": ERROR_BOUND, "compile_errors": compile_errors, "rows": []})
+    base = result_base(args.out, data["gpu"], "gemm-shapes")
+    timer = Timer(not args.no_backlog)
+    total, done = sum(len(s) for s in plan.values()), 0
+    for name, shapes in plan.items():
+        for shape in shapes:
+            if name in set_errors:
+                row = {**new_row(SETS[name], shape), "failed": True, "failure": set_errors[name]}
+            else:
+                row = measure_row(SETS[name], kernels[name], shape, args, timer)
+            data["rows"].append(row)
+            write_json(data, base + ".json")  # after every row: a run stopped early keeps its rows
+            done += 1
+            log(f"{done}/{total} {row_line(row)}")
+    data["summary"] = summarize(data["rows"])
+    data["starved_batches"] = timer.starved
+    write_json(data, base + ".json")
+    write_plot(data, base + ".png")
+    print(markdown_table(data))
+    print()
+    print("\n".join(summary_lines(data["summary"])))
+    print(f"wrote {base}.json", flush=True)
+    return 1 if any(r.get("failed") for r in data["rows"]) else 0
+
+
+# --- sweep mode -------------------------------------------------------------------------------
+
+def candidate_command(evtc_cli: str, shape: Shape) -> list[str]:
+    # B is w.t() (column-major), as the timed calls pass it.
+    return [evtc_cli, "tune", PLAIN_EXPR, "-s", shape.mnk, "--max-candidates", "0", "--list-candidates",
+            "--layout-b", "c"]
+
+
+def parse_candidates(text: str) -> list[str]:
+    """Configuration names in the listing's output, in order, once each."""
+    names = []
+    for token in text.split():
+        if CONFIG_NAME.match(token) and token not in names:
+            names.append(token)
+    return names
+
+
+def list_candidates(evtc_cli: str, shape: Shape) -> list[str]:
+    cmd = candidate_command(evtc_cli, shape)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, EVTC_LOG="warning"))
+    if proc.returncode != 0:
+        raise RuntimeError(f"{shlex.join(cmd)} exited with {proc.returncode}: {(proc.stderr or proc.stdout)[-800:]}")
+    names = parse_candidates(proc.stdout)
+    if not names:
+        raise RuntimeError(f"{shlex.join(cmd)} listed no configuration: {proc.stdout[-800:]}")
+    return names
+
+
+def all_candidates(evtc_cli: str, shapes: list[Shape]) -> tuple[dict[Shape, list[str]], dict[Shape, str]]:
+    """Every shape's candidates (the listings run in parallel: they compile nothing) and the
+    errors of shapes whose listing failed."""
+    found, errors = {}, {}
+    with concurrent.futures.ThreadPoolExecutor(min(16, os.cpu_count() or 4)) as pool:
+        futures = {pool.submit(list_candidates, evtc_cli, s): s for s in shapes}
+        for future in concurrent.futures.as_completed(futures):
+            shape = futures[future]
+            try:
+                found[shape] = future.result()
+            except Exception as e:
+                errors[shape] = str(e)
+                log(f"candidates of {shape.mnk}: {e}")
+    log(f"listed candidates of {len(found)}/{len(shapes)} shapes")
+    return found, errors
+
+
+def compile_candidates(evtc, candidates: dict[Shape, list[str]]) -> tuple[dict, dict[str, str]]:
+    """One kernel per distinct candidate, compiled once, all in parallel; the kernels and the
+    errors (of building or compiling) by configuration name."""
+    kernels, errors, jobs = {}, {}, []
+    for shape, names in candidates.items():
+        for name in names:
+            if name in kernels or name in errors:
+                continue
+            try:
+                kernels[name] = evtc.compile(PLAIN_EXPR, config=name)
+                jobs.append((name, kernels[name].compile_async(shape.m, shape.n, shape.k)))
+            except Exception as e:
+                errors[name] = f"{type(e).__name__}: {e}"
+    errors.update(wait_with_progress(jobs, "candidates"))
+    return kernels, errors
+
+
+def try_candidate(kernel, problem: Problem, outputs: dict, ref) -> Optional[str]:
+    """Why the candidate cannot be timed (its first call raised, ran unfused, or does not match
+    the reference), or None."""
+    refill_nan(outputs)
+    try:
+        y = main_output(evtc_caller(kernel, problem, outputs)(problem.b), kernel.outputs[0].name)
+    except Exception as e:
+        return f"{type(e).__name__}: {str(e)[:500]}"
+    if kernel.last_path != "fused":
+        return f"ran {kernel.last_path}"
+    _, failure = relative_error(y, ref)
+    return failure
+
+
+def rank(times: dict[str, float]) -> list[tuple[str, float]]:
+    return sorted(times.items(), key=lambda item: item[1])
+
+
+def sweep_result(shape: Shape, default_config: str, medians: dict[str, float], errors: dict[str, str]) -> dict:
+    cublas = medians.pop("torch.mm", None)
+    ranked = rank(medians)
+    r = {"m": shape.m, "n": shape.n, "k": shape.k, "label": shape.label, "cublas_ms": cublas,
+         "default_config": default_config, "candidates": dict(ranked), "errors": errors}
+    if ranked:
+        r["best"], r["best_ms"] = ranked[0]
+    if len(ranked) > 1:
+        r["runner_up"], r["runner_up_ms"] = ranked[1]
+    if default_config in medians and ranked:
+        r["default_ms"] = medians[default_config]
+        r["default_over_best"] = r["default_ms"] / r["best_ms"]
+    if cublas and ranked:
+        r["best_over_cublas"] = r["best_ms"] / cublas
+    return r
+
+
+def sweep_shape(shape: Shape, names: list[str], kernels: dict, compile_errors: dict, default_kernel,
+                args, timer: Timer) -> dict:
+    import torch
+
+    spec = SETS["plain"]
+    problem = make_problem(spec, shape, args.rotate_mb << 20, args.seed)
+    ref = reference_output(spec, problem)
+    outputs = nan_outputs(default_kernel, shape.m, shape.n)
+    rotation = Rotation(problem.weights)
+    variants = {"torch.mm": rotating(reference_caller(spec, problem), rotation)}
+    errors = {name: compile_errors[name] for name in names if name in compile_errors}
+    for name in names:
+        if name in errors:
+            continue
+        if why := try_candidate(kernels[name], problem, outputs, ref):
+            errors[name] = why
+        else:
+            variants[name] = rotating(evtc_caller(kernels[name], problem, outputs), rotation)
+    del ref
+    timer.warm_up(variants, args.warmup_ms)
+    medians, _, timing_errors = timer.interleaved(variants, args.rounds, args.calls)
+    errors.update(timing_errors)
+    result = sweep_result(shape, default_kernel.config_for(shape.m, shape.n, shape.k), medians, errors)
+    result["weight_copies"] = len(problem.weights)
+    del problem, outputs, variants
+    torch.cuda.empty_cache()
+    return result
+
+
+def sweep_line(r: dict) -> str:
+    head = f"{r['m']}x{r['n']}x{r['k']} ({r['label']}):"
+    if "best" not in r:
+        return f"{head} no candidate could be timed ({len(r['errors'])} failed)"
+    text = f"{head} best {r['best']} {r['best_ms']:.4f} ms, torch.mm {fmt(r.get('cublas_ms'), '.4f')} ms"
+    if "runner_up" in r:
+        text += f", runner-up {r['runner_up']} +{100 * (r['runner_up_ms'] / r['best_ms'] - 1):.1f}%"
+    return text + f", {len(r['candidates'])} timed, {len(r['errors'])} failed"
+
+
+def table_document(results: list[dict], gpu: str, command: str, measured: str) -> dict:
+    """The selection table: each shape's fastest configuration, with the runner-up for its margin."""
+    entries = []
+    for r in sorted(results, key=lambda r: (r["m"], r["n"], r["k"])):
+        if "best" not in r:
+            continue
+        entries.append({"m": r["m"], "n": r["n"], "k": r["k"], "config": r["best"], "ms": r["best_ms"],
+                        "cublas_ms": r.get("cublas_ms"), "runner_up": r.get("runner_up"),
+                        "runner_up_ms": r.get("runner_up_ms")})
+    return {"format": 1, "gpu": gpu, "gpu_class": gpu_slug(gpu), "dtype": "bf16", "epilogue": PLAIN_EXPR,
+            "measured": measured, "command": command, "entries": entries}
+
+
+def write_table(path: str, doc: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(json.dumps(doc, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def run_sweep(args, shapes: list[Shape]) -> int:
+    import torch
+    import evtc
+
+    if not os.environ.get("EVTC_LOG"):
+        evtc.set_log_level("warning")
+    candidates, list_errors = all_candidates(args.evtc, shapes)
+    kernels, compile_errors = compile_candidates(evtc, candidates)
+    data = run_metadata(torch, evtc, args, "sweep")
+    data.update({"epilogue": PLAIN_EXPR, "error_bound": ERROR_BOUND, "compile_errors": compile_errors,
+                 "listing_errors": {s.mnk: e for s, e in list_errors.items()}, "shapes": []})
+    base = result_base(args.out, data["gpu"], "gemm-sweep")
+    default_kernel = evtc.compile(PLAIN_EXPR)
+    timer = Timer(not args.no_backlog)
+    timed = [s for s in shapes if s in candidates]
+    for i, shape in enumerate(timed, 1):
+        try:
+            result = sweep_shape(shape, candidates[shape], kernels, compile_errors, default_kernel, args, timer)
+        except Exception as e:  # recorded; the other shapes go on
+            result = {"m": shape.m, "n": shape.n, "k": shape.k, "label": shape.label, "candidates": {},
+                      "errors": {"shape": f"{type(e).__name__}: {str(e)[:2000]}"}}
+            torch.cuda.empty_cache()
+        data["shapes"].append(result)
+        write_json(data, base + ".json")
+        log(f"{i}/{len(timed)} {sweep_line(result)}")
+    data["starved_batches"] = timer.starved
+    write_json(data, base + ".json")
+    doc = table_document(data["shapes"], data["gpu"], data["command"], data["date"])
+    write_table(args.table_out, doc)
+    missing = len(shapes) - len(doc["entries"])
+    print(f"wrote {base}.json and {args.table_out} ({len(doc['entries'])} entries"
+          + (f"; {missing} shape(s) without a timed candidate" if missing else "") + ")", flush=True)
+    return 1 if missing else 0
+
+
+# --- results ----------------------------------------------------------------------------------
+
+def run_metadata(torch, evtc, args, mode: str) -> dict:
+    now = datetime.now(timezone.utc)
+    env = {k: os.environ[k] for k in ("EVTC_TUNE", "EVTC_CACHE_DIR", "EVTC_KERNEL_LIBRARY", "EVTC_ARCH",
+                                      "EVTC_COMPILE_JOBS") if k in os.environ}
+    return {"mode": mode, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "cuda": torch.version.cuda, "evtc": getattr(evtc, "__version__", None),
+            "date": now.isoformat(timespec="seconds"), "command": command_line(), "env": env,
+            "rounds": args.rounds, "calls": args.calls, "warmup_ms": args.warmup_ms,
+            "rotate_mb": args.rotate_mb, "backlog": not args.no_backlog, "seed": args.seed}
+
+
+def write_json(data: dict, path: str) -> None:
+    with open(path + ".tmp", "w") as f:
+        json.dump(data, f, indent=2)
+    os.replace(path + ".tmp", path)
+
+
+def fmt(value, spec: str) -> str:
+    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+
+
+def geomean(values: list[float]) -> Optional[float]:
+    return statistics.geometric_mean(values) if values else None
+
+
+def ratio_stats(rows: list[dict]) -> dict:
+    """Geometric means of evtc / reference (rows that failed excluded: their times mean
+    nothing), the largest ratio and its shape, and the shapes above ABOVE."""
+    ok = [r for r in rows if r.get("ratio") is not None and not r.get("failed")]
+    worst = max(ok, key=lambda r: r["ratio"], default=None)
+    return {"shapes": len(rows), "timed": len(ok), "failed": sum(1 for r in rows if r.get("failed")),
+            "geomean_ratio": geomean([r["ratio"] for r in ok]),
+            "geomean_ratio_m_le_64": geomean([r["ratio"] for r in ok if r["m"] <= 64]),
+            "geomean_ratio_m_ge_128": geomean([r["ratio"] for r in ok if r["m"] >= 128]),
+            "max_ratio": worst["ratio"] if worst else None,
+            "max_ratio_shape": f"{worst['m']}x{worst['n']}x{worst['k']} ({worst['label']})" if worst else None,
+            f"above_{ABOVE}": sum(1 for r in ok if r["ratio"] > ABOVE)}
+
+
+def summarize(rows: list[dict]) -> dict:
+    sets = list(dict.fromkeys(r["set"] for r in rows))
+    return {"all": ratio_stats(rows), **{s: ratio_stats([r for r in rows if r["set"] == s]) for s in sets}}
+
+
+def summary_lines(summary: dict) -> list[str]:
+    lines = ["Summary (evtc time / reference time; below 1 evtc is faster):", ""]
+    for name, s in summary.items():
+        lines.append(f"- {name}: geo-mean {fmt(s['geomean_ratio'], '.3f')} over {s['timed']} of {s['shapes']} shapes "
+                     f"(M <= 64: {fmt(s['geomean_ratio_m_le_64'], '.3f')}, M >= 128: "
+                     f"{fmt(s['geomean_ratio_m_ge_128'], '.3f')}); max {fmt(s['max_ratio'], '.3f')} at "
+                     f"{s['max_ratio_shape'] or '–'}; {s[f'above_{ABOVE}']} above {ABOVE}; {s['failed']} failed")
+    return lines
+
+
+def markdown_table(data: dict) -> str:
+    lines = [f"{data['gpu']}, torch {data['torch']}, evtc {data.get('evtc')}, {data['date']}: median ms per call over "
+             f"{data['rounds']} rounds x {data['calls']} calls, evtc and the reference interleaved, weights rotated "
+             f"over copies of more than {data['rotate_mb']} MB in all; evtc's default configuration.", "",
+             "| set | layer | M | N | K | evtc ms | ref ms | evtc / ref | evtc TFLOP/s | ref TFLOP/s | config | path "
+             "| rel-L2 | status |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in data["rows"]:
+        failure = (r.get("failure") or "").replace("|", "\\|").replace("\n", " ")[:80]
+        status = f"FAIL: {failure}" if r.get("failed") else "ok"
+        lines.append(f"| {r['set']} | {r['label']} | {r['m']} | {r['n']} | {r['k']} | {fmt(r.get('evtc_ms'), '.4f')} "
+                     f"| {fmt(r.get('ref_ms'), '.4f')} | {fmt(r.get('ratio'), '.3f')} | "
+                     f"{fmt(r.get('evtc_tflops'), '.1f')} | {fmt(r.get('ref_tflops'), '.1f')} | `{r.get('config')}` "
+                     f"| {r.get('last_path') or '–'} | {fmt(r.get('rel_err'), '.1e')} | {status} |")
+    return "\n".join(lines)
+
+
+def plot_set(ax, rows: list[dict], labels: list[str], title: str) -> None:
+    """One bar per shape, grouped by M, coloured by layer (the same colour in every set)."""
+    import matplotlib.pyplot as plt
+
+    colors = plt.get_cmap("tab20")
+    x, ticks = 0, []
+    for m in sorted({r["m"] for r in rows}):
+        group = [r for r in rows if r["m"] == m]
+        xs = list(range(x, x + len(group)))
+        ax.bar(xs, [r["ratio"] for r in group], color=[colors(labels.index(r["label"]) % 20) for r in group],
+               edgecolor=["red" if r.get("failed") else "none" for r in group])
+        ticks.append((x + (len(group) - 1) / 2, f"M={m}"))
+        x += len(group) + 1
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.axhline(ABOVE, color="gray", linewidth=0.6, linestyle="--")
+    ax.set_xticks([t for t, _ in ticks], [s for _, s in ticks], fontsize=7)
+    ax.set_ylim(bottom=max(0.0, min(r["ratio"] for r in rows) - 0.1))
+    ax.set_ylabel("evtc / reference time")
+    ax.set_title(title, fontsize=9)
+
+
+def write_plot(data: dict, path: str) -> None:
+    try:
+        import matplotlib
+    except ImportError:
+        print("warning: matplotlib is missing: no PNG", file=sys.stderr)
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in data["rows"] if r.get("ratio") is not None]
+    sets = list(dict.fromkeys(r["set"] for r in rows))
+    if not sets:
+        return
+    labels = list(dict.fromkeys(r["label"] for r in rows))
+    widest = max(sum(1 for r in rows if r["set"] == s) for s in sets)
+    fig, axes = plt.subplots(len(sets), 1, figsize=(max(8.0, 0.12 * widest + 6), 3.8 * len(sets)), squeeze=False)
+    for ax, s in zip(axes[:, 0], sets):
+        plot_set(ax, [r for r in rows if r["set"] == s], labels,
+                 f"{s}: {data['sets'][s]['expr']} vs {data['sets'][s]['reference']}")
+    colors = plt.get_cmap("tab20")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colors(i % 20)) for i in range(len(labels))]
+    axes[0, 0].legend(handles, labels, fontsize=6, ncol=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.suptitle(f"{data['gpu']}, torch {data['torch']}, evtc {data.get('evtc')}, {data['date']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# --- command line -----------------------------------------------------------------------------
+
+def parse_sets(text: str) -> list[str]:
+    names = [s for s in text.split(",") if s]
+    if unknown := sorted(set(names) - set(SETS)):
+        raise argparse.ArgumentTypeError(f"unknown set(s) {', '.join(unknown)}; choose from {','.join(SETS)}")
+    if not names:
+        raise argparse.ArgumentTypeError("no set given")
+    return list(dict.fromkeys(names))
+
+
+def parse_ints(text: str) -> list[int]:
+    try:
+        values = [int(s) for s in text.split(",") if s]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def parse_shapes(text: str) -> list[tuple[int, int, int]]:
+    shapes = []
+    for item in (s.strip() for s in text.split(",") if s.strip()):
+        match = re.fullmatch(r"(\d+)x(\d+)x(\d+)", item)
+        if not match or min(int(g) for g in match.groups()) < 1:
+            raise argparse.ArgumentTypeError(f"expected MxNxK with positive sizes, got {item!r}")
+        shapes.append(tuple(int(g) for g in match.groups()))
+    if not shapes:
+        raise argparse.ArgumentTypeError("no shape given")
+    return shapes
+
+
+def parse_args(argv: Optional[list[str]] = None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--set", "--sets", dest="sets", type=parse_sets, default=None, metavar="SET[,SET...]",
+                   help=f"epilogue sets to compare: {', '.join(SETS)} (default plain)")
+    p.add_argument("--m", type=parse_ints, default=None, metavar="M[,M...]", help="restrict the grid's M values")
+    p.add_argument("--shapes", type=parse_shapes, default=None, metavar="MxNxK[,...]", help="replace the grid")
+    p.add_argument("--off-grid", action="store_true", help="time shapes outside the grid instead")
+    p.add_argument("--max-shapes", type=int, default=None, help="at most this many shapes per set, evenly spread")
+    p.add_argument("--quick", action="store_true", help="3 rounds x 10 calls, at most 12 shapes per set")
+    p.add_argument("--rounds", type=int, default=None, help="rounds of timed calls (default 5; sweep and --quick 3)")
+    p.add_argument("--calls", type=int, default=None,
+                   help="timed calls per variant and round (default 20; sweep and --quick 10)")
+    p.add_argument("--warmup-ms", type=float, default=100.0, help="warm-up per shape, in ms of calls (default 100)")
+    p.add_argument("--rotate-mb", type=int, default=256,
+                   help="weight copies rotated through until they exceed this many MB (at most 64; default 256)")
+    p.add_argument("--no-backlog", action="store_true",
+                   help="time without queueing calls behind a GPU sleep (host launch cost included)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent / "results"))
+    p.add_argument("--dry-run", action="store_true", help="print the shapes and exit (imports neither torch nor evtc)")
+    p.add_argument("--table", metavar="FILE.json",
+                   help="print the Markdown table and summary of a results file and exit")
+    sweep = p.add_argument_group("sweep mode")
+    sweep.add_argument("--sweep", action="store_true", help="time every tuning candidate of each shape (plain, bf16)")
+    sweep.add_argument("--evtc", metavar="PATH", help="the evtc command-line tool (lists the candidates)")
+    sweep.add_argument("--table-out", metavar="FILE", help="where the selection table is written")
+    args = p.parse_args(argv)
+    check_args(p, args)
+    return args
+
+
+def check_args(p: argparse.ArgumentParser, args) -> None:
+    if args.shapes and (args.off_grid or args.m):
+        p.error("--shapes replaces the grid: give it without --off-grid or --m")
+    if args.off_grid and args.m:
+        p.error("--m restricts the grid; --off-grid has its own M values")
+    if args.sweep:
+        if not args.evtc or not args.table_out:
+            p.error("--sweep needs --evtc PATH and --table-out FILE")
+        if args.sets and args.sets != ["plain"]:
+            p.error("--sweep measures the plain set only")
+    elif args.evtc or args.table_out:
+        p.error("--evtc and --table-out belong to --sweep")
+    args.sets = ["plain"] if args.sweep else args.sets or ["plain"]
+    short = args.quick or args.sweep
+    args.rounds = args.rounds if args.rounds is not None else 3 if short else 5
+    args.calls = args.calls if args.calls is not None else 10 if short else 20
+    if args.quick and args.max_shapes is None:
+        args.max_shapes = 12
+    for name in ("rounds", "calls", "rotate_mb"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.max_shapes is not None and args.max_shapes < 1:
+        p.error("--max-shapes must be at least 1")
+
+
+def print_plan(args, plan: dict[str, list[Shape]]) -> None:
+    print(f"{'sweep' if args.sweep else 'compare'}: {args.rounds} rounds x {args.calls} calls per variant, "
+          f"{args.warmup_ms:g} ms warm-up per shape, weights rotated over > {args.rotate_mb} MB")
+    for name, shapes in plan.items():
+        spec = SETS[name]
+        print(f"\nset {name}: {spec.expr}  vs  {spec.reference}  ({len(shapes)} shapes)")
+        for s in shapes:
+            copies = weight_copies(weight_bytes(spec, s), args.rotate_mb << 20)
+            print(f"  {s.mnk:>20}  {s.label:<34} weight copies {copies}")
+    if args.sweep:
+        first = next(iter(plan.values()))[:1]
+        if first:
+            print(f"\ncandidates per shape, e.g.: {shlex.join(candidate_command(args.evtc, first[0]))}")
+        print(f"table: {args.table_out}")
+    print(f"\n{sum(len(s) for s in plan.values())} shapes in all")
+
+
+def print_results_file(path: str) -> None:
+    with open(path) as f:
+        data = json.load(f)
+    print(markdown_table(data))
+    print()
+    print("\n".join(summary_lines(data.get("summary") or summarize(data["rows"]))))
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(argv)
+    if args.table:
+        print_results_file(args.table)
+        return 0
+    plan = {name: plan_shapes(args, SETS[name]) for name in args.sets}
+    if args.dry_run:
+        print_plan(args, plan)
+        return 0
+    if not any(plan.values()):
+        sys.exit("no shape to time")
+    import torch
+
+    if not torch.cuda.is_available():
+        sys.exit("bench/gemm_shapes.py needs a CUDA GPU")
+    os.makedirs(args.out, exist_ok=True)
+    if args.sweep:
+        return run_sweep(args, plan["plain"])
+    return run_compare(args, plan)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,226 @@
+// The configuration a problem runs with when none is given and none is tuned: the shipped
+// table of the GPU it runs on (selection/shipped_table.hpp) where it has one and the epilogue is
+// of the kind the table was measured with, else the rules below, each with its measurement.
+#include "runtime/selection/default_config.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <tuple>
+
+#include "evtc/arch.hpp"
+#include "runtime/autotuner.hpp"
+#include "runtime/device_info.hpp"
+#include "runtime/shared_memory_model.hpp"
+
+namespace evtc {
+
+namespace selection {
+// One 16-bit output ([m,n], or [m,n/2] gated), no [m,n] operand (aux or C), no reduction, and
+// the accumulator read once (or by the gate/up halves only): the epilogues the 192-column
+// tiles were measured with, and ones like them that keep beside 192 accumulators a thread
+// what fits in registers (ptxas -v, no spills: silu(acc + bias), swiglu7,
+// tanh(gelu(acc·sa[m]·sb[n] + bias[n])·0.5 + 1); spills: three outputs and an [m,n] operand,
+// or acc read at three places, at 256×192 and ping-pong 128×192).
+bool light_epilogue(const Graph& g) {
+  int stores = 0, acc_reads = 0;
+  for (const Node& n : g.nodes()) {
+    if (n.kind == NodeKind::reduce) return false;
+    if (n.kind == NodeKind::aux || n.kind == NodeKind::source) return false;
+    if (n.kind == NodeKind::store) {
+      if (dtype_bytes(n.dtype) > 2) return false;
+      ++stores;
+    }
+    if (n.kind != NodeKind::pair)
+      for (NodeId in : n.inputs) acc_reads += g.node(in).kind == NodeKind::accum;
+  }
+  return stores == 1 && acc_reads <= 1;
+}
+
+bool reduces_over_m(const Graph& g) {
+  for (const Node& n : g.nodes())
+    if (n.kind == NodeKind::reduce && n.axis != ReduceAxis::row) return true;
+  return false;
+}
+
+std::optional<TableChoice> table_choice(const Graph& g, const GemmDesc& gemm) {
+  if (gemm.sm != 90 || gemm.m <= 0 || gemm.n <= 0 || gemm.k <= 0) return std::nullopt;
+  if (is_fp8(gemm.a_dtype) || is_fp8(gemm.b_dtype) || gemm.a_dtype != gemm.b_dtype) return std::nullopt;
+  if (!light_epilogue(g)) return std::nullopt;
+  const auto dev = current_device();
+  if (!dev || dev->arch != 90) return std::nullopt;
+  const SelectionTable* table = table_for(gpu_class_of(dev->name), gemm.a_dtype);
+  if (!table) return std::nullopt;
+  const auto found = match(*table, gemm.m, gemm.n, gemm.k, dev->sm_count);
+  if (!found) return std::nullopt;
+  tuning::DeviceLimits device;
+  if (dev->sm_count > 0) device.sm_count = dev->sm_count;
+  const KernelConfig& c = found->entry->config;
+  if (!tuning::prune_reason(c, g, gemm, device).empty() || mainloop_stages(c, gemm, epilogue_smem_bytes(g, c)) < 3)
+    return std::nullopt;
+  return TableChoice{c, *found->entry, found->exact, table->file};
+}
+
+}  // namespace selection
+
+using selection::light_epilogue;
+using selection::reduces_over_m;
+
+// Blackwell (compile-checked, never timed): one 128-row MMA per SM with the widest tile its
+// tensor memory holds for 16-bit operands (128×256), 128 of K for fp8; sm_120a's fp8 kernels
+// with CUTLASS's cooperative 128×128×128 tile and no cluster. sm_100a's epilogue stages wider
+// tiles of [m,n] operands and outputs than Hopper's (4 stages of loads): with any besides D, a
+// 128×256 tile leaves no main-loop stage (nvcc: "Stages set to value 1 or more"), so 128×128.
+static KernelConfig blackwell_default_config(const Graph& g, const GemmDesc& gemm) {
+  size_t staged = 0;  // [m,n] operands and outputs
+  for (const Node& n : g.nodes())
+    staged += n.kind == NodeKind::aux || (n.kind == NodeKind::store && n.shape == Shape::full &&
+                                          g.node(n.inputs[0]).kind != NodeKind::reduce);
+  const bool only_d = staged <= 1;
+  KernelConfig c = KernelConfig::of(MainloopSchedule::cooperative, 128, gemm.sm == 120 || !only_d ? 128 : 256, 1);
+  if (is_fp8(gemm.a_dtype) || is_fp8(gemm.b_dtype)) c.tile_k = 128;
+  return c;
+}
+
+// The sm_80 backend: CUTLASS 2.x's usual large tile, 128×256 with three stages, in the
+// K depth that the architecture's shared memory holds (64 on A100 and Hopper, 32 in the 99 KiB
+// of sm_86/89/120); decode-sized M (at most 64 rows) a 64-row tile with four stages.
+static KernelConfig multistage_default_config(const GemmDesc& gemm) {
+  const bool big_smem = max_shared_memory_per_block(gemm.sm) >= 144 * 1024;
+  if (gemm.m > 0 && gemm.m <= 64) return KernelConfig::multistage_of(64, 128, big_smem ? 64 : 32, 4);
+  return KernelConfig::multistage_of(128, 256, big_smem ? 64 : 32, 3);
+}
+
+KernelConfig default_config(const Graph& g, const GemmDesc& gemm) {
+  if (backend_features(gemm.sm, gemm.a_dtype).backend == 80) return multistage_default_config(gemm);
+  if (auto t = selection::table_choice(g, gemm)) return t->config;
+  KernelConfig c = gemm.sm == 100 || gemm.sm == 120 ? blackwell_default_config(g, gemm) : default_config_for_shape(g, gemm);
+  // An epilogue with many staged [m,n] tensors leaves a 128×256 tile too few main-loop
+  // stages (fewer than 2 does not compile; fewer than 3 stalls on memory): use 128×128.
+  if (c.tile_n == 256 && mainloop_stages(c, gemm, epilogue_smem_bytes(g, c)) < 3) c.tile_n = 128;
+  // Wider still (eight outputs, f32 ones, [m,n] operands: `evtc fuzz` found them failing
+  // CUTLASS's stage assertion): 64-row ping-pong tiles stage half as much per tile. Column and
+  // whole-matrix reductions need the cooperative schedule: those are refused instead
+  // (shared_memory_refusal).
+  if (mainloop_stages(c, gemm, epilogue_smem_bytes(g, c)) < kMinMainloopStages && !reduces_over_m(g) &&
+      backend_features(gemm.sm, gemm.a_dtype).pingpong) {
+    KernelConfig p = KernelConfig::of(MainloopSchedule::pingpong, 64, 128);
+    p.tile_k = c.tile_k;
+    p.fp8_fast_accum = c.fp8_fast_accum;
+    p.precise_math = c.precise_math;
+    c = p;
+  }
+  return c;
+}
+
+
+namespace {
+
+// Problems whose tile grid fits in one wave on the GPU (decode-sized M, or small N): the
+// finest tile among these that still fits one wave, so every multiprocessor that can get
+// work gets it, in this order of preference where two tile the problem alike. A 2×1 cluster
+// (B's tiles shared by two row tiles) pays for the 128×256 tile only: with the smaller tiles
+// it cost up to 11 % at 128×4096×11008 (bench/results/20261124-0334-h200-default-configs.json).
+// At M=128 these picks are 1.00-1.02× the best tuned candidate where the previous default was
+// 1.3-3.2× (bench/results/20261124-0320-h200-default-configs.json).
+std::optional<KernelConfig> one_wave_config(const GemmDesc& g, int sms) {
+  std::optional<KernelConfig> best;
+  int64_t best_tiles = 0;
+  for (const auto& [s, tm, tn] : {std::tuple{MainloopSchedule::cooperative, 128, 256},
+                                  std::tuple{MainloopSchedule::cooperative, 128, 128},
+                                  std::tuple{MainloopSchedule::pingpong, 64, 256},
+                                  std::tuple{MainloopSchedule::pingpong, 64, 128}}) {
+    KernelConfig c = KernelConfig::of(s, tm, tn);
+    const int64_t tiles = tuning::tile_count(c, g);
+    if (tiles > sms || tiles <= best_tiles) continue;
+    if (tn == 256 && g.m > tm) c.cluster_m = 2;  // two or more row tiles
+    best = c;
+    best_tiles = tiles;
+  }
+  return best;
+}
+
+}  // namespace
+
+KernelConfig default_config_for_shape(const Graph& g, const GemmDesc& gemm) {
+  KernelConfig c;  // cooperative 128×256×64, cluster 2×1
+  bool reduces = false;  // any reduction (reduces_over_m: a column or whole-matrix one)
+  for (const Node& n : g.nodes()) reduces |= n.kind == NodeKind::reduce;
+  if (is_fp8(gemm.a_dtype) || is_fp8(gemm.b_dtype)) {
+    c.tile_k = 128;
+    c.fp8_fast_accum = gemm.fp8_fast_accum;
+    if (gemm.fp8_fast_accum) {
+      // Measured (bench/results/*-fp8.json): ping-pong 128×128 at 4096³, cooperative 128×256
+      // from 8192³ on.
+      if (gemm.m > 0 && gemm.n > 0 && gemm.m * gemm.n <= 4096 * 4096) {
+        c.schedule = MainloopSchedule::pingpong;
+        c.tile_n = 128;
+      }
+    } else {
+      // The two-level accumulation keeps a second accumulator in registers: a warp group
+      // holding 64×256 of them twice would spill (3× slower), so it gets 128×128 tiles.
+      c.tile_n = 128;
+      c.cluster_m = 1;
+    }
+    return c;
+  }
+  if (gemm.m <= 0 || gemm.n <= 0) return c;  // size unknown: the large-problem default
+  tuning::DeviceLimits device;
+  if (const auto dev = current_device(); dev && dev->sm_count > 0) device.sm_count = dev->sm_count;
+  // Reductions keep the tiles they were measured with (the one-wave tiles were measured on
+  // elementwise and gated epilogues); column and whole-matrix ones the cooperative schedule.
+  if (!reduces)
+    if (auto one = one_wave_config(gemm, device.sm_count)) return *one;
+  if (reduces_over_m(g)) {
+    // Column and whole-matrix reductions over several waves of a short main loop (K ≤ 2048):
+    // ping-pong 64×256, whose two consumer warp groups overlap one tile's epilogue (the
+    // reduction's partial sums, C's loads) with the other's main loop; the cooperative kernel
+    // runs them one after the other (Nsight Compute: SM throughput 62 % against 79 % for its
+    // plain GEMM). Measured on the H200 at 8192×8192×1024 (bench/results/20261124-1705-h200-tune-*.json):
+    // W7's loss 1.277 → 1.148× cuBLAS, the bias gradient col_sum(acc) with D 1.127 → 1.077×.
+    if (gemm.k > 0 && gemm.k <= 2048 && tuning::tile_count(c, gemm) > device.sm_count)
+      return KernelConfig::of(MainloopSchedule::pingpong, 64, 256, 2);
+    return c;
+  }
+  // Several waves: the cooperative 128×256 tile, or ping-pong 128×128 (two tiles in flight per
+  // multiprocessor, each half the work) where the main loop is short (K ≤ 2048: the
+  // ping-pong schedule hides the epilogue behind the other tile's main loop) or where its
+  // finer tiles fill the last wave clearly better (1024×14336×4096: 0.97 against 0.85).
+  const KernelConfig pingpong = KernelConfig::of(MainloopSchedule::pingpong, 128, 128, 2);
+  if ((gemm.k > 0 && gemm.k <= 2048) ||
+      tuning::grid_efficiency(pingpong, gemm, device) > tuning::grid_efficiency(c, gemm, device) + 0.05)
+    c = pingpong;
+  // A light epilogue (light_epilogue: one 16-bit output, no [m,n] operand or C, no reduction,
+  // acc read once or by the gate/up halves only) takes ping-pong
+  // 128×192, cluster 2×1, unless that tile grid wastes clearly more than the pick above. Each
+  // warp group holds a 128×192 tile (192 accumulators a thread, no spills) and the other's
+  // epilogue overlaps its main loop. Timed in each kernel's steady state on the H200
+  // (bench/results/20261124-2334 and -2336-h200-visit-order.json) it was the fastest or within
+  // 1.7 % of the fastest of four candidates on nine shapes (gated swiglu at 8192×11264×2048,
+  // 8192×22016×4096, 8192×28672×4096 and 2048×22016×4096, swiglu7 at 7697×27304×5120,
+  // silu(acc + bias) at 8192×11008×4096, 8192×5632×2048 and 8192³). Where this rule picks it,
+  // it was 1.2-5.5 % faster than the pick above on six shapes (1.032× cuBLAS against 1.045×
+  // for LLaMA's merged gate/up GEMM, 0.995× against 1.020× at 8192³) and 0.5 % slower on one
+  // (8192×5632×2048, whose grid fills its waves 2.2 % worse). Its advantage is 2-4 %, so a
+  // grid that fills its waves 2.5 % worse or more keeps the pick above (8192×11008: 0.959
+  // against 0.993, measured 1.057× against 1.069×: about even).
+  //
+  // With a long main loop (K ≥ 4096) the cooperative 256×192 tile (two warp groups of 128×192)
+  // ran 0.6-2.9 % faster than ping-pong 128×192 where its grid wastes at most 1.4 % more
+  // (8192×22016×4096: 1.017-1.029× cuBLAS against 1.046-1.047×; 8192×28672×4096: 1.023×
+  // against 1.029×; 0.7 % slower at 2048×22016×4096), and slower where its coarser grid
+  // wastes 2 % more or worse (8192³: 0.940 against 0.985 filled, 1.014× against 0.995×; W4
+  // at K = 5120: 0.925 against 0.953, 1.098× against 1.062×). At K = 2048 it is slower.
+  const KernelConfig wide = KernelConfig::of(MainloopSchedule::pingpong, 128, 192, 2);
+  if (!light_epilogue(g) ||
+      tuning::grid_efficiency(c, gemm, device) >= tuning::grid_efficiency(wide, gemm, device) + 0.025)
+    return c;
+  const KernelConfig big = KernelConfig::of(MainloopSchedule::cooperative, 256, 192, 2);
+  if (gemm.k >= 4096 &&
+      tuning::grid_efficiency(big, gemm, device) + 0.02 >= tuning::grid_efficiency(wide, gemm, device))
+    return big;
+  return wide;
+}
+
+
+}  // namespace evtc

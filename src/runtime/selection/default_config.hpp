@@ -1,0 +1,33 @@
+// Which configuration a problem runs with by default (evtc::default_config, declared in
+// evtc/kernel.hpp), and where that choice came from.
+#pragma once
+#include <optional>
+#include <string>
+
+#include "evtc/gemm.hpp"
+#include "evtc/graph.hpp"
+#include "evtc/kernel.hpp"
+#include "runtime/selection/shipped_table.hpp"
+
+namespace evtc::selection {
+
+// One 16-bit output ([m,n], or [m,n/2] gated), no [m,n] operand (aux or C), no reduction, and
+// the accumulator read once (or by the gate/up halves only).
+bool light_epilogue(const Graph& g);
+// A column or whole-matrix reduction.
+bool reduces_over_m(const Graph& g);
+
+// The shipped table's configuration for this problem on the current GPU, with the entry it came
+// from: for sm_90a kernels of 16-bit A and B with a light epilogue (the tables are measured with
+// D = acc; light epilogues keep their main loop's speed, measured in bench/gemm_shapes.py's
+// silu and swiglu sets), where the configuration also suits this problem (its pruning rules,
+// and at least 3 main-loop stages beside the epilogue). nullopt otherwise.
+struct TableChoice {
+  KernelConfig config;
+  TableEntry entry;
+  bool exact = false;
+  std::string table;  // its file name, e.g. "h100-bf16.json"
+};
+std::optional<TableChoice> table_choice(const Graph& g, const GemmDesc& gemm);
+
+}  // namespace evtc::selection

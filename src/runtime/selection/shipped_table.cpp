@@ -1,0 +1,144 @@
+#include "runtime/selection/shipped_table.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "evtc/error.hpp"
+#include "runtime/autotuner.hpp"
+
+namespace evtc::selection {
+namespace {
+
+constexpr int kTableFormat = 1;
+
+double log_distance(int64_t a, int64_t b) { return std::abs(std::log2(double(a) / double(b))); }
+
+template <class T>
+T field(const nlohmann::json& j, const char* name, const std::string& where) {
+  if (!j.contains(name)) throw RuntimeError(fmt::format("{}: '{}' is missing", where, name));
+  try {
+    return j.at(name).get<T>();
+  } catch (const nlohmann::json::exception&) {
+    throw RuntimeError(fmt::format("{}: '{}' has the wrong type ({})", where, name, j.at(name).type_name()));
+  }
+}
+
+}  // namespace
+
+SelectionTable parse_table(const std::string& json, const std::string& file) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(json);
+  } catch (const nlohmann::json::exception& e) {
+    throw RuntimeError(fmt::format("selection table {} is not JSON: {}", file, e.what()));
+  }
+  const std::string where = "selection table " + file;
+  if (!j.is_object()) throw RuntimeError(where + ": not a JSON object");
+  if (const int format = field<int>(j, "format", where); format != kTableFormat)
+    throw RuntimeError(fmt::format("{}: format {}, expected {}", where, format, kTableFormat));
+  SelectionTable t;
+  t.file = file;
+  t.gpu = field<std::string>(j, "gpu", where);
+  t.gpu_class = field<std::string>(j, "gpu_class", where);
+  const auto dtype = parse_dtype(field<std::string>(j, "dtype", where));
+  if (!dtype) throw RuntimeError(fmt::format("{}: dtype '{}' is not one of evtc's", where, j["dtype"].get<std::string>()));
+  t.dtype = *dtype;
+  const auto entries = field<nlohmann::json>(j, "entries", where);
+  if (!entries.is_array()) throw RuntimeError(where + ": 'entries' is not an array");
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const std::string at = fmt::format("{}, entry {}", where, i);
+    TableEntry e;
+    e.m = field<int64_t>(entries[i], "m", at);
+    e.n = field<int64_t>(entries[i], "n", at);
+    e.k = field<int64_t>(entries[i], "k", at);
+    if (e.m <= 0 || e.n <= 0 || e.k <= 0) throw RuntimeError(at + ": sizes must be positive");
+    const std::string name = field<std::string>(entries[i], "config", at);
+    const auto config = KernelConfig::parse(name);
+    if (!config) throw RuntimeError(fmt::format("{}: '{}' is not a kernel configuration", at, name));
+    e.config = *config;
+    e.ms = field<double>(entries[i], "ms", at);
+    e.cublas_ms = field<double>(entries[i], "cublas_ms", at);
+    t.entries.push_back(e);
+  }
+  std::sort(t.entries.begin(), t.entries.end(),
+            [](const TableEntry& a, const TableEntry& b) { return std::tie(a.m, a.n, a.k) < std::tie(b.m, b.n, b.k); });
+  return t;
+}
+
+const std::vector<SelectionTable>& shipped_tables() {
+  // The tables are part of the build: one that does not parse is a defect of this build, and
+  // the error names its file.
+  static const std::vector<SelectionTable> tables = [] {
+    std::vector<SelectionTable> out;
+    for (const EmbeddedTable& e : embedded_tables()) out.push_back(parse_table(e.json, e.file));
+    return out;
+  }();
+  return tables;
+}
+
+std::string gpu_class_of(const std::string& device_name) {
+  for (const char* cls : {"H100", "H200"})
+    if (device_name.find(cls) != std::string::npos) {
+      std::string lower = cls;
+      lower[0] = 'h';
+      return lower;
+    }
+  return "";
+}
+
+const SelectionTable* table_for(const std::string& gpu_class, DType ab) {
+  if (gpu_class.empty()) return nullptr;
+  // f16 runs the same main loops at the same speed as bf16.
+  const DType measured = ab == DType::f16 ? DType::bf16 : ab;
+  for (const SelectionTable& t : shipped_tables())
+    if (t.gpu_class == gpu_class && t.dtype == measured && !t.entries.empty()) return &t;
+  return nullptr;
+}
+
+std::optional<TableMatch> match(const SelectionTable& table, int64_t m, int64_t n, int64_t k, int sm_count) {
+  if (table.entries.empty() || m <= 0 || n <= 0 || k <= 0) return std::nullopt;
+  for (const TableEntry& e : table.entries)
+    if (e.m == m && e.n == n && e.k == k) return TableMatch{&e, true};
+  // The measured M nearest on a log scale; of two equally near, the larger.
+  int64_t bucket = table.entries.front().m;
+  for (const TableEntry& e : table.entries) {
+    const double d = log_distance(e.m, m), best = log_distance(bucket, m);
+    if (d < best - 1e-9 || (std::abs(d - best) <= 1e-9 && e.m > bucket)) bucket = e.m;
+  }
+  std::vector<const TableEntry*> near;
+  for (const TableEntry& e : table.entries)
+    if (e.m == bucket) near.push_back(&e);
+  auto nk_distance = [&](const TableEntry* e) { return log_distance(e->n, n) + log_distance(e->k, k); };
+  std::stable_sort(near.begin(), near.end(),
+                   [&](const TableEntry* a, const TableEntry* b) { return nk_distance(a) < nk_distance(b); });
+  near.resize(std::min<size_t>(near.size(), 4));
+  // A configuration measured at a nearby shape carries over as well as its tile grid does:
+  // its heuristic score here against at its own shape, less a little for each step further.
+  tuning::DeviceLimits device;
+  if (sm_count > 0) device.sm_count = sm_count;
+  GemmDesc here;
+  here.m = m;
+  here.n = n;
+  here.k = k;
+  const TableEntry* best = nullptr;
+  double best_score = -1;
+  for (size_t rank = 0; rank < near.size(); ++rank) {
+    const TableEntry* e = near[rank];
+    GemmDesc there = here;
+    there.m = e->m;
+    there.n = e->n;
+    there.k = e->k;
+    const double own = tuning::heuristic_score(e->config, there, device);
+    const double score = (own > 0 ? tuning::heuristic_score(e->config, here, device) / own : 0) - 0.03 * double(rank);
+    if (score > best_score) {
+      best = e;
+      best_score = score;
+    }
+  }
+  return TableMatch{best, false};
+}
+
+}  // namespace evtc::selection
