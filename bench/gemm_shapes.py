@@ -525,8 +525,24 @@ def new_row(spec: SetSpec, shape: Shape) -> dict:
 
 def describe_kernel(kernel, shape: Shape, row: dict) -> None:
     row["config"] = kernel.config_for(shape.m, shape.n, shape.k)
+    if hasattr(kernel, "config_source"):
+        row["config_source"] = kernel.config_source(shape.m, shape.n, shape.k)
     if reason := kernel.fallback_reason(shape.m, shape.n, shape.k):
         row["fallback_reason"] = reason
+    predicted_ms(kernel, shape, row)
+
+
+def predicted_ms(kernel, shape: Shape, row: dict) -> None:
+    """The cost model's price of the fused kernel (and of cuBLAS's GEMM), to set beside the
+    measured times: the model decides which fusions are made."""
+    import evtc
+
+    native = getattr(kernel, "_native", None)
+    if native is None or not hasattr(native, "estimate"):
+        return
+    e = native.estimate(shape.m, shape.n, shape.k, evtc._evtc.UnfusedWork())
+    row["predicted_ms"], row["predicted_cublas_ms"] = e.fused_us / 1e3, e.cublas_us / 1e3
+    row["predicted_basis"] = e.basis
 
 
 def check_first_call(spec: SetSpec, kernel, problem: Problem, outputs: dict, row: dict) -> None:
@@ -554,6 +570,8 @@ def time_row(spec: SetSpec, kernel, shape: Shape, problem: Problem, outputs: dic
     row["ratio"] = row["evtc_ms"] / row["ref_ms"]
     row["ratio_rounds"] = [r["evtc"] / r["ref"] for r in per_round]
     row["evtc_tflops"], row["ref_tflops"] = tflops(shape, row["evtc_ms"]), tflops(shape, row["ref_ms"])
+    if row.get("predicted_ms"):
+        row["predicted_over_measured"] = row["predicted_ms"] / row["evtc_ms"]
 
 
 def measure_row(spec: SetSpec, kernel, shape: Shape, args, timer: Timer) -> dict:
@@ -817,6 +835,27 @@ def run_sweep(args, shapes: list[Shape]) -> int:
     return 1 if missing else 0
 
 
+def table_from_sweeps(paths: list[str], table_out: str) -> int:
+    """The selection table of sweep results files; all must come from one kind of GPU."""
+    shapes, gpus, commands, dates = {}, set(), [], []
+    for path in paths:
+        with open(path) as f:
+            data = json.load(f)
+        if data.get("mode") != "sweep":
+            sys.exit(f"{path} is not a sweep results file (mode {data.get('mode')!r})")
+        gpus.add(data["gpu"])
+        commands.append(data["command"])
+        dates.append(data["date"])
+        for r in data["shapes"]:
+            shapes[(r["m"], r["n"], r["k"])] = r
+    if len(gpus) != 1:
+        sys.exit(f"the sweeps come from different GPUs: {', '.join(sorted(gpus))}")
+    doc = table_document(list(shapes.values()), gpus.pop(), " && ".join(commands), max(dates))
+    write_table(table_out, doc)
+    print(f"wrote {table_out} ({len(doc['entries'])} entries from {len(paths)} sweep file(s))")
+    return 0
+
+
 # --- results ----------------------------------------------------------------------------------
 
 def run_metadata(torch, evtc, args, mode: str) -> dict:
@@ -855,7 +894,13 @@ def ratio_stats(rows: list[dict]) -> dict:
             "geomean_ratio_m_ge_128": geomean([r["ratio"] for r in ok if r["m"] >= 128]),
             "max_ratio": worst["ratio"] if worst else None,
             "max_ratio_shape": f"{worst['m']}x{worst['n']}x{worst['k']} ({worst['label']})" if worst else None,
-            f"above_{ABOVE}": sum(1 for r in ok if r["ratio"] > ABOVE)}
+            f"above_{ABOVE}": sum(1 for r in ok if r["ratio"] > ABOVE),
+            "model_error_geomean": geomean([max(r["predicted_over_measured"], 1 / r["predicted_over_measured"])
+                                            for r in ok if r.get("predicted_over_measured")]),
+            "model_within_5pct": sum(1 for r in ok if r.get("predicted_over_measured")
+                                     and abs(r["predicted_over_measured"] - 1) <= 0.05),
+            "by_source": {src: sum(1 for r in ok if (r.get("config_source") or "").split(" ")[0] == src)
+                          for src in ("table", "heuristic", "tuned", "given", "nearest")}}
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -994,6 +1039,9 @@ def parse_args(argv: Optional[list[str]] = None):
     p.add_argument("--dry-run", action="store_true", help="print the shapes and exit (imports neither torch nor evtc)")
     p.add_argument("--table", metavar="FILE.json",
                    help="print the Markdown table and summary of a results file and exit")
+    p.add_argument("--table-from", nargs="+", metavar="SWEEP.json",
+                   help="write --table-out from sweep results files (a later file's shape replaces an "
+                        "earlier one's) and exit: for a sweep run in parts (--m, --shapes)")
     sweep = p.add_argument_group("sweep mode")
     sweep.add_argument("--sweep", action="store_true", help="time every tuning candidate of each shape (plain, bf16)")
     sweep.add_argument("--evtc", metavar="PATH", help="the evtc command-line tool (lists the candidates)")
@@ -1013,6 +1061,9 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
             p.error("--sweep needs --evtc PATH and --table-out FILE")
         if args.sets and args.sets != ["plain"]:
             p.error("--sweep measures the plain set only")
+    elif args.table_from:
+        if not args.table_out:
+            p.error("--table-from needs --table-out FILE")
     elif args.evtc or args.table_out:
         p.error("--evtc and --table-out belong to --sweep")
     args.sets = ["plain"] if args.sweep else args.sets or ["plain"]
@@ -1058,6 +1109,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.table:
         print_results_file(args.table)
         return 0
+    if args.table_from:
+        return table_from_sweeps(args.table_from, args.table_out)
     plan = {name: plan_shapes(args, SETS[name]) for name in args.sets}
     if args.dry_run:
         print_plan(args, plan)

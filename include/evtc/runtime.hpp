@@ -120,9 +120,12 @@ struct CompileOptions {
 // Where a problem's configuration came from.
 struct ConfigChoice {
   KernelConfig config;
-  enum class Source { fixed, tuned, nearest_tuned, heuristic } source = Source::heuristic;
-  int64_t tuned_m = 0, tuned_n = 0, tuned_k = 0;  // the tuned shape it came from
-  std::string describe() const;  // e.g. "tuned for 4096x4096x4096", "heuristic default"
+  // table: the shipped configuration table of this GPU (measured per GPU class and shipped with
+  // evtc; src/runtime/selection/shipped_table.hpp), at the shape or at the nearest measured one.
+  enum class Source { fixed, tuned, nearest_tuned, table, heuristic } source = Source::heuristic;
+  int64_t tuned_m = 0, tuned_n = 0, tuned_k = 0;  // the tuned (or table) shape it came from
+  std::string table;                              // the table's file, for Source::table
+  std::string describe() const;  // e.g. "tuned for 4096x4096x4096", "table h100-bf16.json at 64x4096x4096", "heuristic default"
 };
 
 // Progress of long work: stage ("compiling", "timing"), items done, items in all.

@@ -159,6 +159,12 @@ class Kernel(_Compiled):
         """The kernel configuration a problem of this size runs with."""
         return self._native.config_for(m, n, k)
 
+    def config_source(self, m: int, n: int, k: int) -> str:
+        """Where :meth:`config_for`'s configuration comes from: ``"given"``, ``"tuned for MxNxK"``,
+        ``"nearest tuned shape, MxNxK"``, ``"table h100-bf16.json at MxNxK"`` (the shipped table of
+        this GPU) or ``"heuristic default"``."""
+        return self._native.config_source(m, n, k)
+
     def fallback_reason(self, m: int, n: int, k: int) -> str:
         """Why a problem of this size would run unfused; empty when it would be fused."""
         return self._native.fallback_reason(m, n, k)

@@ -281,6 +281,9 @@ NB_MODULE(_evtc, m) {
       .def("config_for", [](const Kernel& k, int64_t m, int64_t n, int64_t kk) {
              return k.config_for(m, n, kk).name();
            }, "m"_a, "n"_a, "k"_a)
+      .def("config_source", [](const Kernel& k, int64_t m, int64_t n, int64_t kk) {
+             return k.config_choice(m, n, kk).describe();
+           }, "m"_a, "n"_a, "k"_a)
       .def("fallback_reason", &Kernel::fallback_reason, "m"_a, "n"_a, "k"_a)
       .def("in_library", &Kernel::in_library, "m"_a, "n"_a, "k"_a)
       .def("estimate", &Kernel::estimate, "m"_a, "n"_a, "k"_a, "unfused"_a)

@@ -11,6 +11,7 @@
 #include "runtime/device_info.hpp"
 #include "runtime/cost_model.hpp"
 #include "runtime/kernel_impl.hpp"
+#include "runtime/selection/default_config.hpp"
 
 namespace evtc {
 namespace {
@@ -173,13 +174,37 @@ std::string FusionEstimate::describe() const {
                      basis, config);
 }
 
+namespace {
+
+// Where the shipped table measured this configuration (selection/shipped_table.hpp), the model is
+// anchored to the measurement: at the entry's shape, evtc's kernel with a plain 16-bit D and
+// cuBLAS's GEMM took the table's times; here, each is that time scaled by the model's ratio
+// of here to there. On the table's own shapes the plain GEMM's price is then the measured time.
+void anchor_to_table(FusionEstimate& e, const selection::TableChoice& t, const GemmDesc& g) {
+  if (t.entry.ms <= 0 || t.entry.cublas_ms <= 0) return;
+  GemmDesc there = g;
+  there.m = t.entry.m;
+  there.n = t.entry.n;
+  there.k = t.entry.k;
+  const FusionEstimate plain = estimate_for(t.config, there, double(there.m) * there.n * 2, 0, UnfusedWork{});
+  e.fused_us *= t.entry.ms * 1e3 / plain.fused_us;
+  e.cublas_us *= t.entry.cublas_ms * 1e3 / plain.cublas_us;
+  e.basis = fmt::format("table {} at {}x{}x{}", t.table, t.entry.m, t.entry.n, t.entry.k);
+}
+
+}  // namespace
+
 FusionEstimate Kernel::estimate(int64_t m, int64_t n, int64_t k, const UnfusedWork& unfused) const {
   GemmDesc g = impl_->options.gemm;
   g.m = m;
   g.n = n;
   g.k = k;
   const ConfigChoice choice = config_choice(m, n, k);
-  return estimate_for(choice.config, g, epilogue_bytes(impl_->signature, m, n), 0, unfused);
+  FusionEstimate e = estimate_for(choice.config, g, epilogue_bytes(impl_->signature, m, n), 0, unfused);
+  if (choice.source == ConfigChoice::Source::table)
+    if (const auto t = selection::table_choice(impl_->graph, g); t && t->config == choice.config)
+      anchor_to_table(e, *t, g);
+  return e;
 }
 
 }  // namespace evtc

@@ -252,8 +252,18 @@ Kernel::Kernel(const Graph& graph, const CompileOptions& given) : impl_(std::mak
   CompileOptions options = given;
   options.gemm.sm = target_arch(given.arch);
   if (std::string why = fp8_blockwise_refusal(options.gemm); !why.empty()) throw UserError(why);
-  if (options.config)
+  if (options.config) {
     if (std::string why = config_refusal(*options.config, options.gemm); !why.empty()) throw UserError(why);
+    // evtc's reductions combine one partial result per output tile and warp; stream-K and split-K
+    // finish a tile in whichever CTA adds its last K part, so they are not combined that way.
+    if (options.config->scheduler == TileSchedulerKind::stream_k)
+      for (const Node& n : graph.nodes())
+        if (n.kind == NodeKind::store && graph.node(n.inputs[0]).kind == NodeKind::reduce)
+          throw UserError(fmt::format("configuration {} splits the K loop of output tiles (stream-K or split-K), "
+                                      "which an epilogue with reductions ('{}') cannot take; use a persistent "
+                                      "configuration",
+                                      options.config->name(), n.name));
+  }
   runtime::require_runnable_fp8(options.gemm.a_dtype, options.gemm.b_dtype,
                                 options.gemm.a_layout == Layout::row_major,
                                 options.gemm.b_layout == Layout::row_major);

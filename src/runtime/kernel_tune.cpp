@@ -13,6 +13,7 @@
 #include "runtime/harness.hpp"
 #include "runtime/device_info.hpp"
 #include "runtime/kernel_impl.hpp"
+#include "runtime/selection/default_config.hpp"
 #include "jit/logging.hpp"
 
 namespace evtc {
@@ -54,6 +55,7 @@ std::string ConfigChoice::describe() const {
     case Source::tuned: return fmt::format("tuned for {}x{}x{}", tuned_m, tuned_n, tuned_k);
     case Source::nearest_tuned:
       return fmt::format("nearest tuned shape, {}x{}x{}", tuned_m, tuned_n, tuned_k);
+    case Source::table: return fmt::format("table {} at {}x{}x{}", table, tuned_m, tuned_n, tuned_k);
     case Source::heuristic: return "heuristic default";
   }
   return "?";
@@ -92,6 +94,19 @@ ConfigChoice Kernel::Impl::choose_config(int64_t m, int64_t n, int64_t k) const 
       if (auto it = choices.find({m, n, k}); it != choices.end()) return it->second;
     }
     choice.config = heuristic_config(m, n, k);
+    {
+      GemmDesc g = options.gemm;
+      g.m = m;
+      g.n = n;
+      g.k = k;
+      if (const auto t = selection::table_choice(graph, g); t && t->config == choice.config) {
+        choice.source = ConfigChoice::Source::table;
+        choice.tuned_m = t->entry.m;
+        choice.tuned_n = t->entry.n;
+        choice.tuned_k = t->entry.k;
+        choice.table = t->table;
+      }
+    }
     // Unknown sizes (0) have no nearest shape: they take the heuristic default.
     const bool sized = m > 0 && n > 0 && k > 0;
     const auto id = tune_mode == TuneMode::off || !sized ? std::nullopt : identity();

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <thread>
+#include <tuple>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -57,6 +59,35 @@ TEST(FusedConfigs, TilesOf192ColumnsAtPartialTiles) {
   expect_matches_reference(kernel("w1_coop_256x192"), 4100, 5000, 520, 27, ExecutionPath::fused);  // several waves
   expect_matches_reference(kernel("swiglu_pingpong_128x192"), 1999, 3008, 1000, 28, ExecutionPath::fused);
   expect_matches_reference(kernel("swiglu_pingpong_128x192"), 4100, 2 * 4004, 264, 29, ExecutionPath::fused);
+}
+
+TEST(FusedConfigs, DecodeTilesOfSixteenColumnMultiplesWithClusterAlongN) {
+  // 64×48 tiles: 1000 = 20 × 48 + 40 columns (gated: 500 outputs), rows below and above one tile.
+  expect_matches_reference(kernel("decode_mix"), 37, 1000, 1000, 61, ExecutionPath::fused);
+  expect_matches_reference(kernel("decode_mix"), 200, 2 * 1500, 4104, 62, ExecutionPath::fused);
+  expect_matches_reference(kernel("narrow_16"), 16, 2 * 777, 2056, 63, ExecutionPath::fused);
+  expect_matches_reference(kernel("narrow_16"), 130, 2 * 100, 520, 64, ExecutionPath::fused);
+}
+
+TEST(FusedConfigs, SplitKAndStreamKOfDecodeProblems) {
+  // Split four ways: 50 rows, 1000 = 10 × 96 + 40 columns, K not a multiple of the K tile.
+  expect_matches_reference(kernel("split_k"), 50, 1000, 4104, 65, ExecutionPath::fused);
+  expect_matches_reference(kernel("split_k"), 300, 2 * 1111, 1000, 66, ExecutionPath::fused);
+  expect_matches_reference(kernel("stream_k_gated"), 64, 2 * 1500, 4096, 67, ExecutionPath::fused);
+  expect_matches_reference(kernel("stream_k_gated"), 17, 2 * 520, 11000, 68, ExecutionPath::fused);
+}
+
+TEST(FusedConfigs, DefaultConfigurationsOfLinearLayersFromPrefillToDecode) {
+  // On an H100 or H200 these come from the shipped table (exact and nearest shapes); elsewhere
+  // from the rules.
+  const std::tuple<int, int, int> shapes[] = {{16, 4096, 4096}, {48, 5000, 3000}, {64, 28672, 4096},
+                                               {256, 4608, 3584}, {1000, 6000, 2000}, {4096, 4096, 4096}};
+  {
+    std::vector<std::jthread> compiles;  // each shape's configuration, all at once
+    for (const auto& [m, n, k] : shapes) compiles.emplace_back([&, m, n, k] { kernel("w1_linear").compile(m, n, k); });
+  }
+  for (const auto& [m, n, k] : shapes)
+    expect_matches_reference(kernel("w1_linear"), m, n, k, 69 + m % 7, ExecutionPath::fused);
 }
 
 TEST(FusedReductions, EveryAxisAndOpWithMainOutput) {

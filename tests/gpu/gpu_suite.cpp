@@ -79,6 +79,38 @@ out b2: f32 = clamp(f, -1, 1) + where(relu(res[m,n]), f, -f) + fma(f, bias[n], s
      Layout::col_major, "coop_256x192x64_c2x1_persistent"},
     {"swiglu_pingpong_128x192", "out y: bf16 = swiglu(acc)", DType::bf16, Layout::row_major,
      Layout::col_major, "pingpong_128x192x64_c2x1_persistent"},
+    // The configurations of small and decode-sized problems: 64-row ping-pong tiles of any
+    // multiple of 16 columns with deep K tiles and clusters along N, and split-K/stream-K with a
+    // 96-column tile. Each carries gated outputs, an [m,n] operand, extra [m,n] outputs and
+    // (where the scheduler allows) row and column reductions.
+    {"decode_mix", R"(
+input bias[n]: bf16
+input r[m,n]: bf16
+h = acc + bias[n]
+out P: bf16 = h + r[m,n]
+out y: bf16 = swiglu(h)
+out rs = row_sum(h)
+out cm = col_max(h)
+)",
+     DType::bf16, Layout::row_major, Layout::col_major, "pingpong_64x48x128_c1x2_persistent"},
+    {"narrow_16", R"(
+input bias[n]: bf16
+out y: bf16 = swiglu(acc + bias[n])
+out rm = row_max(acc)
+)",
+     DType::bf16, Layout::row_major, Layout::col_major, "pingpong_64x16x128_c1x1_persistent"},
+    {"split_k", R"(
+input s[m]: f32
+input r[m,n]: bf16
+out D: bf16 = gelu(acc * s[m] + bias[n])
+out P: bf16 = acc + r[m,n]
+out y: bf16 = swiglu(acc)
+)",
+     DType::bf16, Layout::row_major, Layout::col_major, "coop_128x96x64_c1x1_splitk4"},
+    {"stream_k_gated", "out y: bf16 = gptoss_swiglu(acc + bias[n], alpha=1.702, limit=7)", DType::bf16,
+     Layout::row_major, Layout::col_major, "coop_128x64x64_c1x1_streamk"},
+    // The default configuration of nn.Linear's operands, from the GPU's shipped table where it has one.
+    {"w1_linear", "out D: bf16 = silu(acc + bias[n])", DType::bf16, Layout::row_major, Layout::col_major},
     {"reductions", R"(
 input s[m]: f32
 f = acc * s[m]

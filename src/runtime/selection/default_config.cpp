@@ -46,6 +46,8 @@ bool reduces_over_m(const Graph& g) {
 std::optional<TableChoice> table_choice(const Graph& g, const GemmDesc& gemm) {
   if (gemm.sm != 90 || gemm.m <= 0 || gemm.n <= 0 || gemm.k <= 0) return std::nullopt;
   if (is_fp8(gemm.a_dtype) || is_fp8(gemm.b_dtype) || gemm.a_dtype != gemm.b_dtype) return std::nullopt;
+  // The tables are measured with nn.Linear's operands: A row-major, B column-major (W of N×K).
+  if (gemm.a_layout != Layout::row_major || gemm.b_layout != Layout::col_major) return std::nullopt;
   if (!light_epilogue(g)) return std::nullopt;
   const auto dev = current_device();
   if (!dev || dev->arch != 90) return std::nullopt;

@@ -18,7 +18,7 @@ bool light_epilogue(const Graph& g);
 bool reduces_over_m(const Graph& g);
 
 // The shipped table's configuration for this problem on the current GPU, with the entry it came
-// from: for sm_90a kernels of 16-bit A and B with a light epilogue (the tables are measured with
+// from: for sm_90a kernels of 16-bit A (row-major) and B (column-major) with a light epilogue (the tables are measured with
 // D = acc; light epilogues keep their main loop's speed, measured in bench/gemm_shapes.py's
 // silu and swiglu sets), where the configuration also suits this problem (its pruning rules,
 // and at least 3 main-loop stages beside the epilogue). nullopt otherwise.

@@ -115,27 +115,31 @@ std::optional<TableMatch> match(const SelectionTable& table, int64_t m, int64_t 
   std::stable_sort(near.begin(), near.end(),
                    [&](const TableEntry* a, const TableEntry* b) { return nk_distance(a) < nk_distance(b); });
   near.resize(std::min<size_t>(near.size(), 4));
-  // A configuration measured at a nearby shape carries over as well as its tile grid does:
-  // its heuristic score here against at its own shape, less a little for each step further.
+  // A configuration measured at a nearby shape carries over as long as its tile grid fills the
+  // GPU about as well here as there: the nearest entry whose grid efficiency here is at least
+  // 85 % of its own, else the one that keeps the most of it.
   tuning::DeviceLimits device;
   if (sm_count > 0) device.sm_count = sm_count;
   GemmDesc here;
-  here.m = m;
   here.n = n;
   here.k = k;
   const TableEntry* best = nullptr;
-  double best_score = -1;
-  for (size_t rank = 0; rank < near.size(); ++rank) {
-    const TableEntry* e = near[rank];
+  double best_kept = -1;
+  for (const TableEntry* e : near) {
     GemmDesc there = here;
     there.m = e->m;
     there.n = e->n;
     there.k = e->k;
-    const double own = tuning::heuristic_score(e->config, there, device);
-    const double score = (own > 0 ? tuning::heuristic_score(e->config, here, device) / own : 0) - 0.03 * double(rank);
-    if (score > best_score) {
+    const double own = tuning::grid_efficiency(e->config, there, device);
+    // Compared at the entry's M: the bucket's rows pad every candidate alike.
+    GemmDesc across = there;
+    across.n = n;
+    across.k = k;
+    const double kept = own > 0 ? tuning::grid_efficiency(e->config, across, device) / own : 0;
+    if (kept >= 0.85) return TableMatch{e, false};
+    if (kept > best_kept) {
       best = e;
-      best_score = score;
+      best_kept = kept;
     }
   }
   return TableMatch{best, false};

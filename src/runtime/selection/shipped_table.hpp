@@ -50,8 +50,8 @@ const SelectionTable* table_for(const std::string& gpu_class, DType ab);
 
 // Where a shape's configuration comes from in a table: the entry of the same shape, or of the
 // nearest measured M (log scale; between two, the larger, whose tiles hold it) and, among
-// that M's entries, the one whose configuration fits this shape's tile grid best (its
-// heuristic score here against at its own shape) of the four nearest in N and K.
+// that M's four entries nearest in N and K, the nearest whose configuration's tile grid fills
+// the GPU here at least 85 % as well as at its own shape (else the one that keeps the most).
 struct TableMatch {
   const TableEntry* entry = nullptr;
   bool exact = false;

@@ -1,0 +1,136 @@
+// The shipped selection tables (src/runtime/selection/shipped_table.hpp): every embedded table
+// parses and names configurations evtc builds; a table's errors name the file and the field;
+// a shape's entry is its own, else the nearest measured M's best-fitting entry.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "evtc/error.hpp"
+#include "evtc/expression.hpp"
+#include "evtc/passes.hpp"
+#include "evtc/runtime.hpp"
+#include "runtime/autotuner.hpp"
+#include "runtime/selection/default_config.hpp"
+#include "runtime/selection/shipped_table.hpp"
+
+using namespace evtc;
+using namespace evtc::selection;
+
+namespace {
+
+std::string table_json(const std::string& entries) {
+  return R"({"format": 1, "gpu": "NVIDIA H100 80GB HBM3", "gpu_class": "h100", "dtype": "bf16", "entries": [)" +
+         entries + "]}";
+}
+
+std::string entry(int64_t m, int64_t n, int64_t k, const std::string& config) {
+  return fmt::format(R"({{"m": {}, "n": {}, "k": {}, "config": "{}", "ms": 0.1, "cublas_ms": 0.1}})", m, n, k,
+                     config);
+}
+
+TEST(SelectionTable, EveryShippedTableParsesAndItsConfigurationsAreBuildable) {
+  ASSERT_EQ(shipped_tables().size(), embedded_tables().size());
+  for (const SelectionTable& t : shipped_tables()) {
+    EXPECT_FALSE(t.entries.empty()) << t.file;
+    EXPECT_EQ(gpu_class_of(t.gpu), t.gpu_class) << t.file;
+    for (const TableEntry& e : t.entries) {
+      GemmDesc g;
+      g.a_dtype = g.b_dtype = t.dtype;
+      g.m = e.m;
+      g.n = e.n;
+      g.k = e.k;
+      // A shipped choice is one the tuner could have made: legal, and not pruned for its shape.
+      EXPECT_EQ(tuning::prune_reason(e.config, run_pipeline(parse_expression("out D: bf16 = acc")), g), "")
+          << t.file << " " << e.m << "x" << e.n << "x" << e.k << " " << e.config.name();
+    }
+  }
+}
+
+TEST(SelectionTable, ErrorsNameTheFileAndTheField) {
+  auto error_of = [](const std::string& json) {
+    try {
+      parse_table(json, "x.json");
+    } catch (const RuntimeError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(error_of("{").find("selection table x.json is not JSON"), std::string::npos);
+  EXPECT_NE(error_of(table_json(entry(16, 4096, 4096, "coop_1x2"))).find("entry 0: 'coop_1x2' is not a kernel "
+                                                                          "configuration"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"format": 1, "gpu": "g", "gpu_class": "h100", "dtype": "bf16", "entries": [{"m": "x"}]})")
+                .find("entry 0: 'm' has the wrong type (string)"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"format": 2})").find("format 2, expected 1"), std::string::npos);
+  EXPECT_NE(error_of(table_json(entry(0, 4096, 4096, "coop_128x256x64_c2x1_persistent"))).find("positive"),
+            std::string::npos);
+}
+
+TEST(SelectionTable, MatchesTheSameShapeElseTheNearestMeasuredM) {
+  const SelectionTable t = parse_table(
+      table_json(entry(16, 4096, 4096, "pingpong_64x32x128_c1x1_persistent") + "," +
+                 entry(64, 4096, 4096, "pingpong_64x64x128_c1x1_persistent") + "," +
+                 entry(64, 28672, 4096, "pingpong_64x256x64_c1x1_persistent") + "," +
+                 entry(8192, 4096, 4096, "coop_128x256x64_c2x1_persistent")),
+      "t.json");
+  auto config_of = [&](int64_t m, int64_t n, int64_t k) {
+    const auto found = match(t, m, n, k, 132);
+    return found ? found->entry->config.name() + (found->exact ? " exact" : "") : std::string("none");
+  };
+  EXPECT_EQ(config_of(64, 4096, 4096), "pingpong_64x64x128_c1x1_persistent exact");
+  // 32 is as near to 16 as to 64 on a log scale: the larger M, whose tiles hold it.
+  EXPECT_EQ(config_of(32, 4096, 4096), "pingpong_64x64x128_c1x1_persistent");
+  EXPECT_EQ(config_of(20, 4096, 4096), "pingpong_64x32x128_c1x1_persistent");
+  // Among M = 64's entries, the nearest in N and K whose tile grid still fills the GPU: 102
+  // tiles of 64x256 at N = 26000 (112 at its own shape), but only 86 at N = 22016, where the
+  // 64x64 tiles of the next nearest entry fill 2.6 waves.
+  EXPECT_EQ(config_of(48, 26000, 4096), "pingpong_64x256x64_c1x1_persistent");
+  EXPECT_EQ(config_of(48, 22016, 4096), "pingpong_64x64x128_c1x1_persistent");
+  EXPECT_EQ(config_of(6000, 5120, 4096), "coop_128x256x64_c2x1_persistent");
+  EXPECT_EQ(config_of(0, 4096, 4096), "none");
+}
+
+TEST(SelectionTable, GpuClassesAndDtypes) {
+  EXPECT_EQ(gpu_class_of("NVIDIA H100 80GB HBM3"), "h100");
+  EXPECT_EQ(gpu_class_of("NVIDIA H200"), "h200");
+  EXPECT_EQ(gpu_class_of("NVIDIA A100-SXM4-80GB"), "");
+  EXPECT_EQ(table_for("", DType::bf16), nullptr);
+  EXPECT_EQ(table_for("h100", DType::f8e4m3), nullptr) << "no fp8 table is measured";
+  if (const SelectionTable* t = table_for("h100", DType::bf16)) EXPECT_EQ(table_for("h100", DType::f16), t);
+}
+
+TEST(SelectionTable, NoTableWithoutAGpuOrForOtherEpilogues) {
+  // CPU machines have no device: the defaults are the rules', whatever the tables hold.
+  GemmDesc g;
+  g.m = 64;
+  g.n = 4096;
+  g.k = 4096;
+  g.b_layout = Layout::col_major;
+  EXPECT_FALSE(table_choice(run_pipeline(parse_expression("out D: bf16 = acc")), g).has_value());
+  EXPECT_FALSE(light_epilogue(run_pipeline(parse_expression("out D: bf16 = acc * r[m,n]"))));
+  EXPECT_FALSE(light_epilogue(run_pipeline(parse_expression("out D: bf16 = acc; out s = row_sum(acc)"))));
+  EXPECT_TRUE(light_epilogue(run_pipeline(parse_expression("out D: bf16 = silu(acc + bias[n])"))));
+}
+
+}  // namespace
+
+namespace {
+
+TEST(SelectionConfigs, ReductionsRefuseAGivenStreamKOrSplitKConfiguration) {
+  for (const char* name : {"coop_128x128x64_c1x1_streamk", "coop_128x128x64_c1x1_splitk4"}) {
+    CompileOptions o;
+    o.gemm.b_layout = Layout::col_major;
+    o.config = KernelConfig::parse(name);
+    try {
+      Kernel k(parse_expression("out D: bf16 = acc; out rs = row_sum(acc)"), o);
+      ADD_FAILURE() << name << " was taken";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("which an epilogue with reductions ('rs') cannot take"), std::string::npos)
+          << e.what();
+    }
+    // Without reductions it is taken.
+    EXPECT_NO_THROW(Kernel(parse_expression("out D: bf16 = silu(acc)"), o)) << name;
+  }
+}
+
+}  // namespace
