@@ -65,14 +65,14 @@ TEST(FusedConfigs, DecodeTilesOfSixteenColumnMultiplesWithClusterAlongN) {
   // 64×48 tiles: 1000 = 20 × 48 + 40 columns (gated: 500 outputs), rows below and above one tile.
   expect_matches_reference(kernel("decode_mix"), 37, 1000, 1000, 61, ExecutionPath::fused);
   expect_matches_reference(kernel("decode_mix"), 200, 2 * 1500, 4104, 62, ExecutionPath::fused);
-  expect_matches_reference(kernel("narrow_16"), 16, 2 * 777, 2056, 63, ExecutionPath::fused);
+  expect_matches_reference(kernel("narrow_16"), 16, 2 * 776, 2056, 63, ExecutionPath::fused);
   expect_matches_reference(kernel("narrow_16"), 130, 2 * 100, 520, 64, ExecutionPath::fused);
 }
 
 TEST(FusedConfigs, SplitKAndStreamKOfDecodeProblems) {
-  // Split four ways: 50 rows, 1000 = 10 × 96 + 40 columns, K not a multiple of the K tile.
-  expect_matches_reference(kernel("split_k"), 50, 1000, 4104, 65, ExecutionPath::fused);
-  expect_matches_reference(kernel("split_k"), 300, 2 * 1111, 1000, 66, ExecutionPath::fused);
+  // Split four ways: 52 rows, 1000 = 10 × 96 + 40 columns, K not a multiple of the K tile.
+  expect_matches_reference(kernel("split_k"), 52, 1000, 4104, 65, ExecutionPath::fused);
+  expect_matches_reference(kernel("split_k"), 300, 2224, 1000, 66, ExecutionPath::fused);
   expect_matches_reference(kernel("stream_k_gated"), 64, 2 * 1500, 4096, 67, ExecutionPath::fused);
   expect_matches_reference(kernel("stream_k_gated"), 17, 2 * 520, 11000, 68, ExecutionPath::fused);
 }
