@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <charconv>
 #include <cstdlib>
 #include <string>
 
@@ -14,12 +15,14 @@ bool env_flag(const char* name) {
   return v && *v && std::string(v) != "0";
 }
 
-std::optional<size_t> env_count(const char* name, std::string_view zero_means) {
+std::optional<size_t> env_count(const char* name, std::string_view zero_means, size_t max) {
   const char* v = std::getenv(name);
   if (!v || !*v) return std::nullopt;
-  char* end = nullptr;
-  const long n = std::strtol(v, &end, 10);
-  if (*end || n < 0) throw UserError(fmt::format("{}='{}': expected a count (0: {})", name, v, zero_means));
+  const std::string_view text(v);
+  unsigned long long n = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), n);
+  if (error != std::errc() || end != text.data() + text.size() || n > max)
+    throw UserError(fmt::format("{}='{}': expected a count from 0 to {} (0: {})", name, v, max, zero_means));
   return size_t(n);
 }
 

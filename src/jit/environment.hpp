@@ -9,8 +9,9 @@ namespace evtc {
 
 // Set, not empty and not "0".
 bool env_flag(const char* name);
-// A non-negative count; nullopt when the variable is unset or empty. Anything else is a
-// UserError naming the variable, its value and what 0 means (`zero_means`, e.g. "no limit").
-std::optional<size_t> env_count(const char* name, std::string_view zero_means);
+// A count from 0 to `max` (decimal digits only); nullopt when the variable is unset or empty.
+// Anything else, a value past `max` included (never wrapped), is a UserError naming the
+// variable, its value, the accepted range and what 0 means (`zero_means`, e.g. "no limit").
+std::optional<size_t> env_count(const char* name, std::string_view zero_means, size_t max = 2147483647);
 
 }  // namespace evtc

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -25,6 +26,7 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -313,6 +315,70 @@ double lock_timeout_s() {
   throw UserError(fmt::format("EVTC_LOCK_TIMEOUT='{}': expected a number of seconds greater than 0", v));
 }
 
+// The lock files this process holds (EntryLock objects alive): a lock naming this process's pid
+// that is not among them was left by an earlier process with the same pid (pid reuse in a
+// restarted container with a persistent cache).
+struct HeldLocks {
+  std::mutex mu;
+  std::set<std::string> paths;
+};
+
+HeldLocks& held_locks() {
+  static HeldLocks h;
+  return h;
+}
+
+bool holds_lock(const std::string& path) {
+  HeldLocks& h = held_locks();
+  std::lock_guard lock(h.mu);
+  return h.paths.count(path) > 0;
+}
+
+void forget_lock(const std::string& path) {
+  HeldLocks& h = held_locks();
+  std::lock_guard lock(h.mu);
+  h.paths.erase(path);
+}
+
+// When process `pid` of this host started (seconds since the epoch), from /proc; nullopt where
+// that cannot be read.
+std::optional<double> process_start_time(long pid) {
+  std::ifstream stat_file(fmt::format("/proc/{}/stat", pid));
+  std::string stat((std::istreambuf_iterator<char>(stat_file)), std::istreambuf_iterator<char>());
+  const size_t name_end = stat.rfind(')');  // the command name may hold spaces and parentheses
+  if (name_end == std::string::npos) return std::nullopt;
+  std::istringstream fields(stat.substr(name_end + 1));
+  std::string field;
+  for (int i = 3; i < 22 && fields >> field; ++i) {
+  }
+  unsigned long long ticks = 0;
+  if (!(fields >> ticks)) return std::nullopt;  // field 22: start time, in clock ticks after boot
+  std::ifstream system_stat("/proc/stat");
+  std::string line;
+  while (std::getline(system_stat, line))
+    if (line.rfind("btime ", 0) == 0) {
+      const long hz = sysconf(_SC_CLK_TCK);
+      if (hz <= 0) return std::nullopt;
+      return std::stod(line.substr(6)) + double(ticks) / double(hz);
+    }
+  return std::nullopt;
+}
+
+// A lock file's owner: "host pid\n" as EntryLock writes it, with a host name of printable
+// characters; nullopt for anything else (a lock whose owner died before writing, random bytes).
+std::optional<std::pair<std::string, long>> lock_owner(const std::string& text) {
+  const size_t space = text.find(' ');
+  if (space == 0 || space == std::string::npos || space > 255) return std::nullopt;
+  const std::string host = text.substr(0, space);
+  if (!std::all_of(host.begin(), host.end(), [](char c) { return c > ' ' && c < 127; })) return std::nullopt;
+  std::string_view rest = std::string_view(text).substr(space + 1);
+  if (!rest.empty() && rest.back() == '\n') rest.remove_suffix(1);
+  long pid = 0;
+  const auto [end, error] = std::from_chars(rest.data(), rest.data() + rest.size(), pid);
+  if (error != std::errc() || end != rest.data() + rest.size() || pid <= 0) return std::nullopt;
+  return std::pair{host, pid};
+}
+
 }  // namespace
 
 std::optional<EntryLock> EntryLock::try_acquire(const std::string& path, std::string* holder) {
@@ -327,24 +393,39 @@ std::optional<EntryLock> EntryLock::try_acquire(const std::string& path, std::st
         ::unlink(file.c_str());
         throw RuntimeError(fmt::format("cannot write the compile lock {}", path));
       }
+      std::lock_guard held(held_locks().mu);
+      held_locks().paths.insert(path);
       return EntryLock(path);
     }
     if (errno != EEXIST)
       throw RuntimeError(fmt::format("cannot create the compile lock {}: {}", path, std::strerror(errno)));
     // Held: by whom, and is its owner still there?
-    std::string host;
-    long pid = 0;
-    {
-      std::ifstream in(file);
-      in >> host >> pid;
-    }
+    const auto owner = lock_owner(read_file(file).substr(0, 512));
     struct stat st {};
     if (::stat(file.c_str(), &st) != 0) continue;  // released meanwhile: try again
     const double age = std::difftime(std::time(nullptr), st.st_mtime);
-    const bool stale = host.empty() ? age > 10.0  // the owner died before writing its name
-                       : host == host_name() ? !process_alive(pid)
-                                             : age > lock_timeout_s();
-    if (holder) *holder = host.empty() ? "a process" : fmt::format("process {} on {}", pid, host);
+    const double timeout = lock_timeout_s();
+    bool stale = false;
+    if (!owner) {
+      // The owner died before writing its name, or the file is not a lock: it is written at once
+      // after the file is created, so a few seconds tell.
+      stale = age > std::min(10.0, timeout);
+    } else if (owner->first != host_name()) {
+      stale = age > timeout;  // another host: only the lock's age tells
+    } else if (owner->second == static_cast<long>(getpid())) {
+      stale = !holds_lock(path);  // this pid, but not this process's lock: an earlier process's
+    } else if (!process_alive(owner->second)) {
+      stale = true;
+    } else {
+      // A live process of this host: one that started after the lock was written has a reused
+      // pid; any other holds it at most EVTC_LOCK_TIMEOUT seconds, like another host's.
+      const auto started = process_start_time(owner->second);
+      // (10 s of slack: a network filesystem's clock may differ a little from this host's.)
+      stale = (started && *started > double(st.st_mtime) + 10.0) || age > timeout;
+    }
+    if (holder)
+      *holder = owner ? fmt::format("process {} on {}", owner->second, owner->first)
+                      : std::string("a process whose lock file does not name it");
     if (!stale) return std::nullopt;
     // Take the stale lock out of the way atomically (of two processes that find it stale, one
     // renames it), then try again.
@@ -356,14 +437,20 @@ std::optional<EntryLock> EntryLock::try_acquire(const std::string& path, std::st
 }
 
 EntryLock::~EntryLock() {
-  if (!path_.empty()) ::unlink(path_.c_str());
+  if (!path_.empty()) {
+    forget_lock(path_);
+    ::unlink(path_.c_str());
+  }
 }
 
 EntryLock::EntryLock(EntryLock&& o) noexcept : path_(std::move(o.path_)) { o.path_.clear(); }
 
 EntryLock& EntryLock::operator=(EntryLock&& o) noexcept {
   if (this != &o) {
-    if (!path_.empty()) ::unlink(path_.c_str());
+    if (!path_.empty()) {
+      forget_lock(path_);
+      ::unlink(path_.c_str());
+    }
     path_ = std::move(o.path_);
     o.path_.clear();
   }
@@ -513,7 +600,10 @@ std::string compile_into_cache(const CompileRequest& req, const std::string& key
     lock = EntryLock::try_acquire((root / "locks" / (key + ".lock")).string(), &holder);
     if (lock) break;
     if (entry_intact(final_dir)) return compiled_elsewhere();
-    if (!announced) log_info("waiting for {}, which is compiling {} into the cache", holder, req.label);
+    if (!announced)
+      log_info("waiting for {}, which is compiling {} into the cache (its lock is taken over when older than "
+               "EVTC_LOCK_TIMEOUT, {:g} s)",
+               holder, req.label, lock_timeout_s());
     announced = true;
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
@@ -704,7 +794,7 @@ BackgroundCompiler& background_compiler() {
 }  // namespace
 
 int compile_slots_from_env() {
-  const size_t n = env_count("EVTC_COMPILE_JOBS", "the CPU count").value_or(0);
+  const size_t n = env_count("EVTC_COMPILE_JOBS", "the CPU count", max_compile_slots).value_or(0);
   return n > 0 ? int(n) : int(std::max(1u, std::thread::hardware_concurrency()));
 }
 

@@ -71,9 +71,13 @@ std::shared_future<std::string> compile_in_background(const CompileRequest& requ
 // The lock of one cache entry while a process compiles it: the file locks/<key>.lock, created
 // exclusively (O_CREAT | O_EXCL, which local disks and NFS honour) and holding "host pid", so
 // that processes needing one kernel (torchrun ranks, replicas sharing a network cache) run one
-// nvcc and the others wait for the entry. A lock is stale, and is taken over, when its owner is
-// on this host and no longer runs, or is on another host and the lock is older than
-// EVTC_LOCK_TIMEOUT seconds (default 1800). Released (the file removed) on destruction.
+// nvcc and the others wait for the entry. A lock is stale, and is taken over, when it is older
+// than EVTC_LOCK_TIMEOUT seconds (default 1800), whoever holds it; and sooner when its owner is
+// on this host and no longer runs, or runs but started after the lock was written (a reused
+// pid), or is this process's pid but not a lock this process holds (a restarted container with
+// a persistent cache); or when the file does not read "host pid" (an owner that died before
+// writing it, random bytes) and is older than 10 s (or EVTC_LOCK_TIMEOUT, if shorter). So every
+// wait for a lock ends. Released (the file removed) on destruction.
 class EntryLock {
  public:
   // The lock, or nullopt while another live process holds it (`holder` then names it).
@@ -108,9 +112,12 @@ class MachineSlot {
 std::string machine_slot_dir();
 
 // How many CUTLASS kernels compile at once in this process (nvcc processes, whichever thread
-// asks): EVTC_COMPILE_JOBS, default the CPU count. Plain epilogues (a second each) are
+// asks): EVTC_COMPILE_JOBS (0 to max_compile_slots; 0 or unset: the CPU count; anything else
+// is a UserError naming the range). Plain epilogues (a second each) are
 // not limited, so the unfused path never waits behind fused kernels.
 int compile_slots();
+// The most EVTC_COMPILE_JOBS accepts (each slot is a thread and a file in machine_slot_dir()).
+inline constexpr size_t max_compile_slots = 1024;
 // compile_slots' value, read from the environment now (compile_slots reads it once).
 int compile_slots_from_env();
 // How many nvcc processes this process has started.

@@ -362,7 +362,15 @@ TEST(Environment, CompileJobsIsACount) {
     ScopedEnv jobs("EVTC_COMPILE_JOBS", "0");  // 0 and unset: one per core
     EXPECT_GE(jit::compile_slots_from_env(), 1);
   }
-  for (const char* bad : {"many", "-2", "4x"}) {
+  {
+    ScopedEnv jobs("EVTC_COMPILE_JOBS", "1024");  // the most
+    EXPECT_EQ(jit::compile_slots_from_env(), 1024);
+  }
+  // Out of range: an error naming the range, never a wrap to a negative or absurd slot count
+  // (2^31 made the count negative, so compiles waited forever for a slot; 2^32 + 1 became 1).
+  for (const char* bad : {"many", "-2", "4x", "", " 3", "1025", "2147483648", "4294967296", "4294967297",
+                          "9223372036854775807", "99999999999999999999"}) {
+    if (!*bad) continue;  // empty: unset
     ScopedEnv jobs("EVTC_COMPILE_JOBS", bad);
     std::string message;
     try {
@@ -370,7 +378,21 @@ TEST(Environment, CompileJobsIsACount) {
     } catch (const UserError& e) {
       message = e.what();
     }
-    EXPECT_EQ(message, fmt::format("EVTC_COMPILE_JOBS='{}': expected a count (0: the CPU count)", bad));
+    EXPECT_EQ(message, fmt::format("EVTC_COMPILE_JOBS='{}': expected a count from 0 to 1024 (0: the CPU count)", bad));
+  }
+}
+
+TEST(Environment, CountsAreBoundedAndNamedWithTheirRange) {
+  {
+    ScopedEnv count("EVTC_TEST_COUNT", "2147483647");
+    EXPECT_EQ(env_count("EVTC_TEST_COUNT", "none"), size_t(2147483647));
+  }
+  ScopedEnv count("EVTC_TEST_COUNT", "18446744073709551617");
+  try {
+    env_count("EVTC_TEST_COUNT", "none");
+    ADD_FAILURE() << "2^64 + 1 was accepted";
+  } catch (const UserError& e) {
+    EXPECT_EQ(std::string(e.what()), "EVTC_TEST_COUNT='18446744073709551617': expected a count from 0 to 2147483647 (0: none)");
   }
 }
 
@@ -575,6 +597,82 @@ TEST_F(KernelCache, EntryLocksOfLiveOwnersHoldAndStaleOnesAreTakenOver) {
               std::string::npos)
         << e.what();
   }
+}
+
+// Locks whose owner cannot be the process the lock names, or that name no owner at all: every
+// wait ends. The waiting process's own pid (a restarted container with a fixed host name and a
+// persistent cache reuses pids) is taken over at once unless this process holds the lock; a pid
+// whose process started after the lock was written was reused; a live owner on this host holds
+// it at most EVTC_LOCK_TIMEOUT seconds, as one on another host does; a lock file that does not
+// read "host pid" (random bytes) holds for ten seconds, and its bytes are never shown.
+TEST_F(KernelCache, EntryLocksThatNameNoPlausibleOwnerAreTakenOver) {
+  fs::create_directories(dir_ / "locks");
+  const std::string file = (dir_ / "locks" / "k.lock").string();
+  auto write_lock = [&](const std::string& owner) { std::ofstream(file, std::ios::trunc) << owner; };
+  auto age = [&](std::chrono::seconds s) { fs::last_write_time(file, fs::file_time_type::clock::now() - s); };
+  std::string holder;
+
+  write_lock(fmt::format("{} {}\n", this_host(), static_cast<long>(getpid())));  // this pid, not held here
+  EXPECT_TRUE(jit::EntryLock::try_acquire(file).has_value());
+  {
+    auto held = jit::EntryLock::try_acquire(file);  // held by this process: still a lock
+    ASSERT_TRUE(held.has_value());
+    EXPECT_FALSE(jit::EntryLock::try_acquire(file, &holder).has_value());
+    EXPECT_EQ(holder, fmt::format("process {} on {}", static_cast<long>(getpid()), this_host()));
+  }
+
+  write_lock(fmt::format("{} 1\n", this_host()));  // pid 1: alive, and started before the lock
+  EXPECT_FALSE(jit::EntryLock::try_acquire(file).has_value());
+  age(std::chrono::seconds(60));
+  {
+    ScopedEnv timeout("EVTC_LOCK_TIMEOUT", "30");
+    EXPECT_TRUE(jit::EntryLock::try_acquire(file).has_value());
+  }
+
+  // A live process that started long after the lock was written: its pid was reused.
+  write_lock(fmt::format("{} {}\n", this_host(), static_cast<long>(getppid())));
+  fs::last_write_time(file, fs::file_time_type::clock::now() - std::chrono::hours(24 * 365 * 20));
+  {
+    ScopedEnv timeout("EVTC_LOCK_TIMEOUT", "1e12");
+    EXPECT_TRUE(jit::EntryLock::try_acquire(file).has_value());
+  }
+
+  std::string noise = "\x1b[2J\x01\xff\xfe";
+  for (int i = 0; i < 200; ++i) noise += char((i * 37 + 11) % 256);
+  write_lock(noise);
+  EXPECT_FALSE(jit::EntryLock::try_acquire(file, &holder).has_value());
+  EXPECT_EQ(holder, "a process whose lock file does not name it");
+  age(std::chrono::seconds(20));
+  EXPECT_TRUE(jit::EntryLock::try_acquire(file).has_value());
+}
+
+// A compile that finds a lock naming a live process of this host that never finishes (pid 1)
+// waits at most EVTC_LOCK_TIMEOUT seconds, saying how long, then compiles.
+TEST_F(KernelCache, WaitingForALockThatIsNeverReleasedEnds) {
+  const jit::CompileRequest req = fallback_request("lock of pid 1");
+  const std::string key = jit::cache_key(req);
+  fs::create_directories(dir_ / "locks");
+  std::ofstream(dir_ / "locks" / (key + ".lock")) << this_host() << " 1\n";
+  ScopedEnv timeout("EVTC_LOCK_TIMEOUT", "2");
+  ScopedEnv info("EVTC_LOG", "info");
+  const auto start = std::chrono::steady_clock::now();
+  testing::internal::CaptureStderr();
+  std::string path;
+  try {
+    path = jit::compile_cached(req);
+  } catch (...) {
+    testing::internal::GetCapturedStderr();
+    throw;
+  }
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(fs::exists(path));
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
+  EXPECT_NE(err.find(fmt::format("waiting for process 1 on {}, which is compiling {} into the cache (its lock is "
+                                 "taken over when older than EVTC_LOCK_TIMEOUT, 2 s)",
+                                 this_host(), req.label)),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(entries_in(dir_ / "locks"), 0u) << "a lock was left behind";
 }
 
 // The machine-wide cap: a second process waits for the one slot the first holds.
