@@ -3,7 +3,8 @@
 // reference: on the GPU the fused kernel and the unfused path (cuBLASLt + plain epilogue) on
 // sizes that are not tile multiples, with poisoned outputs; with --cpu (no GPU) the pass pipeline
 // against the reference before the passes, legality and both emitters. A mismatch prints a
-// ready-to-run `evtc run ... --check` line for the output alone.
+// ready-to-run `evtc run ... --check` line for the output alone; --json records each failing
+// case (its epilogue, sizes, seed and metric), not only their count.
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
@@ -26,6 +27,7 @@
 #include "evtc/reference.hpp"
 #include "jit/kernel_cache.hpp"
 #include "runtime/harness.hpp"
+#include "testing/pass_check.hpp"
 #include "testing/random_epilogue.hpp"
 #include "testing/shrink.hpp"
 
@@ -53,13 +55,6 @@ ParseOptions parse_options_for(const RandomKernel& k) {
   p.operand_dtype = k.kind == KernelKind::fp8 ? DType::f32 : k.gemm.a_dtype;
   p.output_dtype = DType::bf16;
   return p;
-}
-
-// Output dtypes of a graph, by name.
-std::map<std::string, DType> output_dtypes(const Graph& g) {
-  std::map<std::string, DType> out;
-  for (NodeId id : g.outputs()) out[g.node(id).name] = g.node(id).dtype;
-  return out;
 }
 
 CompileOptions options_for(const RandomKernel& k, bool disable) {
@@ -105,8 +100,10 @@ std::string run_line(const Case& c, size_t output) { return run_line(c, c.kernel
 
 int fuzz_cpu(const FuzzArgs& fa, const std::vector<Case>& cases, nlohmann::json& report) {
   const auto t0 = std::chrono::steady_clock::now();
-  size_t graphs = 0, outputs = 0, fusable = 0, mismatches = 0, errors = 0;
-  for (const Case& c : cases) {
+  size_t graphs = 0, outputs = 0, fusable = 0, errors = 0;
+  nlohmann::json mismatches = nlohmann::json::array(), failed = nlohmann::json::array();
+  for (size_t index = 0; index < cases.size(); ++index) {
+    const Case& c = cases[index];
     try {
       const Graph g = parse_expression(c.kernel.text(), parse_options_for(c.kernel));
       PipelineOptions popts;
@@ -117,16 +114,15 @@ int fuzz_cpu(const FuzzArgs& fa, const std::vector<Case>& cases, nlohmann::json&
       ReferenceInputs in = c.integers ? random_integer_inputs(g, 5, 8, 8, c.seed)
                                       : random_reference_inputs(g, 5, 8, 8, c.kernel.gemm.a_dtype,
                                                                 c.kernel.gemm.b_dtype, c.seed);
-      const ReferenceOutputs before = evaluate_reference(g, in);
-      const ReferenceOutputs now = evaluate_reference(after, in);
-      const auto dtypes = output_dtypes(g);
-      for (const auto& [name, want] : before) {
+      for (const testing::PassCheck& check : testing::check_pipeline(g, after, in)) {
         ++outputs;
-        const Comparison cmp = compare_outputs(now.at(name), want, dtypes.at(name));
-        if (!cmp.pass) {
-          ++mismatches;
-          fmt::print("MISMATCH (passes) seed {} output {}: {}\n  {}\n", c.seed, name, cmp.describe(), c.kernel.text());
-        }
+        if (check.comparison.pass) continue;
+        testing::CaseOrigin origin{index, c.kernel.text(), "", 5, 8, 8, c.seed, c.kernel.cli_options()};
+        for (const testing::RandomOutput& o : c.kernel.outputs)
+          if (o.name == check.output) origin.expression = o.statement;
+        mismatches.push_back(testing::failing_case_record(origin, check));
+        fmt::print("MISMATCH (passes) seed {} output {}: {}\n  {}\n", c.seed, check.output,
+                   check.comparison.describe(), c.kernel.text());
       }
       GemmDesc gemm = c.kernel.gemm;
       if (check_legality(after, gemm).fusable()) {
@@ -136,17 +132,21 @@ int fuzz_cpu(const FuzzArgs& fa, const std::vector<Case>& cases, nlohmann::json&
       (void)cuda::emit_fallback_kernel(after, make_signature(after));
     } catch (const Error& e) {
       ++errors;
+      failed.push_back({{"kernel", index}, {"kernel_text", c.kernel.text()}, {"seed", c.seed},
+                        {"options", c.kernel.cli_options()}, {"error", e.what()}});
       fmt::print("ERROR seed {}: {}\n  {}\n", c.seed, e.what(), c.kernel.text());
     }
   }
   const double secs = seconds_since(t0);
   fmt::print("fuzz --cpu: {} graphs ({} outputs, {} fusable) through parse, passes, reference, legality and "
              "emitters in {:.1f} s: {} mismatches, {} errors\n",
-             graphs, outputs, fusable, secs, mismatches, errors);
-  report["cpu"] = {{"graphs", graphs}, {"outputs", outputs}, {"fusable", fusable}, {"mismatches", mismatches},
-                   {"errors", errors}, {"seconds", secs}};
+             graphs, outputs, fusable, secs, mismatches.size(), errors);
+  // Each failing output and each error, with what reproduces it (testing::failing_case_record).
+  report["cpu"] = {{"graphs", graphs}, {"outputs", outputs}, {"fusable", fusable},
+                   {"mismatches", mismatches.size()}, {"errors", errors}, {"seconds", secs},
+                   {"failing_cases", mismatches}, {"error_cases", failed}};
   (void)fa;
-  return mismatches || errors ? kExitFailed : kExitOk;
+  return !mismatches.empty() || errors ? kExitFailed : kExitOk;
 }
 
 // --- GPU ----------------------------------------------------------------------------------
