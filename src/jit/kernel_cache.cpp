@@ -70,6 +70,35 @@ void fsync_path(const fs::path& p) {
 }
 
 
+// Why `dir` (the cache folder or one of its folders) cannot be used, or "" when it can. One that
+// does not exist is created with `create` and is fine without (nothing is cached there yet);
+// `write`: it must also be writable.
+std::string folder_problem(const fs::path& dir, bool create, bool write) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(dir, ec);
+  if (st.type() == fs::file_type::not_found) {
+    if (!create) return {};
+    fs::create_directories(dir, ec);
+    return ec ? fmt::format("cannot create {}: {}", dir.string(), ec.message()) : std::string();
+  }
+  if (ec) return fmt::format("{}: {}", dir.string(), ec.message());
+  if (st.type() != fs::file_type::directory) return fmt::format("{} is not a folder", dir.string());
+  if (::access(dir.c_str(), (write ? W_OK : R_OK) | X_OK) != 0)
+    return fmt::format("{}: {}", dir.string(), std::strerror(errno));
+  return {};
+}
+
+// Throws RuntimeError naming the cache folder, the first of its folders `subs` that cannot be
+// read and the reason. A cache folder that does not exist is an empty cache.
+void check_cache_readable(const fs::path& root, std::initializer_list<const char*> subs) {
+  std::string problem = folder_problem(root, false, false);
+  for (auto sub = subs.begin(); problem.empty() && sub != subs.end(); ++sub)
+    problem = folder_problem(root / *sub, false, false);
+  if (!problem.empty())
+    throw RuntimeError(fmt::format("cannot read the kernel cache folder {}: {} (set EVTC_CACHE_DIR to another folder)",
+                                   root.string(), problem));
+}
+
 // --- entry integrity ---------------------------------------------------------------------
 // A finished entry holds entry.json with its kernel.so's size and XXH3 checksum, written before
 // the entry is renamed into place. An entry is used only when its kernel.so matches: checked
@@ -576,16 +605,16 @@ std::string compile_into_cache(const CompileRequest& req, const std::string& key
     throw RuntimeError(fmt::format("the kernel cache folder {} has a double quote in its path, which nvcc cannot "
                                    "compile in: set EVTC_CACHE_DIR to another folder",
                                    root.string()));
-  std::error_code dir_error;
-  fs::create_directories(root / "tmp", dir_error);
-  if (dir_error || access((root / "tmp").c_str(), W_OK) != 0)
-    throw RuntimeError(fmt::format("cannot use the kernel cache folder {}: {} (set EVTC_CACHE_DIR to a writable folder)",
-                                   root.string(), dir_error ? dir_error.message() : "it is not writable"));
+  // Every folder a compile writes, checked before nvcc runs (a kernels/ that is a file or
+  // read-only was found only after the compile).
+  for (const fs::path& dir : {root, root / "tmp", root / "locks", root / "kernels"})
+    if (const std::string problem = folder_problem(dir, true, true); !problem.empty())
+      throw RuntimeError(fmt::format("cannot use the kernel cache folder {}: {} (set EVTC_CACHE_DIR to a writable folder)",
+                                     root.string(), problem));
   remove_stale_temporaries(root);
 
   // One process compiles a key; others (on this host or another sharing the folder) wait for
   // its entry.
-  fs::create_directories(root / "locks", dir_error);
   std::optional<EntryLock> lock;
   const auto wait_start = std::chrono::steady_clock::now();
   // Another process compiled the entry while this one waited for its lock.
@@ -663,17 +692,19 @@ std::string compile_into_cache(const CompileRequest& req, const std::string& key
   log_info("compiled {} in {:.1f} s", req.label, seconds_since(compile_start));
   write_entry_record(tmp, req.label, req.expression);
   fsync_path(tmp / "kernel.so");
-  fs::create_directories(final_dir.parent_path());
+  std::error_code created;
+  fs::create_directories(final_dir.parent_path(), created);
   for (int attempt = 0;; ++attempt) {
     std::error_code ec;
     fs::rename(tmp, final_dir, ec);
     if (!ec) break;
+    const std::string reason = ec.message();
     // Another process finished the same key first: keep its entry if it is intact, else
     // replace it (once).
     if (entry_intact(final_dir) || attempt > 0) {
       if (!env_flag("EVTC_KEEP_TEMPORARIES")) fs::remove_all(tmp, ec);
       if (!entry_intact(final_dir))
-        throw RuntimeError(fmt::format("cannot move the compiled kernel into {}", final_dir.string()));
+        throw RuntimeError(fmt::format("cannot move the compiled kernel into {}: {}", final_dir.string(), reason));
       break;
     }
     remove_damaged_entry(final_dir, key);
@@ -927,6 +958,7 @@ void write_file_atomically(const std::string& path, const std::string& text) {
 
 CacheStats cache_stats() {
   CacheStats s;
+  check_cache_readable(cache_dir(), {"kernels"});
   const fs::path kernels = fs::path(cache_dir()) / "kernels";
   std::error_code ec;
   if (!fs::exists(kernels, ec)) return s;
@@ -942,6 +974,7 @@ CacheStats cache_stats() {
 
 std::vector<CacheEntry> cache_entries() {
   std::vector<CacheEntry> out;
+  check_cache_readable(cache_dir(), {"kernels"});
   const fs::path kernels = fs::path(cache_dir()) / "kernels";
   std::error_code ec;
   if (!fs::exists(kernels, ec)) return out;
@@ -1029,6 +1062,7 @@ std::optional<size_t> cache_size_limit() {
 
 ClearResult clear_cache() {
   const fs::path root = cache_dir();
+  check_cache_readable(root, {"kernels", "failed", "tmp"});
   ClearResult r;
   std::error_code ec;
   auto remove = [&](const fs::path& p, bool counts) {

@@ -149,7 +149,11 @@ struct CacheEntry {
   std::filesystem::file_time_type last_used;  // when a process last loaded it (or compiled it)
   bool intact = true;                         // kernel.so matches entry.json
 };
-// Entries, least recently used first.
+// Entries, least recently used first. cache_stats, cache_entries, prune_cache and clear_cache
+// throw RuntimeError naming the folder and the reason when the cache folder, or its kernels/
+// (for clear_cache also failed/ and tmp/), exists but is not a readable folder; a cache folder
+// that does not exist yet is an empty cache. A compile checks that every folder it writes
+// (the cache folder, tmp/, locks/, kernels/) is a writable folder before nvcc runs.
 std::vector<CacheEntry> cache_entries();
 struct PruneResult {
   size_t removed = 0, bytes_freed = 0, failed = 0, kept = 0, kept_bytes = 0;

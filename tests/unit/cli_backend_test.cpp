@@ -72,6 +72,21 @@ TEST(CliBackend, CacheInfoNamesTheFolder) {
   EXPECT_NE(r.output.find("cache: /tmp/evtc-cli-test-cache-info"), std::string::npos) << r.output;
 }
 
+// Every cache action on a cache path that is a file fails (exit 1), naming it; they exited 0
+// with "entries: 0" before.
+TEST(CliBackend, CacheActionsOnAFileFail) {
+  const std::string file = "/tmp/evtc-cli-test-cache-file";
+  std::ofstream(file) << "x";
+  for (const char* action : {"ls", "ls --json", "info", "clear", "prune --max-size 0"}) {
+    const auto r = run_cli(std::string("cache ") + action, "EVTC_CACHE_DIR=" + file);
+    EXPECT_EQ(r.exit_code, 1) << action << ": " << r.output;
+    EXPECT_NE(r.output.find("cannot read the kernel cache folder " + file + ": " + file + " is not a folder"),
+              std::string::npos)
+        << action << ": " << r.output;
+  }
+  std::filesystem::remove(file);
+}
+
 TEST(CliBackend, FastAccumulationNeedsFp8) {
   const auto r = run_cli("compile 'out D = acc' --fast-accum --emit-only --emit /dev/null");
   EXPECT_EQ(r.exit_code, 2) << r.output;

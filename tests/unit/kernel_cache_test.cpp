@@ -330,6 +330,82 @@ TEST_F(KernelCache, ClearingAReadOnlyCacheRemovesNothingAndSaysWhy) {
   EXPECT_EQ(jit::cache_stats().entries, 1u);
 }
 
+// The message of the RuntimeError `f` throws, or "" (with a failure) when it throws none.
+std::string runtime_error_of(const std::function<void()>& f) {
+  try {
+    f();
+    ADD_FAILURE() << "no error";
+  } catch (const RuntimeError& e) {
+    return e.what();
+  }
+  return {};
+}
+
+// A cache whose folders cannot be used is found before nvcc runs (it ran to the end first, then
+// failed with a raw "filesystem error" or "cannot move the compiled kernel" with no reason), and
+// the error names the folder and the system's reason.
+TEST_F(KernelCache, UnusableCacheFoldersAreFoundBeforeCompiling) {
+  const jit::CompileRequest req = fallback_request("unusable folders");
+  const size_t before = jit::compiler_runs();
+  for (const char* sub : {"kernels", "locks", "tmp"}) {
+    SCOPED_TRACE(sub);
+    fs::remove_all(dir_ / sub);
+    std::ofstream(dir_ / sub) << "not a folder";
+    const std::string message = runtime_error_of([&] { jit::compile_cached(req); });
+    EXPECT_NE(message.find(fmt::format("cannot use the kernel cache folder {}: {} is not a folder (set "
+                                       "EVTC_CACHE_DIR to a writable folder)",
+                                       dir_.string(), (dir_ / sub).string())),
+              std::string::npos)
+        << message;
+    EXPECT_EQ(jit::compiler_runs(), before) << "nvcc ran";
+    fs::remove(dir_ / sub);
+  }
+  // kernels/ read-only (a read-only bind mount: permissions do not stop root).
+  const fs::path kernels = dir_ / "kernels";
+  fs::create_directories(kernels);
+  const std::string k = kernels.string();
+  if (std::system(fmt::format("mount --bind '{0}' '{0}' 2>/dev/null && mount -o remount,ro,bind '{0}' 2>/dev/null",
+                              k).c_str()) != 0) {
+    (void)std::system(fmt::format("umount '{}' 2>/dev/null", k).c_str());
+    GTEST_SKIP() << "cannot mount a read-only folder here";
+  }
+  const std::string message = runtime_error_of([&] { jit::compile_cached(req); });
+  (void)std::system(fmt::format("umount '{}' 2>/dev/null", k).c_str());
+  EXPECT_NE(message.find(fmt::format("cannot use the kernel cache folder {}: {}: Read-only file system",
+                                     dir_.string(), k)),
+            std::string::npos)
+      << message;
+  EXPECT_EQ(jit::compiler_runs(), before) << "nvcc ran";
+}
+
+// Listing, sizing, pruning and clearing a cache whose folder (or kernels/) is not a folder is an
+// error naming it; they reported an empty cache before. A cache folder that does not exist yet
+// is an empty cache.
+TEST_F(KernelCache, InspectingAnUnusableCacheIsAnError) {
+  const fs::path file = dir_ / "file";
+  std::ofstream(file) << "x";
+  for (const auto& [root, bad] : {std::pair{file, file}, std::pair{dir_ / "c", dir_ / "c" / "kernels"}}) {
+    SCOPED_TRACE(root.string());
+    ScopedEnv cache("EVTC_CACHE_DIR", root.string());
+    if (bad != root) {
+      fs::create_directories(root);
+      std::ofstream(bad) << "x";
+    }
+    const std::string want = fmt::format("cannot read the kernel cache folder {}: {} is not a folder", root.string(),
+                                         bad.string());
+    for (const auto& f : std::vector<std::function<void()>>{
+             [] { jit::cache_entries(); }, [] { jit::cache_stats(); }, [] { jit::clear_cache(); },
+             [] { jit::prune_cache(std::nullopt, std::nullopt); }}) {
+      const std::string message = runtime_error_of(f);
+      EXPECT_NE(message.find(want), std::string::npos) << message;
+    }
+  }
+  ScopedEnv cache("EVTC_CACHE_DIR", (dir_ / "not-yet").string());
+  EXPECT_EQ(jit::cache_entries().size(), 0u);
+  EXPECT_EQ(jit::cache_stats().entries, 0u);
+  EXPECT_EQ(jit::clear_cache().failed, 0u);
+}
+
 TEST_F(KernelCache, BackgroundCompileSharesTheInProcessTable) {
   const jit::CompileRequest req = fallback_request("background");
   const std::string key = jit::cache_key(req);
