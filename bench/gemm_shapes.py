@@ -780,7 +780,7 @@ def sweep_line(r: dict) -> str:
     return text + f", {len(r['candidates'])} timed, {len(r['errors'])} failed"
 
 
-def table_document(results: list[dict], gpu: str, command: str, measured: str) -> dict:
+def table_document(results: list[dict], gpu: str, command: str, measured: str, sm_count: Optional[int]) -> dict:
     """The selection table: each shape's fastest configuration, with the runner-up for its margin."""
     entries = []
     for r in sorted(results, key=lambda r: (r["m"], r["n"], r["k"])):
@@ -789,8 +789,12 @@ def table_document(results: list[dict], gpu: str, command: str, measured: str) -
         entries.append({"m": r["m"], "n": r["n"], "k": r["k"], "config": r["best"], "ms": r["best_ms"],
                         "cublas_ms": r.get("cublas_ms"), "runner_up": r.get("runner_up"),
                         "runner_up_ms": r.get("runner_up_ms")})
-    return {"format": 1, "gpu": gpu, "gpu_class": gpu_slug(gpu), "dtype": "bf16", "epilogue": PLAIN_EXPR,
-            "measured": measured, "command": command, "entries": entries}
+    doc = {"format": 1, "gpu": gpu, "gpu_class": gpu_slug(gpu)}
+    if sm_count:
+        doc["sm_count"] = sm_count  # a GPU class without a table borrows one of as many multiprocessors
+    doc.update({"dtype": "bf16", "epilogue": PLAIN_EXPR, "measured": measured, "command": command,
+                "entries": entries})
+    return doc
 
 
 def write_table(path: str, doc: dict) -> None:
@@ -827,7 +831,7 @@ def run_sweep(args, shapes: list[Shape]) -> int:
         log(f"{i}/{len(timed)} {sweep_line(result)}")
     data["starved_batches"] = timer.starved
     write_json(data, base + ".json")
-    doc = table_document(data["shapes"], data["gpu"], data["command"], data["date"])
+    doc = table_document(data["shapes"], data["gpu"], data["command"], data["date"], data.get("sm_count"))
     write_table(args.table_out, doc)
     missing = len(shapes) - len(doc["entries"])
     print(f"wrote {base}.json and {args.table_out} ({len(doc['entries'])} entries"
@@ -837,20 +841,22 @@ def run_sweep(args, shapes: list[Shape]) -> int:
 
 def table_from_sweeps(paths: list[str], table_out: str) -> int:
     """The selection table of sweep results files; all must come from one kind of GPU."""
-    shapes, gpus, commands, dates = {}, set(), [], []
+    shapes, gpus, commands, dates, sms = {}, set(), [], [], set()
     for path in paths:
         with open(path) as f:
             data = json.load(f)
         if data.get("mode") != "sweep":
             sys.exit(f"{path} is not a sweep results file (mode {data.get('mode')!r})")
         gpus.add(data["gpu"])
+        sms.add(data.get("sm_count") or (132 if gpu_slug(data["gpu"]) in ("h100", "h200") else None))
         commands.append(data["command"])
         dates.append(data["date"])
         for r in data["shapes"]:
             shapes[(r["m"], r["n"], r["k"])] = r
     if len(gpus) != 1:
         sys.exit(f"the sweeps come from different GPUs: {', '.join(sorted(gpus))}")
-    doc = table_document(list(shapes.values()), gpus.pop(), " && ".join(commands), max(dates))
+    doc = table_document(list(shapes.values()), gpus.pop(), " && ".join(commands), max(dates),
+                         sms.pop() if len(sms) == 1 else None)
     write_table(table_out, doc)
     print(f"wrote {table_out} ({len(doc['entries'])} entries from {len(paths)} sweep file(s))")
     return 0
@@ -862,7 +868,8 @@ def run_metadata(torch, evtc, args, mode: str) -> dict:
     now = datetime.now(timezone.utc)
     env = {k: os.environ[k] for k in ("EVTC_TUNE", "EVTC_CACHE_DIR", "EVTC_KERNEL_LIBRARY", "EVTC_ARCH",
                                       "EVTC_COMPILE_JOBS") if k in os.environ}
-    return {"mode": mode, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+    return {"mode": mode, "gpu": torch.cuda.get_device_name(),
+            "sm_count": torch.cuda.get_device_properties(0).multi_processor_count, "torch": torch.__version__,
             "cuda": torch.version.cuda, "evtc": getattr(evtc, "__version__", None),
             "date": now.isoformat(timespec="seconds"), "command": command_line(), "env": env,
             "rounds": args.rounds, "calls": args.calls, "warmup_ms": args.warmup_ms,

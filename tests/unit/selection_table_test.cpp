@@ -96,7 +96,14 @@ TEST(SelectionTable, GpuClassesAndDtypes) {
   EXPECT_EQ(gpu_class_of("NVIDIA A100-SXM4-80GB"), "");
   EXPECT_EQ(table_for("", DType::bf16), nullptr);
   EXPECT_EQ(table_for("h100", DType::f8e4m3), nullptr) << "no fp8 table is measured";
-  if (const SelectionTable* t = table_for("h100", DType::bf16)) EXPECT_EQ(table_for("h100", DType::f16), t);
+  if (const SelectionTable* t = table_for("h100", DType::bf16)) {
+    EXPECT_EQ(table_for("h100", DType::f16), t);
+    // A class without a table of its own borrows one measured on as many multiprocessors.
+    if (!table_for("h200", DType::bf16, 0)) {
+      EXPECT_EQ(table_for("h200", DType::bf16, t->sm_count), t);
+      EXPECT_EQ(table_for("h200", DType::bf16, t->sm_count - 18), nullptr);
+    }
+  }
 }
 
 TEST(SelectionTable, NoTableWithoutAGpuOrForOtherEpilogues) {

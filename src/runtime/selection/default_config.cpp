@@ -51,7 +51,7 @@ std::optional<TableChoice> table_choice(const Graph& g, const GemmDesc& gemm) {
   if (!light_epilogue(g)) return std::nullopt;
   const auto dev = current_device();
   if (!dev || dev->arch != 90) return std::nullopt;
-  const SelectionTable* table = table_for(gpu_class_of(dev->name), gemm.a_dtype);
+  const SelectionTable* table = table_for(gpu_class_of(dev->name), gemm.a_dtype, dev->sm_count);
   if (!table) return std::nullopt;
   const auto found = match(*table, gemm.m, gemm.n, gemm.k, dev->sm_count);
   if (!found) return std::nullopt;
@@ -125,7 +125,22 @@ namespace {
 // it cost up to 11 % at 128×4096×11008 (bench/results/20261124-0334-h200-default-configs.json).
 // At M=128 these picks are 1.00-1.02× the best tuned candidate where the previous default was
 // 1.3-3.2× (bench/results/20261124-0320-h200-default-configs.json).
+// Decode-sized M (at most 64 rows) without a table: the main loop streams B, and what counts is
+// how many multiprocessors pull it. 64-row ping-pong tiles with a K tile of 128, the narrowest
+// of 32, 64 and 128 columns whose grid stays within two tiles per multiprocessor (the tables'
+// choices at M = 16-64 on the H100: 0.92-1.04x cuBLAS, where cooperative 128x128 tiles took
+// 1.4-1.5x; bench/results/20261127-0945-h100-gemm-sweep.json).
+KernelConfig decode_config(const GemmDesc& g, int sms) {
+  for (int tn : {32, 64, 128}) {
+    KernelConfig c = KernelConfig::of(MainloopSchedule::pingpong, 64, tn);
+    c.tile_k = 128;
+    if (tuning::tile_count(c, g) <= 2 * int64_t(sms) || tn == 128) return c;
+  }
+  return KernelConfig::of(MainloopSchedule::pingpong, 64, 128);  // not reached
+}
+
 std::optional<KernelConfig> one_wave_config(const GemmDesc& g, int sms) {
+  if (g.m <= 64) return decode_config(g, sms);
   std::optional<KernelConfig> best;
   int64_t best_tiles = 0;
   for (const auto& [s, tm, tn] : {std::tuple{MainloopSchedule::cooperative, 128, 256},

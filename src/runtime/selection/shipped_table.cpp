@@ -43,6 +43,7 @@ SelectionTable parse_table(const std::string& json, const std::string& file) {
   t.file = file;
   t.gpu = field<std::string>(j, "gpu", where);
   t.gpu_class = field<std::string>(j, "gpu_class", where);
+  if (j.contains("sm_count")) t.sm_count = field<int>(j, "sm_count", where);
   const auto dtype = parse_dtype(field<std::string>(j, "dtype", where));
   if (!dtype) throw RuntimeError(fmt::format("{}: dtype '{}' is not one of evtc's", where, j["dtype"].get<std::string>()));
   t.dtype = *dtype;
@@ -89,12 +90,14 @@ std::string gpu_class_of(const std::string& device_name) {
   return "";
 }
 
-const SelectionTable* table_for(const std::string& gpu_class, DType ab) {
+const SelectionTable* table_for(const std::string& gpu_class, DType ab, int sm_count) {
   if (gpu_class.empty()) return nullptr;
   // f16 runs the same main loops at the same speed as bf16.
   const DType measured = ab == DType::f16 ? DType::bf16 : ab;
   for (const SelectionTable& t : shipped_tables())
     if (t.gpu_class == gpu_class && t.dtype == measured && !t.entries.empty()) return &t;
+  for (const SelectionTable& t : shipped_tables())
+    if (sm_count > 0 && t.sm_count == sm_count && t.dtype == measured && !t.entries.empty()) return &t;
   return nullptr;
 }
 

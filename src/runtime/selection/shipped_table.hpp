@@ -26,6 +26,7 @@ struct SelectionTable {
   std::string file;       // e.g. "h100-bf16.json"
   std::string gpu;        // the device name it was measured on
   std::string gpu_class;  // "h100", "h200"
+  int sm_count = 0;       // the GPU's multiprocessors (0: not recorded)
   DType dtype = DType::bf16;
   std::vector<TableEntry> entries;  // sorted by m, n, k
 };
@@ -45,8 +46,11 @@ const std::vector<SelectionTable>& shipped_tables();
 // The GPU class of a device name ("NVIDIA H100 80GB HBM3" -> "h100"); empty for a GPU no
 // table is measured for.
 std::string gpu_class_of(const std::string& device_name);
-// The table for A/B of type `ab` on `gpu_class` (16-bit A/B share bf16's), or nullptr.
-const SelectionTable* table_for(const std::string& gpu_class, DType ab);
+// The table for A/B of type `ab` (16-bit A/B share bf16's) on `gpu_class`; for a Hopper GPU of
+// a class without its own, the table of another class measured on as many multiprocessors
+// (`sm_count`): the H100 SXM and the H200 are the same chip with other memory, and a table's
+// choices are about filling the multiprocessors. nullptr when none applies.
+const SelectionTable* table_for(const std::string& gpu_class, DType ab, int sm_count = 0);
 
 // Where a shape's configuration comes from in a table: the entry of the same shape, or of the
 // nearest measured M (log scale; between two, the larger, whose tiles hold it) and, among
