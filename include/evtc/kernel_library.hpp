@@ -76,7 +76,9 @@ struct LibraryBuildResult {
 // Builds the kernels of a kernel list (JSON text) in parallel (EVTC_COMPILE_JOBS at a time)
 // and adds them to the library in `dir` (created if missing; a library built by another
 // toolchain is refused). Needs nvcc and CUTLASS, not a GPU. Progress: ("compiling", done,
-// total). UserError for a malformed list, naming the entry.
+// total). UserError for a malformed list, naming the entry and the field: a field of the wrong
+// type, and a shape size that is not a whole number from 0 to 2^31 - 1 ("m": 4.5, 1e300), are
+// refused with the value found.
 LibraryBuildResult build_kernel_library(const std::string& kernel_list_json, const std::string& dir,
                                         const ProgressFn& progress = {});
 

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -17,6 +18,7 @@
 #include "evtc/device/abi.h"
 #include "evtc/error.hpp"
 #include "jit/environment.hpp"
+#include "jit/json_fields.hpp"
 #include "jit/toolchain.hpp"
 #include "runtime/device_info.hpp"
 #include "jit/logging.hpp"
@@ -100,6 +102,8 @@ LibraryManifest read_manifest(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
     throw UserError(fmt::format("kernel library {}: not a folder", dir));
+  if (fs::is_directory(path, ec))
+    throw UserError(fmt::format("kernel library {}: {} is a folder, not a file", dir, path.string()));
   std::ifstream f(path);
   if (!f) throw UserError(fmt::format("kernel library {}: no manifest.json (build one with `evtc aot build`)", dir));
   json j;
@@ -107,34 +111,54 @@ LibraryManifest read_manifest(const std::string& dir) {
     j = json::parse(f);
   } catch (const json::exception& e) {
     throw UserError(fmt::format("kernel library {}: manifest.json is not valid JSON: {}", dir, e.what()));
+  } catch (const std::exception& e) {  // a read error
+    throw UserError(fmt::format("kernel library {}: cannot read {}: {}", dir, path.string(), e.what()));
   }
   auto bad = [&](const std::string& what) {
     return UserError(fmt::format("kernel library {}: manifest.json {}", dir, what));
   };
-  if (!j.is_object() || j.value("format", "") != kFormatName)
+  // A field of the wrong type, or one missing ("has no ..."), named with where it is.
+  auto bad_field = [&](const std::string& what) {
+    return what.rfind("has no ", 0) == 0
+               ? bad("is missing a field: the manifest " + what)
+               : UserError(fmt::format("kernel library {}: manifest.json: {}", dir, what));
+  };
+  namespace jf = json_fields;
+  const json* format = j.is_object() ? jf::find(j, "format") : nullptr;
+  if (!format || !format->is_string() || *format != kFormatName)
     throw bad(fmt::format("is not an evtc kernel library manifest (its \"format\" must be \"{}\")", kFormatName));
-  const int version = j.value("format_version", 0);
-  if (version != kLibraryFormatVersion)
-    throw bad(fmt::format("has format version {}, this evtc reads version {}", version, kLibraryFormatVersion));
+  const json* version = jf::find(j, "format_version");
+  if (!version || !version->is_number_integer() || *version != kLibraryFormatVersion)
+    throw bad(fmt::format("has format version {}, this evtc reads version {}", version ? jf::shown(*version) : "(none)",
+                          kLibraryFormatVersion));
   LibraryManifest m;
   try {
     LibraryIdentity& id = m.identity;
-    id.sm = j.at("sm").get<int>();
-    id.arch = j.at("arch").get<std::string>();
-    id.cutlass = j.at("cutlass").get<std::string>();
-    id.device_headers = j.at("device_headers").get<std::string>();
-    id.abi = j.at("abi").get<int>();
-    id.nvcc = j.value("nvcc", "unknown");
-    id.evtc = j.value("evtc", "unknown");
-    m.created = j.value("created", "");
-    for (const auto& k : j.at("kernels")) {
+    id.sm = int(jf::integer_field(j, "sm", bad_field, std::nullopt, 0, std::numeric_limits<int>::max()));
+    id.arch = jf::string_field(j, "arch", bad_field);
+    id.cutlass = jf::string_field(j, "cutlass", bad_field);
+    id.device_headers = jf::string_field(j, "device_headers", bad_field);
+    id.abi = int(jf::integer_field(j, "abi", bad_field, std::nullopt, 0, std::numeric_limits<int>::max()));
+    id.nvcc = jf::string_field(j, "nvcc", bad_field, "unknown");
+    id.evtc = jf::string_field(j, "evtc", bad_field, "unknown");
+    m.created = jf::string_field(j, "created", bad_field, "");
+    const json& kernels = jf::required(j, "kernels", bad_field);
+    if (!kernels.is_array()) throw bad_field(fmt::format("\"kernels\" must be an array, not {}", jf::shown(kernels)));
+    size_t index = 0;
+    for (const auto& k : kernels) {
+      ++index;
+      auto bad_kernel = [&](const std::string& what) {
+        return what.rfind("has no ", 0) == 0 ? bad(fmt::format("is missing a field: kernel {} {}", index, what))
+                                             : bad_field(fmt::format("kernel {}: {}", index, what));
+      };
+      if (!k.is_object()) throw bad_field(fmt::format("kernel {} must be an object, not {}", index, jf::shown(k)));
       LibraryEntry e;
-      e.key = k.at("key").get<std::string>();
-      e.file = k.at("file").get<std::string>();
-      e.label = k.value("label", "");
-      e.kind = k.value("kind", "");
-      e.bytes = k.at("bytes").get<size_t>();
-      e.xxh3 = k.at("xxh3").get<std::string>();
+      e.key = jf::string_field(k, "key", bad_kernel);
+      e.file = jf::string_field(k, "file", bad_kernel);
+      e.label = jf::string_field(k, "label", bad_kernel, "");
+      e.kind = jf::string_field(k, "kind", bad_kernel, "");
+      e.bytes = size_t(jf::integer_field(k, "bytes", bad_kernel));
+      e.xxh3 = jf::string_field(k, "xxh3", bad_kernel);
       e.origin_json = k.contains("origin") ? k["origin"].dump() : "{}";
       if (!inside(e.file)) throw bad(fmt::format("names a kernel file outside the library: '{}'", e.file));
       m.kernels.push_back(std::move(e));

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -22,6 +23,7 @@
 #include "evtc/kernel_library.hpp"
 #include "evtc/options.hpp"
 #include "jit/environment.hpp"
+#include "jit/json_fields.hpp"
 #include "jit/kernel_cache.hpp"
 #include "jit/kernel_library.hpp"
 #include "jit/toolchain.hpp"
@@ -62,11 +64,14 @@ std::vector<ListItem> parse_kernel_list(const std::string& text) {
   } catch (const json::exception& e) {
     throw UserError(fmt::format("kernel list: not valid JSON: {}", e.what()));
   }
-  if (!j.is_object() || j.value("format", "") != kListFormat)
+  namespace jf = jit::json_fields;
+  const json* format = j.is_object() ? jf::find(j, "format") : nullptr;
+  if (!format || !format->is_string() || *format != kListFormat)
     throw UserError(fmt::format("kernel list: not an evtc kernel list (its \"format\" must be \"{}\")", kListFormat));
-  if (j.value("format_version", 0) != kListVersion)
+  const json* version = jf::find(j, "format_version");
+  if (!version || !version->is_number_integer() || *version != kListVersion)
     throw UserError(fmt::format("kernel list: format version {}, this evtc reads version {}",
-                                j.value("format_version", 0), kListVersion));
+                                version ? jf::shown(*version) : "(none)", kListVersion));
   if (!j.contains("kernels") || !j["kernels"].is_array())
     throw UserError("kernel list: \"kernels\" must be an array");
   std::vector<ListItem> items;
@@ -77,20 +82,24 @@ std::vector<ListItem> parse_kernel_list(const std::string& text) {
     if (!k.is_object()) throw bad("must be an object");
     ListItem item;
     try {
-      item.grouped = k.value("grouped", false);
-      item.ir = k.value("ir", "");
-      item.expr = k.value("expr", "");
+      item.grouped = jf::bool_field(k, "grouped", bad, false);
+      item.ir = jf::string_field(k, "ir", bad, "");
+      item.expr = jf::string_field(k, "expr", bad, "");
       if (k.contains("options")) item.options = k["options"];
       if (!item.options.is_object()) throw bad("\"options\" must be an object");
       if (item.ir.empty() == item.expr.empty()) throw bad("needs one of \"expr\" (an expression) or \"ir\" (IR text)");
       if (k.contains("shapes")) {
         if (!k["shapes"].is_array()) throw bad("\"shapes\" must be an array");
+        size_t shape_index = 0;
         for (const json& s : k["shapes"]) {
+          ++shape_index;
+          auto bad_shape = [&](const std::string& what) { return bad(fmt::format("shape {}: {}", shape_index, what)); };
           if (!s.is_object()) throw bad("each shape must be an object like {\"m\": 8192, \"n\": 4096, \"k\": 4096}");
-          ListShape shape{s.value("m", int64_t(0)), s.value("n", int64_t(0)), s.value("k", int64_t(0)), std::nullopt};
-          if (shape.m < 0 || shape.n < 0 || shape.k < 0)
-            throw bad(fmt::format("shape {}x{}x{} has a negative size", shape.m, shape.n, shape.k));
-          if (s.contains("config") && !s["config"].is_null()) shape.config = s["config"].get<std::string>();
+          // Problem sizes are ints on the device.
+          constexpr int64_t most = std::numeric_limits<int32_t>::max();
+          ListShape shape{jf::integer_field(s, "m", bad_shape, 0, 0, most), jf::integer_field(s, "n", bad_shape, 0, 0, most),
+                          jf::integer_field(s, "k", bad_shape, 0, 0, most), std::nullopt};
+          if (const json* config = jf::find(s, "config", true)) shape.config = jf::string_of(*config, "config", bad_shape);
           item.shapes.push_back(shape);
         }
       }

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -184,7 +185,32 @@ TEST_F(KernelLibrary, MalformedManifestsSayWhat) {
   m["kernels"][0]["file"] = "kernels/x.so";
   m["kernels"][0].erase("xxh3");
   std::ofstream(lib / "manifest.json") << m.dump();
-  expect_refused(lib, "missing a field");
+  expect_refused(lib, fmt::format("kernel library {}: manifest.json is missing a field: kernel 1 has no \"xxh3\"",
+                                  lib.string()));
+  // Fields of the wrong type are named, with the value found (a raw "type_error.302" before).
+  const json good = json::parse(read_file(lib / "manifest.json"));
+  const std::pair<std::function<void(json&)>, std::string> wrong[] = {
+      {[](json& j) { j["sm"] = "90"; }, "manifest.json: \"sm\" must be a whole number from 0 to 2147483647, not \"90\""},
+      {[](json& j) { j["arch"] = 90; }, "manifest.json: \"arch\" must be a string, not 90"},
+      {[](json& j) { j["kernels"][0]["bytes"] = "12"; },
+       "manifest.json: kernel 1: \"bytes\" must be a whole number, not \"12\""},
+      {[](json& j) { j["kernels"][0]["bytes"] = -12; },
+       "manifest.json: kernel 1: \"bytes\" must be a whole number, not -12"},
+      {[](json& j) { j["kernels"] = "all"; }, "manifest.json: \"kernels\" must be an array, not \"all\""},
+      {[](json& j) { j["format"] = 5; }, "manifest.json is not an evtc kernel library manifest"},
+      {[](json& j) { j["format_version"] = "1"; }, "manifest.json has format version \"1\", this evtc reads version"},
+  };
+  for (const auto& [change, want] : wrong) {
+    json m2 = good;
+    m2["kernels"][0]["xxh3"] = "0";
+    change(m2);
+    std::ofstream(lib / "manifest.json") << m2.dump();
+    expect_refused(lib, fmt::format("kernel library {}: {}", lib.string(), want));
+  }
+  // A manifest.json that is a folder (basic_filebuf::underflow error before).
+  fs::create_directories(dir_ / "folder" / "manifest.json");
+  expect_refused(dir_ / "folder", fmt::format("kernel library {0}: {0}/manifest.json is a folder, not a file",
+                                              (dir_ / "folder").string()));
 }
 
 // The kernels a process compiles are recorded as a kernel list; rebuilt from the list (IR text
@@ -268,7 +294,19 @@ TEST_F(KernelLibrary, MalformedKernelListsNameTheEntry) {
   expect_error("[]", "not an evtc kernel list");
   expect_error(head + "{}}", "\"kernels\" must be an array");
   expect_error(head + R"J([{"expr": "out D = acc"}, {"options": {}}]})J", "kernel list entry 2: needs one of");
-  expect_error(head + R"J([{"expr": "out D = acc", "shapes": [{"m": -1}]}]})J", "negative size");
+  // Fields of the wrong type are named, with the value found (a raw "type_error.302" before); a
+  // size is a whole number in int's range (4.5 was accepted, 1e300 became a negative size).
+  expect_error(R"J({"format": 5})J", "kernel list: not an evtc kernel list");
+  expect_error(R"J({"format": "evtc-kernel-list", "format_version": "1", "kernels": []})J",
+               "kernel list: format version \"1\", this evtc reads version 1");
+  expect_error(head + R"J([{"expr": 5}]})J", "kernel list entry 1: \"expr\" must be a string, not 5");
+  expect_error(head + R"J([{"expr": "out D = acc", "grouped": "yes"}]})J",
+               "kernel list entry 1: \"grouped\" must be true or false, not \"yes\"");
+  for (const char* m : {"-1", "4.5", "1e+300", "\"8\"", "2147483648"})
+    expect_error(head + R"J([{"expr": "out D = acc", "shapes": [{"n": 8}, {"m": )J" + m + "}]}]}",
+                 fmt::format("kernel list entry 1: shape 2: \"m\" must be a whole number from 0 to 2147483647, not {}", m));
+  expect_error(head + R"J([{"expr": "out D = acc", "shapes": [{"config": 5}]}]})J",
+               "kernel list entry 1: shape 1: \"config\" must be a string, not 5");
   expect_error(head + R"J([{"expr": "out D = acc", "shapes": [{"config": "fastest"}]}]})J",
                "kernel list entry 1: 'fastest' is not a kernel configuration name");
   expect_error(head + R"J([{"expr": "out D = acc", "options": {"a_dtype": "int3"}}]})J",

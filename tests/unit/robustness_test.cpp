@@ -242,6 +242,26 @@ TEST(Robustness, AotBuildSaysWhatItNeeds) {
   EXPECT_FALSE(fs::exists(temp_path("lib") / "manifest.json"));
 }
 
+// A kernel list's errors name the file and the field; a folder given as the list says so.
+TEST(Robustness, AotBuildNamesTheListFileAndTheField) {
+  const fs::path list = write_temp(
+      "list.json", R"J({"format": "evtc-kernel-list", "format_version": 1, "kernels": [{"expr": "out D = acc", "shapes": [{"m": "8"}]}]})J");
+  auto r = run_cli(fmt::format("aot build -o {} --list {}", temp_path("lib").string(), list.string()));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(has(r.output, fmt::format("--list {}: kernel list entry 1: shape 1: \"m\" must be a whole number from 0 "
+                                        "to 2147483647, not \"8\"",
+                                        list.string())))
+      << r.output;
+  const fs::path folder = temp_path("list-folder");
+  fs::create_directories(folder);
+  r = run_cli(fmt::format("aot build -o {} --list {}", temp_path("lib").string(), folder.string()));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(has(r.output, fmt::format("--list: File is actually a directory: {}", folder.string()))) << r.output;
+  EXPECT_FALSE(fs::exists(temp_path("lib") / "manifest.json"));
+  fs::remove(list);
+  fs::remove_all(folder);
+}
+
 // A stand-in nvcc that gives its version and fails every compile without a word.
 fs::path silent_failing_nvcc(const fs::path& dir) {
   fs::create_directories(dir);
