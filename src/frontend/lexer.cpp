@@ -13,11 +13,16 @@ bool is_ident_start(char c) { return std::isalpha(static_cast<unsigned char>(c))
 bool is_ident_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
 bool is_digit(char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; }
 
-// The bytes of one UTF-8 character starting at `s[0]`, for "unexpected character" messages.
-std::string_view utf8_char(std::string_view s) {
-  size_t len = 1;
-  while (len < s.size() && len < 4 && (static_cast<unsigned char>(s[len]) & 0xC0) == 0x80) ++len;
-  return s.substr(0, len);
+// The message for an unexpected character at `s[0]`: shown as itself when it is visible, else by
+// its code point (a control character, a byte order mark, a zero-width space), or as a byte
+// where the text is not UTF-8.
+std::string unexpected(std::string_view s) {
+  const auto [cp, n] = decode_utf8(s);
+  if (n == 0) return fmt::format("unexpected byte 0x{:02X} (the text is not UTF-8)", static_cast<unsigned char>(s[0]));
+  if (cp < 0x20 || (cp >= 0x7F && cp < 0xA0)) return fmt::format("unexpected control character U+{:04X}", cp);
+  if (cp == 0xFEFF) return "unexpected invisible character U+FEFF (a byte order mark)";
+  if (invisible_code_point(cp)) return fmt::format("unexpected invisible character U+{:04X}", cp);
+  return fmt::format("unexpected character '{}'", s.substr(0, n));
 }
 
 class Lexer {
@@ -81,7 +86,7 @@ class Lexer {
     } else if (c == '^') {
       src_.fail(t.loc, "unexpected character '^'; write a power as x ** y");
     } else {
-      src_.fail(t.loc, fmt::format("unexpected character '{}'", utf8_char(text_.substr(pos_))));
+      src_.fail(t.loc, unexpected(text_.substr(pos_)));
     }
     t.text = text_.substr(begin, pos_ - begin);
     t.end = here();

@@ -1,6 +1,7 @@
 // Tests of the expression language: the graphs it builds (compared with the same graphs
 // built through the C++ builder), its precedence rules, and the exact text of every
 // diagnostic it gives.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "cli_runner.hpp"
@@ -9,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <sys/wait.h>
 
@@ -697,6 +699,64 @@ TEST(Diagnostics, NonAsciiCharacterIsShownWhole) {
               "  out D = acc × 2\n"
               "              ^");
   }
+}
+
+// The message of the ParseError parsing `text` throws.
+std::string parse_error_of(const std::string& text) {
+  try {
+    parse_expression(text);
+    ADD_FAILURE() << "parsed: " << text;
+  } catch (const ParseError& e) {
+    return e.what();
+  }
+  return {};
+}
+
+// A UTF-8 byte order mark that an editor put at the start of a file is skipped (it was an
+// invisible "unexpected character"); elsewhere it, and any character that shows nothing, is
+// named by its code point, and the line shown replaces it with '?' (control characters were
+// echoed raw, bytes that are not UTF-8 too).
+TEST(Diagnostics, InvisibleCharactersAreNamedNotEchoed) {
+  EXPECT_NO_THROW(parse_expression("\xEF\xBB\xBFout D = acc + 1\n"));
+  EXPECT_EQ(parse_error_of("out D = acc\xEF\xBB\xBF + 1"),
+            "expr:1:12: error: unexpected invisible character U+FEFF (a byte order mark)\n"
+            "  out D = acc? + 1\n"
+            "             ^");
+  EXPECT_EQ(parse_error_of("out D = acc \x1b[31m + 1"),
+            "expr:1:13: error: unexpected control character U+001B\n"
+            "  out D = acc ?[31m + 1\n"
+            "              ^");
+  EXPECT_EQ(parse_error_of("out D = acc \x07"),
+            "expr:1:13: error: unexpected control character U+0007\n"
+            "  out D = acc ?\n"
+            "              ^");
+  EXPECT_EQ(parse_error_of("out D = acc \xff\xfe"),
+            "expr:1:13: error: unexpected byte 0xFF (the text is not UTF-8)\n"
+            "  out D = acc ??\n"
+            "              ^");
+}
+
+// An error on a very long line shows the part of the line around the error, not all of it (a
+// 2 MB line was echoed whole).
+TEST(Diagnostics, LongLinesAreShownAroundTheError) {
+  std::string text = "out D = acc";
+  for (int i = 0; i < 100000; ++i) text += " + 1";
+  text += " @ 2";
+  for (int i = 0; i < 100000; ++i) text += " + 1";
+  const std::string message = parse_error_of(text);
+  EXPECT_LT(message.size(), 400u) << message.substr(0, 400);
+  const size_t column = text.find('@') + 1;
+  const std::string first = fmt::format("expr:1:{}: error: unexpected character '@'\n", column);
+  EXPECT_EQ(message.substr(0, first.size()), first);
+  // The shown part: "..." then the characters before and after the error; the caret under '@'.
+  std::istringstream lines(message.substr(first.size()));
+  std::string shown, caret;
+  std::getline(lines, shown);
+  std::getline(lines, caret);
+  EXPECT_EQ(shown.substr(0, 5), "  ...") << shown;
+  EXPECT_EQ(shown.substr(shown.size() - 3), "...") << shown;
+  EXPECT_EQ(caret.back(), '^');
+  EXPECT_EQ(shown[caret.size() - 1], '@') << shown << "\n" << caret;
 }
 
 TEST(Diagnostics, CaretCountsCharactersNotBytes) {
