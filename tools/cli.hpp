@@ -66,10 +66,11 @@ struct GemmFlags {
 };
 
 // Writes `text` to the file at `path` (an option's value, e.g. --emit); RuntimeError (exit 1)
-// naming the option, the path and why when it cannot be written completely.
+// naming the option, the path and why when it cannot be written completely; UserError (exit 2)
+// when `path` is a folder.
 void write_output_file(const std::string& path, const std::string& text, const char* option);
-// Checks, before long work, that write_output_file could write `path` (not a folder, and its
-// folder exists and is writable); RuntimeError (exit 1) naming the path otherwise.
+// Checks, before long work, that write_output_file could write `path` (not a folder: UserError,
+// exit 2; its folder exists and is writable: RuntimeError, exit 1), naming the path.
 void check_output_path(const std::string& path, const char* option);
 
 // Validators of numeric options, with messages that name the allowed values: a problem size
@@ -78,6 +79,9 @@ void check_output_path(const std::string& path, const char* option);
 const CLI::Validator& size_value();
 const CLI::Validator& count_value();
 const CLI::Validator& seed_value();
+// A number of `what` ("days", "seconds") that is finite and 0 or more (CLI11's NonNegativeNumber
+// printed a 309-digit bound, and took nan).
+CLI::Validator non_negative_value(const std::string& what);
 
 // A --shape value: MxNxK, positive sizes of at most 9 digits.
 struct Shape3 {

@@ -51,7 +51,7 @@ Command add_cache_command(CLI::App& app) {
   auto unused_days = std::make_shared<double>(-1);
   prune->add_option("--max-size", *max_size, "Keep at most this much (bytes, or 512M, 10G); default EVTC_CACHE_SIZE_LIMIT");
   prune->add_option("--unused-days", *unused_days, "Remove kernels no process has loaded for this many days")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_value("a number of days"));
   return {sub, [=] {
             const std::string dir = jit::cache_dir();
             if (clear->parsed()) {

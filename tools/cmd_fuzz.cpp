@@ -432,7 +432,7 @@ Command add_fuzz_command(CLI::App& app) {
   sub->add_option("--compile-for", fa->compile_for,
                   "Start no new compile after this many seconds: kernels not compiled by then are skipped (and the "
                   "run fails), the compiled ones stay cached for the next run")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_value("a number of seconds"));
   sub->add_flag("--compile-only", fa->compile_only,
                 "No GPU needed: compile the run's kernels into the cache, for a later run of the same seed and count "
                 "on a GPU")
@@ -444,6 +444,9 @@ Command add_fuzz_command(CLI::App& app) {
                 "Integer-valued inputs and only ops exact on integers: results must match the reference bit for bit");
   sub->add_option("--json", fa->json, "Write the report as JSON to this file");
   return {sub, [fa] {
+            if (fa->min_outputs > fa->max_outputs)
+              throw UserError(fmt::format("--min-outputs {} is more than --max-outputs {}", fa->min_outputs,
+                                          fa->max_outputs));
             if (!fa->json.empty()) check_output_path(fa->json, "--json");
             testing::GeneratorOptions go;
             go.min_outputs = fa->min_outputs;

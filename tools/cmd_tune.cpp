@@ -116,7 +116,7 @@ Command add_tune_command(CLI::App& app) {
   add_arch_option(sub, ta->arch);
   sub->add_option("--max-candidates", ta->max_candidates,
                   "Most candidates per shape (0: all that survive pruning; default 6)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(count_value());
   sub->add_flag("--list-candidates", ta->list,
                 "Print the shapes' candidate configurations after pruning, one per line, and stop");
   sub->add_option("--json", ta->json, "Write every shape's timings as JSON to this file");

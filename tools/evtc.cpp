@@ -7,7 +7,10 @@
 #include <charconv>
 #include <cstring>
 #include <filesystem>
+#include <algorithm>
 #include <cctype>
+#include <cmath>
+#include <optional>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -29,6 +32,17 @@ ExpressionArg read_expression_arg(const std::string& arg) {
     std::stringstream ss;
     ss << f.rdbuf();
     return {ss.str(), arg};
+  }
+  // Something that exists but is not a regular file is not read (a FIFO would wait for a writer).
+  if (arg.find('\n') == std::string::npos && arg.find('=') == std::string::npos) {
+    namespace fs = std::filesystem;
+    const fs::file_type type = fs::status(arg, ec).type();
+    const char* what = type == fs::file_type::directory                                        ? "a folder"
+                       : type == fs::file_type::fifo                                           ? "a FIFO"
+                       : type == fs::file_type::character || type == fs::file_type::block     ? "a device"
+                       : type == fs::file_type::socket                                         ? "a socket"
+                                                                                               : nullptr;
+    if (what) throw UserError(fmt::format("'{}' is {}, not an expression file", arg, what));
   }
   // Every statement has a '=', so an argument without one, without a call, and shaped like a
   // path (a folder or an extension) is a file name that does not exist.
@@ -168,7 +182,7 @@ ParseOptions GemmFlags::parse_options() const {
 void write_output_file(const std::string& path, const std::string& text, const char* option) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec))
-    throw RuntimeError(fmt::format("{}: cannot write '{}': it is a folder", option, path));
+    throw UserError(fmt::format("{}: cannot write '{}': it is a folder", option, path));
   errno = 0;
   std::ofstream f(path, std::ios::binary);
   if (f) {
@@ -209,6 +223,19 @@ const CLI::Validator& count_value() {
   return v;
 }
 
+CLI::Validator non_negative_value(const std::string& what) {
+  return CLI::Validator(
+      [what](std::string& text) -> std::string {
+        double v = -1;
+        const char* end = text.data() + text.size();
+        const auto [ptr, ec] = std::from_chars(text.data(), end, v);
+        if (ec != std::errc() || ptr != end || !std::isfinite(v) || v < 0)
+          return fmt::format("'{}' is not {} (a number, 0 or more)", text, what);
+        return {};
+      },
+      what);
+}
+
 const CLI::Validator& seed_value() {
   static const CLI::Validator v = CLI::Validator(
       [](std::string& text) -> std::string {
@@ -228,7 +255,7 @@ void check_output_path(const std::string& path, const char* option) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (fs::is_directory(path, ec))
-    throw RuntimeError(fmt::format("{}: cannot write '{}': it is a folder", option, path));
+    throw UserError(fmt::format("{}: cannot write '{}': it is a folder", option, path));
   const fs::path parent = fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path();
   if (!fs::is_directory(parent, ec))
     throw RuntimeError(
@@ -279,6 +306,40 @@ Command add_grouped_command(CLI::App& app);
 Command add_aot_command(CLI::App& app);
 Command add_fuzz_command(CLI::App& app);
 
+namespace {
+
+// Where a command that needs a subcommand was given a word that names none (CLI11 says only "A
+// subcommand is required"): "unknown command 'cache frob' (the commands of cache: ls, ...)".
+// nullopt when every word before the first positional argument names a command.
+std::optional<std::string> unknown_command(const CLI::App& app, int argc, char** argv) {
+  const CLI::App* at = &app;
+  std::string path;
+  for (int i = 1; i < argc; ++i) {
+    const std::string word = argv[i];
+    if (word == "--") return std::nullopt;
+    if (word.size() > 1 && word[0] == '-') {
+      const CLI::Option* o = word.find('=') == std::string::npos ? at->get_option_no_throw(word) : nullptr;
+      if (o && o->get_items_expected_min() > 0) ++i;  // its value
+      continue;
+    }
+    const auto all = at->get_subcommands([](const CLI::App*) { return true; });
+    const auto it = std::find_if(all.begin(), all.end(), [&](const CLI::App* a) { return a->get_name() == word; });
+    if (it != all.end()) {
+      at = *it;
+      path += (*it)->get_name() + " ";
+      continue;
+    }
+    if (at->get_require_subcommand_min() == 0 || all.empty()) return std::nullopt;
+    std::string names;
+    for (const CLI::App* a : all) names += (names.empty() ? "" : ", ") + a->get_name();
+    return fmt::format("unknown command '{}{}' (the commands{}: {})", path, word,
+                       at == &app ? "" : " of " + path.substr(0, path.size() - 1), names);
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 }  // namespace evtc::cli
 
 int main(int argc, char** argv) {
@@ -299,6 +360,11 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    if (dynamic_cast<const CLI::RequiredError*>(&e))
+      if (const auto unknown = unknown_command(app, argc, argv)) {
+        fmt::print(stderr, "{}\nRun with --help for more information.\n", *unknown);
+        return kExitUsage;
+      }
     const int rc = app.exit(e);
     return rc == 0 ? kExitOk : kExitUsage;
   }

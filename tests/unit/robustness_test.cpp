@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -104,11 +105,15 @@ TEST(Robustness, CliChecksEveryFileItWrites) {
   EXPECT_TRUE(has(r.output, "--emit: cannot write '/nonexistent-folder/x.cu'")) << r.output;
   const fs::path dir = temp_path("folder");
   fs::create_directories(dir);
+  // A folder given as a file to write is bad usage (exit 2; it was 1).
   r = run_cli(fmt::format("compile 'out D = acc' --emit {} --emit-only", dir.string()));
-  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_TRUE(has(r.output, "it is a folder")) << r.output;
   r = run_cli(fmt::format("grouped 'out D = acc' --compile-only --emit {}", dir.string()));
-  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  r = run_cli(fmt::format("fuzz --cpu --count 1 --json {}", dir.string()));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(has(r.output, fmt::format("--json: cannot write '{}': it is a folder", dir.string()))) << r.output;
   // --json is checked before the work it reports on (a GPU run, a tuning session).
   r = run_cli("run 'out D = acc' -m 8 -n 8 -k 8 --json /nonexistent-folder/r.json");
   EXPECT_EQ(r.exit_code, 1) << r.output;
@@ -116,6 +121,62 @@ TEST(Robustness, CliChecksEveryFileItWrites) {
   r = run_cli("tune 'out D = acc' -s 8x8x8 --json /nonexistent-folder/t.json");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   fs::remove_all(dir);
+}
+
+// An expression argument naming something that is not a regular file says what it is (it said
+// "no such file"), and a FIFO is not opened (reading one would wait for a writer).
+TEST(Robustness, CliExpressionFilesThatAreNotFilesSayWhatTheyAre) {
+  const fs::path folder = temp_path("expr-folder");
+  fs::create_directories(folder);
+  const fs::path fifo = temp_path("expr-fifo");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  const std::pair<std::string, std::string> cases[] = {
+      {folder.string(), fmt::format("'{}' is a folder, not an expression file", folder.string())},
+      {fifo.string(), fmt::format("'{}' is a FIFO, not an expression file", fifo.string())},
+      {"/dev/null", "'/dev/null' is a device, not an expression file"},
+  };
+  for (const auto& [arg, want] : cases) {
+    const auto r = run_cli("explain " + arg);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_TRUE(has(r.output, want)) << r.output;
+  }
+  fs::remove(fifo);
+  fs::remove_all(folder);
+}
+
+// An unknown command is named, with the commands there are (CLI11 said "A subcommand is
+// required"), at the top and under a command that has its own.
+TEST(Robustness, CliUnknownCommandsAreNamed) {
+  auto r = run_cli("frobnicate");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(has(r.output, "unknown command 'frobnicate' (the commands: explain, ref, run, compile, cache, tune, "
+                            "grouped, aot, fuzz)"))
+      << r.output;
+  r = run_cli("--log debug cache frob");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(has(r.output, "unknown command 'cache frob' (the commands of cache: ls, info, clear, prune)")) << r.output;
+  r = run_cli("cache");  // none given: CLI11's own message
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(has(r.output, "A subcommand is required")) << r.output;
+}
+
+// Numbers that may not be negative say so in a few words (a 309-digit bound before); NaN and
+// infinity are refused; --min-outputs may not exceed --max-outputs.
+TEST(Robustness, CliNonNegativeNumbersAreChecked) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"tune 'out D = acc' -s 8x8x8 --max-candidates -1", "--max-candidates: '-1' is not a count (an integer from 0 to"},
+      {"cache prune --unused-days -1", "--unused-days: '-1' is not a number of days (a number, 0 or more)"},
+      {"cache prune --unused-days nan", "--unused-days: 'nan' is not a number of days (a number, 0 or more)"},
+      {"cache prune --unused-days inf", "--unused-days: 'inf' is not a number of days (a number, 0 or more)"},
+      {"fuzz --compile-only --compile-for -1", "--compile-for: '-1' is not a number of seconds (a number, 0 or more)"},
+      {"fuzz --cpu --min-outputs 8 --max-outputs 2", "--min-outputs 8 is more than --max-outputs 2"},
+  };
+  for (const auto& [args, want] : cases) {
+    const auto r = run_cli(args, "EVTC_CACHE_DIR=" + temp_path("unused-cache").string());
+    EXPECT_EQ(r.exit_code, 2) << args << ": " << r.output;
+    EXPECT_TRUE(has(r.output, want)) << args << ": " << r.output;
+    EXPECT_LT(r.output.size(), 400u) << args << ": " << r.output;
+  }
 }
 
 TEST(Robustness, CliTurnsEnvironmentFailuresIntoErrors) {
