@@ -1,5 +1,6 @@
 #include <fmt/format.h>
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -20,6 +21,7 @@
 #include "evtc/arch.hpp"
 #include "evtc/error.hpp"
 #include "evtc/log.hpp"
+#include "jit/process.hpp"
 
 namespace evtc::cli {
 
@@ -338,6 +340,34 @@ std::optional<std::string> unknown_command(const CLI::App& app, int argc, char**
   return std::nullopt;
 }
 
+// SIGTERM and SIGINT: with no compile running, the default action at once; during a compile,
+// noted, so the compile stops its compiler and removes its lock and folder as it unwinds, and
+// main() then dies of the signal. SIGALRM's default action bounds the unwinding to 10 s.
+extern "C" void on_stop_signal(int sig) {
+  if (evtc::jit::compiles_in_progress() == 0) {
+    signal(sig, SIG_DFL);
+    raise(sig);  // delivered when this handler returns
+    return;
+  }
+  evtc::jit::note_interrupt(sig);
+  alarm(10);
+}
+
+void install_stop_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGTERM, SIGINT}) sigaction(sig, &sa, nullptr);
+}
+
+// Dies of the signal that interrupted a compile, if one did.
+void die_if_interrupted() {
+  if (const int sig = evtc::jit::interrupt_signal()) {
+    signal(sig, SIG_DFL);
+    raise(sig);
+  }
+}
+
 }  // namespace
 
 }  // namespace evtc::cli
@@ -369,13 +399,22 @@ int main(int argc, char** argv) {
     return rc == 0 ? kExitOk : kExitUsage;
   }
   if (!log_level.empty()) evtc::set_log_level(*evtc::parse_log_level(log_level));
+  install_stop_handlers();
   try {
     for (const Command& c : commands)
-      if (c.app->parsed()) return c.run();
+      if (c.app->parsed()) {
+        const int rc = c.run();
+        die_if_interrupted();
+        return rc;
+      }
+  } catch (const evtc::jit::Interrupted&) {
+    die_if_interrupted();
+    return kExitFailed;
   } catch (const evtc::UserError& e) {
     fmt::print(stderr, "{}\n", e.what());
     return kExitUsage;
   } catch (const evtc::Error& e) {
+    die_if_interrupted();  // an error an interrupted compile caused (a background compile's)
     fmt::print(stderr, "error: {}\n", e.what());
     return kExitFailed;
   } catch (const std::bad_alloc&) {

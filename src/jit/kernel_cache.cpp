@@ -218,12 +218,19 @@ CompilerRun run_compiler(const std::vector<std::string>& argv, const std::option
   }
   if (fd >= 0) ::close(fd);
   CompilerRun run;
-  run.rc = run_process(argv, capture, cwd.string(), [&](double secs) {
-    if (show && secs >= 1.0) {
-      fmt::print(stderr, "\r\033[Kevtc: compiling {} ({:.0f} s)", label, secs);
-      shown = true;
-    }
-  });
+  try {
+    run.rc = run_process(argv, capture, cwd.string(), [&](double secs) {
+      if (show && secs >= 1.0) {
+        fmt::print(stderr, "\r\033[Kevtc: compiling {} ({:.0f} s)", label, secs);
+        shown = true;
+      }
+    });
+  } catch (...) {  // interrupted: the output file goes too
+    if (shown) fmt::print(stderr, "\r\033[K");
+    std::error_code ec;
+    fs::remove(capture, ec);
+    throw;
+  }
   if (shown) fmt::print(stderr, "\r\033[K");
   run.output = read_file(capture);
   std::error_code ec;
@@ -308,7 +315,8 @@ class CompileSlot {
   CompileSlot() {
     SlotState& s = slot_state();
     std::unique_lock lock(s.mu);
-    s.freed.wait(lock, [&] { return s.in_use < compile_slots(); });
+    while (!s.freed.wait_for(lock, std::chrono::milliseconds(100), [&] { return s.in_use < compile_slots(); }))
+      throw_if_interrupted();
     ++s.in_use;
   }
   ~CompileSlot() {
@@ -512,6 +520,7 @@ MachineSlot::MachineSlot(int slots, const std::string& dir, const std::function<
     if (!waited && on_wait) on_wait();
     waited = true;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    throw_if_interrupted();
   }
 }
 
@@ -594,6 +603,7 @@ CompilerRun compile_in_parts(const CompileRequest& req, const Toolchain& tc, con
 }
 
 std::string compile_into_cache(const CompileRequest& req, const std::string& key) {
+  const CompileInProgress running;  // a signal now unwinds (jit/process.hpp, Interrupted)
   const Toolchain& tc = toolchain(req.needs_cutlass);
   const fs::path root = cache_dir();
   const fs::path final_dir = root / "kernels" / key;
@@ -635,6 +645,7 @@ std::string compile_into_cache(const CompileRequest& req, const std::string& key
                holder, req.label, lock_timeout_s());
     announced = true;
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    throw_if_interrupted();
   }
   if (entry_intact(final_dir)) return compiled_elsewhere();  // finished while this process waited
 

@@ -7,16 +7,44 @@
 #include <string>
 #include <vector>
 
+#include "evtc/error.hpp"
+
 namespace evtc::jit {
 
 // Starts argv (argv[0] is the program's path) in the folder `cwd` (empty: this one) with its
-// stdout and stderr on `output_fd`. The child dies with this process. Returns its pid;
-// RuntimeError when fork fails.
+// stdout and stderr on `output_fd`, under a supervisor process: the leader of a new process group
+// holding the program and every process it starts. When the thread that started it dies (evtc
+// killed, even by SIGKILL), the supervisor kills the whole group, so neither the program nor its
+// children (nvcc's cicc, ptxas, cudafe++) outlive evtc. Returns the supervisor's pid (its exit
+// status is the program's); RuntimeError when fork fails.
 pid_t spawn_process(const std::vector<std::string>& argv, int output_fd, const std::string& cwd = "");
+// Kills what spawn_process started (the whole group) and reaps it.
+void stop_process(pid_t pid);
 
 // Waits for `pid`, calling `tick(seconds since start)` about every 100 ms while it runs. Returns
-// its exit status (128 + the signal when a signal ended it).
+// its exit status (128 + the signal when a signal ended it). When an interrupt was noted
+// (note_interrupt), stops the process and throws Interrupted.
 int wait_process(pid_t pid, const std::function<void(double)>& tick = {});
+
+// Interrupts, for a program that stops on SIGTERM/SIGINT by unwinding (the evtc command): its
+// signal handler calls note_interrupt (async-signal-safe) while compiles_in_progress() > 0;
+// waits for a compiler, a compile lock or a compile slot then throw Interrupted, so a compile's
+// lock and folder are removed and its compiler stopped on the way out.
+class Interrupted : public RuntimeError {
+ public:
+  using RuntimeError::RuntimeError;
+};
+void note_interrupt(int sig);
+int interrupt_signal();  // the signal noted, or 0
+void throw_if_interrupted();
+// Compiles running in this process (CompileInProgress objects alive); async-signal-safe.
+int compiles_in_progress();
+struct CompileInProgress {
+  CompileInProgress();
+  ~CompileInProgress();
+  CompileInProgress(const CompileInProgress&) = delete;
+  CompileInProgress& operator=(const CompileInProgress&) = delete;
+};
 
 // Runs argv with its stdout and stderr into the file `log` (created or truncated).
 int run_process(const std::vector<std::string>& argv, const std::string& log, const std::string& cwd = "",

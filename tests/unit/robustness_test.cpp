@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -362,6 +363,72 @@ TEST(Robustness, ACachePathWithADoubleQuoteIsRefusedBeforeCompiling) {
 
 // A compile's nvcc does not outlive a killed evtc process, and its temporary folder is removed
 // by the next compile in that cache.
+// A stand-in compiler that starts a process of its own (as nvcc starts cicc and cudafe++),
+// records both pids and hangs.
+fs::path compiler_with_a_child(const fs::path& dir) {
+  fs::create_directories(dir);
+  const fs::path fake = dir / "nvcc";
+  std::ofstream(fake) << "#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'Cuda compilation tools, release 13.0, "
+                         "V13.0.88'; exit 0; fi\nsleep 60 &\necho $$ $! > "
+                      << (dir / "pids.tmp").string() << "; mv " << (dir / "pids.tmp").string() << " "
+                      << (dir / "pids").string() << "\nwait\n";
+  fs::permissions(fake, fs::perms::owner_all);
+  return fake;
+}
+
+bool gone_within(pid_t pid, int tenths) {
+  for (int i = 0; i < tenths; ++i) {
+    // A zombie of a re-parented process counts as gone.
+    std::ifstream stat(fmt::format("/proc/{}/stat", pid));
+    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    const size_t close = text.rfind(')');
+    if (text.empty() || (close != std::string::npos && close + 2 < text.size() && text[close + 2] == 'Z')) return true;
+    usleep(100000);
+  }
+  return false;
+}
+
+// Killing evtc mid-compile (SIGKILL, SIGTERM, SIGINT) leaves no compiler running: not nvcc, and
+// not the processes nvcc started (they were re-parented and ran on); on SIGTERM and SIGINT evtc
+// also removes its compile lock and its compile folder, and then dies of the signal.
+TEST(Robustness, KilledCompilesLeaveNoCompilerChildren) {
+  for (const int sig : {SIGKILL, SIGTERM, SIGINT}) {
+    SCOPED_TRACE(strsignal(sig));
+    const fs::path dir = temp_path(fmt::format("killed-children-{}", sig));
+    fs::remove_all(dir);
+    const fs::path fake = compiler_with_a_child(dir);
+    const pid_t cli = fork();
+    ASSERT_GE(cli, 0);
+    if (cli == 0) {
+      setenv("CUDACXX", fake.c_str(), 1);
+      setenv("EVTC_CACHE_DIR", (dir / "cache").c_str(), 1);
+      execl(EVTC_CLI_PATH, EVTC_CLI_PATH, "compile", "out D = relu(acc)", "--fallback", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    for (int i = 0; i < 200 && !fs::exists(dir / "pids"); ++i) usleep(50000);
+    ASSERT_TRUE(fs::exists(dir / "pids")) << "the stand-in compiler did not start";
+    long compiler = 0, child = 0;
+    std::ifstream(dir / "pids") >> compiler >> child;
+    ASSERT_GT(compiler, 0);
+    ASSERT_GT(child, 0);
+    kill(cli, sig);
+    int status = 0;
+    waitpid(cli, &status, 0);
+    EXPECT_TRUE(gone_within(pid_t(compiler), 50)) << "the compiler outlived evtc";
+    EXPECT_TRUE(gone_within(pid_t(child), 50)) << "the compiler's child outlived evtc";
+    kill(pid_t(child), SIGKILL);
+    kill(pid_t(compiler), SIGKILL);
+    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == sig) << "status " << status;
+    if (sig != SIGKILL) {
+      EXPECT_EQ(std::distance(fs::directory_iterator(dir / "cache" / "locks"), fs::directory_iterator()), 0)
+          << "the compile lock was left";
+      EXPECT_EQ(std::distance(fs::directory_iterator(dir / "cache" / "tmp"), fs::directory_iterator()), 0)
+          << "the compile folder was left";
+    }
+    fs::remove_all(dir);
+  }
+}
+
 TEST(Robustness, KilledCompilesLeaveNoCompilerAndNoTemporaries) {
   const fs::path dir = temp_path("killed");
   fs::create_directories(dir);
