@@ -38,6 +38,11 @@ cases=(
   "reductions||x = acc * s[m]; out D: bf16 = relu(x); out r = row_sum(x); out c: bf16 = col_amax(x); out t = sum(x); out lo = min(x)"
   "gate_pingpong|--config pingpong_128x128x64_c2x1_persistent|out D: bf16 = acc * gate[m,n]"
   "bias_streamk|--config coop_128x256x64_c2x1_streamk|out D: bf16 = acc + bias[n]"
+  # Decode-sized problems' kernels: a 64-row tile of 48 columns (any multiple of 16) in a cluster
+  # along N with a gated output, an [m,n] operand and output and a row reduction; split-K with a
+  # 96-column tile and a gated output.
+  "decode_48col_cluster_n|--layout-b c --config pingpong_64x48x128_c1x2_persistent|h = acc + bias[n]; out P: bf16 = h + r[m,n]; out y: bf16 = swiglu(h); out rs = row_sum(h)"
+  "split_k_gated|--layout-b c --config coop_128x96x64_c1x1_splitk4|out D: bf16 = gelu(acc * s[m] + bias[n]); out y: bf16 = swiglu(acc)"
   "w3_fp8|--dtype f8e4m3 --layout-b c|input sa[m]: f32; input sb[n]: f32; out D: bf16 = acc * sa[m] * sb[n]"
   "w3_fp8_blockwise|--dtype f8e4m3 --layout-b c --fp8-blockwise --fallback|input bias[n]: bf16; out D: bf16 = gelu(acc + bias[n])"
   # The sm_80 backend (CUTLASS 2.x, docs/backend.md "Target architecture"): W1; W2 with C, a DAG
