@@ -51,8 +51,10 @@ bool bool_of(const nlohmann::json& v, const char* name, const Bad& bad) {
 template <class Bad>
 int64_t integer_of(const nlohmann::json& v, const char* name, const Bad& bad, int64_t lo = 0,
                    int64_t hi = std::numeric_limits<int64_t>::max()) {
-  const bool whole = v.is_number_integer() && (v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t(hi)
-                                                                      : v.get<int64_t>() >= lo && v.get<int64_t>() <= hi);
+  const bool whole =
+      v.is_number_integer() &&
+      (v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t(hi) && (lo <= 0 || v.get<uint64_t>() >= uint64_t(lo))
+                              : v.get<int64_t>() >= lo && v.get<int64_t>() <= hi);
   if (!whole)
     throw bad(hi == std::numeric_limits<int64_t>::max() && lo == 0
                   ? fmt::format("\"{}\" must be a whole number, not {}", name, shown(v))
