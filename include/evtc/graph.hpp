@@ -51,6 +51,9 @@ enum class PairPart : uint8_t { gate, up };
 std::string_view pair_part_name(PairPart p);      // "gate", "up"
 std::string_view reduce_axis_name(ReduceAxis a);  // "row", "col", "all"
 std::string_view reduce_op_name(ReduceOp o);      // "sum", "max", "min", "amax"
+// The expression-language name of a reduction: sum, row_max, col_amax, ... (the canonical text
+// form prints it; the parser looks it up).
+std::string reduction_name(ReduceAxis axis, ReduceOp op);
 
 struct Node {
   NodeKind kind{};

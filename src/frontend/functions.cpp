@@ -13,11 +13,6 @@ constexpr std::array kDTypes = {DType::f32, DType::f16, DType::bf16, DType::f8e4
 
 }  // namespace
 
-std::string reduction_name(ReduceAxis axis, ReduceOp op) {
-  const std::string prefix = axis == ReduceAxis::all ? "" : std::string(reduce_axis_name(axis)) + "_";
-  return prefix + std::string(reduce_op_name(op));
-}
-
 std::optional<Function> find_function(std::string_view name) {
   Function f;
   f.op = find_op(name);

@@ -42,8 +42,7 @@ struct GatedFunctionInfo {
 std::optional<GatedFunctionInfo> find_gated_function(std::string_view name);
 // Every gated function, gate and up first.
 const std::vector<GatedFunctionInfo>& gated_function_table();
-// The expression-language name of a reduction: sum, row_max, col_amax, ...
-std::string reduction_name(ReduceAxis axis, ReduceOp op);
+using evtc::reduction_name;  // declared with the graph (evtc/graph.hpp)
 // Every function name, ops first (in op-table order), then reductions, then casts.
 const std::vector<std::string>& function_names();
 

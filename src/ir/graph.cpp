@@ -44,6 +44,11 @@ std::string_view reduce_op_name(ReduceOp o) {
   return "?";
 }
 
+std::string reduction_name(ReduceAxis axis, ReduceOp op) {
+  const std::string prefix = axis == ReduceAxis::all ? "" : std::string(reduce_axis_name(axis)) + "_";
+  return prefix + std::string(reduce_op_name(op));
+}
+
 std::string_view pair_part_name(PairPart p) { return p == PairPart::gate ? "gate" : "up"; }
 
 bool Node::is_load() const {

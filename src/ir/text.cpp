@@ -10,7 +10,6 @@
 
 #include "evtc/error.hpp"
 #include "evtc/ir_text.hpp"
-#include "frontend/functions.hpp"
 
 namespace evtc {
 namespace {
@@ -451,7 +450,7 @@ std::string expression_text(const Graph& g) {
       case NodeKind::aux: t = n.name + "[m,n]"; break;
       case NodeKind::cast: t = fmt::format("{}({})", dtype_name(n.dtype), arg(0)); break;
       case NodeKind::pair: t = fmt::format("{}({})", pair_part_name(n.part), arg(0)); break;
-      case NodeKind::reduce: t = fmt::format("{}({})", frontend::reduction_name(n.axis, n.reduce_op), arg(0)); break;
+      case NodeKind::reduce: t = fmt::format("{}({})", reduction_name(n.axis, n.reduce_op), arg(0)); break;
       case NodeKind::compute: {
         const OpInfo& op = op_info(n.op);
         static const std::pair<Op, const char*> kInfix[] = {{Op::add, " + "}, {Op::sub, " - "}, {Op::mul, " * "}, {Op::div, " / "}};

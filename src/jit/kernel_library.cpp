@@ -20,7 +20,7 @@
 #include "jit/environment.hpp"
 #include "jit/json_fields.hpp"
 #include "jit/toolchain.hpp"
-#include "runtime/device_info.hpp"
+#include "target/device_info.hpp"
 #include "jit/logging.hpp"
 
 namespace fs = std::filesystem;

@@ -8,7 +8,7 @@
 
 #include "evtc/runtime.hpp"
 #include "runtime/autotuner.hpp"
-#include "runtime/device_info.hpp"
+#include "target/device_info.hpp"
 #include "runtime/cost_model.hpp"
 #include "runtime/kernel_impl.hpp"
 #include "runtime/selection/default_config.hpp"

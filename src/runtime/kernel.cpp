@@ -10,7 +10,7 @@
 #include "backends/emit.hpp"
 #include "evtc/arch.hpp"
 #include "evtc/device/abi.h"
-#include "runtime/device_info.hpp"
+#include "target/device_info.hpp"
 #include "evtc/error.hpp"
 #include "evtc/ir_text.hpp"
 #include "jit/environment.hpp"

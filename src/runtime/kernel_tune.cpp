@@ -11,7 +11,7 @@
 #include "evtc/ir_text.hpp"
 #include "jit/environment.hpp"
 #include "runtime/harness.hpp"
-#include "runtime/device_info.hpp"
+#include "target/device_info.hpp"
 #include "runtime/kernel_impl.hpp"
 #include "runtime/selection/default_config.hpp"
 #include "jit/logging.hpp"

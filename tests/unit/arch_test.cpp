@@ -14,7 +14,7 @@
 #include "evtc/options.hpp"
 #include "evtc/runtime.hpp"
 #include "jit/toolchain.hpp"
-#include "runtime/device_info.hpp"
+#include "target/device_info.hpp"
 #include "runtime/kernel_requests.hpp"
 #include "scoped_env.hpp"
 

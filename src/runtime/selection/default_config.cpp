@@ -10,7 +10,7 @@
 
 #include "evtc/arch.hpp"
 #include "runtime/autotuner.hpp"
-#include "runtime/device_info.hpp"
+#include "target/device_info.hpp"
 #include "runtime/shared_memory_model.hpp"
 
 namespace evtc {

@@ -6,7 +6,7 @@
 #include <cstdlib>
 
 #include "evtc/error.hpp"
-#include "runtime/device_info.hpp"
+#include "target/device_info.hpp"
 
 namespace evtc {
 

@@ -1,4 +1,4 @@
-#include "runtime/device_info.hpp"
+#include "target/device_info.hpp"
 
 #include <cuda_runtime_api.h>
 
