@@ -165,7 +165,7 @@ class Kernel {
   KernelConfig config_for(int64_t m, int64_t n, int64_t k) const;
   ConfigChoice config_choice(int64_t m, int64_t n, int64_t k) const;
 
-  // Autotuning (src/runtime/autotuner.hpp). The pruned candidate configurations of a problem.
+  // Autotuning (src/runtime/selection/candidates.hpp). The pruned candidate configurations of a problem.
   std::vector<KernelConfig> tuning_candidates(int64_t m, int64_t n, int64_t k) const;
   // Compiles configurations in parallel (one nvcc per core, or EVTC_COMPILE_JOBS); returns
   // the error of each one that failed, by config name. Needs no GPU.

@@ -27,7 +27,8 @@
 #include "jit/kernel_cache.hpp"
 #include "jit/kernel_library.hpp"
 #include "jit/toolchain.hpp"
-#include "runtime/autotuner.hpp"
+#include "runtime/selection/candidates.hpp"
+#include "runtime/selection/tuning_store.hpp"
 #include "runtime/kernel_requests.hpp"
 #include "jit/logging.hpp"
 

@@ -16,7 +16,7 @@
 #include "jit/kernel_cache.hpp"
 #include "jit/kernel_library.hpp"
 #include "runtime/bind.hpp"
-#include "runtime/cost_model.hpp"
+#include "runtime/selection/cost_model.hpp"
 #include "runtime/kernel_requests.hpp"
 #include "evtc/options.hpp"
 #include "jit/environment.hpp"

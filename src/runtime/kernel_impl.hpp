@@ -1,4 +1,4 @@
-// Kernel's state, shared by kernel.cpp (construction, the run path) and kernel_tune.cpp
+// Kernel's state, shared by kernel.cpp (construction, the run path) and selection/tuner.cpp
 // (configuration choice and autotuning).
 #pragma once
 #include <future>
@@ -14,7 +14,8 @@
 
 #include "evtc/runtime.hpp"
 #include "jit/kernel_cache.hpp"
-#include "runtime/autotuner.hpp"
+#include "runtime/selection/candidates.hpp"
+#include "runtime/selection/tuning_store.hpp"
 #include "runtime/bind.hpp"
 
 namespace evtc {

@@ -1,4 +1,4 @@
-// The autotuner's CPU side (src/runtime/autotuner.hpp): candidate generation and pruning,
+// The autotuner's CPU side (src/runtime/selection/candidates.hpp, tuning_store.hpp): candidate generation and pruning,
 // the persisted record format, the store, nearest-shape lookup, and Kernel's choice of
 // configuration without a GPU.
 #include <gtest/gtest.h>
@@ -12,7 +12,8 @@
 #include "evtc/expression.hpp"
 #include "evtc/passes.hpp"
 #include "evtc/runtime.hpp"
-#include "runtime/autotuner.hpp"
+#include "runtime/selection/candidates.hpp"
+#include "runtime/selection/tuning_store.hpp"
 
 using namespace evtc;
 using namespace evtc::tuning;

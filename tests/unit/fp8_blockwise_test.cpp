@@ -14,7 +14,8 @@
 #include "evtc/passes.hpp"
 #include "evtc/reference.hpp"
 #include "evtc/runtime.hpp"
-#include "runtime/autotuner.hpp"
+#include "runtime/selection/candidates.hpp"
+#include "runtime/selection/tuning_store.hpp"
 
 using namespace evtc;
 

@@ -8,7 +8,8 @@
 #include "evtc/expression.hpp"
 #include "evtc/passes.hpp"
 #include "evtc/runtime.hpp"
-#include "runtime/autotuner.hpp"
+#include "runtime/selection/candidates.hpp"
+#include "runtime/selection/tuning_store.hpp"
 #include "runtime/selection/default_config.hpp"
 #include "runtime/selection/shipped_table.hpp"
 

@@ -9,7 +9,8 @@
 #include <tuple>
 
 #include "evtc/arch.hpp"
-#include "runtime/autotuner.hpp"
+#include "runtime/selection/candidates.hpp"
+#include "runtime/selection/tuning_store.hpp"
 #include "target/device_info.hpp"
 #include "runtime/shared_memory_model.hpp"
 

@@ -7,7 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include "evtc/error.hpp"
-#include "runtime/autotuner.hpp"
+#include "runtime/selection/candidates.hpp"
+#include "runtime/selection/tuning_store.hpp"
 
 namespace evtc::selection {
 namespace {

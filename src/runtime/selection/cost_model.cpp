@@ -7,9 +7,10 @@
 #include <cmath>
 
 #include "evtc/runtime.hpp"
-#include "runtime/autotuner.hpp"
+#include "runtime/selection/candidates.hpp"
+#include "runtime/selection/tuning_store.hpp"
 #include "target/device_info.hpp"
-#include "runtime/cost_model.hpp"
+#include "runtime/selection/cost_model.hpp"
 #include "runtime/kernel_impl.hpp"
 #include "runtime/selection/default_config.hpp"
 
