@@ -1,4 +1,4 @@
-"""evtc: fused GEMM epilogues for Hopper GPUs.
+"""evtc: fused GEMM epilogues for NVIDIA GPUs (Hopper, Ampere-class, and compile-checked Blackwell kernels).
 
     import evtc
     kernel = evtc.compile("out D: bf16 = silu(acc + bias[n])")

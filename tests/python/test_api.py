@@ -111,9 +111,12 @@ def test_explain_shows_each_pass_and_the_verdict():
 
 
 def test_explain_reports_reasons_when_not_fusable():
-    x = evtc.explain("input r[m,n]: f8e4m3\nout D: f32 = acc + r")
-    assert isinstance(x.fusable, bool)
-    assert x.fusable == (x.reasons == [])
+    # Nine [m,n] outputs: one more than a fused kernel stores.
+    x = evtc.explain("\n".join(f"out o{i}: bf16 = acc * {i + 1}" for i in range(9)))
+    assert x.fusable is False
+    assert x.reasons == ["the epilogue has 9 [m,n] outputs; at most 8 can be fused"]
+    ok = evtc.explain("input r[m,n]: f8e4m3\nout D: f32 = acc + r")
+    assert ok.fusable is True and ok.reasons == []
 
 
 def test_parse_returns_canonical_text():
@@ -200,7 +203,9 @@ def test_grouped_kernel_describes_its_gated_output():
     assert k.gated and k.output.name == "y" and k.output.shape == "half"
     assert [(o.name, o.shape) for o in k.inputs] == [("bias", "row")]
     assert k.output_size(10, 64) == (10, 32)
-    assert "sm90" in k.source.lower() or "cutlass" in k.source
+    # The grouped (pointer-array) CUTLASS kernel, with evtc's half-width store writing y.
+    assert "KernelPtrArrayTmaWarpSpecialized" in k.source
+    assert "Sm90HalfStore" in k.source
     assert repr(k) == f"<evtc.GroupedKernel {k.hash} -> y: bf16[m,n/2]>"
     plain = evtc.grouped("out D: f16 = silu(acc)", dtype="f16", weights="kn")
     assert not plain.gated and plain.output_size(10, 64) == (10, 64)
