@@ -64,7 +64,16 @@ TEST_F(AutotunerTest, TimesOnScratchPersistsAndRunsCorrectly) {
   const TuneResult r = kernel.tune(problem.arguments());
   ASSERT_EQ(r.candidates.size(), 2u);
   EXPECT_GT(r.best_ms, 0);
-  for (const auto& c : r.candidates) EXPECT_GE(c.median_ms, 0) << c.config.name() << ": " << c.error;
+  // Every candidate ran and was timed, and the best is the fastest of them.
+  const TuneResult::Candidate* fastest = nullptr;
+  for (const auto& c : r.candidates) {
+    EXPECT_GT(c.median_ms, 0) << c.config.name() << ": " << c.error;
+    EXPECT_TRUE(c.error.empty()) << c.config.name() << ": " << c.error;
+    if (c.median_ms > 0 && (!fastest || c.median_ms < fastest->median_ms)) fastest = &c;
+  }
+  ASSERT_NE(fastest, nullptr);
+  EXPECT_EQ(r.best, fastest->config);
+  EXPECT_DOUBLE_EQ(r.best_ms, fastest->median_ms);
   EXPECT_TRUE(std::filesystem::exists(r.record_path));
 
   // Tuning wrote only to scratch: every output still holds the poison (NaN).
