@@ -5,7 +5,7 @@
 
 namespace evtc::backend {
 
-sm90::EmittedKernel emit_dense_kernel(const Graph& g, const GemmDesc& gemm, const KernelConfig& config) {
+backend::EmittedKernel emit_dense_kernel(const Graph& g, const GemmDesc& gemm, const KernelConfig& config) {
   if (backend_features(gemm.sm, gemm.a_dtype).backend == 80) return sm80::emit_kernel(g, gemm, config);
   return sm90::emit_kernel(g, gemm, config);
 }

@@ -7,6 +7,6 @@ namespace evtc::backend {
 
 // The fused kernel's translation unit for `gemm.sm`: CUTLASS 2.x (sm_80 backend) or 3.x/4.x
 // (sm_90a, sm_100a, sm_120a). `config` must suit that backend (config_refusal).
-sm90::EmittedKernel emit_dense_kernel(const Graph& g, const GemmDesc& gemm, const KernelConfig& config);
+backend::EmittedKernel emit_dense_kernel(const Graph& g, const GemmDesc& gemm, const KernelConfig& config);
 
 }  // namespace evtc::backend

@@ -77,7 +77,7 @@ Graph pipeline(const Graph& parsed, const GemmDesc& gemm, Legality* legality = n
 }
 
 // Parses, runs the pipeline and emits with the default GEMM and configuration.
-sm90::EmittedKernel emit(const std::string& expr, const GemmDesc& gemm = {},
+backend::EmittedKernel emit(const std::string& expr, const GemmDesc& gemm = {},
                          const KernelConfig& cfg = {}) {
   return sm90::emit_kernel(pipeline(parse_expression(expr), gemm), gemm, cfg);
 }

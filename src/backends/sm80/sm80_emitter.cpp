@@ -37,7 +37,7 @@ class Sm80Emitter : public backend::VisitorLowering {
   Sm80Emitter(const Graph& g, const GemmDesc& gemm, const KernelConfig& cfg)
       : VisitorLowering(g, false), gemm_(gemm), cfg_(cfg) {}
 
-  sm90::EmittedKernel emit() {
+  backend::EmittedKernel emit() {
     const Visitor root = lower();
     return {assemble(root), sig_};
   }
@@ -323,7 +323,7 @@ size_t evtc_workspace_size(const evtc_gemm_args* a) { return scratch_bytes(*a); 
 
 }  // namespace
 
-sm90::EmittedKernel emit_kernel(const Graph& g, const GemmDesc& gemm, const KernelConfig& config) {
+backend::EmittedKernel emit_kernel(const Graph& g, const GemmDesc& gemm, const KernelConfig& config) {
   EVTC_INTERNAL_ASSERT(config.schedule == MainloopSchedule::multistage, "the sm_80 backend takes multistage configurations");
   return Sm80Emitter(g, gemm, config).emit();
 }

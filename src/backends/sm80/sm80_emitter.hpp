@@ -22,6 +22,6 @@ WarpShape warp_shape(const KernelConfig& config);
 
 // `g` must have been through the pass pipeline and be legal for `gemm` on an sm_80-backend
 // architecture; `config` a multistage one.
-sm90::EmittedKernel emit_kernel(const Graph& g, const GemmDesc& gemm, const KernelConfig& config);
+backend::EmittedKernel emit_kernel(const Graph& g, const GemmDesc& gemm, const KernelConfig& config);
 
 }  // namespace evtc::sm80

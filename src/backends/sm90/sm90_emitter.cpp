@@ -39,7 +39,7 @@ class Sm90Emitter : public backend::VisitorLowering {
               EpilogueTarget target = EpilogueTarget::dense)
       : VisitorLowering(g, true), gemm_(gemm), cfg_(cfg), grouped_(target == EpilogueTarget::grouped) {}
 
-  EmittedKernel emit() {
+  backend::EmittedKernel emit() {
     const Visitor root = lower();
     return {assemble(root), sig_};
   }
@@ -729,7 +729,7 @@ size_t evtc_workspace_size(const evtc_gemm_args* a) {
 
 }  // namespace
 
-EmittedKernel emit_kernel(const Graph& g, const GemmDesc& gemm, const KernelConfig& config) {
+backend::EmittedKernel emit_kernel(const Graph& g, const GemmDesc& gemm, const KernelConfig& config) {
   return Sm90Emitter(g, gemm, config).emit();
 }
 

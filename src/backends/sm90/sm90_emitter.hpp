@@ -14,17 +14,13 @@
 #include "evtc/gemm.hpp"
 #include "evtc/graph.hpp"
 #include "evtc/kernel.hpp"
+#include "backends/emitted_kernel.hpp"
 #include "backends/visitor_lowering.hpp"
 
 namespace evtc::sm90 {
 
-struct EmittedKernel {
-  std::string source;  // the .cu file
-  KernelSignature signature;
-};
-
 // `g` must have been through the pass pipeline and be legal for `gemm` on sm90.
-EmittedKernel emit_kernel(const Graph& g, const GemmDesc& gemm, const KernelConfig& config);
+backend::EmittedKernel emit_kernel(const Graph& g, const GemmDesc& gemm, const KernelConfig& config);
 
 // What a visitor tree is built for: the dense GEMM, or the grouped (ptr-array) GEMM whose
 // tiles carry their group as the L coordinate (per-group row vectors and scalar pointers

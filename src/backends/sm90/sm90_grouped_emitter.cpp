@@ -89,7 +89,7 @@ using backend::layout_tag;
 
 }  // namespace
 
-EmittedKernel emit_grouped_kernel(const Graph& g, const GemmDesc& gemm, const KernelConfig& cfg) {
+backend::EmittedKernel emit_grouped_kernel(const Graph& g, const GemmDesc& gemm, const KernelConfig& cfg) {
   const auto refusals = grouped_refusals(g, gemm);
   EVTC_INTERNAL_ASSERT(refusals.empty(), refusals.empty() ? "" : refusals.front());
   const EpilogueVisitors tree = emit_epilogue_visitors(g, gemm, cfg, EpilogueTarget::grouped);

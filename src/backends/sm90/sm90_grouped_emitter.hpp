@@ -22,6 +22,6 @@ std::string grouped_output_name(const Graph& g);
 std::vector<std::string> grouped_refusals(const Graph& g, const GemmDesc& gemm);
 
 // `g` must have no grouped_refusals.
-EmittedKernel emit_grouped_kernel(const Graph& g, const GemmDesc& gemm, const KernelConfig& config);
+backend::EmittedKernel emit_grouped_kernel(const Graph& g, const GemmDesc& gemm, const KernelConfig& config);
 
 }  // namespace evtc::sm90
