@@ -97,8 +97,11 @@ struct GroupedKernel::Impl {
 namespace runtime {
 
 jit::CompileRequest grouped_request(const Graph& graph, const GroupedOptions& options, const KernelConfig& config) {
-  return {sm90::emit_grouped_kernel(graph, options.gemm, config).source, "grouped " + config.name(),
-          expression_text(graph), true, 90};
+  return {.source = sm90::emit_grouped_kernel(graph, options.gemm, config).source,
+          .label = "grouped " + config.name(),
+          .expression = expression_text(graph),
+          .needs_cutlass = true,
+          .sm = 90};
 }
 
 }  // namespace runtime

@@ -77,16 +77,22 @@ std::string arch_mismatch_note(int arch) {
 namespace runtime {
 
 jit::CompileRequest fused_request(const Graph& graph, const CompileOptions& options, const KernelConfig& config) {
-  jit::CompileRequest request{backend::emit_dense_kernel(graph, options.gemm, config).source, config.name(), expression_text(graph),
-                              true, options.gemm.sm};
-  request.in_parts = true;
-  request.backend = backend_features(options.gemm.sm, options.gemm.a_dtype).backend;
-  return request;
+  return {.source = backend::emit_dense_kernel(graph, options.gemm, config).source,
+          .label = config.name(),
+          .expression = expression_text(graph),
+          .needs_cutlass = true,
+          .sm = options.gemm.sm,
+          .backend = backend_features(options.gemm.sm, options.gemm.a_dtype).backend,
+          .in_parts = true};
 }
 
 jit::CompileRequest fallback_request(const Graph& graph, const KernelSignature& signature, int arch,
                                      const GemmDesc* gemm) {
-  return {cuda::emit_fallback_kernel(graph, signature, gemm), "plain epilogue", expression_text(graph), false, arch};
+  return {.source = cuda::emit_fallback_kernel(graph, signature, gemm),
+          .label = "plain epilogue",
+          .expression = expression_text(graph),
+          .needs_cutlass = false,
+          .sm = arch};
 }
 
 }  // namespace runtime
