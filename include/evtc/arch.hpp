@@ -24,7 +24,7 @@ namespace evtc {
 
 // The architecture whose fused kernels are tested on a GPU (and the only one with grouped
 // kernels and autotuning).
-inline constexpr int kFusedArch = 90;
+inline constexpr int kVerifiedArch = 90;
 
 // What an architecture's fused kernels can do: the one table (src/runtime/arch.cpp) that
 // legality, the kernel configurations and the emitter ask.

@@ -49,7 +49,7 @@
 #include <string>
 #include <vector>
 
-#include "evtc/kernel.hpp"
+#include "evtc/kernel_config.hpp"
 #include "evtc/passes.hpp"
 #include "evtc/reference.hpp"
 #include "evtc/runtime.hpp"

@@ -26,7 +26,7 @@
 #include "evtc/cost_model.hpp"
 #include "evtc/gemm.hpp"
 #include "evtc/graph.hpp"
-#include "evtc/kernel.hpp"
+#include "evtc/kernel_config.hpp"
 #include "evtc/passes.hpp"
 
 namespace evtc {

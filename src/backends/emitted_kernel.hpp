@@ -3,7 +3,7 @@
 #pragma once
 #include <string>
 
-#include "evtc/kernel.hpp"
+#include "evtc/kernel_config.hpp"
 
 namespace evtc::backend {
 

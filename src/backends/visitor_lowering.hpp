@@ -20,7 +20,7 @@
 
 #include "evtc/gemm.hpp"
 #include "evtc/graph.hpp"
-#include "evtc/kernel.hpp"
+#include "evtc/kernel_config.hpp"
 
 namespace evtc::backend {
 

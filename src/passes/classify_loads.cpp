@@ -1,11 +1,11 @@
-#include "passes/classify_loads.h"
+#include "passes/classify_loads.hpp"
 
 #include <fmt/format.h>
 
 #include <optional>
 #include <vector>
 
-#include "passes/graph_rewriter.h"
+#include "passes/graph_rewriter.hpp"
 
 namespace evtc {
 

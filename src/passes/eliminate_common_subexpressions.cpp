@@ -1,10 +1,10 @@
-#include "passes/eliminate_common_subexpressions.h"
+#include "passes/eliminate_common_subexpressions.hpp"
 
 #include <bit>
 #include <map>
 #include <tuple>
 
-#include "passes/graph_rewriter.h"
+#include "passes/graph_rewriter.hpp"
 
 namespace evtc::passes {
 namespace {

@@ -1,6 +1,6 @@
-#include "passes/eliminate_dead_code.h"
+#include "passes/eliminate_dead_code.hpp"
 
-#include "passes/graph_rewriter.h"
+#include "passes/graph_rewriter.hpp"
 
 namespace evtc::passes {
 

@@ -1,4 +1,4 @@
-#include "passes/expression_pattern.h"
+#include "passes/expression_pattern.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -1,13 +1,13 @@
-#include "passes/fold_activations.h"
+#include "passes/fold_activations.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <map>
 
 #include "evtc/error.hpp"
-#include "passes/eliminate_common_subexpressions.h"
-#include "passes/expression_pattern.h"
-#include "passes/graph_rewriter.h"
+#include "passes/eliminate_common_subexpressions.hpp"
+#include "passes/expression_pattern.hpp"
+#include "passes/graph_rewriter.hpp"
 
 namespace evtc::passes {
 namespace {

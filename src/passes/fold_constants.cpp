@@ -1,11 +1,11 @@
-#include "passes/fold_constants.h"
+#include "passes/fold_constants.hpp"
 
 #include <cmath>
 #include <limits>
 #include <optional>
 
-#include "passes/graph_rewriter.h"
-#include "passes/normalize_casts.h"
+#include "passes/graph_rewriter.hpp"
+#include "passes/normalize_casts.hpp"
 
 namespace evtc::passes {
 namespace {

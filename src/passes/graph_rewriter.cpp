@@ -1,4 +1,4 @@
-#include "passes/graph_rewriter.h"
+#include "passes/graph_rewriter.hpp"
 
 #include <limits>
 

@@ -1,10 +1,10 @@
-#include "passes/legality.h"
+#include "passes/legality.hpp"
 
 #include <fmt/format.h>
 
 #include "evtc/arch.hpp"
 #include "evtc/ir_text.hpp"
-#include "evtc/kernel.hpp"
+#include "evtc/kernel_config.hpp"
 
 namespace evtc {
 namespace {

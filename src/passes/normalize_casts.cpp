@@ -1,6 +1,6 @@
-#include "passes/normalize_casts.h"
+#include "passes/normalize_casts.hpp"
 
-#include "passes/graph_rewriter.h"
+#include "passes/graph_rewriter.hpp"
 
 namespace evtc::passes {
 

@@ -12,14 +12,14 @@
 // No pass leaves work for an earlier one, so running the pipeline twice changes nothing.
 #include "evtc/ir_text.hpp"
 #include "evtc/passes.hpp"
-#include "passes/classify_loads.h"
-#include "passes/eliminate_common_subexpressions.h"
-#include "passes/eliminate_dead_code.h"
-#include "passes/fold_activations.h"
-#include "passes/fold_constants.h"
-#include "passes/legality.h"
-#include "passes/normalize_casts.h"
-#include "passes/verify.h"
+#include "passes/classify_loads.hpp"
+#include "passes/eliminate_common_subexpressions.hpp"
+#include "passes/eliminate_dead_code.hpp"
+#include "passes/fold_activations.hpp"
+#include "passes/fold_constants.hpp"
+#include "passes/legality.hpp"
+#include "passes/normalize_casts.hpp"
+#include "passes/verify.hpp"
 
 namespace evtc {
 namespace {

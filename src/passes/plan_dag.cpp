@@ -1,8 +1,8 @@
-#include "passes/plan_dag.h"
+#include "passes/plan_dag.hpp"
 
 #include <algorithm>
 
-#include "passes/graph_rewriter.h"
+#include "passes/graph_rewriter.hpp"
 
 namespace evtc {
 

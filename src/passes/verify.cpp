@@ -1,9 +1,9 @@
-#include "passes/verify.h"
+#include "passes/verify.hpp"
 
 #include <fmt/format.h>
 
 #include "evtc/error.hpp"
-#include "passes/graph_rewriter.h"
+#include "passes/graph_rewriter.hpp"
 
 namespace evtc::passes {
 namespace {

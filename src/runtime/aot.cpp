@@ -280,7 +280,7 @@ LibraryBuildResult build_kernel_library(const std::string& list_json, const std:
       const OptionText ot = option_text_from_json(item.options.dump());
       const Graph g = item.ir.empty() ? parse_expression(item.expr, parse_options(ot)) : parse_canonical(item.ir);
       if (item.grouped) {
-        if (arch != kFusedArch)
+        if (arch != kVerifiedArch)
           throw UserError(fmt::format("grouped kernels are built for sm_90a only, and this library is for {} "
                                       "(EVTC_ARCH, or the GPU's)",
                                       arch_name(arch, true)));

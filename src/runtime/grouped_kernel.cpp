@@ -54,7 +54,7 @@ namespace {
 // Grouped kernels are generated for sm_90a only (the ptr-array kernels of the other backends are
 // not built): why `arch` runs them unfused, naming it.
 std::string grouped_arch_refusal(int arch) {
-  if (arch == kFusedArch) return "";
+  if (arch == kVerifiedArch) return "";
   if (std::string why = arch_refusal(arch); !why.empty()) return why;
   return arch_lacks(arch, "grouped GEMMs");
 }
@@ -66,7 +66,7 @@ struct GroupedKernel::Impl {
   Graph input_graph;  // as given: the unfused path's dense kernel runs the pipeline on it
   GroupedOptions options;
   bool wait_for_compile = true;
-  int arch = kFusedArch;  // target_arch: on another architecture every call runs unfused
+  int arch = kVerifiedArch;  // target_arch: on another architecture every call runs unfused
   KernelConfig config;
   KernelSignature signature;
   std::string output;  // Y: the main output, or the gated [m,n/2] output

@@ -125,7 +125,7 @@ int target_arch(std::optional<int> option) {
   if (const char* env = std::getenv("EVTC_ARCH"); env && *env) return parse_arch(env, "EVTC_ARCH");
   if (option) return *option;
   if (const auto device = current_device(); device && device->arch > 0) return device->arch;
-  return kFusedArch;
+  return kVerifiedArch;
 }
 
 std::string arch_refusal(int arch) {

@@ -7,7 +7,7 @@
 #include <tuple>
 
 #include "evtc/arch.hpp"
-#include "evtc/kernel.hpp"
+#include "evtc/kernel_config.hpp"
 
 namespace evtc {
 

@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "evtc/ir_text.hpp"
-#include "evtc/kernel.hpp"
+#include "evtc/kernel_config.hpp"
 
 namespace evtc {
 

@@ -6,7 +6,7 @@
 #include "evtc/error.hpp"
 #include "evtc/ir_text.hpp"
 #include "evtc/passes.hpp"
-#include "passes/graph_rewriter.h"
+#include "passes/graph_rewriter.hpp"
 
 namespace evtc::testing {
 namespace {

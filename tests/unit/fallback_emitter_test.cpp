@@ -14,7 +14,7 @@
 #include "evtc/expression.hpp"
 #include "evtc/graph.hpp"
 #include "evtc/ir_text.hpp"
-#include "evtc/kernel.hpp"
+#include "evtc/kernel_config.hpp"
 #include "evtc/passes.hpp"
 
 using namespace evtc;

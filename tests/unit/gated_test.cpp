@@ -16,7 +16,7 @@
 #include "evtc/gated.hpp"
 #include "evtc/graph.hpp"
 #include "evtc/ir_text.hpp"
-#include "evtc/kernel.hpp"
+#include "evtc/kernel_config.hpp"
 #include "evtc/passes.hpp"
 #include "evtc/reference.hpp"
 

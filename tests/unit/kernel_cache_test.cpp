@@ -26,7 +26,7 @@
 #include "backends/cuda/fallback_emitter.hpp"
 #include "evtc/error.hpp"
 #include "evtc/expression.hpp"
-#include "evtc/kernel.hpp"
+#include "evtc/kernel_config.hpp"
 #include "evtc/log.hpp"
 #include "evtc/passes.hpp"
 #include "jit/environment.hpp"

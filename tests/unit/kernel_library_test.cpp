@@ -225,7 +225,7 @@ TEST_F(KernelLibrary, RecordedKernelsRebuildToTheSameCode) {
                       options);
   const KernelConfig config = kernel.config_for(1000, 4096, 2048);
   const jit::CompileRequest fused = runtime::fused_request(kernel.graph(), options, config);
-  const jit::CompileRequest plain = runtime::fallback_request(kernel.graph(), kernel.signature(), kFusedArch);
+  const jit::CompileRequest plain = runtime::fallback_request(kernel.graph(), kernel.signature(), kVerifiedArch);
   add_kernel_library(make_library("lib", {fused, plain}, identity()).string());
   ASSERT_TRUE(kernel.in_library(1000, 4096, 2048));
   const size_t runs = jit::compiler_runs();
@@ -244,7 +244,7 @@ TEST_F(KernelLibrary, RecordedKernelsRebuildToTheSameCode) {
   const CompileOptions again = compile_options(option_text_from_json(entry["options"].dump()));
   const Kernel rebuilt(parse_canonical(entry["ir"].get<std::string>()), again);
   EXPECT_EQ(runtime::fused_request(rebuilt.graph(), again, config).source, fused.source);
-  EXPECT_EQ(runtime::fallback_request(rebuilt.graph(), rebuilt.signature(), kFusedArch).source, plain.source);
+  EXPECT_EQ(runtime::fallback_request(rebuilt.graph(), rebuilt.signature(), kVerifiedArch).source, plain.source);
 
   // A second shape adds to the entry; the same one again does not; a new process (here: a new
   // recording of the same file) keeps what is there.
@@ -267,8 +267,8 @@ TEST_F(KernelLibrary, EqualEpiloguesWrittenInAnotherOrderHaveTheSameCode) {
                  options);
   const KernelConfig config = a.config_for(0, 0, 0);
   for (const Kernel* other : {&b, &c}) {
-    EXPECT_EQ(runtime::fallback_request(other->graph(), other->signature(), kFusedArch).source,
-              runtime::fallback_request(a.graph(), a.signature(), kFusedArch).source);
+    EXPECT_EQ(runtime::fallback_request(other->graph(), other->signature(), kVerifiedArch).source,
+              runtime::fallback_request(a.graph(), a.signature(), kVerifiedArch).source);
     EXPECT_EQ(runtime::fused_request(other->graph(), options, config).source,
               runtime::fused_request(a.graph(), options, config).source);
   }

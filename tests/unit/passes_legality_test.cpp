@@ -4,7 +4,7 @@
 #include "evtc/arch.hpp"
 #include "evtc/expression.hpp"
 #include "evtc/graph.hpp"
-#include "evtc/kernel.hpp"
+#include "evtc/kernel_config.hpp"
 #include "evtc/passes.hpp"
 
 using namespace evtc;

@@ -12,7 +12,7 @@
 #include "evtc/graph.hpp"
 #include "evtc/ir_text.hpp"
 #include "evtc/passes.hpp"
-#include "passes/fold_activations.h"
+#include "passes/fold_activations.hpp"
 
 using namespace evtc;
 

@@ -18,7 +18,7 @@
 #include "evtc/error.hpp"
 #include "evtc/expression.hpp"
 #include "evtc/grouped.hpp"
-#include "evtc/kernel.hpp"
+#include "evtc/kernel_config.hpp"
 #include "evtc/kernel_library.hpp"
 #include "evtc/passes.hpp"
 #include "evtc/runtime.hpp"

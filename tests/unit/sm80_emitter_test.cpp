@@ -10,7 +10,7 @@
 #include "backends/sm80/sm80_emitter.hpp"
 #include "evtc/arch.hpp"
 #include "evtc/expression.hpp"
-#include "evtc/kernel.hpp"
+#include "evtc/kernel_config.hpp"
 #include "evtc/passes.hpp"
 
 using namespace evtc;

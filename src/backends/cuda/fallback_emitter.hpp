@@ -6,7 +6,7 @@
 #include <string>
 
 #include "evtc/graph.hpp"
-#include "evtc/kernel.hpp"
+#include "evtc/kernel_config.hpp"
 
 namespace evtc::cuda {
 

@@ -9,7 +9,7 @@
 #include "backends/sm90/sm90_emitter.hpp"
 #include "evtc/gemm.hpp"
 #include "evtc/graph.hpp"
-#include "evtc/kernel.hpp"
+#include "evtc/kernel_config.hpp"
 
 namespace evtc::sm80 {
 

@@ -13,7 +13,7 @@
 
 #include "evtc/gemm.hpp"
 #include "evtc/graph.hpp"
-#include "evtc/kernel.hpp"
+#include "evtc/kernel_config.hpp"
 #include "backends/emitted_kernel.hpp"
 #include "backends/visitor_lowering.hpp"
 

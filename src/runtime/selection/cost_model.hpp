@@ -2,7 +2,7 @@
 #pragma once
 #include "evtc/cost_model.hpp"
 #include "evtc/gemm.hpp"
-#include "evtc/kernel.hpp"
+#include "evtc/kernel_config.hpp"
 
 namespace evtc {
 

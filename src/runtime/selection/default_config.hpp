@@ -6,7 +6,7 @@
 
 #include "evtc/gemm.hpp"
 #include "evtc/graph.hpp"
-#include "evtc/kernel.hpp"
+#include "evtc/kernel_config.hpp"
 #include "runtime/selection/shipped_table.hpp"
 
 namespace evtc::selection {

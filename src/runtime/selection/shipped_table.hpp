@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "evtc/kernel.hpp"
+#include "evtc/kernel_config.hpp"
 #include "evtc/types.hpp"
 
 namespace evtc::selection {

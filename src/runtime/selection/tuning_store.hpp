@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "evtc/gemm.hpp"
-#include "evtc/kernel.hpp"
+#include "evtc/kernel_config.hpp"
 
 namespace evtc::tuning {
 
