@@ -26,7 +26,7 @@ namespace evtc {
 // kernels and autotuning).
 inline constexpr int kVerifiedArch = 90;
 
-// What an architecture's fused kernels can do: the one table (src/runtime/arch.cpp) that
+// What an architecture's fused kernels can do: the one table (src/target/arch.cpp) that
 // legality, the kernel configurations and the emitter ask.
 struct ArchFeatures {
   bool fused = false;          // fused kernels exist

@@ -8,7 +8,7 @@
 
 #include "evtc/reference.hpp"
 #include "evtc/runtime.hpp"
-#include "runtime/harness.hpp"
+#include "testing/harness.hpp"
 
 namespace evtc::gpu_test {
 

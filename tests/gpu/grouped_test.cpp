@@ -11,7 +11,7 @@
 
 #include "evtc/expression.hpp"
 #include "evtc/grouped.hpp"
-#include "runtime/grouped_harness.hpp"
+#include "testing/grouped_harness.hpp"
 
 namespace evtc {
 namespace {

@@ -4,7 +4,7 @@
 #include <cstring>
 #include <random>
 
-#include "runtime/host_convert.hpp"
+#include "testing/host_convert.hpp"
 
 using namespace evtc;
 using evtc::runtime::decode;

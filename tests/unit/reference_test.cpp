@@ -13,7 +13,7 @@
 #include "evtc/expression.hpp"
 #include "evtc/reference.hpp"
 #include "evtc/runtime.hpp"
-#include "runtime/harness.hpp"
+#include "testing/harness.hpp"
 
 using namespace evtc;
 

@@ -1,4 +1,4 @@
-#include "runtime/harness.hpp"
+#include "testing/harness.hpp"
 
 #include <fmt/format.h>
 
@@ -7,7 +7,7 @@
 #include <optional>
 
 #include "evtc/error.hpp"
-#include "runtime/host_convert.hpp"
+#include "testing/host_convert.hpp"
 
 namespace evtc::runtime {
 namespace {
@@ -43,24 +43,6 @@ std::optional<bool> fp8_fast_accumulation(const Kernel& kernel) {
 }
 
 }  // namespace
-
-DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
-  check(cudaMalloc(&ptr_, std::max<size_t>(bytes, 16)), "cudaMalloc");
-}
-
-DeviceBuffer::~DeviceBuffer() {
-  if (ptr_) cudaFree(ptr_);
-}
-
-DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
-  if (this != &o) {
-    if (ptr_) cudaFree(ptr_);
-    ptr_ = o.ptr_;
-    bytes_ = o.bytes_;
-    o.ptr_ = nullptr;
-  }
-  return *this;
-}
 
 DeviceProblem::DeviceProblem(const Kernel& kernel, const ReferenceInputs& in) : kernel_(kernel) {
   const GemmDesc& gemm = kernel.options().gemm;
@@ -308,26 +290,6 @@ std::vector<OutputCheck> check_outputs(const Kernel& kernel, const ReferenceOutp
     checks.push_back({name, c});
   }
   return checks;
-}
-
-double median_ms(const std::function<void()>& launch, cudaStream_t stream, int warmup,
-                 int iterations) {
-  for (int i = 0; i < warmup; ++i) launch();
-  check(cudaStreamSynchronize(stream), "warm-up");
-  std::vector<cudaEvent_t> events(2 * iterations);
-  for (auto& e : events) check(cudaEventCreate(&e), "cudaEventCreate");
-  for (int i = 0; i < iterations; ++i) {
-    check(cudaEventRecord(events[2 * i], stream), "cudaEventRecord");
-    launch();
-    check(cudaEventRecord(events[2 * i + 1], stream), "cudaEventRecord");
-  }
-  check(cudaStreamSynchronize(stream), "timed runs");
-  std::vector<float> ms(iterations);
-  for (int i = 0; i < iterations; ++i)
-    check(cudaEventElapsedTime(&ms[i], events[2 * i], events[2 * i + 1]), "cudaEventElapsedTime");
-  for (auto& e : events) cudaEventDestroy(e);
-  std::nth_element(ms.begin(), ms.begin() + iterations / 2, ms.end());
-  return ms[iterations / 2];
 }
 
 }  // namespace evtc::runtime

@@ -1,4 +1,4 @@
-#include "runtime/grouped_harness.hpp"
+#include "testing/grouped_harness.hpp"
 
 #include <fmt/format.h>
 
@@ -7,7 +7,7 @@
 #include <random>
 
 #include "evtc/error.hpp"
-#include "runtime/host_convert.hpp"
+#include "testing/host_convert.hpp"
 
 namespace evtc::runtime {
 

@@ -1,4 +1,4 @@
-#include "runtime/host_convert.hpp"
+#include "testing/host_convert.hpp"
 
 #include <cmath>
 #include <cstring>

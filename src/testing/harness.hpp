@@ -12,24 +12,10 @@
 
 #include "evtc/reference.hpp"
 #include "evtc/runtime.hpp"
+#include "runtime/device_buffer.hpp"
+#include "runtime/event_timing.hpp"
 
 namespace evtc::runtime {
-
-// An owned device buffer.
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(size_t bytes);
-  ~DeviceBuffer();
-  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr; }
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
-  void* get() const { return ptr_; }
-  size_t bytes() const { return bytes_; }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-};
 
 class DeviceProblem {
  public:
@@ -97,9 +83,5 @@ std::vector<OutputCheck> check_outputs(const Kernel& kernel, const ReferenceOutp
 // before the output's own rounding.
 bool rounds_intermediate(const Graph& graph, const std::string& name);
 
-// Median time in milliseconds of `launch` on `stream`, each launch timed with its own pair
-// of CUDA events after `warmup` untimed launches.
-double median_ms(const std::function<void()>& launch, cudaStream_t stream, int warmup = 10,
-                 int iterations = 50);
 
 }  // namespace evtc::runtime

@@ -1,4 +1,4 @@
-#include "runtime/dispatch_timing.hpp"
+#include "testing/dispatch_timing.hpp"
 
 #include <dlfcn.h>
 #include <fmt/format.h>
@@ -12,7 +12,7 @@
 #include "evtc/error.hpp"
 #include "runtime/bind.hpp"
 #include "runtime/cublaslt_gemm.hpp"
-#include "runtime/harness.hpp"
+#include "testing/harness.hpp"
 
 namespace evtc::runtime {
 namespace {

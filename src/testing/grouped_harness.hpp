@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "evtc/grouped.hpp"
-#include "runtime/harness.hpp"
+#include "testing/harness.hpp"
 
 namespace evtc::runtime {
 

@@ -1,0 +1,31 @@
+#include "runtime/device_buffer.hpp"
+
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "evtc/error.hpp"
+
+namespace evtc::runtime {
+
+DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
+  if (const cudaError_t e = cudaMalloc(&ptr_, std::max<size_t>(bytes, 16)); e != cudaSuccess)
+    throw RuntimeError(fmt::format("cudaMalloc: {}", cudaGetErrorString(e)));
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  if (ptr_) cudaFree(ptr_);
+}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    if (ptr_) cudaFree(ptr_);
+    ptr_ = o.ptr_;
+    bytes_ = o.bytes_;
+    o.ptr_ = nullptr;
+  }
+  return *this;
+}
+
+}  // namespace evtc::runtime
