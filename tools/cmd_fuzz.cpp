@@ -26,7 +26,7 @@
 #include "evtc/ir_text.hpp"
 #include "evtc/reference.hpp"
 #include "jit/kernel_cache.hpp"
-#include "runtime/harness.hpp"
+#include "testing/harness.hpp"
 #include "testing/pass_check.hpp"
 #include "testing/random_epilogue.hpp"
 #include "testing/shrink.hpp"

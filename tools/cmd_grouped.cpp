@@ -12,7 +12,7 @@
 #include "evtc/error.hpp"
 #include "evtc/expression.hpp"
 #include "evtc/grouped.hpp"
-#include "runtime/grouped_harness.hpp"
+#include "testing/grouped_harness.hpp"
 
 namespace evtc::cli {
 

@@ -13,8 +13,8 @@
 #include "evtc/reference.hpp"
 #include "evtc/runtime.hpp"
 #include "runtime/cublaslt_gemm.hpp"
-#include "runtime/dispatch_timing.hpp"
-#include "runtime/harness.hpp"
+#include "testing/dispatch_timing.hpp"
+#include "testing/harness.hpp"
 
 namespace evtc::cli {
 namespace {

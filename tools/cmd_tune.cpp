@@ -14,7 +14,7 @@
 #include "evtc/expression.hpp"
 #include "evtc/reference.hpp"
 #include "evtc/runtime.hpp"
-#include "runtime/harness.hpp"
+#include "testing/harness.hpp"
 
 namespace evtc::cli {
 namespace {
