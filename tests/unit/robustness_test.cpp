@@ -402,6 +402,8 @@ TEST(Robustness, KilledCompilesLeaveNoCompilerChildren) {
     if (cli == 0) {
       setenv("CUDACXX", fake.c_str(), 1);
       setenv("EVTC_CACHE_DIR", (dir / "cache").c_str(), 1);
+      // Slots of its own: other compiles on this machine must not hold the stand-in back.
+      setenv("EVTC_MACHINE_SLOT_DIR", (dir / "slots").c_str(), 1);
       execl(EVTC_CLI_PATH, EVTC_CLI_PATH, "compile", "out D = relu(acc)", "--fallback", static_cast<char*>(nullptr));
       _exit(127);
     }
@@ -445,6 +447,8 @@ TEST(Robustness, KilledCompilesLeaveNoCompilerAndNoTemporaries) {
   if (cli == 0) {
     setenv("CUDACXX", fake.c_str(), 1);
     setenv("EVTC_CACHE_DIR", (dir / "cache").c_str(), 1);
+    // Slots of its own: other compiles on this machine must not hold the stand-in back.
+    setenv("EVTC_MACHINE_SLOT_DIR", (dir / "slots").c_str(), 1);
     execl(EVTC_CLI_PATH, EVTC_CLI_PATH, "compile", "out D = relu(acc)", "--fallback", static_cast<char*>(nullptr));
     _exit(127);
   }
@@ -465,7 +469,8 @@ TEST(Robustness, KilledCompilesLeaveNoCompilerAndNoTemporaries) {
   ASSERT_EQ(std::distance(fs::directory_iterator(dir / "cache" / "tmp"), fs::directory_iterator()), 1);
   // The next compile in this cache (here: one that fails at once) removes the dead folder.
   run_cli("compile 'out D = relu(acc)' --fallback",
-          "EVTC_CACHE_DIR=" + (dir / "cache").string() + " CUDACXX=" + silent_failing_nvcc(dir / "silent").string());
+          "EVTC_CACHE_DIR=" + (dir / "cache").string() + " EVTC_MACHINE_SLOT_DIR=" + (dir / "slots").string() +
+              " CUDACXX=" + silent_failing_nvcc(dir / "silent").string());
   size_t left = 0;
   for (const auto& e : fs::directory_iterator(dir / "cache" / "tmp"))
     left += e.path().filename().string().find(std::to_string(cli)) != std::string::npos;
