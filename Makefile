@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 EXAMPLE ?= examples/w1_bias_silu.evt
 
-.PHONY: setup build run test test-gpu bench clean
+.PHONY: setup build run test test-gpu test-sanitize bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -31,5 +31,18 @@ test-gpu:
 	@cmake --build $(BUILD)-gpu -j $(JOBS)
 	@cd $(BUILD)-gpu && ctest --output-on-failure -L gpu
 
+# The CPU unit tests (and the evtc command they run) built with AddressSanitizer and
+# UndefinedBehaviorSanitizer; any finding fails the run.
+SANITIZE_FLAGS = -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+test-sanitize: setup
+	@cmake -S . -B $(BUILD)-sanitize -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DCMAKE_CXX_FLAGS="$(SANITIZE_FLAGS)" -DCMAKE_EXE_LINKER_FLAGS="$(SANITIZE_FLAGS)" \
+	  -DCMAKE_SHARED_LINKER_FLAGS="$(SANITIZE_FLAGS)" $(CMAKE_FLAGS) > $(BUILD)-sanitize.configure.log 2>&1 \
+	  || (cat $(BUILD)-sanitize.configure.log; exit 1)
+	@cmake --build $(BUILD)-sanitize -j $(JOBS) --target evtc_unit_tests evtc_cli
+	@ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  $(BUILD)-sanitize/tests/evtc_unit_tests
+
 clean:
-	rm -rf $(BUILD) $(BUILD)-gpu $(BUILD).configure.log $(BUILD)-gpu.configure.log
+	rm -rf $(BUILD) $(BUILD)-gpu $(BUILD)-sanitize $(BUILD).configure.log $(BUILD)-gpu.configure.log \
+	  $(BUILD)-sanitize.configure.log
