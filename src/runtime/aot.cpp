@@ -159,7 +159,10 @@ struct Recorder {
     ss << f.rdbuf();
     try {
       parse_kernel_list(ss.str());  // validates
-      for (json k : json::parse(ss.str())["kernels"]) {
+      // A named document: the loop's range refers into it (a member of a temporary would be
+      // destroyed before the loop runs).
+      const json recorded = json::parse(ss.str());
+      for (json k : recorded.at("kernels")) {
         if (!k.contains("options")) k["options"] = json::object();
         const std::string id = identity(k);
         json entry_shapes = k.value("shapes", json::array());
