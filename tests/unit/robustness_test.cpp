@@ -391,22 +391,30 @@ bool gone_within(pid_t pid, int tenths) {
 // Killing evtc mid-compile (SIGKILL, SIGTERM, SIGINT) leaves no compiler running: not nvcc, and
 // not the processes nvcc started (they were re-parented and ran on); on SIGTERM and SIGINT evtc
 // also removes its compile lock and its compile folder, and then dies of the signal.
+
+// `evtc compile --fallback` in a child process with `fake` as its compiler, the cache in `dir`
+// and compile slots of its own (other compiles on this machine must not hold the stand-in
+// back); the child's pid, or -1.
+pid_t start_compile(const fs::path& fake, const fs::path& dir) {
+  const pid_t cli = fork();
+  if (cli == 0) {
+    setenv("CUDACXX", fake.c_str(), 1);
+    setenv("EVTC_CACHE_DIR", (dir / "cache").c_str(), 1);
+    setenv("EVTC_MACHINE_SLOT_DIR", (dir / "slots").c_str(), 1);
+    execl(EVTC_CLI_PATH, EVTC_CLI_PATH, "compile", "out D = relu(acc)", "--fallback", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return cli;
+}
+
 TEST(Robustness, KilledCompilesLeaveNoCompilerChildren) {
   for (const int sig : {SIGKILL, SIGTERM, SIGINT}) {
     SCOPED_TRACE(strsignal(sig));
     const fs::path dir = temp_path(fmt::format("killed-children-{}", sig));
     fs::remove_all(dir);
     const fs::path fake = compiler_with_a_child(dir);
-    const pid_t cli = fork();
+    const pid_t cli = start_compile(fake, dir);
     ASSERT_GE(cli, 0);
-    if (cli == 0) {
-      setenv("CUDACXX", fake.c_str(), 1);
-      setenv("EVTC_CACHE_DIR", (dir / "cache").c_str(), 1);
-      // Slots of its own: other compiles on this machine must not hold the stand-in back.
-      setenv("EVTC_MACHINE_SLOT_DIR", (dir / "slots").c_str(), 1);
-      execl(EVTC_CLI_PATH, EVTC_CLI_PATH, "compile", "out D = relu(acc)", "--fallback", static_cast<char*>(nullptr));
-      _exit(127);
-    }
     for (int i = 0; i < 200 && !fs::exists(dir / "pids"); ++i) usleep(50000);
     ASSERT_TRUE(fs::exists(dir / "pids")) << "the stand-in compiler did not start";
     long compiler = 0, child = 0;
@@ -442,16 +450,8 @@ TEST(Robustness, KilledCompilesLeaveNoCompilerAndNoTemporaries) {
                       << pid_file.string() << ".tmp; mv " << pid_file.string() << ".tmp " << pid_file.string()
                       << "\nexec sleep 60\n";
   fs::permissions(fake, fs::perms::owner_all);
-  const pid_t cli = fork();
+  const pid_t cli = start_compile(fake, dir);
   ASSERT_GE(cli, 0);
-  if (cli == 0) {
-    setenv("CUDACXX", fake.c_str(), 1);
-    setenv("EVTC_CACHE_DIR", (dir / "cache").c_str(), 1);
-    // Slots of its own: other compiles on this machine must not hold the stand-in back.
-    setenv("EVTC_MACHINE_SLOT_DIR", (dir / "slots").c_str(), 1);
-    execl(EVTC_CLI_PATH, EVTC_CLI_PATH, "compile", "out D = relu(acc)", "--fallback", static_cast<char*>(nullptr));
-    _exit(127);
-  }
   for (int i = 0; i < 200 && !fs::exists(pid_file); ++i) usleep(50000);
   ASSERT_TRUE(fs::exists(pid_file)) << "the stand-in compiler did not start";
   long compiler = 0;
