@@ -31,8 +31,8 @@
 #include <thread>
 
 #include "evtc/error.hpp"
-#include "jit/environment.hpp"
-#include "jit/logging.hpp"
+#include "support/environment.hpp"
+#include "support/logging.hpp"
 #include "jit/process.hpp"
 #include "jit/kernel_library.hpp"
 #include <nlohmann/json.hpp>

@@ -17,11 +17,11 @@
 
 #include "evtc/device/abi.h"
 #include "evtc/error.hpp"
-#include "jit/environment.hpp"
+#include "support/environment.hpp"
 #include "jit/json_fields.hpp"
 #include "jit/toolchain.hpp"
 #include "target/device_info.hpp"
-#include "jit/logging.hpp"
+#include "support/logging.hpp"
 
 namespace fs = std::filesystem;
 using nlohmann::json;

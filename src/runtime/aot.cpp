@@ -22,7 +22,7 @@
 #include "evtc/ir_text.hpp"
 #include "evtc/kernel_library.hpp"
 #include "evtc/options.hpp"
-#include "jit/environment.hpp"
+#include "support/environment.hpp"
 #include "jit/json_fields.hpp"
 #include "jit/kernel_cache.hpp"
 #include "jit/kernel_library.hpp"
@@ -30,7 +30,7 @@
 #include "runtime/selection/candidates.hpp"
 #include "runtime/selection/tuning_store.hpp"
 #include "runtime/kernel_requests.hpp"
-#include "jit/logging.hpp"
+#include "support/logging.hpp"
 
 namespace fs = std::filesystem;
 using nlohmann::json;

@@ -19,8 +19,8 @@
 #include "runtime/selection/cost_model.hpp"
 #include "runtime/kernel_requests.hpp"
 #include "evtc/options.hpp"
-#include "jit/environment.hpp"
-#include "jit/logging.hpp"
+#include "support/environment.hpp"
+#include "support/logging.hpp"
 
 namespace evtc {
 

@@ -13,13 +13,13 @@
 #include "target/device_info.hpp"
 #include "evtc/error.hpp"
 #include "evtc/ir_text.hpp"
-#include "jit/environment.hpp"
+#include "support/environment.hpp"
 #include "jit/kernel_library.hpp"
 #include "runtime/cublaslt_gemm.hpp"
 #include "runtime/kernel_impl.hpp"
 #include "runtime/kernel_requests.hpp"
 #include "evtc/options.hpp"
-#include "jit/logging.hpp"
+#include "support/logging.hpp"
 
 namespace evtc {
 

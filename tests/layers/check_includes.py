@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The library's layers, from the bottom: ir, target, then frontend, passes and reference, then
+"""The library's layers, from the bottom: support (logging, environment switches), ir, target, then frontend, passes and reference, then
 backends, jit, runtime, and testing (the harnesses, which the product library does not need).
 A source file of one layer includes private headers ("<layer>/...") of its own layer or of
 layers below it only: an include that points up is reported with its file and line, and the

@@ -29,7 +29,7 @@
 #include "evtc/kernel_config.hpp"
 #include "evtc/log.hpp"
 #include "evtc/passes.hpp"
-#include "jit/environment.hpp"
+#include "support/environment.hpp"
 #include "jit/kernel_cache.hpp"
 #include "jit/toolchain.hpp"
 

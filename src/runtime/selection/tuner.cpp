@@ -9,13 +9,13 @@
 
 #include "evtc/error.hpp"
 #include "evtc/ir_text.hpp"
-#include "jit/environment.hpp"
+#include "support/environment.hpp"
 #include "runtime/device_buffer.hpp"
 #include "runtime/event_timing.hpp"
 #include "target/device_info.hpp"
 #include "runtime/kernel_impl.hpp"
 #include "runtime/selection/default_config.hpp"
-#include "jit/logging.hpp"
+#include "support/logging.hpp"
 
 namespace evtc {
 namespace {
