@@ -90,7 +90,6 @@ struct Kernel::Impl {
   mutable runtime::PointerChecks pointer_checks;
 
   void log_once(const std::string& reason) const;
-  KernelConfig heuristic_config(int64_t m, int64_t n, int64_t k) const;
   ConfigChoice choose_config(int64_t m, int64_t n, int64_t k) const;
   // The identity tuned choices are stored under; nullopt without a usable GPU.
   std::optional<tuning::ProblemIdentity> identity() const;

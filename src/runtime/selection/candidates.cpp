@@ -16,10 +16,9 @@ bool has_reduction(const Graph& g) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Problem sizes of 0 (unknown) are treated as one large square problem.
-int64_t size_or(int64_t v) { return v > 0 ? v : 4096; }
-
 }  // namespace
+
+int64_t size_or(int64_t v) { return v > 0 ? v : 4096; }
 
 int64_t tile_count(const KernelConfig& c, const GemmDesc& gemm) {
   return ceil_div(size_or(gemm.m), c.tile_m) * ceil_div(size_or(gemm.n), c.tile_n);
@@ -32,6 +31,14 @@ double padding_efficiency(const KernelConfig& c, const GemmDesc& g) {
   const int64_t m = size_or(g.m), n = size_or(g.n);
   return double(m) / double(ceil_div(m, c.tile_m) * c.tile_m) *
          (double(n) / double(ceil_div(n, c.tile_n) * c.tile_n));
+}
+
+// Padding efficiency where below 64 rows every tile pads M (no tile has fewer rows): only
+// padding beyond that counts.
+double padding_beyond_the_shortest_tile(const KernelConfig& c, const GemmDesc& g) {
+  GemmDesc padded = g;
+  padded.m = std::max<int64_t>(size_or(g.m), 64);
+  return padding_efficiency(c, padded);
 }
 
 // Tiles per wave the persistent grid runs: whole clusters on the multiprocessors.
@@ -135,10 +142,7 @@ std::string prune_reason(const KernelConfig& c, const Graph& g, const GemmDesc& 
   if (tiles_m < c.cluster_m || tiles_n < c.cluster_n)
     return fmt::format("cluster {}x{} is wider than the {}x{} tile grid", c.cluster_m, c.cluster_n,
                        tiles_m, tiles_n);
-  // Below 64 rows every tile pads M (no tile has fewer rows): only padding beyond that counts.
-  GemmDesc padded = gemm;
-  padded.m = std::max<int64_t>(size_or(gemm.m), 64);
-  if (padding_efficiency(c, padded) < 0.5) return "more than half of the tile grid is padding";
+  if (padding_beyond_the_shortest_tile(c, gemm) < 0.5) return "more than half of the tile grid is padding";
   if (has_reduction(g) && c.scheduler != TileSchedulerKind::persistent)
     return "reductions run with persistent kernels only";
   if (c.splits > 1) {
@@ -187,9 +191,7 @@ double heuristic_score(const KernelConfig& c, const GemmDesc& gemm, const Device
                               ? int64_t(device.sm_count)
                               : tile_count(c, gemm) * c.splits;
     const double busy = std::min(1.0, double(units) / device.sm_count);
-    GemmDesc padded = gemm;
-    padded.m = std::max<int64_t>(size_or(gemm.m), 64);
-    return busy * padding_efficiency(c, padded) * (0.9 + 0.1 * std::sqrt(intensity)) * sched;
+    return busy * padding_beyond_the_shortest_tile(c, gemm) * (0.9 + 0.1 * std::sqrt(intensity)) * sched;
   }
   return grid_efficiency(c, gemm, device) * std::sqrt(intensity) * cluster * sched;
 }

@@ -47,6 +47,8 @@ double heuristic_score(const KernelConfig& c, const GemmDesc& gemm, const Device
 // tiles times, for persistent kernels, the last wave's occupancy (stream-K balances its
 // waves, less its fix-up). The cost model and the candidate score share it.
 double grid_efficiency(const KernelConfig& c, const GemmDesc& gemm, const DeviceLimits& device = {});
+// A problem size, or for 0 (unknown) that of one large square problem (4096).
+int64_t size_or(int64_t v);
 // Output tiles (CTAs' worth of work) of a problem.
 int64_t tile_count(const KernelConfig& c, const GemmDesc& gemm);
 

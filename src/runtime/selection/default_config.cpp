@@ -132,12 +132,10 @@ namespace {
 // choices at M = 16-64 on the H100: 0.92-1.04x cuBLAS, where cooperative 128x128 tiles took
 // 1.4-1.5x; bench/results/20261127-0945-h100-gemm-sweep.json).
 KernelConfig decode_config(const GemmDesc& g, int sms) {
-  for (int tn : {32, 64, 128}) {
-    KernelConfig c = KernelConfig::of(MainloopSchedule::pingpong, 64, tn);
-    c.tile_k = 128;
-    if (tuning::tile_count(c, g) <= 2 * int64_t(sms) || tn == 128) return c;
-  }
-  return KernelConfig::of(MainloopSchedule::pingpong, 64, 128);  // not reached
+  KernelConfig c = KernelConfig::of(MainloopSchedule::pingpong, 64, 32);
+  c.tile_k = 128;
+  while (c.tile_n < 128 && tuning::tile_count(c, g) > 2 * int64_t(sms)) c.tile_n *= 2;
+  return c;
 }
 
 std::optional<KernelConfig> one_wave_config(const GemmDesc& g, int sms) {

@@ -62,14 +62,6 @@ std::string ConfigChoice::describe() const {
   return "?";
 }
 
-KernelConfig Kernel::Impl::heuristic_config(int64_t m, int64_t n, int64_t k) const {
-  GemmDesc g = options.gemm;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  return default_config(graph, g);
-}
-
 std::optional<tuning::ProblemIdentity> Kernel::Impl::identity() const {
   const auto dev = current_device();
   // The sm90 backend's kernels only, built for the GPU they run on.
@@ -94,19 +86,20 @@ ConfigChoice Kernel::Impl::choose_config(int64_t m, int64_t n, int64_t k) const 
       std::lock_guard lock(mu);
       if (auto it = choices.find({m, n, k}); it != choices.end()) return it->second;
     }
-    choice.config = heuristic_config(m, n, k);
-    {
-      GemmDesc g = options.gemm;
-      g.m = m;
-      g.n = n;
-      g.k = k;
-      if (const auto t = selection::table_choice(graph, g); t && t->config == choice.config) {
-        choice.source = ConfigChoice::Source::table;
-        choice.tuned_m = t->entry.m;
-        choice.tuned_n = t->entry.n;
-        choice.tuned_k = t->entry.k;
-        choice.table = t->table;
-      }
+    GemmDesc g = options.gemm;
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    // default_config's own first step is this table lookup: asking it directly keeps the entry.
+    if (const auto t = selection::table_choice(graph, g)) {
+      choice.config = t->config;
+      choice.source = ConfigChoice::Source::table;
+      choice.tuned_m = t->entry.m;
+      choice.tuned_n = t->entry.n;
+      choice.tuned_k = t->entry.k;
+      choice.table = t->table;
+    } else {
+      choice.config = default_config(graph, g);
     }
     // Unknown sizes (0) have no nearest shape: they take the heuristic default.
     const bool sized = m > 0 && n > 0 && k > 0;
@@ -114,10 +107,6 @@ ConfigChoice Kernel::Impl::choose_config(int64_t m, int64_t n, int64_t k) const 
     if (id) {
       std::lock_guard lock(mu);
       if (!records) records = tuning::TuningStore(jit::cache_dir(), *id).all();
-      GemmDesc g = options.gemm;
-      g.m = m;
-      g.n = n;
-      g.k = k;
       // The nearest tuned shape's choice, when it suits this shape too.
       if (auto r = tuning::nearest(*records, m, n, k);
           r && tuning::prune_reason(r->best, graph, g).empty()) {
@@ -127,6 +116,7 @@ ConfigChoice Kernel::Impl::choose_config(int64_t m, int64_t n, int64_t k) const 
         choice.tuned_m = r->m;
         choice.tuned_n = r->n;
         choice.tuned_k = r->k;
+        choice.table.clear();
       }
     }
   }

@@ -1,5 +1,7 @@
 #include "runtime/selection/tuning_store.hpp"
 
+#include "runtime/selection/candidates.hpp"
+
 #include <fmt/format.h>
 #include <xxhash.h>
 
@@ -22,9 +24,6 @@ namespace evtc::tuning {
 namespace {
 
 constexpr int kRecordFormat = 1;
-
-// Problem sizes of 0 (unknown) are treated as one large square problem.
-int64_t size_or(int64_t v) { return v > 0 ? v : 4096; }
 
 }  // namespace
 
