@@ -786,9 +786,16 @@ def table_document(results: list[dict], gpu: str, command: str, measured: str, s
     for r in sorted(results, key=lambda r: (r["m"], r["n"], r["k"])):
         if "best" not in r:
             continue
-        entries.append({"m": r["m"], "n": r["n"], "k": r["k"], "config": r["best"], "ms": r["best_ms"],
-                        "cublas_ms": r.get("cublas_ms"), "runner_up": r.get("runner_up"),
-                        "runner_up_ms": r.get("runner_up_ms")})
+        entry = {"m": r["m"], "n": r["n"], "k": r["k"], "config": r["best"], "ms": r["best_ms"],
+                 "cublas_ms": r.get("cublas_ms"), "runner_up": r.get("runner_up"),
+                 "runner_up_ms": r.get("runner_up_ms")}
+        # A transposed (swap-AB) winner: also the fastest untransposed configuration, which
+        # epilogues without a transposed kernel (gated ones) take instead.
+        if "_swap" in r["best"]:
+            plain = [(name, ms) for name, ms in r["candidates"].items() if "_swap" not in name]
+            if plain:
+                entry["unswapped_config"], entry["unswapped_ms"] = min(plain, key=lambda c: c[1])
+        entries.append(entry)
     doc = {"format": 1, "gpu": gpu, "gpu_class": gpu_slug(gpu)}
     if sm_count:
         doc["sm_count"] = sm_count  # a GPU class without a table borrows one of as many multiprocessors

@@ -18,7 +18,7 @@
 #include <thread>
 
 #include "backends/cuda/fallback_emitter.hpp"
-#include "backends/sm90/sm90_emitter.hpp"
+#include "backends/emit.hpp"
 #include "cli.hpp"
 #include "evtc/error.hpp"
 #include "evtc/log.hpp"
@@ -57,19 +57,23 @@ ParseOptions parse_options_for(const RandomKernel& k) {
   return p;
 }
 
-CompileOptions options_for(const RandomKernel& k, bool disable) {
-  CompileOptions o;
-  o.gemm = k.gemm;
-  o.disable_fusion = disable;
-  return o;
-}
-
 struct Case {
   RandomKernel kernel;
   int64_t m = 0, n = 0, k = 0;
   uint64_t seed = 0;
   bool integers = false;  // integer-valued inputs, exact results
+  // A configuration the case is compiled with instead of the default: a transposed (swap-AB)
+  // one for some decode-sized cases. Empty: the default.
+  std::string config;
 };
+
+CompileOptions options_for(const Case& c, bool disable) {
+  CompileOptions o;
+  o.gemm = c.kernel.gemm;
+  o.disable_fusion = disable;
+  if (!c.config.empty()) o.config = KernelConfig::parse(c.config);
+  return o;
+}
 
 ReferenceInputs inputs_for(const Case& c, const Graph& g) {
   return c.integers ? random_integer_inputs(g, c.m, c.n, c.k, c.seed)
@@ -86,12 +90,22 @@ void choose_sizes(Case& c, std::mt19937_64& rng) {
   c.m = m_aligned ? 8 * (2 * pick(5, 45) + 1) : 8 * pick(9, 90) + pick(1, 7);
   c.n = 16 * pick(5, 40);
   c.k = (c.kernel.kind == KernelKind::fp8 ? 16 : 8) * pick(8, 40);
+  // A quarter of the cases that have a transposed kernel (no gated output) run decode-sized M
+  // (at most 64 rows, never a tile multiple where alignment allows) with a transposed
+  // configuration of 16 or 32 columns.
+  const bool swappable = c.kernel.kind != KernelKind::gated;
+  if (swappable && pick(0, 3) == 0) {
+    c.m = m_aligned ? 8 * pick(1, 8) : pick(1, 64);
+    const bool fp8 = c.kernel.kind == KernelKind::fp8;
+    c.config = fmt::format("pingpong_64x{}x{}_c1x1_persistent_swap", pick(0, 1) ? 32 : 16, fp8 ? 256 : 128);
+  }
 }
 
 std::string run_line(const Case& c, std::string text) {
   if (!text.empty() && text.back() == '\n') text.pop_back();
-  return fmt::format("evtc run '{}' -m {} -n {} -k {} {} --seed {}{} --check", text, c.m, c.n, c.k,
-                     c.kernel.cli_options(), c.seed, c.integers ? " --integer-inputs" : "");
+  return fmt::format("evtc run '{}' -m {} -n {} -k {} {} --seed {}{}{} --check", text, c.m, c.n, c.k,
+                     c.kernel.cli_options(), c.seed, c.integers ? " --integer-inputs" : "",
+                     c.config.empty() ? "" : " --config " + c.config);
 }
 
 std::string run_line(const Case& c, size_t output) { return run_line(c, c.kernel.text_of(output)); }
@@ -127,7 +141,7 @@ int fuzz_cpu(const FuzzArgs& fa, const std::vector<Case>& cases, nlohmann::json&
       GemmDesc gemm = c.kernel.gemm;
       if (check_legality(after, gemm).fusable()) {
         ++fusable;
-        (void)sm90::emit_kernel(after, gemm, KernelConfig{});
+        (void)backend::emit_dense_kernel(after, gemm, c.config.empty() ? KernelConfig{} : *KernelConfig::parse(c.config));
       }
       (void)cuda::emit_fallback_kernel(after, make_signature(after));
     } catch (const Error& e) {
@@ -199,7 +213,7 @@ testing::ShrinkResult shrink_on_gpu(const Case& c, const std::string& text, int 
     std::vector<std::unique_ptr<Kernel>> kernels;
     std::vector<std::future<void>> compiles;
     for (const std::string& t : batch) {
-      kernels.push_back(std::make_unique<Kernel>(parse_expression(t, parse), options_for(c.kernel, false)));
+      kernels.push_back(std::make_unique<Kernel>(parse_expression(t, parse), options_for(c, false)));
       Kernel* k = kernels.back().get();
       compiles.push_back(std::async(std::launch::async, [k, &c] { k->compile(c.m, c.n, c.k); }));
     }
@@ -238,8 +252,8 @@ Compiled compile_all(const FuzzArgs& fa, const std::vector<Case>& cases) {
     GpuCase& g = gpu[i];
     g.c = &cases[i];
     const Graph graph = parse_expression(cases[i].kernel.text(), parse_options_for(cases[i].kernel));
-    g.fused = std::make_unique<Kernel>(graph, options_for(cases[i].kernel, false));
-    g.unfused = std::make_unique<Kernel>(graph, options_for(cases[i].kernel, true));
+    g.fused = std::make_unique<Kernel>(graph, options_for(cases[i], false));
+    g.unfused = std::make_unique<Kernel>(graph, options_for(cases[i], true));
     g.not_fused = g.fused->fallback_reason(cases[i].m, cases[i].n, cases[i].k);
     Kernel* f = g.fused.get();
     Kernel* u = g.unfused.get();
@@ -367,7 +381,7 @@ int fuzz_gpu(const FuzzArgs& fa, const std::vector<Case>& cases, nlohmann::json&
   for (size_t j = 0; j < to_isolate.size() && int(j) < fa.isolate; ++j) {
     const auto [c, index] = to_isolate[j];
     const Graph graph = parse_expression(c->kernel.text_of(index), parse_options_for(c->kernel));
-    Kernel alone(graph, options_for(c->kernel, false));
+    Kernel alone(graph, options_for(*c, false));
     std::string result;
     try {
       alone.compile(c->m, c->n, c->k);
@@ -468,10 +482,11 @@ Command add_fuzz_command(CLI::App& app) {
             }
             if (fa->print) {
               for (const Case& c : cases) {
-                fmt::print("# {} -m {} -n {} -k {} {} --seed {}{}\n", kernel_kind_name(c.kernel.kind), c.m, c.n, c.k,
-                           c.kernel.cli_options(), c.seed, c.integers ? " --integer-inputs" : "");
+                fmt::print("# {} -m {} -n {} -k {} {} --seed {}{}{}\n", kernel_kind_name(c.kernel.kind), c.m, c.n, c.k,
+                           c.kernel.cli_options(), c.seed, c.integers ? " --integer-inputs" : "",
+                           c.config.empty() ? "" : " --config " + c.config);
                 const Kernel k(parse_expression(c.kernel.text(), parse_options_for(c.kernel)),
-                               options_for(c.kernel, false));
+                               options_for(c, false));
                 if (const std::string why = k.fallback_reason(c.m, c.n, c.k); !why.empty())
                   fmt::print("## not fused: {}\n", why);
                 fmt::print("{}", c.kernel.text());

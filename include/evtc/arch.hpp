@@ -45,6 +45,9 @@ struct ArchFeatures {
   // CTA tiles of any multiple of 16 columns up to 256 (otherwise 64, 128, 192 or 256), and
   // split-K through the stream-K scheduler.
   bool any_tile_n = false;
+  // Transposed GEMMs (KernelConfig::swap_ab): column-major C and D, the epilogue rewritten by
+  // evtc::swap_ab.
+  bool swap_ab = false;
   const char* family = "";     // e.g. "Hopper", "Blackwell B200/GB200"
   // The backend that builds the kernels (80, 90, 100, 120): which emitter, and how nvcc
   // targets them (sm_80 code for every 8.x architecture; architecture-specific sm_XXa others).

@@ -39,6 +39,11 @@ struct KernelConfig {
   // waves; 2 to 16 split every output tile's K loop into that many equal parts instead
   // (split-K), whose partial sums the scheduler adds in a fixed order (deterministic).
   int splits = 1;
+  // Compute the GEMM transposed, Dᵀ = Bᵀ·Aᵀ, with the epilogue rewritten for it (evtc::swap_ab in
+  // evtc/passes.hpp): for small M, whose rows then fill the tile's columns (as few as 16) while
+  // N fills its rows. The tile and cluster are the transposed problem's: tile_m runs along N,
+  // tile_n along M. Hopper only; not for gated epilogues (swap_ab_refusal).
+  bool swap_ab = false;
 
   // A short stable name, e.g. "coop_128x256x64_c2x1_persistent" (part of cache keys); the
   // tile scheduler is "persistent", "streamk" or "splitk<splits>"; suffixes "_fastacc" (fp8_fast_accum), "_pk<K>" (fp8_promotion_k) and "_precise"

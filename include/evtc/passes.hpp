@@ -77,6 +77,22 @@ Legality check_legality(const Graph& g, const GemmDesc& gemm);
 Legality check_legality(const Graph& g, const GemmDesc& gemm,
                         const std::map<std::string, OperandView>& views);
 
+// Swap-AB (src/passes/swap_ab.cpp): the GEMM computed transposed, Dᵀ = Bᵀ·Aᵀ, for problems
+// whose M is too small to fill a tile's rows. The graph is rewritten node for node for the
+// transposed problem ([n] and [m] vectors exchanged, [m,n] operands, C and outputs in the other
+// layout, row and column reductions exchanged); the GEMM's M and N, A and B are exchanged.
+// Outputs keep their names and buffers. Applying it twice gives the original back.
+struct SwappedProblem {
+  Graph graph;
+  GemmDesc gemm;
+};
+// Why this epilogue cannot be computed transposed (empty when it can): gated [m,n/2] values
+// pair adjacent columns, which the transposed kernel's threads do not hold together; a
+// block-scaled fp8 GEMM's scales are laid out for the untransposed operands.
+std::string swap_ab_refusal(const Graph& g, const GemmDesc& gemm);
+// The transposed problem; a UserError with the refusal's reason when there is one.
+SwappedProblem swap_ab(const Graph& g, const GemmDesc& gemm);
+
 // How an M×N operand view is read by a fused kernel (see classify_view).
 enum class LoadClass {
   scalar,         // strides (0,0): one value, read by pointer

@@ -99,7 +99,7 @@ std::string print(const Graph& g) {
     std::string rhs;
     switch (n.kind) {
       case NodeKind::accum: rhs = "accum"; break;
-      case NodeKind::source: rhs = "source"; break;
+      case NodeKind::source: rhs = std::string("source") + (n.layout == Layout::col_major ? " col_major" : ""); break;
       case NodeKind::scalar:
         rhs = n.scalar_kind == ScalarKind::constant ? "const " + format_number(n.value)
               : n.scalar_kind == ScalarKind::value  ? "param " + n.name
@@ -243,6 +243,17 @@ Graph parse_canonical(std::string_view text) {
       n.kind = NodeKind::accum;
     } else if (head == "source") {
       n.kind = NodeKind::source;
+      // A column-major C (a transposed problem's, evtc::swap_ab) says so.
+      const size_t p = c.pos();
+      c.skip_ws();
+      if (!c.at_end() && !c.accept(':')) {
+        if (c.word("a layout") == "col_major")
+          n.layout = Layout::col_major;
+        else
+          c.fail("expected 'col_major' or ':'");
+      } else {
+        c.set_pos(p);
+      }
     } else if (head == "const") {
       n.kind = NodeKind::scalar;
       n.scalar_kind = ScalarKind::constant;

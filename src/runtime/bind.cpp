@@ -170,7 +170,7 @@ void PointerChecks::fail_null(const std::string& what) {
   throw UserError(fmt::format("{}: no data (null pointer)", what));
 }
 
-evtc_gemm_args BoundCall::abi() const {
+evtc_gemm_args BoundCall::abi(bool swap_ab) const {
   evtc_gemm_args a{};
   a.m = m;
   a.n = n;
@@ -192,6 +192,11 @@ evtc_gemm_args BoundCall::abi() const {
   a.scale_a_m_stride = scale_a_m_stride;
   a.scale_b_k_stride = scale_b_k_stride;
   a.scale_b_n_stride = scale_b_n_stride;
+  if (swap_ab) {
+    std::swap(a.m, a.n);
+    std::swap(a.a, a.b);
+    std::swap(a.lda, a.ldb);
+  }
   return a;
 }
 

@@ -58,8 +58,11 @@ struct BoundCall {
   // Why this call cannot take the fused path; empty if it can.
   std::vector<std::string> reasons;
 
-  // The ABI arguments; they point into this object's tables.
-  evtc_gemm_args abi() const;
+  // The ABI arguments; they point into this object's tables. `swap_ab`: a transposed kernel's
+  // (KernelConfig::swap_ab), which computes Dᵀ = Bᵀ·Aᵀ: A and B, M and N and their leading
+  // dimensions exchanged. C, D and the operand tables stay: the kernel reads the same memory
+  // in the other layout.
+  evtc_gemm_args abi(bool swap_ab = false) const;
 };
 
 BoundCall bind_arguments(const KernelSignature& sig, const GemmDesc& gemm, const Arguments& args,

@@ -13,6 +13,7 @@
 #include "target/device_info.hpp"
 #include "evtc/error.hpp"
 #include "evtc/ir_text.hpp"
+#include "evtc/passes.hpp"
 #include "support/environment.hpp"
 #include "jit/kernel_library.hpp"
 #include "runtime/cublaslt_gemm.hpp"
@@ -188,13 +189,14 @@ std::shared_ptr<const LaunchPlan> Kernel::Impl::plan_for(const runtime::BoundCal
         }
       }
       if (!plan->compiling.valid()) plan->library = fused_library(config);
+      plan->swap_ab = config.swap_ab;
     } catch (const RuntimeError& e) {
       plan->fallback_reason = fmt::format("the fused kernel did not compile: {}", e.what());
     }
   }
   if (plan->library) {
     // can_implement and the workspace size depend on the problem and its strides only.
-    const evtc_gemm_args abi = call.abi();
+    const evtc_gemm_args abi = call.abi(plan->swap_ab);
     char why[256] = {0};
     auto can = reinterpret_cast<evtc_can_implement_fn>(plan->library->symbol("evtc_can_implement"));
     if (can(&abi, why, sizeof why) != EVTC_OK) {
@@ -260,6 +262,11 @@ Kernel::Kernel(const Graph& graph, const CompileOptions& given) : impl_(std::mak
   if (std::string why = fp8_blockwise_refusal(options.gemm); !why.empty()) throw UserError(why);
   if (options.config) {
     if (std::string why = config_refusal(*options.config, options.gemm); !why.empty()) throw UserError(why);
+    if (options.config->swap_ab)
+      if (std::string why = swap_ab_refusal(graph, options.gemm); !why.empty())
+        throw UserError(fmt::format("configuration {} computes the GEMM transposed (swap-AB), which this epilogue "
+                                    "cannot take: {}",
+                                    options.config->name(), why));
     // evtc's reductions combine one partial result per output tile and warp; stream-K and split-K
     // finish a tile in whichever CTA adds its last K part, so they are not combined that way.
     if (options.config->scheduler == TileSchedulerKind::stream_k)
@@ -348,7 +355,7 @@ ExecutionPath Kernel::run(const Arguments& args, cudaStream_t stream) const {
     if (plan->compiling.valid() && capturing()) plan = im.plan_for(call, true);
     if (!plan->fallback_reason.empty()) call.reasons.push_back(plan->fallback_reason);
     if (plan->library) {
-      const evtc_gemm_args abi = call.abi();
+      const evtc_gemm_args abi = call.abi(plan->swap_ab);
       char why[256];
       why[0] = '\0';
       void* workspace = nullptr;

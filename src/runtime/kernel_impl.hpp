@@ -27,6 +27,7 @@ struct LaunchPlan {
   std::shared_ptr<jit::Library> library;
   evtc_run_fn run = nullptr;
   size_t workspace_bytes = 0;
+  bool swap_ab = false;  // the kernel computes the transposed problem (BoundCall::abi)
   // Valid while the shape runs unfused only because its fused kernel is still compiling
   // (CompileOptions::wait_for_compile off): the plan is made again once this is ready.
   std::shared_future<std::string> compiling;

@@ -44,7 +44,9 @@ size_t epilogue_smem_bytes(const Graph& g, const KernelConfig& c) {
 int mainloop_stages(const KernelConfig& c, const GemmDesc& gemm, size_t epilogue_bytes) {
   constexpr size_t kSmem = 232448, kReserved = 1024, kBarriers = 32;
   const size_t stage =
-      size_t(c.tile_m * dtype_bytes(gemm.a_dtype) + c.tile_n * dtype_bytes(gemm.b_dtype)) * size_t(c.tile_k) +
+      // A transposed kernel's (KernelConfig::swap_ab) tile rows are B's, its columns A's.
+      size_t(c.tile_m * dtype_bytes(c.swap_ab ? gemm.b_dtype : gemm.a_dtype) +
+             c.tile_n * dtype_bytes(c.swap_ab ? gemm.a_dtype : gemm.b_dtype)) * size_t(c.tile_k) +
       kBarriers;
   if (epilogue_bytes + kReserved >= kSmem) return 0;
   return int((kSmem - kReserved - epilogue_bytes) / stage);

@@ -55,6 +55,7 @@ const ArchFeatures& arch_features(int arch) {
                                  .stream_k = true,
                                  .two_level_fp8 = true,
                                  .any_tile_n = true,
+                                 .swap_ab = true,
                                  .family = "Hopper",
                                  .backend = 90};
   // sm_100a: CUTLASS 4.2's tcgen05 (UMMA) kernels, one or two SMs per MMA, with its sm90-style

@@ -14,13 +14,13 @@ namespace evtc {
 std::string KernelConfig::name() const {
   if (schedule == MainloopSchedule::multistage)
     return fmt::format("ms_{}x{}x{}_s{}{}", tile_m, tile_n, tile_k, stages, precise_math ? "_precise" : "");
-  return fmt::format("{}_{}x{}x{}_c{}x{}_{}{}{}{}",
+  return fmt::format("{}_{}x{}x{}_c{}x{}_{}{}{}{}{}",
                      schedule == MainloopSchedule::cooperative ? "coop" : "pingpong", tile_m,
                      tile_n, tile_k, cluster_m, cluster_n,
                      scheduler == TileSchedulerKind::persistent ? std::string("persistent")
                      : splits > 1                               ? fmt::format("splitk{}", splits)
                                                                 : std::string("streamk"),
-                     fp8_fast_accum ? "_fastacc" : "",
+                     swap_ab ? "_swap" : "", fp8_fast_accum ? "_fastacc" : "",
                      fp8_promotion_k > 0 ? fmt::format("_pk{}", fp8_promotion_k) : "",
                      precise_math ? "_precise" : "");
 }
@@ -65,7 +65,7 @@ std::optional<KernelConfig> KernelConfig::parse(const std::string& name) {
     return c;
   }
   static const std::regex re(
-      R"((coop|pingpong)_(\d+)x(\d+)x(\d+)_c(\d+)x(\d+)_(persistent|streamk|splitk(\d{1,2}))(_fastacc)?(?:_pk(\d{3,5}))?(_precise)?)");
+      R"((coop|pingpong)_(\d+)x(\d+)x(\d+)_c(\d+)x(\d+)_(persistent|streamk|splitk(\d{1,2}))(_swap)?(_fastacc)?(?:_pk(\d{3,5}))?(_precise)?)");
   std::smatch m;
   if (!std::regex_match(name, m, re)) return std::nullopt;
   // Sizes CUTLASS's sm90 builders take: tiles of 64, 128 or 256 rows and any multiple of 16
@@ -100,13 +100,14 @@ std::optional<KernelConfig> KernelConfig::parse(const std::string& name) {
     c.splits = std::stoi(m[8]);
     if (c.splits < 2 || c.splits > 16 || m[8].str()[0] == '0') return std::nullopt;
   }
-  c.fp8_fast_accum = m[9].matched;
-  if (m[10].matched) {
-    c.fp8_promotion_k = std::stoi(m[10]);
+  c.swap_ab = m[9].matched;
+  c.fp8_fast_accum = m[10].matched;
+  if (m[11].matched) {
+    c.fp8_promotion_k = std::stoi(m[11]);
     // Whole K tiles, and not combined with fast accumulation (which never promotes).
     if (c.fp8_promotion_k % c.tile_k != 0 || c.fp8_fast_accum) return std::nullopt;
   }
-  c.precise_math = m[11].matched;
+  c.precise_math = m[12].matched;
   if (c.schedule == MainloopSchedule::pingpong && c.scheduler == TileSchedulerKind::stream_k)
     return std::nullopt;  // CUTLASS's ping-pong kernel has no stream-K (nor split-K)
   if (c.schedule == MainloopSchedule::cooperative && c.tile_m < 128) return std::nullopt;
@@ -150,6 +151,13 @@ std::string config_refusal(const KernelConfig& c, const GemmDesc& gemm) {
   if (f.fused && !f.any_tile_n && c.tile_n != 64 && c.tile_n != 128 && c.tile_n != 192 && c.tile_n != 256)
     return fmt::format("configuration {} has {}-column tiles; {} kernels take 64, 128, 192 or 256 columns", c.name(),
                        c.tile_n, arch_name(gemm.sm, true));
+  if (c.swap_ab && (!f.fused || !f.swap_ab))
+    return fmt::format("configuration {} computes the GEMM transposed (swap-AB), which evtc's {} kernels do not do",
+                       c.name(), arch_name(gemm.sm, true));
+  if (c.swap_ab && gemm.fp8_blockwise)
+    return fmt::format("configuration {} computes the GEMM transposed (swap-AB), but a block-scaled fp8 GEMM's "
+                       "scales are laid out for the untransposed operands",
+                       c.name());
   if (f.fused && !f.two_level_fp8 && (c.fp8_fast_accum || c.fp8_promotion_k > 0))
     return fmt::format("configuration {} sets fp8's accumulation ({}), which only Hopper's two-level fp8 main "
                        "loop has",

@@ -59,7 +59,7 @@ DispatchTimes measure_dispatch(const Kernel& kernel, const Arguments& args, cuda
 
   PointerChecks checks;
   const BoundCall call = bind_arguments(kernel.signature(), kernel.options().gemm, args, checks);
-  const evtc_gemm_args abi = call.abi();
+  const evtc_gemm_args abi = call.abi(kernel.config_for(call.m, call.n, call.k).swap_ab);
   LibraryEntry lib(kernel.library_path());
   const size_t workspace_bytes = std::max<size_t>(lib.workspace_size(&abi), 256);
   DeviceBuffer workspace(workspace_bytes);

@@ -77,6 +77,19 @@ TEST(FusedConfigs, SplitKAndStreamKOfDecodeProblems) {
   expect_matches_reference(kernel("stream_k_gated"), 17, 2 * 520, 11000, 68, ExecutionPath::fused);
 }
 
+TEST(FusedConfigs, TransposedKernelsOfDecodeProblems) {
+  // Swap-AB: N fills the tiles' rows, M their 16 or 32 columns. Sizes that are no tile's
+  // multiples along M, N and K; M from 8 to above a tile's columns (swap_mix's column-major
+  // operand needs M a multiple of 8); K split four ways.
+  expect_matches_reference(kernel("swap_mix"), 56, 1000, 1000, 81, ExecutionPath::fused);
+  expect_matches_reference(kernel("swap_mix"), 8, 2056, 4104, 82, ExecutionPath::fused);
+  expect_matches_reference(kernel("swap_mix"), 136, 776, 520, 83, ExecutionPath::fused);
+  expect_matches_reference(kernel("swap_split_k"), 20, 1000, 4104, 84, ExecutionPath::fused);
+  expect_matches_reference(kernel("swap_split_k"), 64, 4104, 2056, 85, ExecutionPath::fused);
+  expect_matches_reference(kernel("swap_fp8"), 16, 1008, 2048, 86, ExecutionPath::fused);
+  expect_matches_reference(kernel("swap_fp8"), 40, 4096, 4096, 87, ExecutionPath::fused);
+}
+
 TEST(FusedConfigs, DefaultConfigurationsOfLinearLayersFromPrefillToDecode) {
   // On an H100 or H200 these come from the shipped table (exact and nearest shapes); elsewhere
   // from the rules.

@@ -109,6 +109,39 @@ out y: bf16 = swiglu(acc)
      DType::bf16, Layout::row_major, Layout::col_major, "coop_128x96x64_c1x1_splitk4"},
     {"stream_k_gated", "out y: bf16 = gptoss_swiglu(acc + bias[n], alpha=1.702, limit=7)", DType::bf16,
      Layout::row_major, Layout::col_major, "coop_128x64x64_c1x1_streamk"},
+    // Transposed kernels (swap-AB): [n] and [m] vectors, C, row- and column-major [m,n]
+    // operands, an extra [m,n] output and every reduction axis, each read or written in the
+    // other layout by the transposed problem; split-K with B row-major (A' = Bᵀ is then
+    // M-major); fp8 row-wise scales with an amax.
+    {"swap_mix", R"(
+input bias[n]: bf16
+input s[m]: f32
+input r[m,n]: bf16
+input q[m,n]: bf16 col_major
+h = acc * s[m] + bias[n]
+out D: bf16 = silu(h) + C
+out P: f32 = h + r[m,n] - q[m,n]
+out rs = row_sum(h)
+out cm = col_max(h)
+out t = sum(h)
+)",
+     DType::bf16, Layout::row_major, Layout::col_major, "pingpong_64x16x128_c1x1_persistent_swap"},
+    {"swap_split_k", R"(
+input s[m]: f32
+input r[m,n]: bf16
+out D: bf16 = gelu(acc * s[m] + bias[n]) + r[m,n]
+out P: bf16 = acc
+)",
+     DType::bf16, Layout::row_major, Layout::row_major, "coop_128x32x128_c1x1_splitk4_swap"},
+    {"swap_fp8", R"(
+input sa[m]: f32
+input sb[n]: f32
+input bias[n]: bf16
+y = acc * sa[m] * sb[n]
+out D: bf16 = gelu(y + bias[n])
+out ay = amax(y)
+)",
+     DType::f8e4m3, Layout::row_major, Layout::col_major, "pingpong_64x32x256_c1x1_persistent_swap"},
     // The default configuration of nn.Linear's operands, from the GPU's shipped table where it has one.
     {"w1_linear", "out D: bf16 = silu(acc + bias[n])", DType::bf16, Layout::row_major, Layout::col_major},
     {"reductions", R"(

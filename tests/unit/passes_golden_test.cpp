@@ -1,6 +1,8 @@
 // Golden tests for the passes: tests/golden/passes/<pass>/<case>.ir holds an input graph in
 // canonical text; <case>.expected beside it holds what the pass prints for it. The folder
-// `pipeline` runs the whole pipeline and records the graph after every pass that changes it.
+// `pipeline` runs the whole pipeline and records the graph after every pass that changes it;
+// `swap_ab` records the transposed problem (evtc::swap_ab: its graph and GEMM) or the reason
+// it is refused.
 //
 // Input files may start with directives for the options:
 //   #! cast_mode fast
@@ -116,6 +118,12 @@ std::string strip_comments(const std::string& text) {
   return out;
 }
 
+std::string gemm_line(const GemmDesc& g) {
+  auto layout = [](Layout l) { return l == Layout::row_major ? "row_major" : "col_major"; };
+  return fmt::format("#! gemm m={} n={} k={} a={} b={} a_layout={} b_layout={} sm={}\n", g.m, g.n, g.k,
+                     dtype_name(g.a_dtype), dtype_name(g.b_dtype), layout(g.a_layout), layout(g.b_layout), g.sm);
+}
+
 std::string legality_lines(const Legality& l) {
   if (l.fusable()) return "# legality: fusable\n";
   std::string out;
@@ -136,6 +144,12 @@ std::pair<std::string, Graph> run_case(const GoldenCase& c, const Graph& input,
       if (changed) out += print(after);
     });
     return {out + legality_lines(legality), result};
+  }
+  if (c.pass == "swap_ab") {
+    if (std::string why = swap_ab_refusal(input, options.gemm); !why.empty())
+      return {"# refused: " + why + "\n", input};
+    SwappedProblem swapped = swap_ab(input, options.gemm);
+    return {gemm_line(swapped.gemm) + print(swapped.graph), std::move(swapped.graph)};
   }
   const PassInfo* pass = find_pass(c.pass);
   if (!pass) throw std::invalid_argument("no pass named " + c.pass);
@@ -159,6 +173,15 @@ TEST_P(PassGolden, MatchesExpectedOutput) {
   expected_path.replace_extension(".expected");
   evtc::test::expect_matches_golden(expected_path, got, c.input.string());
 
+  if (c.pass == "swap_ab") {
+    // An involution: the transposed problem's transpose is the original problem.
+    if (!swap_ab_refusal(input, options.gemm).empty()) return;
+    const SwappedProblem once = swap_ab(input, options.gemm);
+    const SwappedProblem back = swap_ab(once.graph, once.gemm);
+    EXPECT_EQ(print(back.graph), print(input)) << c.input;
+    EXPECT_EQ(gemm_line(back.gemm), gemm_line(options.gemm)) << c.input;
+    return;
+  }
   // Idempotence: running the same step on its own output changes nothing.
   const auto [again, twice] = run_case(c, result, options);
   EXPECT_EQ(print(twice), print(result)) << c.pass << " is not idempotent on " << c.input;
@@ -183,7 +206,7 @@ TEST(PassGoldenCoverage, EveryPassHasGoldenCases) {
 
 TEST(PassGoldenCoverage, EveryGoldenFolderIsAPass) {
   for (const GoldenCase& c : discover_cases())
-    EXPECT_TRUE(c.pass == "pipeline" || find_pass(c.pass) != nullptr) << c.input;
+    EXPECT_TRUE(c.pass == "pipeline" || c.pass == "swap_ab" || find_pass(c.pass) != nullptr) << c.input;
 }
 
 }  // namespace

@@ -300,6 +300,14 @@ std::string Sm90Emitter::assemble(const Visitor& root) {
   const std::string desc_c = sig_.reads_c ? elem_c : desc_d;
   const std::string align_d = fmt::format("128 / cutlass::sizeof_bits<{}>::value", desc_d);
   const std::string align_c = fmt::format("128 / cutlass::sizeof_bits<{}>::value", desc_c);
+  // C and D are row-major, or column-major in a transposed problem (evtc::swap_ab): D's
+  // layout is its store's; C's the source node's (without C, D's).
+  Layout layout_d = Layout::row_major, layout_c = Layout::row_major;
+  for (const Node& n : g_.nodes())
+    if (n.kind == NodeKind::store && n.name == sig_.d_name) layout_d = n.layout;
+  layout_c = layout_d;
+  for (const Node& n : g_.nodes())
+    if (n.kind == NodeKind::source) layout_c = n.layout;
   std::string s = backend::source_banner(fmt::format("one CUTLASS Sm{} GEMM with a fused epilogue", gemm_.sm), g_,
                                          "kernel config " + cfg_.name());
   if (cfg_.precise_math) s += "#define EVTC_PRECISE_MATH 1\n";
@@ -441,8 +449,8 @@ std::string Sm90Emitter::assemble(const Visitor& root) {
 using ArchTag = cutlass::arch::Sm{};
 using {}CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
     ArchTag, cutlass::arch::OpClassTensorOp, {}, ClusterShape, EpilogueTile,
-    float, float, ElementC, cutlass::layout::RowMajor, {},
-    ElementD, cutlass::layout::RowMajor, {}, EpilogueSchedule, Callbacks>::CollectiveOp;
+    float, float, ElementC, {}, {},
+    ElementD, {}, {}, EpilogueSchedule, Callbacks>::CollectiveOp;
 {}
 using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
     ArchTag, cutlass::arch::OpClassTensorOp,
@@ -472,7 +480,8 @@ evtc_gemm_kernel(CUTLASS_GRID_CONSTANT const GemmParams params) {{
 
 #if EVTC_PART != 1
 )",
-                   gemm_.sm, d_sink ? "Built" : "", mma_tile, align_c, align_d,
+                   gemm_.sm, d_sink ? "Built" : "", mma_tile, layout_tag(layout_c), align_c,
+                   layout_tag(layout_d), align_d,
                    d_sink ? "using CollectiveEpilogue = evtc::device::Sm100EpilogueWithoutD<BuiltCollectiveEpilogue>;\n"
                           : "",
                    blockwise ? "cute::tuple<LayoutA, LayoutSFA>" : "LayoutA",
@@ -526,8 +535,10 @@ GemmArguments gemm_arguments(const evtc_gemm_args& a, char* scratch) {
                                            : "  cute::get<1>(stride_a) = a.lda;\n";
   s += gemm_.b_layout == Layout::col_major ? "  cute::get<0>(stride_b) = a.ldb;\n"
                                            : "  cute::get<1>(stride_b) = a.ldb;\n";
-  s += R"(  cute::get<0>(stride_c) = a.ldc;
-  cute::get<0>(stride_d) = a.ldd;
+  // C and D: (ld, 1) row-major, (1, ld) column-major.
+  s += layout_c == Layout::row_major ? "  cute::get<0>(stride_c) = a.ldc;\n" : "  cute::get<1>(stride_c) = a.ldc;\n";
+  s += layout_d == Layout::row_major ? "  cute::get<0>(stride_d) = a.ldd;\n" : "  cute::get<1>(stride_d) = a.ldd;\n";
+  s += R"(
   cutlass::KernelHardwareInfo hw;
   cudaGetDevice(&hw.device_id);
   hw.sm_count = a.sm_count > 0 ? a.sm_count : sm_count_of_current_device();

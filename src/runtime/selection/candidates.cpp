@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "evtc/passes.hpp"
+
 namespace evtc::tuning {
 namespace {
 
@@ -20,24 +22,32 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 int64_t size_or(int64_t v) { return v > 0 ? v : 4096; }
 
-int64_t tile_count(const KernelConfig& c, const GemmDesc& gemm) {
+GemmDesc tiled_problem(const KernelConfig& c, const GemmDesc& gemm) {
+  GemmDesc t = gemm;
+  if (c.swap_ab) std::swap(t.m, t.n);
+  return t;
+}
+
+int64_t tile_count(const KernelConfig& c, const GemmDesc& given) {
+  const GemmDesc gemm = tiled_problem(c, given);
   return ceil_div(size_or(gemm.m), c.tile_m) * ceil_div(size_or(gemm.n), c.tile_n);
 }
 
 namespace {
 
 // Fraction of the padded tile grid that lies inside the problem.
-double padding_efficiency(const KernelConfig& c, const GemmDesc& g) {
+double padding_efficiency(const KernelConfig& c, const GemmDesc& given) {
+  const GemmDesc g = tiled_problem(c, given);
   const int64_t m = size_or(g.m), n = size_or(g.n);
   return double(m) / double(ceil_div(m, c.tile_m) * c.tile_m) *
          (double(n) / double(ceil_div(n, c.tile_n) * c.tile_n));
 }
 
 // Padding efficiency where below 64 rows every tile pads M (no tile has fewer rows): only
-// padding beyond that counts.
+// padding beyond that counts. A transposed tile's columns (M's) are at least 16 wide.
 double padding_beyond_the_shortest_tile(const KernelConfig& c, const GemmDesc& g) {
   GemmDesc padded = g;
-  padded.m = std::max<int64_t>(size_or(g.m), 64);
+  padded.m = std::max<int64_t>(size_or(g.m), c.swap_ab ? 16 : 64);
   return padding_efficiency(c, padded);
 }
 
@@ -48,7 +58,8 @@ int64_t tiles_per_wave(const KernelConfig& c, const DeviceLimits& d) {
 }
 
 // Fraction of the waves' tile slots doing work, tiles rounded up to whole clusters.
-double wave_efficiency(const KernelConfig& c, const GemmDesc& g, const DeviceLimits& d) {
+double wave_efficiency(const KernelConfig& c, const GemmDesc& given, const DeviceLimits& d) {
+  const GemmDesc g = tiled_problem(c, given);
   const int64_t tm = ceil_div(ceil_div(size_or(g.m), c.tile_m), c.cluster_m) * c.cluster_m;
   const int64_t tn = ceil_div(ceil_div(size_or(g.n), c.tile_n), c.cluster_n) * c.cluster_n;
   const int64_t slots = ceil_div(tm * tn, tiles_per_wave(c, d)) * tiles_per_wave(c, d);
@@ -116,6 +127,24 @@ std::vector<KernelConfig> whole_space(const GemmDesc& gemm, const DeviceLimits& 
     for (int splits : {1, 2, 4, 8})
       out.push_back(make_config(MainloopSchedule::cooperative, TileSchedulerKind::stream_k, 128, tn, tile_k, 1, 1,
                                 splits, gemm));
+  // Decode-sized M: the transposed problem (swap-AB), whose tiles take N in their rows and M in
+  // 16 to 64 columns; 64-row ping-pong tiles, and 128-row cooperative ones with split-K or
+  // stream-K. B' (the activations) is small, so each stage is mostly weights.
+  if (size_or(gemm.m) <= 64) {
+    for (int tn : {16, 32, 64}) {
+      for (int tk : fp8 ? std::vector<int>{256} : std::vector<int>{128, 256}) {
+        KernelConfig c = make_config(MainloopSchedule::pingpong, TileSchedulerKind::persistent, 64, tn, tk, 1, 1, 1, gemm);
+        c.swap_ab = true;
+        out.push_back(c);
+      }
+      for (int splits : {1, 2, 4}) {
+        KernelConfig c = make_config(MainloopSchedule::cooperative, TileSchedulerKind::stream_k, 128, tn,
+                                     fp8 ? 256 : 128, 1, 1, splits, gemm);
+        c.swap_ab = true;
+        out.push_back(c);
+      }
+    }
+  }
   return out;
 }
 
@@ -137,8 +166,11 @@ std::string prune_reason(const KernelConfig& c, const Graph& g, const GemmDesc& 
                        int64_t(c.tile_m) * c.tile_n * copies / threads);
   if (mainloop_stages(c, gemm.a_dtype, device) < 3)
     return "fewer than 3 main-loop stages fit in shared memory";
-  const int64_t tiles_m = ceil_div(size_or(gemm.m), c.tile_m);
-  const int64_t tiles_n = ceil_div(size_or(gemm.n), c.tile_n);
+  if (c.swap_ab)
+    if (std::string why = swap_ab_refusal(g, gemm); !why.empty()) return "no transposed kernel: " + why;
+  const GemmDesc tiled = tiled_problem(c, gemm);
+  const int64_t tiles_m = ceil_div(size_or(tiled.m), c.tile_m);
+  const int64_t tiles_n = ceil_div(size_or(tiled.n), c.tile_n);
   if (tiles_m < c.cluster_m || tiles_n < c.cluster_n)
     return fmt::format("cluster {}x{} is wider than the {}x{} tile grid", c.cluster_m, c.cluster_n,
                        tiles_m, tiles_n);
@@ -212,7 +244,7 @@ std::vector<KernelConfig> candidate_configs(const Graph& g, const GemmDesc& gemm
   for (const auto& [score, c] : scored) {
     auto same = [&](const std::vector<KernelConfig>& f) {
       return f[0].schedule == c.schedule && f[0].tile_m == c.tile_m && f[0].tile_n == c.tile_n &&
-             f[0].scheduler == c.scheduler;
+             f[0].scheduler == c.scheduler && f[0].swap_ab == c.swap_ab;
     };
     auto it = std::find_if(families.begin(), families.end(), same);
     if (it == families.end()) families.push_back({c});

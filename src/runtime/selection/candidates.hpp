@@ -49,6 +49,9 @@ double heuristic_score(const KernelConfig& c, const GemmDesc& gemm, const Device
 double grid_efficiency(const KernelConfig& c, const GemmDesc& gemm, const DeviceLimits& device = {});
 // A problem size, or for 0 (unknown) that of one large square problem (4096).
 int64_t size_or(int64_t v);
+// The problem as the configuration's tiles cover it: M and N exchanged for a transposed
+// configuration (KernelConfig::swap_ab).
+GemmDesc tiled_problem(const KernelConfig& c, const GemmDesc& gemm);
 // Output tiles (CTAs' worth of work) of a problem.
 int64_t tile_count(const KernelConfig& c, const GemmDesc& gemm);
 

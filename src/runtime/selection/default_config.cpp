@@ -58,10 +58,19 @@ std::optional<TableChoice> table_choice(const Graph& g, const GemmDesc& gemm) {
   if (!found) return std::nullopt;
   tuning::DeviceLimits device;
   if (dev->sm_count > 0) device.sm_count = dev->sm_count;
-  const KernelConfig& c = found->entry->config;
-  if (!tuning::prune_reason(c, g, gemm, device).empty() || mainloop_stages(c, gemm, epilogue_smem_bytes(g, c)) < 3)
-    return std::nullopt;
-  return TableChoice{c, *found->entry, found->exact, table->file};
+  auto usable = [&](const KernelConfig& c) {
+    return tuning::prune_reason(c, g, gemm, device).empty() && mainloop_stages(c, gemm, epilogue_smem_bytes(g, c)) >= 3;
+  };
+  if (usable(found->entry->config)) return TableChoice{found->entry->config, *found->entry, found->exact, table->file};
+  // A transposed entry for an epilogue without a transposed kernel (a gated one): the fastest
+  // untransposed configuration measured at that shape.
+  if (const auto& other = found->entry->unswapped; other && usable(*other)) {
+    TableEntry entry = *found->entry;
+    entry.config = *other;
+    entry.ms = entry.unswapped_ms;
+    return TableChoice{*other, entry, found->exact, table->file};
+  }
+  return std::nullopt;
 }
 
 }  // namespace selection

@@ -63,6 +63,13 @@ SelectionTable parse_table(const std::string& json, const std::string& file) {
     e.config = *config;
     e.ms = field<double>(entries[i], "ms", at);
     e.cublas_ms = field<double>(entries[i], "cublas_ms", at);
+    if (entries[i].contains("unswapped_config")) {
+      const std::string other = field<std::string>(entries[i], "unswapped_config", at);
+      e.unswapped = KernelConfig::parse(other);
+      if (!e.unswapped || e.unswapped->swap_ab)
+        throw RuntimeError(fmt::format("{}: '{}' is not an untransposed kernel configuration", at, other));
+      e.unswapped_ms = field<double>(entries[i], "unswapped_ms", at);
+    }
     t.entries.push_back(e);
   }
   std::sort(t.entries.begin(), t.entries.end(),

@@ -20,6 +20,10 @@ struct TableEntry {
   KernelConfig config;
   double ms = 0;         // the configuration's median time, D = acc
   double cublas_ms = 0;  // torch.mm's on the same operands, same run
+  // Where `config` is transposed (swap-AB): the fastest untransposed configuration and its
+  // time, for epilogues that have no transposed kernel (gated ones). ms 0: none recorded.
+  std::optional<KernelConfig> unswapped;
+  double unswapped_ms = 0;
 };
 
 struct SelectionTable {

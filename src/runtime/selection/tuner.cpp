@@ -186,7 +186,6 @@ TuneResult Kernel::Impl::tune(const runtime::BoundCall& call, cudaStream_t strea
       buffers.emplace_back(output_bytes(signature.pointers[i], m, n));
       scratch.ptrs[i] = buffers.back().get();
     }
-  const evtc_gemm_args abi = scratch.abi();
 
   TuneResult result;
   result.m = m;
@@ -200,6 +199,7 @@ TuneResult Kernel::Impl::tune(const runtime::BoundCall& call, cudaStream_t strea
     } else {
       try {
         auto lib = fused_library(candidates[i]);
+        const evtc_gemm_args abi = scratch.abi(candidates[i].swap_ab);
         char why[256] = {0};
         if (reinterpret_cast<evtc_can_implement_fn>(lib->symbol("evtc_can_implement"))(&abi, why, sizeof why) != EVTC_OK)
           throw RuntimeError(fmt::format("CUTLASS cannot implement it: {}", why));
