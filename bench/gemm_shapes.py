@@ -55,7 +55,13 @@ compile, to run fused or to match is skipped with its error). Writes the whole s
 
     {"format": 1, "gpu": ..., "gpu_class": "h100" | "h200", "dtype": "bf16", "epilogue": "out D: bf16 = acc",
      "measured": UTC ISO date, "command": ..., "entries": [{"m", "n", "k", "config", "ms", "cublas_ms",
-     "runner_up", "runner_up_ms"}, ...]}   (entries sorted by m, n, k)
+     "runner_up", "runner_up_ms"[, "unswapped_config", "unswapped_ms"]}, ...]}   (entries sorted by m, n, k;
+     a transposed (swap-AB, "_swap") winner also names the fastest untransposed candidate, which
+     epilogues without a transposed kernel take)
+
+--refine OLD_SWEEP.json [...] (after the candidate space grew): times only the candidates the
+earlier sweeps did not try, plus their --refine-top (3) fastest there, again in the same run;
+--table-from OLD.json NEW.json then merges (later files replace a shape's result).
 
 --dry-run prints the shapes (and, sweeping, the candidate-listing command) and exits without
 importing torch or evtc.
@@ -689,6 +695,28 @@ def all_candidates(evtc_cli: str, shapes: list[Shape]) -> tuple[dict[Shape, list
     return found, errors
 
 
+def refine_candidates(candidates: dict[Shape, list[str]], path: str, top: int) -> dict[Shape, list[str]]:
+    """After the candidate space grew: of each shape's candidates, those the earlier sweep at
+    `path` did not try, and the `top` fastest it timed there (timed again, in the same run, so
+    the new ones are compared with the old winners on equal terms)."""
+    with open(path) as f:
+        old = json.load(f)
+    if old.get("mode") != "sweep":
+        sys.exit(f"{path} is not a sweep results file (mode {old.get('mode')!r})")
+    before = {(r["m"], r["n"], r["k"]): r for r in old["shapes"]}
+    out = {}
+    for shape, names in candidates.items():
+        r = before.get((shape.m, shape.n, shape.k))
+        if r is None:
+            out[shape] = names
+            continue
+        tried = set(r.get("candidates", {})) | set(r.get("errors", {}))
+        fastest = [name for name, _ in rank(r.get("candidates", {}))[:top]]
+        out[shape] = [n for n in names if n not in tried] + [n for n in fastest if n in names]
+    log(f"refining {path}: {sum(map(len, out.values()))} of {sum(map(len, candidates.values()))} candidates")
+    return out
+
+
 def compile_candidates(evtc, candidates: dict[Shape, list[str]]) -> tuple[dict, dict[str, str]]:
     """One kernel per distinct candidate, compiled once, all in parallel; the kernels and the
     errors (of building or compiling) by configuration name."""
@@ -818,6 +846,8 @@ def run_sweep(args, shapes: list[Shape]) -> int:
     if not os.environ.get("EVTC_LOG"):
         evtc.set_log_level("warning")
     candidates, list_errors = all_candidates(args.evtc, shapes)
+    for path in args.refine or []:
+        candidates = refine_candidates(candidates, path, args.refine_top)
     kernels, compile_errors = compile_candidates(evtc, candidates)
     data = run_metadata(torch, evtc, args, "sweep")
     data.update({"epilogue": PLAIN_EXPR, "error_bound": ERROR_BOUND, "compile_errors": compile_errors,
@@ -1060,6 +1090,10 @@ def parse_args(argv: Optional[list[str]] = None):
     sweep.add_argument("--sweep", action="store_true", help="time every tuning candidate of each shape (plain, bf16)")
     sweep.add_argument("--evtc", metavar="PATH", help="the evtc command-line tool (lists the candidates)")
     sweep.add_argument("--table-out", metavar="FILE", help="where the selection table is written")
+    sweep.add_argument("--refine", nargs="+", metavar="SWEEP.json",
+                       help="time only the candidates these earlier sweeps did not try, and their fastest there")
+    sweep.add_argument("--refine-top", type=int, default=3, metavar="N",
+                       help="with --refine: how many of the earlier fastest candidates to time again (default 3)")
     args = p.parse_args(argv)
     check_args(p, args)
     return args
