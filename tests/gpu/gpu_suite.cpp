@@ -141,7 +141,7 @@ y = acc * sa[m] * sb[n]
 out D: bf16 = gelu(y + bias[n])
 out ay = amax(y)
 )",
-     DType::f8e4m3, Layout::row_major, Layout::col_major, "pingpong_64x32x256_c1x1_persistent_swap"},
+     DType::f8e4m3, Layout::row_major, Layout::col_major, "pingpong_64x32x128_c1x1_persistent_swap"},
     // The default configuration of nn.Linear's operands, from the GPU's shipped table where it has one.
     {"w1_linear", "out D: bf16 = silu(acc + bias[n])", DType::bf16, Layout::row_major, Layout::col_major},
     {"reductions", R"(

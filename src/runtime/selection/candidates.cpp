@@ -129,17 +129,19 @@ std::vector<KernelConfig> whole_space(const GemmDesc& gemm, const DeviceLimits& 
                                 splits, gemm));
   // Decode-sized M: the transposed problem (swap-AB), whose tiles take N in their rows and M in
   // 16 to 64 columns; 64-row ping-pong tiles, and 128-row cooperative ones with split-K or
-  // stream-K. B' (the activations) is small, so each stage is mostly weights.
+  // stream-K. B' (the activations) is small, so each stage is mostly weights. fp8 takes K
+  // tiles of 128 only: with 256, CUTLASS's two-level fp8 ping-pong kernel refuses the problem
+  // (can_implement, measured on an H100 at 16×1008×2048).
   if (size_or(gemm.m) <= 64) {
     for (int tn : {16, 32, 64}) {
-      for (int tk : fp8 ? std::vector<int>{256} : std::vector<int>{128, 256}) {
+      for (int tk : fp8 ? std::vector<int>{128} : std::vector<int>{128, 256}) {
         KernelConfig c = make_config(MainloopSchedule::pingpong, TileSchedulerKind::persistent, 64, tn, tk, 1, 1, 1, gemm);
         c.swap_ab = true;
         out.push_back(c);
       }
       for (int splits : {1, 2, 4}) {
-        KernelConfig c = make_config(MainloopSchedule::cooperative, TileSchedulerKind::stream_k, 128, tn,
-                                     fp8 ? 256 : 128, 1, 1, splits, gemm);
+        KernelConfig c = make_config(MainloopSchedule::cooperative, TileSchedulerKind::stream_k, 128, tn, 128, 1, 1,
+                                     splits, gemm);
         c.swap_ab = true;
         out.push_back(c);
       }
