@@ -43,6 +43,9 @@ cases=(
   # 96-column tile and a gated output.
   "decode_48col_cluster_n|--layout-b c --config pingpong_64x48x128_c1x2_persistent|h = acc + bias[n]; out P: bf16 = h + r[m,n]; out y: bf16 = swiglu(h); out rs = row_sum(h)"
   "split_k_gated|--layout-b c --config coop_128x96x64_c1x1_splitk4|out D: bf16 = gelu(acc * s[m] + bias[n]); out y: bf16 = swiglu(acc)"
+  # Swap-AB: the transposed problem's kernel, with C and D column-major, [n]/[m] vectors and the
+  # row/column reductions exchanged, an [m,n] operand and an extra output in the other layout.
+  "swap_ab_decode|--layout-b c --config pingpong_64x16x128_c1x1_persistent_swap|h = acc * s[m] + bias[n]; out D: bf16 = silu(h) + C; out P: f32 = h + r[m,n]; out rs = row_sum(h); out cm = col_max(h)"
   "w3_fp8|--dtype f8e4m3 --layout-b c|input sa[m]: f32; input sb[n]: f32; out D: bf16 = acc * sa[m] * sb[n]"
   "w3_fp8_blockwise|--dtype f8e4m3 --layout-b c --fp8-blockwise --fallback|input bias[n]: bf16; out D: bf16 = gelu(acc + bias[n])"
   # The sm_80 backend (CUTLASS 2.x, docs/backend.md "Target architecture"): W1; W2 with C, a DAG
