@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import _evtc
-from ._kernel import dtype_name
+from ._kernel import dtype_name, require_type
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,8 @@ def explain(expr: str, *, dtype: Any = "bf16", passes: bool = True) -> Explanati
     ``dtype`` is the default dtype of operands and [m,n] outputs the expression does not
     declare. ``str()`` of the result reads like ``evtc explain --passes``.
     """
+    require_type(expr, str, "expr", "the expression's text (a str)")
+    require_type(passes, bool, "passes", "True or False")
     r = _evtc.explain(expr, dtype_name(dtype, "dtype"), passes)
     steps = [PassStep(s["name"], s["summary"], s["changed"], s["ir"]) for s in r["passes"]]
     return Explanation(r["parsed"], r["ir"], r["hash"], r["fusable"], list(r["reasons"]), steps)

@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 from . import _evtc
 from ._kernel import (_TORCH_DTYPES, Operand, _Compiled, _is_torch_tensor, _require_cuda, _split_operands,
-                      _torch_dlpack, dtype_name)
+                      _torch_dlpack, dtype_name, require_cuda_array, require_option_types, require_out)
 
 
 class GroupedKernel(_Compiled):
@@ -96,6 +96,10 @@ class GroupedKernel(_Compiled):
                  **operands: Any) -> Any:
         # A failed background compile raises again (with nvcc's message) from the run; with
         # wait_for_compile off the call runs unfused instead, until the fused kernel is ready.
+        require_out(out)
+        if not _is_torch_tensor(x):
+            for what, array in (("x", x), ("w", w), ("offsets", offsets)):
+                require_cuda_array(array, what)
         if self._wait:
             self._wait_for_compiles()
         name = self._native.output_name
@@ -163,6 +167,10 @@ def grouped(expr: str, *, dtype: Any = "bf16", weights: str = "nk", cast_mode: s
     Epilogues a grouped kernel cannot run (``[m]``/``[m,n]`` operands, C, reductions, a
     second output) raise :class:`evtc.UserError` naming the operand.
     """
+    require_option_types(expr, strings={"weights": weights, "cast_mode": cast_mode},
+                         flags={"precise_math": precise_math, "wait_for_compile": wait_for_compile,
+                                "fp8_blockwise": fp8_blockwise},
+                         config=config, arch=arch)
     if weights not in ("nk", "kn"):
         raise _evtc.UserError(f"weights: '{weights}' is not a weight layout (expected 'nk' or 'kn')")
     o = _evtc.KernelOptions()

@@ -70,6 +70,55 @@ def dtype_name(value: Any, what: str) -> str:
                                   f"got {type(value).__name__} {value!r}")
 
 
+def require_type(value: Any, types: Union[type, tuple[type, ...]], what: str, expected: str) -> None:
+    """Raises :class:`evtc.ArgumentTypeError` naming ``what`` unless ``value`` is one of
+    ``types`` (``bool`` only where ``bool`` is named: it is an ``int`` too)."""
+    types = types if isinstance(types, tuple) else (types,)
+    ok = isinstance(value, types) and (bool in types or not isinstance(value, bool))
+    if not ok:
+        raise _evtc.ArgumentTypeError(f"{what}: expected {expected}, got {type(value).__name__} {_short(value)}")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def require_option_types(expr: Any, *, strings: dict[str, Any], flags: dict[str, Any], config: Any,
+                         arch: Any) -> None:
+    """The types of the options evtc.compile and evtc.grouped take: the expression a str,
+    ``strings`` str, ``flags`` bool, ``config`` and ``arch`` a str or None (their values are
+    checked by the native layer)."""
+    require_type(expr, str, "expr", "the expression's text (a str)")
+    for name, value in strings.items():
+        require_type(value, str, name, "a str")
+    for name, value in flags.items():
+        require_type(value, bool, name, "True or False")
+    require_type(config, (str, type(None)), "config", "a configuration name (a str) or None")
+    require_type(arch, (str, type(None)), "arch", "an architecture name such as \"sm90\" (a str) or None")
+
+
+def require_out(out: Any) -> None:
+    """``out=`` is None or a dict of output arrays by name."""
+    if out is not None and not isinstance(out, dict):
+        raise _evtc.ArgumentTypeError(f"out: expected a dict of output arrays by name (out={{'D': array}}), "
+                                      f"got {type(out).__name__}")
+
+
+def require_cuda_array(value: Any, what: str) -> None:
+    """Raises naming ``what`` unless ``value`` is an array in CUDA memory: an
+    :class:`evtc.ArgumentTypeError` for something that is no array (None, a str, a number),
+    an :class:`evtc.UserError` for an array elsewhere (a NumPy array in host memory)."""
+    if not hasattr(value, "__dlpack__"):
+        raise _evtc.ArgumentTypeError(f"{what}: expected a CUDA array (a torch tensor, or any array with __dlpack__), "
+                                      f"got {type(value).__name__} {_short(value)}")
+    device = getattr(value, "__dlpack_device__", None)
+    if device is not None:
+        why = _evtc.device_refusal(int(device()[0]), what)
+        if why:
+            raise _evtc.UserError(why)
+
+
 def _is_torch_tensor(x: Any) -> bool:
     return type(x).__module__.startswith("torch") and hasattr(x, "data_ptr")
 
@@ -202,6 +251,10 @@ class Kernel(_Compiled):
         ceil(K/128) × ceil(N/128), contiguous row-major; for ``torch._scaled_mm``'s 128×128
         ``scale_b``, pass ``scale_b.contiguous()``). Scales in other strides run the unfused path
         (with the reason logged)."""
+        require_out(out)
+        if not _is_torch_tensor(a):
+            require_cuda_array(a, "operand A")
+            require_cuda_array(b, "operand B")
         if self._options.wait_for_compile:
             self._wait_for_compiles()
         block_scales = {name: t for name, t in (("@scale_a", scale_a), ("@scale_b", scale_b)) if t is not None}
@@ -319,6 +372,10 @@ def compile(expr: str, *, a_dtype: DType = "bf16", b_dtype: DType = "bf16", a_la
     in the expression raise :class:`evtc.ParseError`; bad option values :class:`evtc.UserError`
     (a ``ValueError``), options of the wrong type :class:`evtc.ArgumentTypeError` (a ``TypeError``).
     """
+    require_option_types(expr, strings={"a_layout": a_layout, "b_layout": b_layout, "cast_mode": cast_mode},
+                         flags={"precise_math": precise_math, "disable_fusion": disable_fusion,
+                                "wait_for_compile": wait_for_compile, "fp8_blockwise": fp8_blockwise},
+                         config=config, arch=arch)
     o = _evtc.KernelOptions()
     o.a_dtype, o.b_dtype = dtype_name(a_dtype, "a_dtype"), dtype_name(b_dtype, "b_dtype")
     o.a_layout, o.b_layout = a_layout, b_layout

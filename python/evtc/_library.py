@@ -22,13 +22,20 @@ from . import _evtc
 PathLike = Union[str, "os.PathLike[str]"]
 
 
+def _path(value: Any, what: str) -> str:
+    """A path argument as a str; :class:`evtc.ArgumentTypeError` naming ``what`` otherwise."""
+    if isinstance(value, (str, os.PathLike)):
+        return os.fspath(value)
+    raise _evtc.ArgumentTypeError(f"{what}: expected a path (a str or os.PathLike), got {type(value).__name__}")
+
+
 def add_kernel_library(path: PathLike) -> dict[str, Any]:
     """Verifies the library folder (its manifest; that its kernels are for this GPU and this
     evtc's architecture, CUTLASS version, device headers and kernel ABI) and looks every kernel
     up in it, before the disk cache and nvcc, from now on. Returns its manifest as a dict
     (``dir``, ``arch``, ``cutlass``, ``nvcc``, ``evtc``, ``created``, ``kernels``). Raises
     :class:`evtc.UserError` saying why when the library is refused."""
-    return _evtc.add_kernel_library(os.fspath(path))
+    return _evtc.add_kernel_library(_path(path, "path"))
 
 
 def kernel_libraries() -> list[str]:
@@ -38,14 +45,14 @@ def kernel_libraries() -> list[str]:
 
 def read_kernel_library(path: PathLike) -> dict[str, Any]:
     """A library's manifest as a dict, without using the library."""
-    return _evtc.read_kernel_library(os.fspath(path))
+    return _evtc.read_kernel_library(_path(path, "path"))
 
 
 def record_kernels(path: Optional[PathLike]) -> None:
     """Records every kernel this process compiles or loads from now on into the kernel list at
     ``path`` (JSON; entries already in the file are kept), rewritten as kernels are added.
     ``None`` stops recording. ``EVTC_RECORD_KERNELS=path`` records from the start."""
-    _evtc.record_kernels("" if path is None else os.fspath(path))
+    _evtc.record_kernels("" if path is None else _path(path, "path"))
 
 
 def build_kernel_library(path: PathLike, kernels: Union[PathLike, dict, list]) -> dict[str, Any]:
@@ -53,15 +60,21 @@ def build_kernel_library(path: PathLike, kernels: Union[PathLike, dict, list]) -
     ``kernels`` is a kernel list: the path of its JSON file (as :func:`record_kernels` writes),
     the list as a dict, or its ``"kernels"`` entries as a list. Needs nvcc and CUTLASS, not a
     GPU. Returns ``{"dir", "kernels", "added", "compiled", "seconds", "errors"}``; kernels that
-    failed to compile are left out and named in ``errors``."""
+    failed to compile are left out and named in ``errors``. Errors are :class:`evtc.Error`\ s: a
+    kernel list file that cannot be read is a :class:`evtc.UserError` naming it."""
+    folder = _path(path, "path")
     if isinstance(kernels, list):
         text = _evtc.kernel_list_of(json.dumps(kernels))
     elif isinstance(kernels, dict):
         text = json.dumps(kernels)
     else:
-        with open(os.fspath(kernels)) as f:
-            text = f.read()
-    return _evtc.build_kernel_library(text, os.fspath(path))
+        list_path = _path(kernels, "kernels (a kernel list: its file's path, a dict or a list)")
+        try:
+            with open(list_path) as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise _evtc.UserError(f"kernel list {list_path}: {getattr(e, 'strerror', None) or e}") from e
+    return _evtc.build_kernel_library(text, folder)
 
 
 def preset_kernel_list(name: str = "transformer", shapes: Iterable[tuple[int, int, int]] = ()) -> dict:

@@ -327,6 +327,7 @@ NB_MODULE(_evtc, m) {
   m.def("parse", [](const std::string& expr, const std::string& dtype) {
           return print(parse(expr, dtype, dtype));
         }, "expr"_a, "dtype"_a = "bf16");
+  m.def("device_refusal", &python::device_refusal, "device_type"_a, "what"_a);
   m.def("explain", &explain, "expr"_a, "dtype"_a = "bf16", "passes"_a = false);
   // Kernel libraries (evtc/kernel_library.hpp).
   m.def("add_kernel_library", [](const std::string& dir) { return library_dict(add_kernel_library(dir)); }, "dir"_a);

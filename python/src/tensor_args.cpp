@@ -53,12 +53,15 @@ DType element_type(const nb::ndarray<>& array, const std::string& what,
 
 }  // namespace
 
+std::string device_refusal(int device_type, const std::string& what) {
+  if (device_type == nb::device::cuda::value) return "";
+  return fmt::format("{} is not on a CUDA device (DLPack device type {}): evtc runs on CUDA tensors", what,
+                     device_type);
+}
+
 TensorRef tensor_ref(const nb::ndarray<>& array, const std::string& what,
                      const std::optional<std::string>& dtype_override) {
-  if (array.device_type() != nb::device::cuda::value)
-    throw UserError(fmt::format("{} is not on a CUDA device (DLPack device type {}): evtc runs "
-                                "on CUDA tensors",
-                                what, int(array.device_type())));
+  if (std::string why = device_refusal(int(array.device_type()), what); !why.empty()) throw UserError(why);
   TensorRef t;
   t.data = array.data();
   t.dtype = element_type(array, what, dtype_override);
@@ -89,10 +92,7 @@ TensorRef tensor_ref(const nb::ndarray<>& array, const std::string& what,
 }
 
 BatchedTensorRef batched_tensor_ref(const nb::ndarray<>& array, const std::string& what, bool k_major) {
-  if (array.device_type() != nb::device::cuda::value)
-    throw UserError(fmt::format("{} is not on a CUDA device (DLPack device type {}): evtc runs "
-                                "on CUDA tensors",
-                                what, int(array.device_type())));
+  if (std::string why = device_refusal(int(array.device_type()), what); !why.empty()) throw UserError(why);
   if (array.ndim() != 3)
     throw UserError(fmt::format("{} has {} dimensions; expected 3 (G × K × N, one K×N matrix per "
                                 "group, as torch._grouped_mm takes its second operand)",

@@ -12,6 +12,11 @@
 
 namespace evtc::python {
 
+// Why an array on a device of DLPack type `device_type` cannot be an operand named `what`
+// (empty for CUDA memory): the one check of where arrays live, which the Python layer also
+// asks before it binds anything (so that a host array is named before a missing output is).
+std::string device_refusal(int device_type, const std::string& what);
+
 // A view of a 0-, 1- or 2-dimensional CUDA array as an evtc TensorRef. `what` names the
 // operand in error messages ("operand 'bias'"). `dtype_override` gives the element type of a
 // uint8 array that holds fp8 values (frameworks without fp8 in DLPack pass fp8 as bytes).

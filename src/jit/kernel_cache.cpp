@@ -340,8 +340,7 @@ std::string host_name() {
 }
 
 double lock_timeout_s() {
-  const char* raw = std::getenv("EVTC_LOCK_TIMEOUT");
-  const std::string v = raw ? raw : "";
+  const std::string v = env_text(Env::lock_timeout).value_or("");
   if (v.empty()) return 1800.0;
   try {
     size_t used = 0;
@@ -495,7 +494,7 @@ EntryLock& EntryLock::operator=(EntryLock&& o) noexcept {
 }
 
 std::string machine_slot_dir() {
-  if (const char* d = std::getenv("EVTC_MACHINE_SLOT_DIR"); d && *d) return d;
+  if (const auto d = env_text(Env::machine_slot_dir)) return *d;
   return (fs::temp_directory_path() / fmt::format("evtc-compile-slots-{}", static_cast<long>(getuid()))).string();
 }
 
@@ -659,7 +658,7 @@ std::string compile_into_cache(const CompileRequest& req, const std::string& key
     bool keep = false;
     ~RemoveUnlessKept() {
       std::error_code ec;
-      if (!keep && !env_flag("EVTC_KEEP_TEMPORARIES")) fs::remove_all(dir, ec);
+      if (!keep && !env_flag(Env::keep_temporaries)) fs::remove_all(dir, ec);
     }
   } folder{tmp};
   write_file(tmp / "kernel.cu", req.source);
@@ -713,7 +712,7 @@ std::string compile_into_cache(const CompileRequest& req, const std::string& key
     // Another process finished the same key first: keep its entry if it is intact, else
     // replace it (once).
     if (entry_intact(final_dir) || attempt > 0) {
-      if (!env_flag("EVTC_KEEP_TEMPORARIES")) fs::remove_all(tmp, ec);
+      if (!env_flag(Env::keep_temporaries)) fs::remove_all(tmp, ec);
       if (!entry_intact(final_dir))
         throw RuntimeError(fmt::format("cannot move the compiled kernel into {}: {}", final_dir.string(), reason));
       break;
@@ -747,10 +746,10 @@ void* Library::symbol(const char* name) const {
 }
 
 std::string cache_dir() {
-  if (const char* d = std::getenv("EVTC_CACHE_DIR"); d && *d) return d;
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return (fs::path(x) / "evtc").string();
-  const char* home = std::getenv("HOME");
-  return (fs::path(home ? home : "/tmp") / ".cache" / "evtc").string();
+  if (const auto d = env_text(Env::cache_dir)) return *d;
+  if (const auto x = env_text(Env::xdg_cache_home)) return (fs::path(*x) / "evtc").string();
+  const auto home = env_text(Env::home);
+  return (fs::path(home.value_or("/tmp")) / ".cache" / "evtc").string();
 }
 
 std::string cache_key(const CompileRequest& req) {
@@ -836,7 +835,7 @@ BackgroundCompiler& background_compiler() {
 }  // namespace
 
 int compile_slots_from_env() {
-  const size_t n = env_count("EVTC_COMPILE_JOBS", "the CPU count", max_compile_slots).value_or(0);
+  const size_t n = env_count(Env::compile_jobs, "the CPU count", max_compile_slots).value_or(0);
   return n > 0 ? int(n) : int(std::max(1u, std::thread::hardware_concurrency()));
 }
 
@@ -1065,8 +1064,8 @@ size_t parse_size(const std::string& text, const std::string& what) {
 }
 
 std::optional<size_t> cache_size_limit() {
-  const char* v = std::getenv("EVTC_CACHE_SIZE_LIMIT");
-  const size_t bytes = v && *v ? parse_size(v, "EVTC_CACHE_SIZE_LIMIT") : size_t(10) << 30;
+  const auto v = env_text(Env::cache_size_limit);
+  const size_t bytes = v ? parse_size(*v, std::string(env_name(Env::cache_size_limit))) : size_t(10) << 30;
   if (bytes == 0) return std::nullopt;
   return bytes;
 }

@@ -241,9 +241,9 @@ LibraryManifest add_locked(Registry& r, const std::string& dir_in) {
 void read_env_locked(Registry& r) {
   if (r.env_read) return;
   r.env_read = true;
-  const char* v = std::getenv("EVTC_KERNEL_LIBRARY");
-  if (!v || !*v) return;
-  std::stringstream dirs(v);
+  const auto v = env_text(Env::kernel_library);
+  if (!v) return;
+  std::stringstream dirs(*v);
   for (std::string dir; std::getline(dirs, dir, ':');) {
     if (dir.empty()) continue;
     try {

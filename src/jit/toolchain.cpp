@@ -19,16 +19,14 @@
 
 #include "evtc/error.hpp"
 #include "jit/process.hpp"
+#include "support/environment.hpp"
 
 namespace fs = std::filesystem;
 
 namespace evtc::jit {
 namespace {
 
-std::string env(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? v : "";
-}
+std::string env(Env e) { return env_text(e).value_or(""); }
 
 bool is_executable(const fs::path& p) {
   std::error_code ec;
@@ -36,14 +34,14 @@ bool is_executable(const fs::path& p) {
 }
 
 std::string find_nvcc() {
-  if (auto v = env("CUDACXX"); !v.empty()) {
+  if (auto v = env(Env::cudacxx); !v.empty()) {
     if (is_executable(v)) return v;
-    throw RuntimeError(fmt::format("CUDACXX={} is not an executable nvcc", v));
+    throw RuntimeError(fmt::format("{}={} is not an executable nvcc", env_name(Env::cudacxx), v));
   }
-  for (const char* var : {"CUDA_HOME", "CUDA_PATH"})
+  for (Env var : {Env::cuda_home, Env::cuda_path})
     if (auto v = env(var); !v.empty() && is_executable(fs::path(v) / "bin" / "nvcc"))
       return (fs::path(v) / "bin" / "nvcc").string();
-  std::stringstream path(env("PATH"));
+  std::stringstream path(env(Env::path));
   for (std::string dir; std::getline(path, dir, ':');)
     if (!dir.empty() && is_executable(fs::path(dir) / "nvcc")) return (fs::path(dir) / "nvcc").string();
   if (is_executable(fs::path(EVTC_CUDA_BIN_DIR) / "nvcc"))
@@ -100,11 +98,11 @@ std::string find_cutlass_unchecked() {
       if (fs::exists(inc / "cutlass" / "cutlass.h")) return inc.string();
     return "";
   };
-  for (const char* var : {"EVTC_CUTLASS_DIR", "CUTLASS_DIR"})
+  for (Env var : {Env::cutlass_dir, Env::cutlass_dir_plain})
     if (auto v = env(var); !v.empty()) {
       if (auto inc = ok(v); !inc.empty()) return inc;
       throw RuntimeError(fmt::format(
-          "{}={} holds no CUTLASS headers (expected include/cutlass/cutlass.h under it)", var, v));
+          "{}={} holds no CUTLASS headers (expected include/cutlass/cutlass.h under it)", env_name(var), v));
     }
   std::string set;
   {
@@ -161,7 +159,7 @@ std::string cutlass_version(const std::string& include) {
 
 std::string find_evtc_include() {
   const fs::path lib = library_dir();
-  std::vector<std::string> candidates = {env("EVTC_INCLUDE_DIR")};
+  std::vector<std::string> candidates = {env(Env::include_dir)};
   if (!lib.empty()) {
     candidates.push_back((lib / "include").string());  // the Python package: evtc/include beside the library
     candidates.push_back((lib / EVTC_LIBDIR_TO_INCLUDEDIR).lexically_normal().string());  // an install

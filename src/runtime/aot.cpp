@@ -201,12 +201,12 @@ Recorder& recorder() {
 void read_record_env(Recorder& r) {
   if (r.env_read) return;
   r.env_read = true;
-  const char* p = std::getenv("EVTC_RECORD_KERNELS");
-  if (!p || !*p) return;
+  const auto p = env_text(Env::record_kernels);
+  if (!p) return;
   try {
-    r.start(p);
+    r.start(*p);
   } catch (const Error& e) {
-    r.say(fmt::format("EVTC_RECORD_KERNELS: {}", e.what()));
+    r.say(fmt::format("{}: {}", env_name(Env::record_kernels), e.what()));
   }
 }
 

@@ -130,7 +130,7 @@ GroupedKernel::GroupedKernel(const Graph& graph, const GroupedOptions& options)
   impl_->graph = run_pipeline(graph, popts);
   impl_->input_graph = graph;
   impl_->options = options;
-  impl_->wait_for_compile = options.wait_for_compile || env_flag("EVTC_WAIT_FOR_COMPILE");
+  impl_->wait_for_compile = options.wait_for_compile || env_flag(Env::wait_for_compile);
   impl_->arch = target_arch(options.arch);
   impl_->config = options.config.value_or(default_grouped_config(options.gemm));
   impl_->config.precise_math = options.precise_math;

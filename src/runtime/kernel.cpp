@@ -43,14 +43,14 @@ void cuda_check(cudaError_t e, const char* what) {
 }
 
 TuneMode tune_mode_from_env(TuneMode fallback) {
-  const char* v = std::getenv("EVTC_TUNE");
-  if (!v || !*v) return fallback;
-  if (auto m = parse_tune_mode(v)) return *m;
-  throw UserError(fmt::format("EVTC_TUNE='{}': expected off, first-call or ahead", v));
+  const auto v = env_text(Env::tune);
+  if (!v) return fallback;
+  if (auto m = parse_tune_mode(*v)) return *m;
+  throw UserError(fmt::format("{}='{}': expected off, first-call or ahead", env_name(Env::tune), *v));
 }
 
 size_t max_candidates_from_env(int fallback) {
-  return env_count("EVTC_TUNE_MAX_CANDIDATES", "no limit").value_or(size_t(std::max(fallback, 0)));
+  return env_count(Env::tune_max_candidates, "no limit").value_or(size_t(std::max(fallback, 0)));
 }
 
 }  // namespace
@@ -142,7 +142,14 @@ std::shared_ptr<jit::Library> Kernel::Impl::fallback_library() const {
   return lib;
 }
 
+void require_problem_size(int64_t m, int64_t n, int64_t k) {
+  for (auto [name, v] : {std::pair{'M', m}, std::pair{'N', n}, std::pair{'K', k}})
+    if (v < 0)
+      throw UserError(fmt::format("problem size {}={}: sizes are positive, or 0 where not known yet", name, v));
+}
+
 std::string Kernel::Impl::fallback_reason(int64_t m, int64_t n, int64_t k) const {
+  require_problem_size(m, n, k);
   if (fusion_disabled) return "fusion is disabled (EVTC_DISABLE=1 or disable_fusion)";
   GemmDesc g = options.gemm;
   g.m = m;
@@ -288,8 +295,8 @@ Kernel::Kernel(const Graph& graph, const CompileOptions& given) : impl_(std::mak
   impl_->signature = make_signature(impl_->graph);
   impl_->tune_mode = tune_mode_from_env(options.tune_mode);
   impl_->tune_max_candidates = max_candidates_from_env(options.tune_max_candidates);
-  impl_->fusion_disabled = options.disable_fusion || env_flag("EVTC_DISABLE");
-  impl_->wait_for_compile = options.wait_for_compile || env_flag("EVTC_WAIT_FOR_COMPILE");
+  impl_->fusion_disabled = options.disable_fusion || env_flag(Env::disable);
+  impl_->wait_for_compile = options.wait_for_compile || env_flag(Env::wait_for_compile);
 }
 
 Kernel::~Kernel() = default;

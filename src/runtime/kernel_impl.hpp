@@ -65,6 +65,10 @@ class StreamWorkspaces {
   uint64_t uses_ = 0;
 };
 
+// The sizes a caller asks about (compile, config_for, fallback_reason, ...): positive, or 0
+// where not known yet; a UserError naming the first negative one otherwise.
+void require_problem_size(int64_t m, int64_t n, int64_t k);
+
 struct Kernel::Impl {
   Graph graph;
   CompileOptions options;

@@ -1,4 +1,5 @@
 #include "evtc/log.hpp"
+#include "support/environment.hpp"
 
 #include <unistd.h>
 
@@ -50,13 +51,13 @@ const std::vector<std::string>& log_level_names() {
 
 LogLevel log_level() {
   if (const int set = level_override().load(); set >= 0) return LogLevel(set);
-  const char* v = std::getenv("EVTC_LOG");
+  const auto v = env_text(Env::log);
   const LogLevel fallback = LogLevel(default_level().load());
-  if (!v || !*v) return fallback;
-  if (auto level = parse_log_level(v)) return *level;
+  if (!v) return fallback;
+  if (auto level = parse_log_level(*v)) return *level;
   static std::once_flag said;
   std::call_once(said, [&] {
-    write_line(std::string("evtc: EVTC_LOG='") + v + "' is not a level (error, warning, info, debug): using " +
+    write_line(std::string("evtc: EVTC_LOG='") + *v + "' is not a level (error, warning, info, debug): using " +
                std::string(log_level_name(fallback)) + "\n");
   });
   return fallback;

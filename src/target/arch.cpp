@@ -7,6 +7,7 @@
 
 #include "evtc/error.hpp"
 #include "target/device_info.hpp"
+#include "support/environment.hpp"
 
 namespace evtc {
 
@@ -123,7 +124,7 @@ bool code_runs_on(int arch, int device_arch) {
 }
 
 int target_arch(std::optional<int> option) {
-  if (const char* env = std::getenv("EVTC_ARCH"); env && *env) return parse_arch(env, "EVTC_ARCH");
+  if (const auto env = env_text(Env::arch)) return parse_arch(*env, env_name(Env::arch));
   if (option) return *option;
   if (const auto device = current_device(); device && device->arch > 0) return device->arch;
   return kVerifiedArch;

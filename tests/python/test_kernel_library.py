@@ -75,3 +75,23 @@ def test_without_nvcc_the_fx_pass_leaves_kernels_no_library_holds_to_inductor(tm
     assert result["available"] is False
     assert result["fused"] == 0
     assert any("no nvcc here" in r and "kernel library" in r for r in result["refused"]), result
+
+
+def test_library_calls_raise_evtc_errors_naming_the_argument(tmp_path):
+    with pytest.raises(evtc.UserError, match=r"kernel list .*nowhere.json: No such file or directory"):
+        evtc.build_kernel_library(tmp_path / "lib", tmp_path / "nowhere.json")
+    (tmp_path / "folder.json").mkdir()
+    with pytest.raises(evtc.UserError, match=r"kernel list .*folder.json: Is a directory"):
+        evtc.build_kernel_library(tmp_path / "lib", tmp_path / "folder.json")
+    with pytest.raises(evtc.ArgumentTypeError, match=r"kernels \(a kernel list: .*\): expected a path .*got int"):
+        evtc.build_kernel_library(tmp_path / "lib", 5)
+    with pytest.raises(evtc.ArgumentTypeError, match="path: expected a path .*got NoneType"):
+        evtc.build_kernel_library(None, [])
+    with pytest.raises(evtc.ArgumentTypeError, match="path: expected a path .*got int"):
+        evtc.add_kernel_library(3)
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(evtc.EvtcRuntimeError, match="cannot create the library folder .*afile: Not a directory"):
+        evtc.build_kernel_library(tmp_path / "afile", [{"expr": "out D = acc"}])
+    (tmp_path / "lib2" / "manifest.json").mkdir(parents=True)
+    with pytest.raises(evtc.UserError, match="manifest.json is a folder, not a file"):
+        evtc.build_kernel_library(tmp_path / "lib2", [{"expr": "out D = acc"}])

@@ -169,3 +169,52 @@ def test_the_package_finds_its_headers_and_cutlass_without_environment_variables
     assert cutlass == os.path.join(pkg, "cutlass", "include")
     assert headers == os.path.join(pkg, "include")
     assert version.startswith("4.2.")
+
+
+def test_options_of_the_wrong_type_are_argument_type_errors():
+    expr = "out D = acc"
+    cases = [
+        (lambda: evtc.compile(None), "expr: expected the expression's text (a str), got NoneType None"),
+        (lambda: evtc.compile(expr, a_layout=None), "a_layout: expected a str, got NoneType None"),
+        (lambda: evtc.compile(expr, precise_math="yes"), "precise_math: expected True or False, got str 'yes'"),
+        (lambda: evtc.compile(expr, wait_for_compile=1), "wait_for_compile: expected True or False, got int 1"),
+        (lambda: evtc.compile(expr, config=5), "config: expected a configuration name (a str) or None, got int 5"),
+        (lambda: evtc.compile(expr, arch=90), 'arch: expected an architecture name such as "sm90" (a str) or None'),
+        (lambda: evtc.explain(None), "expr: expected the expression's text (a str), got NoneType"),
+        (lambda: evtc.explain(expr, passes="no"), "passes: expected True or False, got str 'no'"),
+        (lambda: evtc.grouped(None), "expr: expected the expression's text (a str), got NoneType"),
+        (lambda: evtc.grouped(expr, weights=1), "weights: expected a str, got int 1"),
+    ]
+    for call, message in cases:
+        with pytest.raises(evtc.ArgumentTypeError) as e:
+            call()
+        assert message in str(e.value)
+        assert isinstance(e.value, TypeError) and isinstance(e.value, evtc.Error)
+
+
+def test_a_call_names_what_is_wrong_with_its_arrays():
+    k = evtc.compile("out D = acc")
+    for a, b in ((None, None), ("a", "b"), (3, 4)):
+        with pytest.raises(evtc.ArgumentTypeError, match="operand A: expected a CUDA array"):
+            k(a, b)
+        with pytest.raises(evtc.ArgumentTypeError, match="operand A: expected a CUDA array"):
+            k(a, b, out={"D": None})
+    numpy = pytest.importorskip("numpy")
+    a, b = numpy.ones((4, 8), numpy.float32), numpy.ones((8, 16), numpy.float32)
+    with pytest.raises(evtc.UserError, match=r"operand A is not on a CUDA device \(DLPack device type 1\)"):
+        k(a, b)  # before the missing output D is noticed
+    with pytest.raises(evtc.ArgumentTypeError, match="out: expected a dict of output arrays by name.*got ndarray"):
+        k(a, b, out=a)
+    with pytest.raises(evtc.ArgumentTypeError, match="out: expected a dict .*got int"):
+        k(a, b, out=5)
+
+
+def test_negative_problem_sizes_are_refused_naming_the_size():
+    k = evtc.compile("out D = acc")
+    with pytest.raises(evtc.UserError, match=r"problem size M=-128: sizes are positive, or 0 where not known yet"):
+        k.compile(-128, 128, 128)
+    with pytest.raises(evtc.UserError, match="problem size N=-1"):
+        k.config_for(128, -1, 128)
+    with pytest.raises(evtc.UserError, match="problem size K=-5"):
+        k.fallback_reason(16, 16, -5)
+    assert k.config_for(0, 0, 0)  # unknown sizes: the large-problem default

@@ -460,26 +460,27 @@ TEST(Environment, CompileJobsIsACount) {
 
 TEST(Environment, CountsAreBoundedAndNamedWithTheirRange) {
   {
-    ScopedEnv count("EVTC_TEST_COUNT", "2147483647");
-    EXPECT_EQ(env_count("EVTC_TEST_COUNT", "none"), size_t(2147483647));
+    ScopedEnv count("EVTC_TUNE_MAX_CANDIDATES", "2147483647");
+    EXPECT_EQ(env_count(Env::tune_max_candidates, "none"), size_t(2147483647));
   }
-  ScopedEnv count("EVTC_TEST_COUNT", "18446744073709551617");
+  ScopedEnv count("EVTC_TUNE_MAX_CANDIDATES", "18446744073709551617");
   try {
-    env_count("EVTC_TEST_COUNT", "none");
+    env_count(Env::tune_max_candidates, "none");
     ADD_FAILURE() << "2^64 + 1 was accepted";
   } catch (const UserError& e) {
-    EXPECT_EQ(std::string(e.what()), "EVTC_TEST_COUNT='18446744073709551617': expected a count from 0 to 2147483647 (0: none)");
+    EXPECT_EQ(std::string(e.what()),
+              "EVTC_TUNE_MAX_CANDIDATES='18446744073709551617': expected a count from 0 to 2147483647 (0: none)");
   }
 }
 
 TEST(Environment, FlagsAreSetNonEmptyAndNotZero) {
   for (auto [value, want] : {std::pair<std::optional<std::string>, bool>{std::nullopt, false},
                              {"", false}, {"0", false}, {"1", true}, {"yes", true}}) {
-    ScopedEnv flag("EVTC_TEST_FLAG", value);
-    EXPECT_EQ(env_flag("EVTC_TEST_FLAG"), want) << value.value_or("(unset)");
+    ScopedEnv flag("EVTC_KEEP_TEMPORARIES", value);
+    EXPECT_EQ(env_flag(Env::keep_temporaries), want) << value.value_or("(unset)");
   }
-  ScopedEnv count("EVTC_TEST_COUNT", "");
-  EXPECT_EQ(env_count("EVTC_TEST_COUNT", "none"), std::nullopt);
+  ScopedEnv count("EVTC_TUNE_MAX_CANDIDATES", "");
+  EXPECT_EQ(env_count(Env::tune_max_candidates, "none"), std::nullopt);
 }
 
 TEST_F(KernelCache, BackgroundCompileErrorReachesTheFutureAndIsNotRemembered) {

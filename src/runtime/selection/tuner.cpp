@@ -77,6 +77,7 @@ std::optional<tuning::ProblemIdentity> Kernel::Impl::identity() const {
 }
 
 ConfigChoice Kernel::Impl::choose_config(int64_t m, int64_t n, int64_t k) const {
+  require_problem_size(m, n, k);
   ConfigChoice choice;
   if (options.config) {
     choice.config = *options.config;
@@ -294,6 +295,7 @@ ConfigChoice Kernel::config_choice(int64_t m, int64_t n, int64_t k) const {
 }
 
 std::vector<KernelConfig> Kernel::tuning_candidates(int64_t m, int64_t n, int64_t k) const {
+  require_problem_size(m, n, k);
   GemmDesc g = impl_->options.gemm;
   g.m = m;
   g.n = n;
