@@ -16,6 +16,7 @@
 #include "jit/kernel_cache.hpp"
 #include "jit/kernel_library.hpp"
 #include "runtime/bind.hpp"
+#include "runtime/grouped_bind.hpp"
 #include "runtime/selection/cost_model.hpp"
 #include "runtime/kernel_requests.hpp"
 #include "evtc/options.hpp"
@@ -243,27 +244,9 @@ FusionEstimate GroupedKernel::estimate(int64_t total_m, int64_t n, int64_t k, in
   return e;
 }
 
-namespace {
-
-// What a grouped problem with N output columns and K must be, on either path.
-std::string shape_problem(bool gated, const std::string& output, int64_t n, int64_t k, DType x_dtype) {
-  if (gated && n % 2 != 0)
-    return fmt::format("output '{}' is gated (one column per interleaved (gate, up) pair of the weights' N "
-                       "rows): N={} must be even",
-                       output, n);
-  const int64_t per_row = 16 / dtype_bytes(x_dtype);
-  if (k % per_row != 0)
-    return fmt::format("K={} is not a multiple of {} ({} x and weights need 16-byte rows)", k, per_row,
-                       dtype_name(x_dtype));
-  if (n % 8 != 0) return fmt::format("N={} is not a multiple of 8 (the output's rows must be 16-byte aligned)", n);
-  return {};
-}
-
-}  // namespace
-
 std::string GroupedKernel::shape_reason(int64_t n, int64_t k) const {
   if (std::string why = grouped_arch_refusal(impl_->arch); !why.empty()) return why;
-  return shape_problem(impl_->gated, impl_->output, n, k, impl_->options.gemm.a_dtype);
+  return runtime::grouped_shape_problem(impl_->gated, impl_->output, n, k, impl_->options.gemm.a_dtype);
 }
 
 namespace {
@@ -272,195 +255,20 @@ void cuda_check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw RuntimeError(fmt::format("{}: {}", what, cudaGetErrorString(e)));
 }
 
-// TMA reads and writes rows of 16 bytes: base addresses and leading dimensions must be
-// multiples of 16 bytes.
-void require_aligned(const std::string& what, const void* data, int64_t ld, DType dtype) {
-  const int64_t bytes = dtype_bytes(dtype);
-  if (reinterpret_cast<uintptr_t>(data) % 16 != 0)
-    throw UserError(fmt::format("{}: its data must be 16-byte aligned", what));
-  if ((ld * bytes) % 16 != 0)
-    throw UserError(fmt::format("{}: its row stride ({} elements) must be a multiple of {} elements "
-                                "(16 bytes)",
-                                what, ld, 16 / bytes));
-}
-
 }  // namespace
 
 ExecutionPath GroupedKernel::run(const GroupedArguments& args, cudaStream_t stream) const {
   const Impl& im = *impl_;
   const GemmDesc& gemm = im.options.gemm;
   const KernelSignature& sig = im.signature;
-  // Device pointers are checked after every shape, dtype and stride (cheap checks first, and
-  // they need no GPU).
-  std::vector<std::pair<const void*, std::string>> device_ptrs;
-  // --- X, W, offsets -----------------------------------------------------------------------
-  if (!args.x()) throw UserError("grouped operand x (the token matrix) was not given");
-  if (!args.weights()) throw UserError("grouped operand weights was not given");
-  const TensorRef& X = *args.x();
-  const BatchedTensorRef& W = *args.weights();
-  const int64_t total_m = X.rows, k = X.cols;
-  if (X.dtype != gemm.a_dtype)
-    throw UserError(fmt::format("x is {} but the kernel was compiled for {}", dtype_name(X.dtype),
-                                dtype_name(gemm.a_dtype)));
-  if (W.dtype != gemm.b_dtype)
-    throw UserError(fmt::format("weights are {} but the kernel was compiled for {}", dtype_name(W.dtype),
-                                dtype_name(gemm.b_dtype)));
-  if (X.col_stride != 1 || X.row_stride < k)
-    throw UserError(fmt::format("x must be row-major (sum of M_g × K with unit column stride); got "
-                                "strides ({}, {})",
-                                X.row_stride, X.col_stride));
-  if (total_m < 0 || k <= 0) throw UserError(fmt::format("x is {}×{}: K must be positive", total_m, k));
-  const int64_t groups = W.batches;
-  if (groups <= 0) throw UserError("weights: there must be at least one group");
-  const bool k_major = gemm.b_layout == Layout::col_major;
-  const int64_t n = k_major ? W.rows : W.cols;
-  const int64_t w_k = k_major ? W.cols : W.rows;
-  const char* w_shape = k_major ? "[G, N, K]" : "[G, K, N]";
-  if (W.col_stride != 1)
-    throw UserError(fmt::format(
-        "weights must be {} with unit stride along {} ({}); got a column stride of {}{}", w_shape,
-        k_major ? "K" : "N", k_major ? "each group's N×K is K-major, like nn.Linear's weight" : "N-major",
-        W.col_stride, k_major ? " (pass W.transpose(1, 2).contiguous(), or build the kernel for G×K×N "
-                                "weights: GemmDesc::b_layout = row_major)"
-                              : ""));
-  if (w_k != k)
-    throw UserError(fmt::format("weights are {} = [{}, {}, {}] but x has K={} columns", w_shape, groups,
-                                W.rows, W.cols, k));
-  if (n <= 0) throw UserError("weights: N must be positive");
-  if (W.row_stride < W.cols || W.batch_stride < W.rows * W.row_stride)
-    throw UserError(fmt::format("weights: strides ({}, {}, 1) overlap for shape [{}, {}, {}]",
-                                W.batch_stride, W.row_stride, groups, W.rows, W.cols));
-  if (const std::string why = shape_problem(im.gated, im.output, n, k, gemm.a_dtype); !why.empty())
-    throw UserError(why);
-  if (!args.offsets()) throw UserError("offsets (the groups' int32 end offsets) were not given");
-  if (args.offsets_count() != groups)
-    throw UserError(fmt::format("offsets has {} entries but the weights have {} groups: give one end "
-                                "offset per group",
-                                args.offsets_count(), groups));
-  require_aligned("x", X.data, X.row_stride, X.dtype);
-  require_aligned("weights", W.data, W.row_stride, W.dtype);
-  if ((W.batch_stride * dtype_bytes(W.dtype)) % 16 != 0)
-    throw UserError("weights: the stride between groups must be a multiple of 16 bytes");
-  if (total_m > 0) device_ptrs.emplace_back(X.data, "x");
-  device_ptrs.emplace_back(W.data, "weights");
-  device_ptrs.emplace_back(args.offsets(), "offsets");
-
-  // --- fp8 block scales --------------------------------------------------------------------
-  const int64_t kb = fp8_scale_blocks(k), nb = fp8_scale_blocks(n);
-  const std::optional<TensorRef>& scale_a = args.scale_a();
-  const std::optional<BatchedTensorRef>& scale_b = args.scale_b();
-  if (!gemm.fp8_blockwise) {
-    if (scale_a || scale_b)
-      throw UserError(fmt::format("{} given, but the grouped kernel was not built for fp8 block scales "
-                                  "(fp8_blockwise)",
-                                  scale_a ? "scale_a" : "scale_b"));
-  } else {
-    if (!scale_a)
-      throw UserError(fmt::format("scale_a was not given: a block-scaled grouped kernel needs x's f32 scales, a "
-                                  "total_m × ceil(K/128) = {}×{} matrix",
-                                  total_m, kb));
-    if (!scale_b)
-      throw UserError(fmt::format("scale_b was not given: a block-scaled grouped kernel needs the weights' f32 "
-                                  "scales, G × ceil(N/128) × ceil(K/128) = {}×{}×{}",
-                                  groups, nb, kb));
-    if (scale_a->dtype != DType::f32)
-      throw UserError(fmt::format("scale_a: dtype {} given, block scales are f32", dtype_name(scale_a->dtype)));
-    if (scale_b->dtype != DType::f32)
-      throw UserError(fmt::format("scale_b: dtype {} given, block scales are f32", dtype_name(scale_b->dtype)));
-    if (scale_a->rows != total_m || scale_a->cols != kb)
-      throw UserError(fmt::format("scale_a: shape {}×{} given, expected total_m × ceil(K/128) = {}×{} (one scale "
-                                  "per row of x and 128 of K)",
-                                  scale_a->rows, scale_a->cols, total_m, kb));
-    if (scale_b->batches != groups || scale_b->rows != nb || scale_b->cols != kb)
-      throw UserError(fmt::format("scale_b: shape {}×{}×{} given, expected G × ceil(N/128) × ceil(K/128) = "
-                                  "{}×{}×{} (one scale per 128×128 block of each group's N×K weights)",
-                                  scale_b->batches, scale_b->rows, scale_b->cols, groups, nb, kb));
-    if (scale_a->row_stride < 0 || scale_a->col_stride < 0 || scale_b->batch_stride < 0 || scale_b->row_stride < 0 ||
-        scale_b->col_stride < 0)
-      throw UserError("scale_a, scale_b: strides must not be negative");
-    if (total_m > 0) device_ptrs.emplace_back(scale_a->data, "scale_a");
-    device_ptrs.emplace_back(scale_b->data, "scale_b");
-  }
-
-  // --- the output ------------------------------------------------------------------------
+  const runtime::GroupedCall call = runtime::bind_grouped(sig, gemm, im.gated, im.output, im.output_dtype, args);
+  const TensorRef& X = call.x;
+  const BatchedTensorRef& W = call.w;
+  const TensorRef& Y = call.y;
+  const int64_t groups = call.groups, total_m = call.total_m, n = call.n, k = call.k;
+  const int64_t kb = call.k_blocks, nb = call.n_blocks;
   const std::string& out_name = im.output;
-  const int64_t out_cols = im.gated ? n / 2 : n;
-  const char* out_shape = im.gated ? "[m,n/2], sum of M_g × N/2" : "[m,n], sum of M_g × N";
-  auto out = args.tensors().find(out_name);
-  if (out == args.tensors().end())
-    throw UserError(fmt::format("output '{}' ({}{}) was not given", out_name, dtype_name(im.output_dtype),
-                                out_shape));
-  const TensorRef& Y = out->second;
-  if (Y.dtype != im.output_dtype)
-    throw UserError(fmt::format("output '{}' is {} but the epilogue writes {}", out_name,
-                                dtype_name(Y.dtype), dtype_name(im.output_dtype)));
-  if (Y.rows != total_m || Y.cols != out_cols || Y.col_stride != 1 || Y.row_stride < out_cols)
-    throw UserError(fmt::format("output '{}' must be a row-major {}×{} matrix (x's rows × {}); got {}×{} "
-                                "with strides ({}, {})",
-                                out_name, total_m, out_cols, im.gated ? "N/2" : "N", Y.rows, Y.cols,
-                                Y.row_stride, Y.col_stride));
-  if (im.gated) {
-    // Written element by element from registers (no TMA): only the element's alignment.
-    if (reinterpret_cast<uintptr_t>(Y.data) % uintptr_t(dtype_bytes(Y.dtype)) != 0)
-      throw UserError(fmt::format("output '{}': its data must be aligned to its {}-byte elements", out_name,
-                                  dtype_bytes(Y.dtype)));
-  } else {
-    require_aligned(fmt::format("output '{}'", out_name), Y.data, Y.row_stride, Y.dtype);
-  }
-  if (total_m > 0) device_ptrs.emplace_back(Y.data, fmt::format("output '{}'", out_name));
-
-  // --- epilogue operands -----------------------------------------------------------------
-  std::vector<void*> ptrs;
-  std::vector<int64_t> group_strides;
-  for (const OperandSlot& s : sig.pointers) {
-    if (s.is_output) {  // the gated output Y (its half store also reads a.y's per-group table)
-      ptrs.push_back(Y.data);
-      group_strides.push_back(0);
-      continue;
-    }
-    auto it = args.tensors().find(s.name);
-    const bool row = s.kind == NodeKind::row_vec;
-    const std::string want =
-        row ? fmt::format("a {}×{} matrix (one row per group) or a vector of {}", groups, n, n)
-            : fmt::format("{} values (one per group) or one", groups);
-    if (it == args.tensors().end())
-      throw UserError(fmt::format("operand '{}' ({}{}) was not given: expected {}", s.name,
-                                  dtype_name(s.dtype), shape_name(s.shape), want));
-    const TensorRef& t = it->second;
-    if (t.dtype != s.dtype)
-      throw UserError(fmt::format("operand '{}' is {} but the epilogue reads {}", s.name,
-                                  dtype_name(t.dtype), dtype_name(s.dtype)));
-    int64_t stride = 0;
-    if (row) {
-      if (t.cols != n || t.col_stride != 1 || !(t.rows == 1 || t.rows == groups))
-        throw UserError(fmt::format("operand '{}' is {}×{} with strides ({}, {}): expected {}", s.name,
-                                    t.rows, t.cols, t.row_stride, t.col_stride, want));
-      stride = t.rows == 1 ? 0 : t.row_stride;
-      if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0 || (stride * dtype_bytes(t.dtype)) % 16 != 0)
-        throw UserError(fmt::format("operand '{}': each group's row must start 16-byte aligned", s.name));
-    } else {  // a scalar by pointer
-      const int64_t count = t.rows * t.cols;
-      if (!(count == 1 || count == groups) || (count > 1 && t.rows != 1 && t.cols != 1))
-        throw UserError(fmt::format("operand '{}' has {}×{} values: expected {}", s.name, t.rows, t.cols, want));
-      stride = count == 1 ? 0 : (t.rows == 1 ? t.col_stride : t.row_stride);
-    }
-    device_ptrs.emplace_back(t.data, fmt::format("operand '{}'", s.name));
-    ptrs.push_back(t.data);
-    group_strides.push_back(stride);
-  }
-  std::vector<double> scalars;
-  for (const OperandSlot& s : sig.scalars) {
-    auto it = args.scalars().find(s.name);
-    if (it == args.scalars().end()) throw UserError(fmt::format("scalar parameter '{}' was not given", s.name));
-    scalars.push_back(it->second);
-  }
-  for (const auto& [name, t] : args.tensors()) {
-    bool known = name == out_name;
-    for (const auto& s : sig.pointers) known |= s.name == name;
-    if (!known) throw UserError(fmt::format("'{}' is not an operand or output of this epilogue", name));
-  }
-
-  for (const auto& [p, what] : device_ptrs) im.pointer_checks.check(p, [&] { return what; });
+  for (const auto& [p, what] : call.device_ptrs) im.pointer_checks.check(p, [&] { return what; });
 
   // --- unfused, while the fused kernel compiles --------------------------------------------
   if (std::string why; !im.use_fused(stream, why)) {
@@ -486,18 +294,18 @@ ExecutionPath GroupedKernel::run(const GroupedArguments& args, cudaStream_t stre
       Arguments d;
       d.a(TensorRef{at(X.data, start * X.row_stride, X.dtype), X.dtype, rows, k, X.row_stride, 1});
       void* wg = at(W.data, g * W.batch_stride, W.dtype);
-      d.b(k_major ? TensorRef{wg, W.dtype, n, k, W.row_stride, 1}.transposed()
-                  : TensorRef{wg, W.dtype, k, n, W.row_stride, 1});
+      d.b(call.k_major ? TensorRef{wg, W.dtype, n, k, W.row_stride, 1}.transposed()
+                       : TensorRef{wg, W.dtype, k, n, W.row_stride, 1});
       for (size_t i = 0; i < sig.pointers.size(); ++i) {
         const OperandSlot& s = sig.pointers[i];
         if (s.is_output) continue;
         const TensorRef& t = args.tensors().at(s.name);
-        void* p = group_strides[i] == 0 ? t.data : at(t.data, g * group_strides[i], t.dtype);
+        void* p = call.group_strides[i] == 0 ? t.data : at(t.data, g * call.group_strides[i], t.dtype);
         d.set(s.name, s.kind == NodeKind::row_vec ? TensorRef::vector(p, t.dtype, n) : TensorRef::scalar(p, t.dtype));
       }
       if (gemm.fp8_blockwise) {  // the group's rows of scale_a; its scale_b as B's K-blocks × N-blocks
-        const TensorRef& sa = *scale_a;
-        const BatchedTensorRef& sb = *scale_b;
+        const TensorRef& sa = *call.scale_a;
+        const BatchedTensorRef& sb = *call.scale_b;
         d.scale_a(TensorRef{at(sa.data, start * sa.row_stride, DType::f32), DType::f32, rows, kb, sa.row_stride,
                             sa.col_stride});
         d.scale_b(TensorRef{at(sb.data, g * sb.batch_stride, DType::f32), DType::f32, nb, kb, sb.row_stride,
@@ -505,7 +313,8 @@ ExecutionPath GroupedKernel::run(const GroupedArguments& args, cudaStream_t stre
                       .transposed());
       }
       for (const auto& [name, value] : args.scalars()) d.set(name, value);
-      d.set(out_name, TensorRef{at(Y.data, start * Y.row_stride, Y.dtype), Y.dtype, rows, out_cols, Y.row_stride, 1});
+      d.set(out_name,
+            TensorRef{at(Y.data, start * Y.row_stride, Y.dtype), Y.dtype, rows, call.out_cols, Y.row_stride, 1});
       dense.run(d, stream);
       start = end;
     }
@@ -514,31 +323,7 @@ ExecutionPath GroupedKernel::run(const GroupedArguments& args, cudaStream_t stre
 
   // --- launch ----------------------------------------------------------------------------
   im.load();
-  evtc_grouped_args a{};
-  a.groups = groups;
-  a.total_m = total_m;
-  a.n = n;
-  a.k = k;
-  a.x = X.data;
-  a.w = W.data;
-  a.offsets = args.offsets();
-  a.y = Y.data;
-  a.ldx = X.row_stride;
-  a.ldw = W.row_stride;
-  a.w_group_stride = W.batch_stride;
-  a.ldy = Y.row_stride;
-  a.ptrs = ptrs.data();
-  a.scalars = scalars.data();
-  a.group_strides = group_strides.data();
-  if (gemm.fp8_blockwise) {
-    a.scale_a = static_cast<const float*>(scale_a->data);
-    a.scale_a_strides[0] = scale_a->row_stride;
-    a.scale_a_strides[1] = scale_a->col_stride;
-    a.scale_b = static_cast<const float*>(scale_b->data);
-    a.scale_b_strides[0] = scale_b->batch_stride;
-    a.scale_b_strides[1] = scale_b->row_stride;
-    a.scale_b_strides[2] = scale_b->col_stride;
-  }
+  evtc_grouped_args a = call.abi();
   char why[256] = {0};
   if (im.can_implement(&a, why, sizeof why) != EVTC_OK)
     throw UserError(fmt::format("CUTLASS cannot implement this grouped problem (G={}, N={}, K={}): {}",
