@@ -218,3 +218,36 @@ def test_negative_problem_sizes_are_refused_naming_the_size():
     with pytest.raises(evtc.UserError, match="problem size K=-5"):
         k.fallback_reason(16, 16, -5)
     assert k.config_for(0, 0, 0)  # unknown sizes: the large-problem default
+
+
+def test_the_type_stubs_declare_what_the_native_module_has():
+    """python/evtc/_evtc.pyi, written by hand, against the module: the same top-level names and,
+    per class, the same public members (nanobind's own attributes aside)."""
+    import ast
+    import inspect
+
+    from evtc import _evtc
+
+    stub = ast.parse(open(os.path.join(os.path.dirname(evtc.__file__), "_evtc.pyi")).read())
+    declared = {}
+    for node in stub.body:
+        if isinstance(node, ast.ClassDef):
+            members = set()
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    members.add(item.name)
+                elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                    members.add(item.target.id)
+            declared[node.name] = members
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            declared[node.name] = None
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            declared[node.target.id] = None
+    public = {n for n in dir(_evtc) if not n.startswith("_")}
+    assert set(declared) == public, (sorted(public - set(declared)), sorted(set(declared) - public))
+    for name, members in declared.items():
+        obj = getattr(_evtc, name)
+        if members is None or not inspect.isclass(obj) or issubclass(obj, BaseException):
+            continue
+        have = {n for n in dir(obj) if not n.startswith("_")}
+        assert members - {"__init__"} == have, (name, sorted(have - members), sorted(members - have))
