@@ -11,6 +11,9 @@ namespace evtc {
 enum class DType : uint8_t { f32, f16, bf16, f8e4m3, f8e5m2 };
 
 std::string_view dtype_name(DType t);
+// The same element type's name in PyTorch (torch.<name>): "float32", "bfloat16",
+// "float8_e4m3fn", ... The Python layer maps torch dtypes through it; parse_dtype accepts it.
+std::string_view torch_dtype_name(DType t);
 // Canonical names (f32, f16, bf16, f8e4m3, f8e5m2) and their aliases (float32, bfloat16, e4m3,
 // float8_e4m3fn, ...: PyTorch's and NumPy's spellings).
 std::optional<DType> parse_dtype(std::string_view name);

@@ -8,14 +8,8 @@ from typing import Any, Optional, Union
 
 from . import _evtc
 
-# dtype names evtc uses -> torch dtype attribute names.
-_TORCH_DTYPES = {
-    "f32": "float32",
-    "f16": "float16",
-    "bf16": "bfloat16",
-    "f8e4m3": "float8_e4m3fn",
-    "f8e5m2": "float8_e5m2",
-}
+# dtype names evtc uses -> torch dtype attribute names (the native dtype table's).
+_TORCH_DTYPES = dict(_evtc.torch_dtype_names())
 
 
 @dataclass(frozen=True)

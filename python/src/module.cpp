@@ -386,6 +386,11 @@ NB_MODULE(_evtc, m) {
   });
   m.def("log_level_names", &log_level_names);
   m.def("dtype_names", &dtype_names);
+  m.def("torch_dtype_names", [] {
+    std::map<std::string, std::string> names;
+    for (const std::string& name : dtype_names()) names[name] = std::string(torch_dtype_name(*parse_dtype(name)));
+    return names;
+  });
   m.def("version", [] { return std::string(version()); });
   m.def("pass_names", [] {
     std::vector<std::string> names;

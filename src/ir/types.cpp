@@ -38,12 +38,25 @@ std::string_view dtype_name(DType t) {
   return "?";
 }
 
+std::string_view torch_dtype_name(DType t) {
+  switch (t) {
+    case DType::f32: return "float32";
+    case DType::f16: return "float16";
+    case DType::bf16: return "bfloat16";
+    case DType::f8e4m3: return "float8_e4m3fn";
+    case DType::f8e5m2: return "float8_e5m2";
+  }
+  return "?";
+}
+
 std::optional<DType> parse_dtype(std::string_view s) {
-  if (s == "f32" || s == "fp32" || s == "float32") return DType::f32;
-  if (s == "f16" || s == "fp16" || s == "float16" || s == "half") return DType::f16;
-  if (s == "bf16" || s == "bfloat16") return DType::bf16;
-  if (s == "f8e4m3" || s == "fp8e4m3" || s == "e4m3" || s == "float8_e4m3fn") return DType::f8e4m3;
-  if (s == "f8e5m2" || s == "fp8e5m2" || s == "e5m2" || s == "float8_e5m2") return DType::f8e5m2;
+  for (DType t : {DType::f32, DType::f16, DType::bf16, DType::f8e4m3, DType::f8e5m2})
+    if (s == dtype_name(t) || s == torch_dtype_name(t)) return t;
+  // Other common spellings.
+  if (s == "fp32") return DType::f32;
+  if (s == "fp16" || s == "half") return DType::f16;
+  if (s == "fp8e4m3" || s == "e4m3") return DType::f8e4m3;
+  if (s == "fp8e5m2" || s == "e5m2") return DType::f8e5m2;
   return std::nullopt;
 }
 

@@ -251,3 +251,17 @@ def test_the_type_stubs_declare_what_the_native_module_has():
             continue
         have = {n for n in dir(obj) if not n.startswith("_")}
         assert members - {"__init__"} == have, (name, sorted(have - members), sorted(members - have))
+
+
+def test_torch_dtype_names_come_from_the_native_table():
+    torch = pytest.importorskip("torch")
+    from evtc import _evtc
+    from evtc.torch._chain import EVTC_DTYPES
+
+    names = _evtc.torch_dtype_names()
+    assert sorted(names) == sorted(_evtc.dtype_names())
+    for name, torch_name in names.items():
+        t = getattr(torch, torch_name)
+        assert EVTC_DTYPES[t] == name
+        # the native parser takes the torch name as the same type
+        assert evtc.compile("out D = acc", output_dtype=t).outputs[0].dtype == name

@@ -24,14 +24,8 @@ from ._spec import AUX, AUX_COL, COL, PLACEMENT_CLASSES, ROW, SCALAR
 aten = torch.ops.aten
 prims = torch.ops.prims
 
-# torch dtype -> evtc dtype name.
-EVTC_DTYPES = {
-    torch.float32: "f32",
-    torch.float16: "f16",
-    torch.bfloat16: "bf16",
-    torch.float8_e4m3fn: "f8e4m3",
-    torch.float8_e5m2: "f8e5m2",
-}
+# torch dtype -> evtc dtype name (the native dtype table's).
+EVTC_DTYPES = {getattr(torch, torch_name): name for name, torch_name in _evtc.torch_dtype_names().items()}
 GEMM_OPERAND_DTYPES = (torch.bfloat16, torch.float16)
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
