@@ -3,6 +3,25 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import _evtc
+
+
+def _check(weight: Any, dim: Any, what: str) -> int:
+    """The weight's checks both directions share: a 2-D torch tensor (else
+    :class:`evtc.ArgumentTypeError`) and ``dim`` 0 or 1 (else :class:`evtc.UserError`); returns
+    ``dim`` as 0 or 1."""
+    import torch
+
+    if not isinstance(weight, torch.Tensor):
+        raise _evtc.ArgumentTypeError(f"{what} takes a torch.Tensor, got {type(weight).__name__}")
+    if weight.dim() != 2:
+        raise _evtc.UserError(f"{what} takes a 2-D weight, got shape {list(weight.shape)}")
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise _evtc.ArgumentTypeError(f"dim: expected 0 or 1, got {type(dim).__name__} {dim!r}")
+    if dim not in (0, 1, -1, -2):
+        raise _evtc.UserError(f"dim must be 0 or 1, got {dim}")
+    return dim % 2
+
 
 def interleave_gate_up(stacked: Any, dim: int = 0) -> Any:
     """Returns the gated kernels' weight layout of a stacked gate/up weight (a new tensor).
@@ -17,16 +36,10 @@ def interleave_gate_up(stacked: Any, dim: int = 0) -> Any:
     """
     import torch
 
-    if not isinstance(stacked, torch.Tensor):
-        raise TypeError(f"interleave_gate_up takes a torch.Tensor, got {type(stacked).__name__}")
-    if stacked.dim() != 2:
-        raise ValueError(f"interleave_gate_up takes a 2-D weight, got shape {list(stacked.shape)}")
-    if dim not in (0, 1, -1, -2):
-        raise ValueError(f"dim must be 0 or 1, got {dim}")
-    dim %= 2
+    dim = _check(stacked, dim, "interleave_gate_up")
     features = stacked.shape[dim]
     if features % 2:
-        raise ValueError(f"the stacked weight has {features} features along dim {dim}: "
+        raise _evtc.UserError(f"the stacked weight has {features} features along dim {dim}: "
                          "gate and up need the same number (an even total)")
     gate, up = stacked.split(features // 2, dim=dim)
     return torch.stack((gate, up), dim=dim + 1).flatten(dim, dim + 1).contiguous()
@@ -36,8 +49,9 @@ def deinterleave_gate_up(interleaved: Any, dim: int = 0) -> Any:
     """The inverse of :func:`interleave_gate_up`: interleaved pairs back to [W_gate; W_up]."""
     import torch
 
-    if not isinstance(interleaved, torch.Tensor) or interleaved.dim() != 2:
-        raise TypeError("deinterleave_gate_up takes a 2-D torch.Tensor")
-    dim %= 2
+    dim = _check(interleaved, dim, "deinterleave_gate_up")
+    if interleaved.shape[dim] % 2:
+        raise _evtc.UserError(f"the interleaved weight has {interleaved.shape[dim]} features along dim {dim}: "
+                              "(gate, up) pairs need an even number")
     pairs = interleaved.unflatten(dim, (-1, 2))
     return torch.cat((pairs.select(dim + 1, 0), pairs.select(dim + 1, 1)), dim=dim).contiguous()

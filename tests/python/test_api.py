@@ -204,6 +204,15 @@ def test_interleave_gate_up_round_trips():
         evtc.interleave_gate_up(torch.zeros(2, 3, 4))
     with pytest.raises(ValueError, match="dim must be 0 or 1, got 2"):
         evtc.interleave_gate_up(w, dim=2)
+    # evtc's own error types, naming what is wrong, in both directions
+    with pytest.raises(evtc.ArgumentTypeError, match="interleave_gate_up takes a torch.Tensor, got list"):
+        evtc.interleave_gate_up([[1.0]])
+    with pytest.raises(evtc.ArgumentTypeError, match="dim: expected 0 or 1, got str '0'"):
+        evtc.interleave_gate_up(w, dim="0")
+    with pytest.raises(evtc.UserError, match=r"deinterleave_gate_up takes a 2-D weight, got shape \[6\]"):
+        evtc.deinterleave_gate_up(torch.zeros(6))
+    with pytest.raises(evtc.UserError, match="the interleaved weight has 5 features along dim 0"):
+        evtc.deinterleave_gate_up(torch.zeros(5, 4))
     with pytest.raises(TypeError, match="takes a torch.Tensor, got list"):
         evtc.interleave_gate_up([[1.0, 2.0]])
 
