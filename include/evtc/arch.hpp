@@ -48,6 +48,9 @@ struct ArchFeatures {
   // Transposed GEMMs (KernelConfig::swap_ab): column-major C and D, the epilogue rewritten by
   // evtc::swap_ab.
   bool swap_ab = false;
+  // One MMA on the two SMs of a cluster pair for 256-row tiles (tcgen05's two-SM UMMA): tiles of
+  // 64, 128 or 256 rows, the last with an even cluster M.
+  bool two_sm_mma = false;
   const char* family = "";     // e.g. "Hopper", "Blackwell B200/GB200"
   // The backend that builds the kernels (80, 90, 100, 120): which emitter, and how nvcc
   // targets them (sm_80 code for every 8.x architecture; architecture-specific sm_XXa others).

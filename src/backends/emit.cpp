@@ -11,10 +11,10 @@ backend::EmittedKernel emit_dense_kernel(const Graph& g, const GemmDesc& gemm, c
   // arguments to match (runtime::BoundCall::abi).
   if (config.swap_ab) {
     const SwappedProblem swapped = swap_ab(g, gemm);
-    return sm90::emit_kernel(swapped.graph, swapped.gemm, config);
+    return cutlass3::emit_kernel(swapped.graph, swapped.gemm, config);
   }
   if (backend_features(gemm.sm, gemm.a_dtype).backend == 80) return sm80::emit_kernel(g, gemm, config);
-  return sm90::emit_kernel(g, gemm, config);
+  return cutlass3::emit_kernel(g, gemm, config);
 }
 
 }  // namespace evtc::backend

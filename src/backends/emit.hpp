@@ -1,7 +1,7 @@
 // The one place that picks a dense kernel's emitter: the backend of the target architecture
 // (evtc/arch.hpp's ArchFeatures::backend).
 #pragma once
-#include "backends/sm90/sm90_emitter.hpp"
+#include "backends/cutlass3/emitter.hpp"
 
 namespace evtc::backend {
 

@@ -71,6 +71,7 @@ const ArchFeatures& arch_features(int arch) {
                                   .aux_tensors = true,
                                   .column_major_mn = true,
                                   .clusters = true,
+                                  .two_sm_mma = true,
                                   .family = "Blackwell B200/GB200",
                                   .backend = 100};
   // sm_120a: CUTLASS 4.2's sm120 builder multiplies fp8/fp6/fp4 only (TN), without clusters; its

@@ -162,14 +162,13 @@ std::string config_refusal(const KernelConfig& c, const GemmDesc& gemm) {
     return fmt::format("configuration {} sets fp8's accumulation ({}), which only Hopper's two-level fp8 main "
                        "loop has",
                        c.name(), c.fp8_fast_accum ? "_fastacc" : "_pk");
-  if (gemm.sm == 100 && c.tile_m != 64 && c.tile_m != 128 && c.tile_m != 256)
-    return fmt::format("configuration {} has {}-row tiles; sm_100a's MMA takes 64 or 128 rows on one SM, 256 on "
-                       "two",
-                       c.name(), c.tile_m);
-  if (gemm.sm == 100 && c.tile_m == 256 && c.cluster_m % 2 != 0)
-    return fmt::format("configuration {} has 256-row tiles, which sm_100a computes on two SMs of a cluster: the "
+  if (f.two_sm_mma && c.tile_m != 64 && c.tile_m != 128 && c.tile_m != 256)
+    return fmt::format("configuration {} has {}-row tiles; {}'s MMA takes 64 or 128 rows on one SM, 256 on two",
+                       c.name(), c.tile_m, arch_name(gemm.sm, true));
+  if (f.two_sm_mma && c.tile_m == 256 && c.cluster_m % 2 != 0)
+    return fmt::format("configuration {} has 256-row tiles, which {} computes on two SMs of a cluster: the "
                        "cluster's M must be even (e.g. c2x1)",
-                       c.name());
+                       c.name(), arch_name(gemm.sm, true));
   if (c.fp8_promotion_k > 0 &&
       (!is_fp8(gemm.a_dtype) || gemm.fp8_blockwise || gemm.fp8_fast_accum || c.fp8_fast_accum))
     return fmt::format("configuration {} sets fp8's promotion interval (_pk{}), which only the two-level "

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "backends/cuda/fallback_emitter.hpp"
-#include "backends/sm90/sm90_emitter.hpp"
+#include "backends/cutlass3/emitter.hpp"
 #include "evtc/error.hpp"
 #include "evtc/expression.hpp"
 #include "evtc/options.hpp"
@@ -126,7 +126,7 @@ TEST(Fp8Blockwise, TunedChoicesOfPlainAndBlockScaledGemmsAreKeptApart) {
 TEST(Fp8Blockwise, FusedKernelUsesTheBlockScaledMainLoop) {
   const Graph g = run_pipeline(parse_expression("input bias[n]: bf16\nout D: bf16 = gelu(acc + bias[n])"));
   KernelConfig coop = *KernelConfig::parse("coop_128x128x128_c1x1_persistent");
-  const std::string s = sm90::emit_kernel(g, blockwise_gemm(), coop).source;
+  const std::string s = cutlass3::emit_kernel(g, blockwise_gemm(), coop).source;
   EXPECT_TRUE(contains(s, "sm90_mma_tma_gmma_ss_warpspecialized_fp8_blockwise_scaling.hpp"));
   EXPECT_TRUE(contains(s, "using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8Blockwise;"));
   EXPECT_TRUE(contains(s, "using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, 128, 128>;"));
@@ -138,13 +138,13 @@ TEST(Fp8Blockwise, FusedKernelUsesTheBlockScaledMainLoop) {
   EXPECT_FALSE(contains(s, "sm90_mma_tma_gmma_ss_warpspecialized_fp8.hpp"));
 
   KernelConfig pingpong = *KernelConfig::parse("pingpong_64x128x128_c1x1_persistent");
-  EXPECT_TRUE(contains(sm90::emit_kernel(g, blockwise_gemm(), pingpong).source,
+  EXPECT_TRUE(contains(cutlass3::emit_kernel(g, blockwise_gemm(), pingpong).source,
                        "cutlass::gemm::KernelTmaWarpSpecializedPingpongFP8Blockwise;"));
 
   // Without block scales: the two-level main loop, no scale layouts.
   GemmDesc plain = blockwise_gemm();
   plain.fp8_blockwise = false;
-  const std::string p = sm90::emit_kernel(g, plain, coop).source;
+  const std::string p = cutlass3::emit_kernel(g, plain, coop).source;
   EXPECT_FALSE(contains(p, "Blockwise"));
   EXPECT_FALSE(contains(p, "LayoutSFA"));
   EXPECT_TRUE(contains(p, "ElementA, LayoutA, 128"));
@@ -210,8 +210,8 @@ TEST(Fp8PromotionInterval, NamedSetAndRefusedElsewhere) {
   EXPECT_TRUE(contains(config_refusal(*c, GemmDesc{}), "only the two-level accumulation"));
 
   const Graph g = run_pipeline(parse_expression("input sa[m]: f32\ninput sb[n]: f32\nout D: bf16 = acc * sa[m] * sb[n]"));
-  const std::string s = sm90::emit_kernel(g, fp8, *c).source;
+  const std::string s = cutlass3::emit_kernel(g, fp8, *c).source;
   EXPECT_TRUE(contains(s, "args.mainloop.mma_promotion_interval =\n      256 / cute::size<2>")) << s.substr(0, 0);
-  EXPECT_FALSE(contains(sm90::emit_kernel(g, fp8, *KernelConfig::parse("coop_128x128x128_c1x1_persistent")).source,
+  EXPECT_FALSE(contains(cutlass3::emit_kernel(g, fp8, *KernelConfig::parse("coop_128x128x128_c1x1_persistent")).source,
                         "mma_promotion_interval"));
 }

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "backends/cuda/fallback_emitter.hpp"
-#include "backends/sm90/sm90_emitter.hpp"
+#include "backends/cutlass3/emitter.hpp"
 #include "evtc/error.hpp"
 #include "evtc/expression.hpp"
 #include "evtc/gated.hpp"
@@ -199,7 +199,7 @@ TEST(GatedEmitters, Sm90UsesPairFunctorsAndTheHalfStore) {
                                PipelineOptions{});
   GemmDesc gemm;
   gemm.b_layout = Layout::col_major;
-  const auto emitted = sm90::emit_kernel(g, gemm, KernelConfig{});
+  const auto emitted = cutlass3::emit_kernel(g, gemm, KernelConfig{});
   EXPECT_NE(emitted.source.find("evtc::device::PairGate"), std::string::npos);
   EXPECT_NE(emitted.source.find("evtc::device::PairUp"), std::string::npos);
   EXPECT_NE(emitted.source.find("evtc::device::Sm90HalfStore<cutlass::bfloat16_t"), std::string::npos);

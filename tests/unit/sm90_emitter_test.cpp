@@ -28,7 +28,7 @@
 #include <string>
 #include <vector>
 
-#include "backends/sm90/sm90_emitter.hpp"
+#include "backends/cutlass3/emitter.hpp"
 #include "evtc/expression.hpp"
 #include "evtc/graph.hpp"
 #include "evtc/ir_text.hpp"
@@ -79,7 +79,7 @@ Graph pipeline(const Graph& parsed, const GemmDesc& gemm, Legality* legality = n
 // Parses, runs the pipeline and emits with the default GEMM and configuration.
 backend::EmittedKernel emit(const std::string& expr, const GemmDesc& gemm = {},
                          const KernelConfig& cfg = {}) {
-  return sm90::emit_kernel(pipeline(parse_expression(expr), gemm), gemm, cfg);
+  return cutlass3::emit_kernel(pipeline(parse_expression(expr), gemm), gemm, cfg);
 }
 
 // --- golden files ----------------------------------------------------------------------
@@ -142,7 +142,7 @@ TEST_P(Sm90Golden, MatchesExpected) {
   Legality legality;
   const Graph g = pipeline(parse_expression(in.source, {}, name + ".evt"), in.gemm, &legality);
   ASSERT_TRUE(legality.fusable()) << name << ".evt is not fusable: " << legality.reasons.front();
-  const std::string actual = visitor_part(sm90::emit_kernel(g, in.gemm, in.config).source);
+  const std::string actual = visitor_part(cutlass3::emit_kernel(g, in.gemm, in.config).source);
   evtc::test::expect_matches_golden(kGoldenDir / (name + ".expected"), actual, name + ".evt");
 }
 
@@ -521,7 +521,7 @@ TEST(Sm90Emitter, EveryOpEmitsItsFunctor) {
     bool kept = false;
     for (const Node& n : lowered.nodes()) kept |= n.kind == NodeKind::compute && n.op == info.op;
     ASSERT_TRUE(kept) << info.name << " did not survive the pipeline:\n" << print(lowered);
-    const std::string s = sm90::emit_kernel(lowered, {}, {}).source;
+    const std::string s = cutlass3::emit_kernel(lowered, {}, {}).source;
     EXPECT_NE(s.find(fmt::format("Sm90Compute<evtc::device::{}, float, float,", info.cuda_functor)),
               std::string::npos)
         << info.name;

@@ -6,7 +6,7 @@
 #pragma once
 #include <string>
 
-#include "backends/sm90/sm90_emitter.hpp"
+#include "backends/emitted_kernel.hpp"
 #include "evtc/gemm.hpp"
 #include "evtc/graph.hpp"
 #include "evtc/kernel_config.hpp"

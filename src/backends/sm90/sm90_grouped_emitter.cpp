@@ -85,6 +85,7 @@ std::vector<std::string> grouped_refusals(const Graph& g, const GemmDesc& gemm) 
 
 namespace {
 
+using backend::cutlass_type;
 using backend::layout_tag;
 
 }  // namespace
@@ -92,7 +93,8 @@ using backend::layout_tag;
 backend::EmittedKernel emit_grouped_kernel(const Graph& g, const GemmDesc& gemm, const KernelConfig& cfg) {
   const auto refusals = grouped_refusals(g, gemm);
   EVTC_INTERNAL_ASSERT(refusals.empty(), refusals.empty() ? "" : refusals.front());
-  const EpilogueVisitors tree = emit_epilogue_visitors(g, gemm, cfg, EpilogueTarget::grouped);
+  const cutlass3::EpilogueVisitors tree =
+      cutlass3::emit_epilogue_visitors(g, gemm, cfg, cutlass3::EpilogueTarget::grouped);
   const KernelSignature& sig = tree.signature;
   // A gated graph has no [m,n] main output: the collective epilogue is built without D
   // (ElementD = void) and the visitor tree's Sm90HalfStore writes the [m,n/2] output Y.

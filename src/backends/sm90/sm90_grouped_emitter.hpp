@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "backends/sm90/sm90_emitter.hpp"
+#include "backends/cutlass3/emitter.hpp"
 
 namespace evtc::sm90 {
 

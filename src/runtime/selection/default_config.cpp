@@ -45,13 +45,15 @@ bool reduces_over_m(const Graph& g) {
 }
 
 std::optional<TableChoice> table_choice(const Graph& g, const GemmDesc& gemm) {
-  if (gemm.sm != 90 || gemm.m <= 0 || gemm.n <= 0 || gemm.k <= 0) return std::nullopt;
+  // Tables are measured on GPUs whose kernels are verified there, and apply on such a GPU only.
+  if (!backend_features(gemm.sm, gemm.a_dtype).verified || gemm.m <= 0 || gemm.n <= 0 || gemm.k <= 0)
+    return std::nullopt;
   if (is_fp8(gemm.a_dtype) || is_fp8(gemm.b_dtype) || gemm.a_dtype != gemm.b_dtype) return std::nullopt;
   // The tables are measured with nn.Linear's operands: A row-major, B column-major (W of N×K).
   if (gemm.a_layout != Layout::row_major || gemm.b_layout != Layout::col_major) return std::nullopt;
   if (!light_epilogue(g)) return std::nullopt;
   const auto dev = current_device();
-  if (!dev || dev->arch != 90) return std::nullopt;
+  if (!dev || dev->arch != gemm.sm) return std::nullopt;
   const SelectionTable* table = table_for(gpu_class_of(dev->name), gemm.a_dtype, dev->sm_count);
   if (!table) return std::nullopt;
   const auto found = match(*table, gemm.m, gemm.n, gemm.k, dev->sm_count);
@@ -89,7 +91,9 @@ static KernelConfig blackwell_default_config(const Graph& g, const GemmDesc& gem
     staged += n.kind == NodeKind::aux || (n.kind == NodeKind::store && n.shape == Shape::full &&
                                           g.node(n.inputs[0]).kind != NodeKind::reduce);
   const bool only_d = staged <= 1;
-  KernelConfig c = KernelConfig::of(MainloopSchedule::cooperative, 128, gemm.sm == 120 || !only_d ? 128 : 256, 1);
+  // 99 KiB of shared memory (sm_120a) holds no 128×256 tile's stages beside the epilogue's.
+  const bool small_smem = max_shared_memory_per_block(gemm.sm) < 128 * 1024;
+  KernelConfig c = KernelConfig::of(MainloopSchedule::cooperative, 128, small_smem || !only_d ? 128 : 256, 1);
   if (is_fp8(gemm.a_dtype) || is_fp8(gemm.b_dtype)) c.tile_k = 128;
   return c;
 }
@@ -106,7 +110,9 @@ static KernelConfig multistage_default_config(const GemmDesc& gemm) {
 KernelConfig default_config(const Graph& g, const GemmDesc& gemm) {
   if (backend_features(gemm.sm, gemm.a_dtype).backend == 80) return multistage_default_config(gemm);
   if (auto t = selection::table_choice(g, gemm)) return t->config;
-  KernelConfig c = gemm.sm == 100 || gemm.sm == 120 ? blackwell_default_config(g, gemm) : default_config_for_shape(g, gemm);
+  // The compile-checked backends (Blackwell) take their own rule; the verified one the rules below.
+  const ArchFeatures& f = backend_features(gemm.sm, gemm.a_dtype);
+  KernelConfig c = f.fused && !f.verified ? blackwell_default_config(g, gemm) : default_config_for_shape(g, gemm);
   // An epilogue with many staged [m,n] tensors leaves a 128×256 tile too few main-loop
   // stages (fewer than 2 does not compile; fewer than 3 stalls on memory): use 128×128.
   if (c.tile_n == 256 && mainloop_stages(c, gemm, epilogue_smem_bytes(g, c)) < 3) c.tile_n = 128;

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "evtc/arch.hpp"
 #include "evtc/error.hpp"
 #include "evtc/ir_text.hpp"
 #include "support/environment.hpp"
@@ -64,8 +65,9 @@ std::string ConfigChoice::describe() const {
 
 std::optional<tuning::ProblemIdentity> Kernel::Impl::identity() const {
   const auto dev = current_device();
-  // The sm90 backend's kernels only, built for the GPU they run on.
-  if (!dev || dev->arch != 90 || options.gemm.sm != 90) return std::nullopt;
+  // Kernels of a verified backend only (run and timed on such GPUs), built for the GPU they run on.
+  if (!dev || dev->arch != options.gemm.sm || !backend_features(options.gemm.sm, options.gemm.a_dtype).verified)
+    return std::nullopt;
   tuning::ProblemIdentity id;
   id.graph_hash = graph_hash_hex(graph);
   id.gemm = options.gemm;

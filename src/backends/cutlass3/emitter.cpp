@@ -1,4 +1,4 @@
-#include "backends/sm90/sm90_emitter.hpp"
+#include "backends/cutlass3/emitter.hpp"
 
 #include <fmt/format.h>
 
@@ -7,13 +7,15 @@
 #include <map>
 #include <set>
 
+#include "evtc/arch.hpp"
 #include "evtc/error.hpp"
 #include "evtc/ir_text.hpp"
 #include "evtc/passes.hpp"
 #include "backends/host_code.hpp"
 #include "backends/visitor_lowering.hpp"
+#include "backends/cutlass3/target.hpp"
 
-namespace evtc::sm90 {
+namespace evtc::cutlass3 {
 
 namespace {
 
@@ -33,11 +35,15 @@ std::string mn_stride_value(Layout l) {
 
 using backend::Visitor;
 
-class Sm90Emitter : public backend::VisitorLowering {
+class Emitter : public backend::VisitorLowering {
  public:
-  Sm90Emitter(const Graph& g, const GemmDesc& gemm, const KernelConfig& cfg,
-              EpilogueTarget target = EpilogueTarget::dense)
-      : VisitorLowering(g, true), gemm_(gemm), cfg_(cfg), grouped_(target == EpilogueTarget::grouped) {}
+  Emitter(const Graph& g, const GemmDesc& gemm, const KernelConfig& cfg,
+          EpilogueTarget target = EpilogueTarget::dense)
+      : VisitorLowering(g, true),
+        gemm_(gemm),
+        cfg_(cfg),
+        arch_(target_for(backend_features(gemm.sm, gemm.a_dtype).backend)),
+        grouped_(target == EpilogueTarget::grouped) {}
 
   backend::EmittedKernel emit() {
     const Visitor root = lower();
@@ -125,7 +131,7 @@ class Sm90Emitter : public backend::VisitorLowering {
     const std::string desc = alias(
         fmt::format("cutlass::epilogue::collective::detail::{}AuxLoadDescriptor<EpilogueDescriptor, "
                     "{}, {}>",
-                    gemm_.sm == 100 ? "Sm100" : "", layout_tag(n.layout), e),
+                    arch_.aux_descriptor_prefix(), layout_tag(n.layout), e),
         "descriptor of " + n.name);
     const std::string type = alias(
         fmt::format("cutlass::epilogue::fusion::Sm90AuxLoad<{0}::Stages, typename {0}::EpilogueTile, "
@@ -177,7 +183,7 @@ class Sm90Emitter : public backend::VisitorLowering {
     const std::string desc = alias(
         fmt::format("cutlass::epilogue::collective::detail::{}AuxStoreDescriptor<EpilogueDescriptor, "
                     "{}, {}>",
-                    gemm_.sm == 100 ? "Sm100" : "", layout_tag(s.layout), e),
+                    arch_.aux_descriptor_prefix(), layout_tag(s.layout), e),
         "descriptor of " + s.name);
     const std::string type = alias(
         fmt::format("cutlass::epilogue::fusion::Sm90AuxStore<{0}::Stages, typename {0}::EpilogueTile, "
@@ -279,24 +285,24 @@ class Sm90Emitter : public backend::VisitorLowering {
 
   GemmDesc gemm_;
   KernelConfig cfg_;
+  const Target& arch_;  // what the architecture's CUTLASS 3.x kernels are built with
   std::vector<backend::ReductionSlot> reductions_;
   DType aux_element_ = DType::bf16;
   bool grouped_ = false;
 };
 
-std::string Sm90Emitter::assemble(const Visitor& root) {
-  const bool coop = cfg_.schedule == MainloopSchedule::cooperative;
+std::string Emitter::assemble(const Visitor& root) {
   const std::string elem_a = cutlass_type(gemm_.a_dtype);
   const std::string elem_b = cutlass_type(gemm_.b_dtype);
   const std::string elem_c = sig_.reads_c ? cutlass_type(sig_.c_dtype) : "void";
   const std::string desc_d = elem_d_desc();
-  // Without D: void on Hopper; on sm_100a a D of the descriptor's type that stores into a sink
-  // (evtc/device/sm100_epilogue.cuh), CUTLASS 4.2's sm100 collective having no void-D form.
-  const bool d_sink = sig_.d_name.empty() && gemm_.sm == 100;
+  // Without D: void, or a D of the descriptor's type that stores into a sink where the
+  // architecture's collective epilogue has no void-D form (Target::d_sink_header).
+  const bool d_sink = sig_.d_name.empty() && !arch_.d_sink_header().empty();
   const std::string elem_d = d_sink ? desc_d : sig_.d_name.empty() ? "void" : cutlass_type(sig_.d_dtype);
-  // Blackwell's collective epilogues assign the tree's result to D's fragment without a
-  // conversion: where there is a D (or its sink), the root converts to ElementD.
-  const bool converting_root = gemm_.sm != 90 && elem_d != "void";
+  // Collective epilogues that assign the tree's result to D's fragment without a conversion
+  // (Target::root_converts_to_d): where there is a D (or its sink), the root converts to ElementD.
+  const bool converting_root = arch_.root_converts_to_d() && elem_d != "void";
   const std::string desc_c = sig_.reads_c ? elem_c : desc_d;
   const std::string align_d = fmt::format("128 / cutlass::sizeof_bits<{}>::value", desc_d);
   const std::string align_c = fmt::format("128 / cutlass::sizeof_bits<{}>::value", desc_c);
@@ -311,47 +317,9 @@ std::string Sm90Emitter::assemble(const Visitor& root) {
   std::string s = backend::source_banner(fmt::format("one CUTLASS Sm{} GEMM with a fused epilogue", gemm_.sm), g_,
                                          "kernel config " + cfg_.name());
   if (cfg_.precise_math) s += "#define EVTC_PRECISE_MATH 1\n";
-  // Only the sm90 parts of CUTLASS: the umbrella headers (gemm/collective/collective_builder.hpp,
-  // gemm/kernel/gemm_universal.hpp, the GemmUniversalAdapter that includes it) pull in every
-  // architecture's builders, main loops and kernels, which nvcc then parses for nothing. The
-  // host code below calls the kernel's static functions directly instead of the adapter.
-  const bool hopper = gemm_.sm == 90;
-  if (!hopper)  // Blackwell: CUTLASS's umbrella headers (compile-checked kernels; not trimmed)
-    s += R"(
-#include <cutlass/cutlass.h>
-#include <cute/tensor.hpp>
-#include <cutlass/device_kernel.h>
-#include <cutlass/gemm/collective/collective_builder.hpp>
-#include <cutlass/epilogue/collective/collective_builder.hpp>
-#include <cutlass/gemm/kernel/gemm_universal.hpp>
-)";
-  else
-    s += R"(
-#include <cutlass/cutlass.h>
-#include <cute/tensor.hpp>
-#include <cutlass/device_kernel.h>
-#include <cutlass/gemm/dispatch_policy.hpp>
-#include <cutlass/gemm/collective/collective_mma_decl.hpp>
-#include <cutlass/gemm/collective/collective_builder_decl.hpp>
-#include <cutlass/gemm/collective/builders/sm90_gmma_builder.inl>
-#include <cutlass/gemm/collective/sm90_mma_tma_gmma_ss_warpspecialized.hpp>
-)";
+  // The architecture's CUTLASS headers.
+  s += arch_.cutlass_includes(gemm_, cfg_);
   const bool blockwise = gemm_.fp8_blockwise;
-  if (!hopper) {
-  } else if (blockwise)  // the main loop that scales each 128-wide K block's partial product
-    s += "#include <cutlass/detail/blockwise_scale_layout.hpp>\n"
-         "#include <cutlass/gemm/collective/fp8_accumulation.hpp>\n"
-         "#include <cutlass/gemm/collective/sm90_mma_tma_gmma_ss_warpspecialized_fp8_blockwise_scaling.hpp>\n";
-  else if (is_fp8(gemm_.a_dtype) || is_fp8(gemm_.b_dtype))  // two-level accumulation's main loop
-    s += "#include <cutlass/gemm/collective/sm90_mma_tma_gmma_ss_warpspecialized_fp8.hpp>\n";
-  if (hopper) {
-    s += R"(#include <cutlass/epilogue/collective/collective_builder.hpp>
-#include <cutlass/gemm/kernel/gemm_universal_decl.h>
-#include <cutlass/gemm/kernel/tile_scheduler.hpp>
-)";
-    s += coop ? "#include <cutlass/gemm/kernel/sm90_gemm_tma_warpspecialized_cooperative.hpp>\n"
-              : "#include <cutlass/gemm/kernel/sm90_gemm_tma_warpspecialized_pingpong.hpp>\n";
-  }
   s += R"(
 #include <cstring>
 #include <mutex>
@@ -364,7 +332,7 @@ std::string Sm90Emitter::assemble(const Visitor& root) {
 #include "evtc/device/sm90_half_store.cuh"
 #include "evtc/device/sm90_scalar_partials.cuh"
 )";
-  if (d_sink) s += "#include \"evtc/device/sm100_epilogue.cuh\"\n";
+  if (d_sink) s += fmt::format("#include \"{}\"\n", arch_.d_sink_header());
   s += "\n";
   s += backend::parts_prelude();
   s += "\nnamespace {\n\n";
@@ -376,16 +344,16 @@ std::string Sm90Emitter::assemble(const Visitor& root) {
                    d_sink                ? "  // no main output: D is a sink (evtc/device/sm100_epilogue.cuh)"
                    : sig_.d_name.empty() ? "  // void: no main output"
                                          : "");
-  // sm_100a's two-SM MMA (256-row tiles): the builders take the MMA's tile, and each CTA of the
-  // pair, whose epilogue the visitor nodes run, holds half its rows (TileShape).
-  const bool two_sm = gemm_.sm == 100 && cfg_.tile_m == 256;
+  // A two-SM MMA (Target::two_sm): the builders take the MMA's tile, and each CTA of the pair,
+  // whose epilogue the visitor nodes run, holds half its rows (TileShape).
+  const bool two_sm = arch_.two_sm(cfg_);
   s += fmt::format("using TileShape = cute::Shape<cute::_{}, cute::_{}, cute::_{}>;{}\n",
                    two_sm ? cfg_.tile_m / 2 : cfg_.tile_m, cfg_.tile_n, cfg_.tile_k,
                    two_sm ? "  // one CTA's half of the two-SM MMA tile" : "");
-  if (gemm_.sm == 100)
+  if (arch_.separate_mma_tile())
     s += fmt::format("using MmaTileShape = cute::Shape<cute::_{}, cute::_{}, cute::_{}>;\n", cfg_.tile_m,
                      cfg_.tile_n, cfg_.tile_k);
-  const char* mma_tile = gemm_.sm == 100 ? "MmaTileShape" : "TileShape";
+  const char* mma_tile = arch_.separate_mma_tile() ? "MmaTileShape" : "TileShape";
   s += fmt::format("using ClusterShape = cute::Shape<cute::_{}, cute::_{}, cute::_1>;\n",
                    cfg_.cluster_m, cfg_.cluster_n);
   // fp8: the default main loop promotes the tensor cores' partial sums into fp32 registers
@@ -395,15 +363,8 @@ std::string Sm90Emitter::assemble(const Visitor& root) {
   // the fp32 accumulators.
   const bool fast_accum =
       !blockwise && cfg_.fp8_fast_accum && (is_fp8(gemm_.a_dtype) || is_fp8(gemm_.b_dtype));
-  // sm_100a: CUTLASS 4.2's tcgen05 kernel with one SM per MMA (its accumulators live in tensor
-  // memory; fp8 accumulates at full precision, no promotion); sm_120a: the sm90-style schedules
-  // of its own builder (fp8 only).
-  if (gemm_.sm == 100)
-    s += fmt::format("using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecialized{}SmSm100;\n", two_sm ? 2 : 1);
-  else
-    s += fmt::format("using KernelSchedule = cutlass::gemm::{}{};\n",
-                     coop ? "KernelTmaWarpSpecializedCooperative" : "KernelTmaWarpSpecializedPingpong",
-                     blockwise ? "FP8Blockwise" : fast_accum ? "FP8FastAccum" : "");
+  s += fmt::format("using KernelSchedule = cutlass::gemm::{};\n",
+                   arch_.kernel_schedule(cfg_, two_sm, blockwise, fast_accum));
   if (blockwise)
     s += fmt::format(
         "// Scales: A one per row and {0} of K, M adjacent; B one per {0}×{0} block, N blocks adjacent.\n"
@@ -411,25 +372,11 @@ std::string Sm90Emitter::assemble(const Visitor& root) {
         "using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());\n"
         "using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());\n",
         kFp8ScaleBlock);
-  s += fmt::format("using EpilogueSchedule = cutlass::epilogue::{};\n",
-                   gemm_.sm == 100 ? (two_sm ? "TmaWarpSpecialized2Sm" : "TmaWarpSpecialized1Sm")
-                   : coop          ? "TmaWarpSpecializedCooperative"
-                                   : "TmaWarpSpecialized");
+  s += fmt::format("using EpilogueSchedule = cutlass::epilogue::{};\n", arch_.epilogue_schedule(cfg_, two_sm));
   s += "using EpilogueTile = cutlass::epilogue::collective::EpilogueTileAuto;\n";
   // The epilogue tile and shared-memory layouts of [m,n] operands and outputs, as the collective
-  // epilogue's builder works them out (sm_100a's differ: its epilogue reads tensor memory).
-  if (gemm_.sm == 100)
-    s += fmt::format(
-        "using EpilogueDescriptor = cutlass::epilogue::collective::detail::Sm100EpilogueDescriptor<\n"
-        "    cutlass::arch::OpClassTensorOp, MmaTileShape, EpilogueTile, float, {}, {}, EpilogueSchedule,\n"
-        "    cutlass::detail::TagToStrideC_t<cutlass::layout::RowMajor>, "
-        "cutlass::detail::TagToStrideC_t<cutlass::layout::RowMajor>, false, false>;\n\n",
-        desc_c, desc_d);
-  else
-    s += fmt::format(
-        "using EpilogueDescriptor = cutlass::epilogue::collective::detail::EpilogueDescriptor<\n"
-        "    TileShape, EpilogueTile, {}, {}, EpilogueSchedule>;\n\n",
-        desc_c, desc_d);
+  // epilogue's builder works them out.
+  s += arch_.epilogue_descriptor(desc_c, desc_d);
   s += declarations();
   if (converting_root) {
     s += fmt::format(
@@ -482,7 +429,8 @@ evtc_gemm_kernel(CUTLASS_GRID_CONSTANT const GemmParams params) {{
 )",
                    gemm_.sm, d_sink ? "Built" : "", mma_tile, layout_tag(layout_c), align_c,
                    layout_tag(layout_d), align_d,
-                   d_sink ? "using CollectiveEpilogue = evtc::device::Sm100EpilogueWithoutD<BuiltCollectiveEpilogue>;\n"
+                   d_sink ? fmt::format("using CollectiveEpilogue = {}<BuiltCollectiveEpilogue>;\n",
+                                        arch_.d_sink_epilogue())
                           : "",
                    blockwise ? "cute::tuple<LayoutA, LayoutSFA>" : "LayoutA",
                    blockwise ? "cute::tuple<LayoutB, LayoutSFB>" : "LayoutB", mma_tile,
@@ -490,16 +438,12 @@ evtc_gemm_kernel(CUTLASS_GRID_CONSTANT const GemmParams params) {{
                                                                  : "void");
   s += backend::kernel_image_declaration();
   s += "\nnamespace {\n\n";
-  // Scratch for the reductions' partial results, after CUTLASS's workspace (see emit_reduce).
-  // The epilogue's warps: Hopper's are the MMA's (one or two consumer warp groups); sm_100a's
-  // tcgen05 MMA is issued by one thread and its epilogue is a warp group of its own that reads
-  // the accumulators from tensor memory.
+  // Scratch for the reductions' partial results, after CUTLASS's workspace (see emit_reduce),
+  // one partial per epilogue warp (Target::epilogue_warps).
   s += R"(constexpr int kTileM = cute::size<0>(TileShape{});
 constexpr int kTileN = cute::size<1>(TileShape{});
 )";
-  s += gemm_.sm == 100
-           ? "constexpr int kEpilogueWarps = CollectiveEpilogue::ThreadCount / 32;\n\n"
-           : "constexpr int kEpilogueWarps = decltype(cute::size(typename CollectiveMainloop::TiledMma{}))::value / 32;\n\n";
+  s += fmt::format("constexpr int kEpilogueWarps = {};\n\n", arch_.epilogue_warps());
   s += backend::reduction_scratch_code(reductions_);
   s += fmt::format(R"(
 typename Callbacks::Arguments fusion_arguments(const evtc_gemm_args& a, char* scratch) {{
@@ -577,7 +521,7 @@ GemmArguments gemm_arguments(const evtc_gemm_args& a, char* scratch) {
                      "      cutlass::gemm::kernel::detail::DecompositionMode::SplitK;\n",
                      cfg_.splits);
   // fp8's two-level accumulation: the promotion interval, in WGMMAs (KernelConfig::fp8_promotion_k).
-  if (hopper && cfg_.fp8_promotion_k > 0 && !blockwise && !fast_accum && (is_fp8(gemm_.a_dtype) || is_fp8(gemm_.b_dtype)))
+  if (backend_features(gemm_.sm, gemm_.a_dtype).two_level_fp8 && cfg_.fp8_promotion_k > 0 && !blockwise && !fast_accum && (is_fp8(gemm_.a_dtype) || is_fp8(gemm_.b_dtype)))
     s += fmt::format("  args.mainloop.mma_promotion_interval =\n"
                      "      {} / cute::size<2>(typename CollectiveMainloop::TiledMma::AtomShape_MNK{{}});\n",
                      cfg_.fp8_promotion_k);
@@ -741,12 +685,12 @@ size_t evtc_workspace_size(const evtc_gemm_args* a) {
 }  // namespace
 
 backend::EmittedKernel emit_kernel(const Graph& g, const GemmDesc& gemm, const KernelConfig& config) {
-  return Sm90Emitter(g, gemm, config).emit();
+  return Emitter(g, gemm, config).emit();
 }
 
 EpilogueVisitors emit_epilogue_visitors(const Graph& g, const GemmDesc& gemm,
                                         const KernelConfig& config, EpilogueTarget target) {
-  return Sm90Emitter(g, gemm, config, target).emit_visitors();
+  return Emitter(g, gemm, config, target).emit_visitors();
 }
 
-}  // namespace evtc::sm90
+}  // namespace evtc::cutlass3

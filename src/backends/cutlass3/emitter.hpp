@@ -1,6 +1,8 @@
-// Emits a CUDA translation unit that instantiates one CUTLASS 3.x Sm90 TMA warp-specialised
+// Emits a CUDA translation unit that instantiates one CUTLASS 3.x/4.x TMA warp-specialised
 // GEMM whose epilogue is the graph, as an Epilogue Visitor Tree, and exports evtc's C ABI
-// (include/evtc/device/abi.h).
+// (include/evtc/device/abi.h): the core every CUTLASS 3.x backend shares. What differs per
+// architecture (sm_90a, sm_100a, sm_120a) is its Target (cutlass3/target.hpp), in the
+// architecture's own folder.
 //
 // Lowering (see plan_visitors in the .cpp):
 //  - a graph whose values are each used once and that has one output becomes nested
@@ -17,9 +19,10 @@
 #include "backends/emitted_kernel.hpp"
 #include "backends/visitor_lowering.hpp"
 
-namespace evtc::sm90 {
+namespace evtc::cutlass3 {
 
-// `g` must have been through the pass pipeline and be legal for `gemm` on sm90.
+// `g` must have been through the pass pipeline and be legal for `gemm` on its architecture
+// (gemm.sm, whose backend picks the Target).
 backend::EmittedKernel emit_kernel(const Graph& g, const GemmDesc& gemm, const KernelConfig& config);
 
 // What a visitor tree is built for: the dense GEMM, or the grouped (ptr-array) GEMM whose
@@ -42,6 +45,5 @@ struct EpilogueVisitors {
 EpilogueVisitors emit_epilogue_visitors(const Graph& g, const GemmDesc& gemm,
                                         const KernelConfig& config, EpilogueTarget target);
 
-using backend::cutlass_type;
 
-}  // namespace evtc::sm90
+}  // namespace evtc::cutlass3
