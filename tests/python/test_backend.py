@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch", reason="the backend tests need torch")
 from torch._dynamo.backends.registry import lookup_backend  # noqa: E402
 
 import evtc.torch  # noqa: E402
-from evtc.torch import PostGradPass, inductor_config  # noqa: E402
+from evtc.torch import EVTC_OPTIONS, PostGradPass, inductor_config  # noqa: E402
 
 
 def test_the_backend_is_registered_by_name():
@@ -87,3 +87,18 @@ def test_the_backward_graph_is_compiled_with_the_pass_and_the_mode(monkeypatch):
     assert len(seen) == 2 and all(autotune for _, autotune in seen)
     assert w.grad is not None and w.grad.shape == (8, 8)
     torch._dynamo.reset()
+
+
+def test_one_set_of_settings_for_the_pass_the_backend_and_the_fx_entry_point():
+    import dataclasses
+    import inspect
+
+    from evtc.torch.passes import Settings
+
+    names = {f.name for f in dataclasses.fields(Settings)}
+    assert set(EVTC_OPTIONS) == {f"evtc.{n}" for n in names - {"compile"}}
+    defaults = Settings()
+    assert inductor_config(None, {})["post_grad_custom_post_pass"].settings == defaults
+    assert PostGradPass().settings == defaults
+    keywords = inspect.signature(evtc.torch.fuse_gemm_epilogues).parameters
+    assert {n: keywords[n].default for n in names} == dataclasses.asdict(defaults)

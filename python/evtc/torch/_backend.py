@@ -13,6 +13,7 @@ evtc's own options go in the same dictionary under the ``evtc.`` prefix (see
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from pathlib import Path
 from typing import Any, Optional
@@ -21,21 +22,12 @@ import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from ._fx_pass import fuse_gemm_epilogues
+from .passes import Settings
 
-# evtc's options in torch.compile's ``options`` dict, with their defaults.
-EVTC_OPTIONS = {
-    # "eager": round where eager rounds; "fast": round only at the fused op's outputs.
-    "evtc.cast_mode": "eager",
-    # Merge GEMMs that share their input and meet in a gated activation (LLaMA's gate/up
-    # projections) into one gated GEMM over interleaved weights (docs/python.md).
-    "evtc.merge_gated": True,
-    # Fuse only chains the cost model expects to be faster than cuBLAS + Inductor's kernel.
-    "evtc.profitability": True,
-    # False: while a fused kernel compiles, its op runs unfused (cuBLASLt + a plain epilogue)
-    # and the model keeps running; True: the first call waits for the compile (benchmarks).
-    # EVTC_WAIT_FOR_COMPILE=1 makes every kernel wait.
-    "evtc.wait_for_compile": False,
-}
+# evtc's options in torch.compile's ``options`` dict, with their defaults: the FX pass's
+# settings (evtc.torch.passes.Settings, where each is described) under the ``evtc.`` prefix;
+# kernels always compile in the background here.
+EVTC_OPTIONS = {f"evtc.{f.name}": f.default for f in dataclasses.fields(Settings) if f.name != "compile"}
 
 
 class PostGradPass(CustomGraphPass):
@@ -47,21 +39,24 @@ class PostGradPass(CustomGraphPass):
     of training (where tensors saved for backward become extra outputs of fused ops).
     """
 
-    def __init__(self, cast_mode: str = "eager", merge_gated: bool = True, profitability: bool = True,
-                 wait_for_compile: bool = False):
-        self.cast_mode = cast_mode
-        self.merge_gated = merge_gated
-        self.profitability = profitability
-        self.wait_for_compile = wait_for_compile
+    def __init__(self, cast_mode: str = Settings.cast_mode, merge_gated: bool = Settings.merge_gated,
+                 profitability: bool = Settings.profitability, wait_for_compile: bool = Settings.wait_for_compile):
+        self.settings = Settings(cast_mode=cast_mode, merge_gated=merge_gated, profitability=profitability,
+                                 wait_for_compile=wait_for_compile)
+
+    def __getattr__(self, name: str) -> Any:
+        # The settings' values as attributes too (pass.merge_gated, pass.cast_mode, ...).
+        settings = self.__dict__.get("settings")
+        if settings is not None and name in {f.name for f in dataclasses.fields(Settings)}:
+            return getattr(settings, name)
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
     def __call__(self, graph: torch.fx.Graph) -> None:
-        fuse_gemm_epilogues(graph, cast_mode=self.cast_mode, merge_gated=self.merge_gated,
-                            profitability=self.profitability, wait_for_compile=self.wait_for_compile)
+        fuse_gemm_epilogues(graph, **dataclasses.asdict(self.settings))
 
     def uuid(self) -> bytes:
-        # Inductor's graph cache key: the pass's own source and its options.
-        h = hashlib.sha256(f"{self.cast_mode}/{self.merge_gated}/{self.profitability}/"
-                           f"{self.wait_for_compile}".encode())
+        # Inductor's graph cache key: the pass's own source and its settings.
+        h = hashlib.sha256(repr(self.settings).encode())
         for f in sorted(Path(__file__).parent.rglob("*.py")):
             h.update(f.read_bytes())
         return h.digest()
@@ -86,9 +81,9 @@ def inductor_config(mode: Optional[str] = None, options: Optional[dict[str, Any]
     for flag in ("evtc.merge_gated", "evtc.wait_for_compile"):
         if not isinstance(settings[flag], bool):
             raise RuntimeError(f"evtc backend: {flag}={settings[flag]!r} (expected True or False)")
-    patches["post_grad_custom_post_pass"] = PostGradPass(settings["evtc.cast_mode"], settings["evtc.merge_gated"],
-                                                         bool(settings["evtc.profitability"]),
-                                                         settings["evtc.wait_for_compile"])
+    chosen = {key.removeprefix("evtc."): value for key, value in settings.items()}
+    chosen["profitability"] = bool(chosen["profitability"])
+    patches["post_grad_custom_post_pass"] = PostGradPass(**chosen)
     return patches
 
 

@@ -25,9 +25,9 @@ reports: list[FusionReport] = []
 __all__ = ["Fusion", "FusionReport", "fuse_gemm_epilogues", "reports"]
 
 
-def fuse_gemm_epilogues(graph: fx.Graph, *, cast_mode: str = "eager", compile: bool = True,
-                        merge_gated: bool = True, profitability: bool = True,
-                        wait_for_compile: bool = False) -> FusionReport:
+def fuse_gemm_epilogues(graph: fx.Graph, *, cast_mode: str = Settings.cast_mode, compile: bool = Settings.compile,
+                        merge_gated: bool = Settings.merge_gated, profitability: bool = Settings.profitability,
+                        wait_for_compile: bool = Settings.wait_for_compile) -> FusionReport:
     """Rewrites the GEMM + epilogue chains of ``graph`` into evtc's fused ops.
 
     ``cast_mode`` is evtc's ("eager": round where eager rounds; "fast": round only at

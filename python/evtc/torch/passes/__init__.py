@@ -19,13 +19,24 @@ from .._fusion import Fusion, stable_topological_sort
 from . import fuse_chains, merge_gated
 
 
-@dataclass
+@dataclass(frozen=True)
 class Settings:
-    cast_mode: str = "eager"  # "eager" | "fast"
-    compile: bool = True  # start each new kernel's nvcc compile in the background
-    merge_gated: bool = True  # (see passes/merge_gated.py)
+    """The FX pass's settings, with their one set of defaults: fuse_gemm_epilogues' keywords,
+    PostGradPass's, and (``evtc.<name>``, all but ``compile``) torch.compile's options
+    (evtc.torch.EVTC_OPTIONS)."""
+
+    # "eager": round where eager rounds; "fast": round only at the fused op's outputs.
+    cast_mode: str = "eager"
+    # Start each new kernel's nvcc compile in the background (the FX pass alone may not).
+    compile: bool = True
+    # Merge GEMMs that share their input and meet in a gated activation (LLaMA's gate/up
+    # projections) into one gated GEMM over interleaved weights (passes/merge_gated.py).
+    merge_gated: bool = True
+    # Fuse only chains the cost model expects to be faster than cuBLAS + Inductor's kernel.
     profitability: bool = True
-    # False: a fused op whose kernel is still compiling runs unfused until it is ready.
+    # False: a fused op whose kernel is still compiling runs unfused (cuBLASLt + a plain
+    # epilogue) until it is ready; True: its first call waits for the compile (benchmarks).
+    # EVTC_WAIT_FOR_COMPILE=1 makes every kernel wait.
     wait_for_compile: bool = False
 
 
