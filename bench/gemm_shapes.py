@@ -695,15 +695,28 @@ def all_candidates(evtc_cli: str, shapes: list[Shape]) -> tuple[dict[Shape, list
     return found, errors
 
 
-def refine_candidates(candidates: dict[Shape, list[str]], path: str, top: int) -> dict[Shape, list[str]]:
-    """After the candidate space grew: of each shape's candidates, those the earlier sweep at
-    `path` did not try, and the `top` fastest it timed there (timed again, in the same run, so
-    the new ones are compared with the old winners on equal terms)."""
-    with open(path) as f:
-        old = json.load(f)
-    if old.get("mode") != "sweep":
-        sys.exit(f"{path} is not a sweep results file (mode {old.get('mode')!r})")
-    before = {(r["m"], r["n"], r["k"]): r for r in old["shapes"]}
+def read_sweeps(paths: list[str]) -> list[dict]:
+    """Sweep results files, each checked to be one."""
+    sweeps = []
+    for path in paths:
+        with open(path) as f:
+            data = json.load(f)
+        if data.get("mode") != "sweep":
+            sys.exit(f"{path} is not a sweep results file (mode {data.get('mode')!r})")
+        sweeps.append(data)
+    return sweeps
+
+
+def shape_results(sweeps: list[dict]) -> dict[tuple[int, int, int], dict]:
+    """Each shape's result by (m, n, k); of sweeps that measured a shape twice, the later one."""
+    return {(r["m"], r["n"], r["k"]): r for data in sweeps for r in data["shapes"]}
+
+
+def refine_candidates(candidates: dict[Shape, list[str]], paths: list[str], top: int) -> dict[Shape, list[str]]:
+    """After the candidate space grew: of each shape's candidates, those the earlier sweeps at
+    `paths` did not try, and the `top` fastest they timed (timed again, in the same run, so the
+    new ones are compared with the old winners on equal terms)."""
+    before = shape_results(read_sweeps(paths))
     out = {}
     for shape, names in candidates.items():
         r = before.get((shape.m, shape.n, shape.k))
@@ -713,7 +726,8 @@ def refine_candidates(candidates: dict[Shape, list[str]], path: str, top: int) -
         tried = set(r.get("candidates", {})) | set(r.get("errors", {}))
         fastest = [name for name, _ in rank(r.get("candidates", {}))[:top]]
         out[shape] = [n for n in names if n not in tried] + [n for n in fastest if n in names]
-    log(f"refining {path}: {sum(map(len, out.values()))} of {sum(map(len, candidates.values()))} candidates")
+    log(f"refining {', '.join(paths)}: {sum(map(len, out.values()))} of "
+        f"{sum(map(len, candidates.values()))} candidates")
     return out
 
 
@@ -846,8 +860,8 @@ def run_sweep(args, shapes: list[Shape]) -> int:
     if not os.environ.get("EVTC_LOG"):
         evtc.set_log_level("warning")
     candidates, list_errors = all_candidates(args.evtc, shapes)
-    for path in args.refine or []:
-        candidates = refine_candidates(candidates, path, args.refine_top)
+    if args.refine:
+        candidates = refine_candidates(candidates, args.refine, args.refine_top)
     kernels, compile_errors = compile_candidates(evtc, candidates)
     data = run_metadata(torch, evtc, args, "sweep")
     data.update({"epilogue": PLAIN_EXPR, "error_bound": ERROR_BOUND, "compile_errors": compile_errors,
@@ -878,18 +892,12 @@ def run_sweep(args, shapes: list[Shape]) -> int:
 
 def table_from_sweeps(paths: list[str], table_out: str) -> int:
     """The selection table of sweep results files; all must come from one kind of GPU."""
-    shapes, gpus, commands, dates, sms = {}, set(), [], [], set()
-    for path in paths:
-        with open(path) as f:
-            data = json.load(f)
-        if data.get("mode") != "sweep":
-            sys.exit(f"{path} is not a sweep results file (mode {data.get('mode')!r})")
-        gpus.add(data["gpu"])
-        sms.add(data.get("sm_count") or (132 if gpu_slug(data["gpu"]) in ("h100", "h200") else None))
-        commands.append(data["command"])
-        dates.append(data["date"])
-        for r in data["shapes"]:
-            shapes[(r["m"], r["n"], r["k"])] = r
+    sweeps = read_sweeps(paths)
+    shapes = shape_results(sweeps)
+    gpus = {data["gpu"] for data in sweeps}
+    sms = {data.get("sm_count") or (132 if gpu_slug(data["gpu"]) in ("h100", "h200") else None) for data in sweeps}
+    commands = [data["command"] for data in sweeps]
+    dates = [data["date"] for data in sweeps]
     if len(gpus) != 1:
         sys.exit(f"the sweeps come from different GPUs: {', '.join(sorted(gpus))}")
     doc = table_document(list(shapes.values()), gpus.pop(), " && ".join(commands), max(dates),

@@ -70,3 +70,41 @@ def test_report_ratios_targets_and_overhead(tmp_path):
     assert "≤ 1.02× cuBLAS (is 1.053×) | no | +10.0 µs (+5.3 %) |" in text
     assert "over all 18 candidates" in text and "on 16 cores" in text
     assert "with new arguments every call (CUTLASS's set-up and TMA descriptors again) 9.00 µs" in text
+
+
+def load_gemm_shapes():
+    sys.path.insert(0, str(ROOT / "bench"))  # its sibling module result_files
+    spec = importlib.util.spec_from_file_location("bench_gemm_shapes", ROOT / "bench" / "gemm_shapes.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_gemm_shapes"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_refined_sweeps_and_tables_take_each_shape_from_the_latest_sweep(tmp_path):
+    g = load_gemm_shapes()
+
+    def sweep(path, date, shapes):
+        write(path, {"mode": "sweep", "gpu": "NVIDIA H100 80GB HBM3", "sm_count": 132, "command": str(path.name),
+                     "date": date, "shapes": shapes})
+        return str(path)
+
+    def result(m, candidates):
+        ranked = sorted(candidates.items(), key=lambda c: c[1])
+        return {"m": m, "n": 4096, "k": 4096, "label": "x", "cublas_ms": 1.0, "candidates": dict(ranked),
+                "errors": {"broken": "did not compile"}, "best": ranked[0][0], "best_ms": ranked[0][1]}
+
+    old = sweep(tmp_path / "old.json", "2026-01-01", [result(16, {"a": 1.0, "b": 2.0, "c": 3.0, "d": 4.0}),
+                                                      result(32, {"a": 1.0})])
+    new = sweep(tmp_path / "new.json", "2026-01-02", [result(16, {"e": 0.5, "a": 1.1})])
+    shape16, shape64 = g.Shape("M", "L", 16, 4096, 4096), g.Shape("M", "L", 64, 4096, 4096)
+    listed = {shape16: ["a", "b", "c", "d", "e", "f", "broken"], shape64: ["a", "z"]}
+    # one earlier sweep: the untried (e, f) and its two fastest (a, b); a shape it lacks keeps all
+    assert g.refine_candidates(listed, [old], 2) == {shape16: ["e", "f", "a", "b"], shape64: ["a", "z"]}
+    # two: M = 16 as the later one measured it (e, a and broken tried there; its fastest e, a)
+    assert g.refine_candidates(listed, [old, new], 2)[shape16] == ["b", "c", "d", "f", "e", "a"]
+    out = tmp_path / "table.json"
+    assert g.table_from_sweeps([old, new], str(out)) == 0
+    table = json.loads(out.read_text())
+    assert [(e["m"], e["config"]) for e in table["entries"]] == [(16, "e"), (32, "a")]
+    assert table["sm_count"] == 132 and table["command"] == "old.json && new.json"
