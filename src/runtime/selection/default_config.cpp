@@ -108,10 +108,10 @@ static KernelConfig multistage_default_config(const GemmDesc& gemm) {
 }
 
 KernelConfig default_config(const Graph& g, const GemmDesc& gemm) {
-  if (backend_features(gemm.sm, gemm.a_dtype).backend == 80) return multistage_default_config(gemm);
+  const ArchFeatures& f = backend_features(gemm.sm, gemm.a_dtype);
+  if (f.backend == 80) return multistage_default_config(gemm);
   if (auto t = selection::table_choice(g, gemm)) return t->config;
   // The compile-checked backends (Blackwell) take their own rule; the verified one the rules below.
-  const ArchFeatures& f = backend_features(gemm.sm, gemm.a_dtype);
   KernelConfig c = f.fused && !f.verified ? blackwell_default_config(g, gemm) : default_config_for_shape(g, gemm);
   // An epilogue with many staged [m,n] tensors leaves a 128×256 tile too few main-loop
   // stages (fewer than 2 does not compile; fewer than 3 stalls on memory): use 128×128.
@@ -121,7 +121,7 @@ KernelConfig default_config(const Graph& g, const GemmDesc& gemm) {
   // whole-matrix reductions need the cooperative schedule: those are refused instead
   // (shared_memory_refusal).
   if (mainloop_stages(c, gemm, epilogue_smem_bytes(g, c)) < kMinMainloopStages && !reduces_over_m(g) &&
-      backend_features(gemm.sm, gemm.a_dtype).pingpong) {
+      f.pingpong) {
     KernelConfig p = KernelConfig::of(MainloopSchedule::pingpong, 64, 128);
     p.tile_k = c.tile_k;
     p.fp8_fast_accum = c.fp8_fast_accum;
