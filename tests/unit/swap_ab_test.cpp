@@ -16,6 +16,7 @@
 #include "evtc/kernel_config.hpp"
 #include "evtc/passes.hpp"
 #include "evtc/reference.hpp"
+#include "evtc/runtime.hpp"
 #include "testing/random_epilogue.hpp"
 
 using namespace evtc;
@@ -115,7 +116,27 @@ TEST(SwapAB, RefusesGatedValuesAndBlockScales) {
   const Graph gated = run_pipeline(parse_expression("out y: bf16 = swiglu(acc)"));
   const GemmDesc gemm{.m = 16, .n = 28672, .k = 4096};
   EXPECT_NE(swap_ab_refusal(gated, gemm).find("gated value"), std::string::npos);
-  EXPECT_THROW(swap_ab(gated, gemm), UserError);
+  try {
+    swap_ab(gated, gemm);
+    ADD_FAILURE() << "a gated epilogue was transposed";
+  } catch (const UserError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("the GEMM cannot be computed transposed (swap-AB): the gated value", 0), 0u)
+        << e.what();
+  }
+  // A transposed configuration given for it: refused when the kernel is built, naming both.
+  CompileOptions o;
+  o.arch = 90;
+  o.config = KernelConfig::parse("pingpong_64x16x128_c1x1_persistent_swap");
+  try {
+    Kernel k(parse_expression("out y: bf16 = swiglu(acc)"), o);
+    ADD_FAILURE() << "the transposed configuration was accepted";
+  } catch (const UserError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("configuration pingpong_64x16x128_c1x1_persistent_swap computes the GEMM "
+                                          "transposed (swap-AB), which this epilogue cannot take: the gated value",
+                                          0),
+              0u)
+        << e.what();
+  }
   const Graph plain = run_pipeline(parse_expression("out D: bf16 = acc"));
   GemmDesc blockwise{.m = 16, .n = 4096, .k = 4096, .a_dtype = DType::f8e4m3, .b_dtype = DType::f8e4m3};
   blockwise.fp8_blockwise = true;
