@@ -129,6 +129,35 @@ TEST(TuningCandidates, DecodeProblemsGetNarrowTilesAndSplitK) {
   }
 }
 
+
+TEST(TuningCandidates, WidthsFittedToWholeWaves) {
+  const Graph g = lowered("out D: bf16 = acc");
+  const DeviceLimits device{};  // 132 multiprocessors
+  ASSERT_EQ(device.sm_count, 132);
+  // 1024×4608: 128×256 tiles make 144 tiles (a second wave of 12); 256×144 makes 128 and
+  // 128×144 makes 256 (two waves of 128).
+  const GemmDesc p = problem(1024, 4608, 3584);
+  const auto cands = candidate_configs(g, p, device, 0);
+  auto has = [&](const std::string& name) {
+    return std::find(cands.begin(), cands.end(), config(name)) != cands.end();
+  };
+  EXPECT_TRUE(has("coop_256x144x64_c1x1_persistent"));
+  EXPECT_TRUE(has("pingpong_128x144x64_c1x1_persistent"));
+  EXPECT_EQ(tile_count(config("coop_256x144x64_c1x1_persistent"), p), 128);
+  // Every fitted width is a multiple of 16 whose accumulators fit (ping-pong 128×224 would
+  // need 224 a thread: at 1024×3584 it is left out, its 64-row twin kept).
+  const auto at_3584 = candidate_configs(g, problem(1024, 3584, 4096), device, 0);
+  bool pp64_224 = false;
+  for (const auto& c : at_3584) {
+    EXPECT_EQ(c.tile_n % 16, 0) << c.name();
+    EXPECT_FALSE(c.schedule == MainloopSchedule::pingpong && c.tile_m == 128 && c.tile_n == 224) << c.name();
+    pp64_224 |= c.tile_m == 64 && c.tile_n == 224;
+  }
+  EXPECT_TRUE(pp64_224);
+  // Problems of many waves get no fitted widths: their last wave costs little.
+  for (const auto& c : candidate_configs(g, problem(16384, 10240, 8192), device, 0))
+    EXPECT_EQ(c.tile_n % 32, 0) << c.name();
+}
 TEST(TuningPruning, SplitKOnlyWhereTheTilesLeaveMultiprocessorsIdle) {
   const Graph g = lowered("out D: bf16 = acc");
   EXPECT_EQ(prune_reason(config("coop_128x128x64_c1x1_splitk4"), g, problem(64, 4096, 4096)), "");

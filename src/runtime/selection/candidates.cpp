@@ -112,6 +112,29 @@ std::vector<KernelConfig> whole_space(const GemmDesc& gemm, const DeviceLimits& 
   // Widths between the usual ones, for grids whose last wave the usual widths fill badly.
   out.push_back(make_config(MainloopSchedule::pingpong, TileSchedulerKind::persistent, 128, 160, tile_k, 2, 1, 1, gemm));
   out.push_back(make_config(MainloopSchedule::cooperative, TileSchedulerKind::persistent, 256, 160, tile_k, 2, 1, 1, gemm));
+  // Widths fitted to the grid: for each row tile, the narrowest multiple of 16 columns whose
+  // tile grid fills one to four whole waves of multiprocessors. At 1024×4608, 128×256 tiles
+  // make 144 tiles on 132 multiprocessors (a second wave of 12) where 256×144 makes 128.
+  struct RowTile {
+    MainloopSchedule schedule;
+    int tile_m;
+  };
+  for (const RowTile rt : {RowTile{MainloopSchedule::pingpong, 128}, RowTile{MainloopSchedule::cooperative, 256},
+                           RowTile{MainloopSchedule::pingpong, 64}}) {
+    const int64_t rows = ceil_div(size_or(gemm.m), rt.tile_m);
+    for (int waves = 1; waves <= 4; ++waves) {
+      const int64_t cols = waves * int64_t(device.sm_count) / rows;
+      if (cols < 1) continue;
+      const int tn = int(ceil_div(ceil_div(size_or(gemm.n), cols), 16) * 16);
+      if (tn < 64 || tn > 256 || tn % 64 == 0) continue;  // multiples of 64 are in the space already
+      const int tk = rt.tile_m == 64 && tn <= 128 && !fp8 ? 128 : tile_k;
+      for (const auto& cl : {std::pair{1, 1}, std::pair{2, 1}}) {
+        const KernelConfig c = make_config(rt.schedule, TileSchedulerKind::persistent, rt.tile_m, tn, tk, cl.first,
+                                           cl.second, 1, gemm);
+        if (std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
+      }
+    }
+  }
   if (!small_grid(gemm, device)) return out;
   // Small grids: 64-row ping-pong tiles narrow enough that every multiprocessor gets a tile,
   // with deep K tiles (each stage's copy of B is then large enough to keep memory busy), alone
