@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 EXAMPLE ?= examples/w1_bias_silu.evt
 
-.PHONY: setup build run test test-gpu test-sanitize bench clean
+.PHONY: setup build run test test-gpu test-sanitize sanitize-gpu bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -30,6 +30,11 @@ test-gpu:
 	@cmake -S . -B $(BUILD)-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DEVTC_BUILD_GPU_TESTS=ON $(if $(CUTLASS_DIR),-DCUTLASS_DIR=$(CUTLASS_DIR)) $(CMAKE_FLAGS) > $(BUILD)-gpu.configure.log 2>&1 || (cat $(BUILD)-gpu.configure.log; exit 1)
 	@cmake --build $(BUILD)-gpu -j $(JOBS)
 	@cd $(BUILD)-gpu && ctest --output-on-failure -L gpu
+
+# compute-sanitizer (memcheck, racecheck, synccheck) over one kernel of each kind, on a GPU
+# machine; scripts/sanitize-gpu.sh lists them. Any error or mismatch fails.
+sanitize-gpu: build
+	@bash scripts/sanitize-gpu.sh $(BUILD)/evtc
 
 # The CPU unit tests (and the evtc command they run) built with AddressSanitizer and
 # UndefinedBehaviorSanitizer; any finding fails the run.
