@@ -18,6 +18,8 @@ enum class Op : uint8_t {
   sqrt, rsqrt, square, reciprocal, erf, softplus, hardswish, mish, leaky_relu,
   // binary
   add, sub, mul, div, max, min, pow,
+  // comparisons: 1 where true, 0 where false (NaN compares unequal to everything)
+  eq, ne, lt, le, gt, ge,
   // ternary
   clamp, where, fma,
 };
@@ -55,6 +57,8 @@ struct OpInfo {
   // stays below 2^24 (add, mul, max, relu, ...): random testing's integer mode checks these
   // bit for bit.
   bool exact_on_integers = false;
+  // A comparison: the result is 1 or 0, for where() or a mask (eq ne lt le gt ge).
+  bool comparison = false;
 };
 
 std::span<const OpInfo> op_table();

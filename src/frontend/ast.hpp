@@ -23,7 +23,7 @@ enum class ExprKind {
   binary,  // x + y, x - y, x * y, x / y, x ** y
 };
 
-enum class BinaryOp { add, sub, mul, div, pow };
+enum class BinaryOp { add, sub, mul, div, pow, eq, ne, lt, le, gt, ge };
 
 struct Argument {
   std::string_view keyword;  // `alpha` in leaky_relu(x, alpha=0.2); empty when positional

@@ -80,6 +80,13 @@ class Lexer {
     } else if (c == '*' && pos_ + 1 < text_.size() && text_[pos_ + 1] == '*') {
       pos_ += 2;
       t.kind = TokenKind::punct;
+    } else if ((c == '=' || c == '!' || c == '<' || c == '>') && pos_ + 1 < text_.size() &&
+               text_[pos_ + 1] == '=') {
+      pos_ += 2;  // == != <= >=
+      t.kind = TokenKind::punct;
+    } else if (c == '<' || c == '>') {
+      ++pos_;
+      t.kind = TokenKind::punct;
     } else if (std::string_view("()[],=:;+-*/").find(c) != std::string_view::npos) {
       ++pos_;
       t.kind = TokenKind::punct;

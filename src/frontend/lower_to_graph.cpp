@@ -28,6 +28,12 @@ Op binary_op(BinaryOp op) {
     case BinaryOp::mul: return Op::mul;
     case BinaryOp::div: return Op::div;
     case BinaryOp::pow: return Op::pow;
+    case BinaryOp::eq: return Op::eq;
+    case BinaryOp::ne: return Op::ne;
+    case BinaryOp::lt: return Op::lt;
+    case BinaryOp::le: return Op::le;
+    case BinaryOp::gt: return Op::gt;
+    case BinaryOp::ge: return Op::ge;
   }
   return Op::add;
 }

@@ -212,7 +212,40 @@ void Parser::parse_type(Statement& s, bool allow_pointer) {
 
 // --- expressions ----------------------------------------------------------------------
 
+namespace {
+
+std::optional<BinaryOp> comparison_op(const Token& t) {
+  if (t.kind != TokenKind::punct) return std::nullopt;
+  if (t.is("==")) return BinaryOp::eq;
+  if (t.is("!=")) return BinaryOp::ne;
+  if (t.is("<")) return BinaryOp::lt;
+  if (t.is("<=")) return BinaryOp::le;
+  if (t.is(">")) return BinaryOp::gt;
+  if (t.is(">=")) return BinaryOp::ge;
+  return std::nullopt;
+}
+
+}  // namespace
+
+// A comparison binds loosest: `acc > 0` and `acc * s[m] >= bias[n] + 1` compare whole sums.
 ExprPtr Parser::parse_expr(const std::string& context) {
+  ExprPtr lhs = parse_sum(context);
+  const auto op = comparison_op(peek());
+  if (!op) return lhs;
+  const Token& tok = advance();
+  ExprPtr rhs = parse_sum(fmt::format("after '{}'", tok.text));
+  if (comparison_op(peek()))
+    src_.fail(peek().loc, fmt::format("comparisons do not chain: '{}' follows a comparison (write two comparisons "
+                                      "and multiply them, e.g. (a < b) * (b < c))",
+                                      peek().text));
+  ExprPtr e = make(ExprKind::binary, lhs->start, tok.loc);
+  e->op = *op;
+  add_arg(*e, {{}, {}, std::move(lhs)});
+  add_arg(*e, {{}, {}, std::move(rhs)});
+  return e;
+}
+
+ExprPtr Parser::parse_sum(const std::string& context) {
   ExprPtr lhs = parse_term(context);
   while (peek().is("+") || peek().is("-")) {
     const Token& op = advance();

@@ -53,6 +53,7 @@ class Parser {
   void expect_statement_end(const char* after);
 
   ExprPtr parse_expr(const std::string& context);
+  ExprPtr parse_sum(const std::string& context);
   ExprPtr parse_term(const std::string& context);
   ExprPtr parse_unary(const std::string& context);
   ExprPtr parse_power(const std::string& context);

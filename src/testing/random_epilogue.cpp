@@ -50,10 +50,20 @@ std::string EpilogueGenerator::leaf(bool fp8) {
 }
 
 // A value in an op argument's domain (evtc::Domain).
-std::string EpilogueGenerator::guarded(int depth, bool fp8, uint8_t domain) {
+std::string EpilogueGenerator::guarded(int depth, bool fp8, uint8_t domain, bool comparison) {
   if (Domain(domain) == Domain::condition) {
-    static const char* kConditions[] = {"acc", "x0[m,n]", "r0[n]", "c0[m]"};
-    return kConditions[uniform(0, 3)];
+    // Input values only (and acc, as where's condition, which is 0 almost nowhere): a computed
+    // value near a comparison's threshold can land on either side in f32 and in fp64. Where's
+    // condition is a comparison half the time.
+    static const char* kInputs[] = {"x0[m,n]", "r0[n]", "c0[m]", "x1[m,n]"};
+    if (!comparison) {
+      if (coin(0.5)) return uniform(0, 4) == 0 ? "acc" : kInputs[uniform(0, 3)];
+      static const char* kComparisons[] = {"==", "!=", "<", "<=", ">", ">="};
+      const char* rhs_const = options_.integers ? "1" : "0.5";
+      return fmt::format("({} {} {})", kInputs[uniform(0, 3)], kComparisons[uniform(0, 5)],
+                         coin(0.5) ? rhs_const : kInputs[uniform(0, 3)]);
+    }
+    return kInputs[uniform(0, 3)];
   }
   const std::string v = value(depth, fp8);
   switch (Domain(domain)) {
@@ -73,7 +83,8 @@ std::string EpilogueGenerator::value(int depth, bool fp8) {
     if (!options_.integers || o.exact_on_integers) ops.push_back(&o);
   const OpInfo& op = *ops[size_t(uniform(0, int(ops.size()) - 1))];
   std::vector<std::string> args;
-  for (int i = 0; i < op.arity; ++i) args.push_back(guarded(depth - 1, fp8, uint8_t(op.domains[size_t(i)])));
+  for (int i = 0; i < op.arity; ++i)
+    args.push_back(guarded(depth - 1, fp8, uint8_t(op.domains[size_t(i)]), op.comparison));
   std::string v;
   switch (op.op) {
     case Op::add: v = fmt::format("({} + {})", args[0], args[1]); break;

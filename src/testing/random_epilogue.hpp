@@ -60,7 +60,7 @@ class EpilogueGenerator {
   bool coin(double p) { return std::bernoulli_distribution(p)(rng_); }
   std::string leaf(bool fp8);
   std::string value(int depth, bool fp8);
-  std::string guarded(int depth, bool fp8, uint8_t domain);
+  std::string guarded(int depth, bool fp8, uint8_t domain, bool comparison = false);
   std::string output_dtype();
 
   std::mt19937_64 rng_;

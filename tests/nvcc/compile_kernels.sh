@@ -36,7 +36,7 @@ cases=(
   "grouped_gated|grouped|out y: bf16 = gptoss_swiglu(acc + bias[n])"
   "grouped_fp8_blockwise_gated|grouped --dtype f8e4m3 --fp8-blockwise|input bias[n]: bf16; out y: bf16 = gptoss_swiglu(acc + bias[n])"
   "reductions||x = acc * s[m]; out D: bf16 = relu(x); out r = row_sum(x); out c: bf16 = col_amax(x); out t = sum(x); out lo = min(x)"
-  "gate_pingpong|--config pingpong_128x128x64_c2x1_persistent|out D: bf16 = acc * gate[m,n]"
+  "gate_pingpong|--config pingpong_128x128x64_c2x1_persistent|out D: bf16 = where(acc > 0, acc, 0.01 * acc) * gate[m,n]"
   "bias_streamk|--config coop_128x256x64_c2x1_streamk|out D: bf16 = acc + bias[n]"
   # Decode-sized problems' kernels: a 64-row tile of 48 columns (any multiple of 16) in a cluster
   # along N with a gated output, an [m,n] operand and output and a row reduction; split-K with a
@@ -51,7 +51,7 @@ cases=(
   # The sm_80 backend (CUTLASS 2.x, docs/backend.md "Target architecture"): W1; W2 with C, a DAG
   # and an extra output; gated outputs and every reduction axis on sm_89's 99 KiB; W7 on sm_86.
   "sm80_w1|--arch sm80|out D: bf16 = silu(acc + bias[n])"
-  "sm80_w2_dag_c|--arch sm80 --dtype f16|input C: f16; f = acc * alpha + C; out D: f16 = relu(f) * gate[m,n]; out P: f32 = f"
+  "sm80_w2_dag_c|--arch sm80 --dtype f16|input C: f16; f = acc * alpha + C; out D: f16 = relu(f) * gate[m,n] * (f != C); out P: f32 = f"
   "sm89_gated_reductions|--arch sm89|h = acc + bias[n]; out y: bf16 = swiglu(h); out r = row_sum(h); out c: bf16 = col_amax(h); out t = sum(h)"
   "sm86_w7|--arch sm86 --config ms_64x128x64_s4|f = acc + bias[n]; out loss = sum((C - 1) * f + log(clamp(sigmoid(f), 1e-3, 0.999)))"
   # The compile-checked Blackwell backends: W1, W2 (with an extra output, on the two-SM MMA), W3,

@@ -89,6 +89,43 @@ def test_escaping_value_becomes_an_output():
     assert torch.ops.aten.sum.default in ops_of(gm)
 
 
+def test_leaky_relu_written_with_where_and_a_comparison_fuses():
+    def fn(x, w):
+        h = x @ w.t()
+        return torch.where(h > 0, h, 0.01 * h)
+
+    gm, report = fuse(fn, X, W)
+    (f,) = report.fused
+    ops = ops_of(gm)
+    assert torch.ops.aten.gt.Scalar not in ops and torch.ops.aten.where.self not in ops
+    assert "where(" in f.expr and " > 0" in f.expr
+    # The comparison is computed in the kernel: its IR has gt, and no operand reads a mask.
+    kernel = evtc.torch._op.spec_kernel(f.spec)[0]
+    assert "gt " in kernel.ir and "bool" not in f.expr
+
+
+def test_a_mask_against_an_operand_becomes_a_comparison_in_the_epilogue():
+    def fn(x, w, threshold):
+        h = x @ w.t()
+        return h * (h >= threshold).to(h.dtype)
+
+    gm, report = fuse(fn, X, W, ((N,), BF16))
+    (f,) = report.fused
+    assert " >= x0" in f.expr and "x0[n]: bf16" in f.expr
+    assert torch.ops.aten.ge.Tensor not in ops_of(gm)
+
+
+def test_a_comparison_read_outside_the_epilogue_stays_outside():
+    def fn(x, w):
+        h = F.silu(x @ w.t())
+        return h, h > 0  # the mask is an output of the graph: evtc writes no boolean tensors
+
+    gm, report = fuse(fn, X, W)
+    (f,) = report.fused
+    assert ">" not in f.expr and len(f.outputs) == 1
+    assert torch.ops.aten.gt.Scalar in ops_of(gm)
+
+
 def test_three_dimensional_linear_chain_keeps_its_shape():
     def fn(x, w, bias):
         return F.gelu(F.linear(x, w, bias))

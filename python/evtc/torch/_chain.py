@@ -250,9 +250,24 @@ def _clamp(chain, n):
 
 def _where(chain, n):
     cond = n.args[0]
-    if not isinstance(cond, fx.Node) or cond in chain.exprs:
-        raise Refused("where with a condition computed in the chain (evtc has no comparison ops)")
-    raise Refused("where with a boolean condition tensor (evtc operands are floating point)")
+    if isinstance(cond, fx.Node) and cond in chain.exprs:
+        return f"where({chain.exprs[cond]}, {arg_expr(chain, n.args[1])}, {arg_expr(chain, n.args[2])})"
+    raise Refused("where with a boolean condition tensor from outside the epilogue (evtc operands are floating "
+                  "point; a condition the epilogue computes, such as x > 0, fuses)")
+
+
+def _compare(symbol):
+    return lambda chain, n: f"({arg_expr(chain, n.args[0])} {symbol} {arg_expr(chain, n.args[1])})"
+
+
+# Comparisons: their boolean result is 1 or 0 in the epilogue, for where() or a mask. It is
+# never an output (evtc writes floating-point values), so a comparison joins a chain only
+# where its users can too.
+COMPARISONS: dict[Any, Callable[[Chain, fx.Node], str]] = {
+    op: _compare(symbol)
+    for name, symbol in (("eq", "=="), ("ne", "!="), ("lt", "<"), ("le", "<="), ("gt", ">"), ("ge", ">="))
+    for op in (getattr(aten, name).Tensor, getattr(aten, name).Scalar)
+}
 
 
 def _identity(chain, n):
@@ -284,6 +299,7 @@ POINTWISE: dict[Any, Callable[[Chain, fx.Node], str]] = {
     aten.clamp_max.default: lambda c, n: f"min({arg_expr(c, n.args[0])}, {arg_expr(c, n.args[1])})",
     aten.maximum.default: _call("max", 2), aten.minimum.default: _call("min", 2),
     aten.where.self: _where,
+    **COMPARISONS,
     prims.convert_element_type.default: _identity,
     aten._to_copy.default: _identity,
 }
@@ -332,7 +348,12 @@ def absorbable(chain: Chain, n: fx.Node) -> Optional[str]:
     if n.op != "call_function":
         return f"{n.op} {n.name}"
     t = val(n)
-    if t is None or t.dtype not in EVTC_DTYPES:
+    if n.target in COMPARISONS and t is not None and t.dtype == torch.bool:
+        outside = [u.name for u in n.users if u.op != "call_function" or u.target not in POINTWISE]
+        if outside:
+            return (f"comparison {n.name} is read by {', '.join(outside)}, outside any epilogue (its boolean "
+                    "result cannot be an output)")
+    elif t is None or t.dtype not in EVTC_DTYPES:
         return f"{n.target} produces {getattr(t, 'dtype', 'no tensor')}"
     if n.target is SLICE:
         return _gated_part(chain, n)[1] or None
@@ -373,7 +394,9 @@ def absorb(chain: Chain, n: fx.Node) -> None:
             chain.full_shape = shape[:-1] + (2 * shape[-1],) if half else shape
         else:
             chain.in_half = half
-            chain.define(n, cast_to(t.dtype, POINTWISE[n.target](chain, n)))
+            expr = POINTWISE[n.target](chain, n)
+            # A comparison's 0/1 needs no rounding; it stays f32 until a cast or an op widens it.
+            chain.define(n, expr if t.dtype == torch.bool else cast_to(t.dtype, expr))
     except Refused:
         chain.operands, chain.declarations = saved
         raise

@@ -66,6 +66,8 @@ def _leaf_to_drop(chain: Chain):
     for n in reversed(chain.nodes[chain.roots:]):
         if any(u in members for u in n.users):
             continue  # not at the end of the chain
+        if val(n) is not None and val(n).dtype == torch.bool:
+            return n  # a comparison read only outside: evtc's outputs are floating point
         ins = [i for i in n.all_input_nodes if i in members]
         if _is_cast(n) and all(value_bytes(i) <= value_bytes(n) for i in ins):
             return n
@@ -143,6 +145,9 @@ def expression(chain: Chain, escaping_nodes: list[fx.Node]) -> tuple[str, list[s
     names = [f"y{i}" for i in range(len(values))]
     names[-1] = "D"
     lines = list(chain.declarations) + list(chain.lines)
+    for n in values:
+        if val(n).dtype not in EVTC_DTYPES:
+            raise Refused(f"{n.name} ({val(n).dtype}) is read outside the epilogue, and evtc's outputs are floating point")
     for name, n in zip(names, values):
         lines.append(f"out {name}: {EVTC_DTYPES[val(n).dtype]} = {chain.exprs[n]}")
     return "\n".join(lines) + "\n", names, {chain.exprs[v]: i for i, v in enumerate(values)}
