@@ -57,8 +57,10 @@ struct OpInfo {
   // stays below 2^24 (add, mul, max, relu, ...): random testing's integer mode checks these
   // bit for bit.
   bool exact_on_integers = false;
-  // A comparison: the result is 1 or 0, for where() or a mask (eq ne lt le gt ge).
+  // A comparison: the result is 1 or 0, for where() or a mask (eq ne lt le gt ge). The
+  // expression language writes comparisons only with their operator, `infix` (a > b).
   bool comparison = false;
+  std::string_view infix = {};
 };
 
 std::span<const OpInfo> op_table();

@@ -16,6 +16,9 @@ constexpr std::array kDTypes = {DType::f32, DType::f16, DType::bf16, DType::f8e4
 std::optional<Function> find_function(std::string_view name) {
   Function f;
   f.op = find_op(name);
+  // Comparisons are operators (a > b), not functions: their IR names (eq, ne, lt, le, gt, ge)
+  // stay free for values and outputs, as they were before comparisons existed.
+  if (f.op && op_info(*f.op).comparison) f.op.reset();
   for (ReduceAxis axis : kReduceAxes)
     for (ReduceOp op : kReduceOps)
       if (reduction_name(axis, op) == name) {
@@ -56,7 +59,8 @@ std::optional<GatedFunctionInfo> find_gated_function(std::string_view name) {
 const std::vector<std::string>& function_names() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> out;
-    for (std::string_view op : op_names()) out.emplace_back(op);
+    for (const OpInfo& op : op_table())
+      if (!op.comparison) out.emplace_back(op.name);
     for (ReduceAxis axis : kReduceAxes)
       for (ReduceOp op : kReduceOps) {
         std::string n = reduction_name(axis, op);

@@ -294,6 +294,8 @@ Value GraphLowering::call_value(const Expr& e) {
     if (values_.count(name) || declared_.count(name) || operands_.count(name) || name == "acc" ||
         name == "C")
       fail(e.loc, fmt::format("'{}' is a value, not a function", name));
+    if (auto op = find_op(name); op && op_info(*op).comparison)
+      fail(e.loc, fmt::format("comparisons are operators: write {}(a, b) as a {} b", name, op_info(*op).infix));
     if (auto near = nearest_name(name, function_names()))
       fail(e.loc, fmt::format("unknown function '{}'; did you mean '{}'?", name, *near));
     fail(e.loc, fmt::format("unknown function '{}'", name));

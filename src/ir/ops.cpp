@@ -16,7 +16,7 @@ constexpr double kSqrt2OverPi = 0.79788456080286535587989211986876;
 
 // One row per op. Columns: op, name, arity, #attrs, attr names, attr defaults, commutative,
 // cost, CPU reference (fp64), device functor (evtc/device/ops.cuh), argument domains, exact on
-// integers, comparison.
+// integers, comparison, its operator.
 const OpInfo kOpTable[] = {
     {Op::relu, "relu", 1, 0, {}, {}, false, 1,
      [](Args a, Args) { return a[0] > 0 || std::isnan(a[0]) ? a[0] : 0.0; }, "Relu", {}, true},
@@ -82,17 +82,17 @@ const OpInfo kOpTable[] = {
     // Comparisons compare values that random testing draws from the inputs (Domain::condition):
     // a computed value near the threshold can land on either side in f32 and in fp64.
     {Op::eq, "eq", 2, 0, {}, {}, true, 1,
-     [](Args a, Args) { return a[0] == a[1] ? 1.0 : 0.0; }, "Eq", {Domain::condition, Domain::condition}, true, true},
+     [](Args a, Args) { return a[0] == a[1] ? 1.0 : 0.0; }, "Eq", {Domain::condition, Domain::condition}, true, true, "=="},
     {Op::ne, "ne", 2, 0, {}, {}, true, 1,
-     [](Args a, Args) { return a[0] != a[1] ? 1.0 : 0.0; }, "Ne", {Domain::condition, Domain::condition}, true, true},
+     [](Args a, Args) { return a[0] != a[1] ? 1.0 : 0.0; }, "Ne", {Domain::condition, Domain::condition}, true, true, "!="},
     {Op::lt, "lt", 2, 0, {}, {}, false, 1,
-     [](Args a, Args) { return a[0] < a[1] ? 1.0 : 0.0; }, "Lt", {Domain::condition, Domain::condition}, true, true},
+     [](Args a, Args) { return a[0] < a[1] ? 1.0 : 0.0; }, "Lt", {Domain::condition, Domain::condition}, true, true, "<"},
     {Op::le, "le", 2, 0, {}, {}, false, 1,
-     [](Args a, Args) { return a[0] <= a[1] ? 1.0 : 0.0; }, "Le", {Domain::condition, Domain::condition}, true, true},
+     [](Args a, Args) { return a[0] <= a[1] ? 1.0 : 0.0; }, "Le", {Domain::condition, Domain::condition}, true, true, "<="},
     {Op::gt, "gt", 2, 0, {}, {}, false, 1,
-     [](Args a, Args) { return a[0] > a[1] ? 1.0 : 0.0; }, "Gt", {Domain::condition, Domain::condition}, true, true},
+     [](Args a, Args) { return a[0] > a[1] ? 1.0 : 0.0; }, "Gt", {Domain::condition, Domain::condition}, true, true, ">"},
     {Op::ge, "ge", 2, 0, {}, {}, false, 1,
-     [](Args a, Args) { return a[0] >= a[1] ? 1.0 : 0.0; }, "Ge", {Domain::condition, Domain::condition}, true, true},
+     [](Args a, Args) { return a[0] >= a[1] ? 1.0 : 0.0; }, "Ge", {Domain::condition, Domain::condition}, true, true, ">="},
     {Op::clamp, "clamp", 3, 0, {}, {}, false, 2,
      [](Args a, Args) { return std::isnan(a[0]) ? a[0] : std::min(std::max(a[0], a[1]), a[2]); },
      "Clamp", {}, true},

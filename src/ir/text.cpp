@@ -467,6 +467,7 @@ std::string expression_text(const Graph& g) {
         static const std::pair<Op, const char*> kInfix[] = {{Op::add, " + "}, {Op::sub, " - "}, {Op::mul, " * "}, {Op::div, " / "}};
         for (const auto& [o, sym] : kInfix)
           if (n.op == o) t = fmt::format("({}{}{})", arg(0), sym, arg(1));
+        if (op.comparison) t = fmt::format("({} {} {})", arg(0), op.infix, arg(1));
         if (t.empty()) {
           t = std::string(op.name) + "(";
           for (size_t i = 0; i < n.inputs.size(); ++i) t += (i ? ", " : "") + arg(i);

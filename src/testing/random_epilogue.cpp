@@ -91,6 +91,9 @@ std::string EpilogueGenerator::value(int depth, bool fp8) {
     case Op::sub: v = fmt::format("({} - {})", args[0], args[1]); break;
     case Op::mul: v = fmt::format("({} * {})", args[0], args[1]); break;
     case Op::div: v = fmt::format("({} / {})", args[0], args[1]); break;
+    case Op::eq: case Op::ne: case Op::lt: case Op::le: case Op::gt: case Op::ge:
+      v = fmt::format("({} {} {})", args[0], op.infix, args[1]);
+      break;
     case Op::leaky_relu:
       v = coin(0.5) ? fmt::format("leaky_relu({})", args[0]) : fmt::format("leaky_relu({}, 0.2)", args[0]);
       break;

@@ -151,11 +151,16 @@ TEST(Expression, OpParametersArePositionalOrNamed) {
             }));
 }
 
-TEST(Expression, EveryOpIsCallableByName) {
+TEST(Expression, EveryOpIsCallableByNameOrWrittenWithItsOperator) {
   for (const OpInfo& info : op_table()) {
     std::string args = "acc";
     for (int k = 1; k < info.arity; ++k) args += ", acc";
-    const Graph g = parse_expression("out D = " + std::string(info.name) + "(" + args + ")");
+    const std::string call = info.comparison ? fmt::format("acc {} 1", info.infix)
+                                             : std::string(info.name) + "(" + args + ")";
+    if (info.comparison)
+      EXPECT_THROW(parse_expression("out D = " + std::string(info.name) + "(" + args + ")"), ParseError)
+          << info.name << " is an operator, not a function";
+    const Graph g = parse_expression("out D = " + call);
     const Node& value = g.node(g.node(g.outputs().at(0)).inputs.at(0));
     EXPECT_EQ(value.kind, NodeKind::compute) << info.name;
     EXPECT_EQ(value.op, info.op) << info.name;

@@ -1,6 +1,7 @@
 // The random epilogue generator of `evtc fuzz` (src/testing/random_epilogue): reproducible
 // from its seed, covering every op, gated function, reduction kind and kernel kind, and making
 // epilogues that parse and can be fused (so the GPU run tests fused kernels, not refusals).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -50,7 +51,10 @@ TEST(RandomEpilogue, CoversTheOpTableAndEveryKernelKind) {
   for (const OpInfo& op : op_table()) {
     const std::string name(op.name);
     const bool infix = name == "add" || name == "sub" || name == "mul" || name == "div";
-    if (!infix) EXPECT_NE(all.find(name + "("), std::string::npos) << name << " never generated";
+    if (op.comparison)
+      EXPECT_NE(all.find(fmt::format(" {} ", op.infix)), std::string::npos) << name << " never generated";
+    else if (!infix)
+      EXPECT_NE(all.find(name + "("), std::string::npos) << name << " never generated";
   }
   for (const char* infix : {" + ", " - ", " * ", " / "}) EXPECT_NE(all.find(infix), std::string::npos) << infix;
   for (const auto& f : frontend::gated_function_table())
