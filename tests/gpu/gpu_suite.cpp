@@ -65,7 +65,7 @@ f = acc + C
 out D: f16 = softplus(f) + hardswish(f) + mish(f) + leaky_relu(f, 0.2)
 out b1: f16 = max(f, res[m,n]) + min(f, 0.5) - f / (abs(res[m,n]) + 1) + pow(abs(f) + 0.5, 1.5)
 out b2: f32 = clamp(f, -1, 1) + where(relu(res[m,n]), f, -f) + fma(f, bias[n], s[m])
-out b3: f16 = where(f > 0, f, 0.01 * f) + (res[m,n] >= 0.5) * f - (bias[n] != s[m]) + eq(res[m,n], res[m,n])
+out b3: f16 = where(f > 0, f, 0.01 * f) + (res[m,n] >= 0.5) * f - (bias[n] != s[m]) + (res[m,n] == res[m,n])
 )",
      DType::f16, Layout::col_major, Layout::row_major},
     {"w1_f32_out", "out D: f32 = silu(acc + bias[n])", DType::bf16, Layout::col_major,
