@@ -107,6 +107,10 @@ std::vector<CompileEvent> compile_events();
 // CUTLASS_DIR are unset; call it before the first compile. Without it an install uses the
 // headers installed with it (<datadir>/evtc/cutlass).
 void set_cutlass_dir(const std::string& dir);
+// A CUTLASS folder to use only when no other is found (after the environment, set_cutlass_dir's
+// folder, the headers beside the library or installed with it, and the build tree's): the
+// Python package passes the nvidia-cutlass package's. Before the first compile.
+void set_cutlass_fallback_dir(const std::string& dir);
 // What kernel compiles use here: nvcc and its version, the CUTLASS headers and their version,
 // evtc's device headers. RuntimeError saying what is missing and what to set.
 struct ToolchainInfo {

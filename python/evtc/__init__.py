@@ -19,7 +19,8 @@ import os as _os
 
 # The native library finds its device headers beside itself (evtc/include), and the CUTLASS
 # headers from EVTC_CUTLASS_DIR / CUTLASS_DIR, else those the package was built with
-# (evtc/cutlass/include), else those of the nvidia-cutlass package when it is installed.
+# (evtc/cutlass/include), else those of the nvidia-cutlass package when it is installed (the
+# fallback this module passes it; the order is the library's, src/jit/toolchain.cpp).
 from . import _evtc  # noqa: E402
 from ._evtc import (  # noqa: E402
     ArgumentTypeError,
@@ -33,10 +34,6 @@ from ._log import log_level, set_log_level  # noqa: E402
 
 
 def _use_cutlass_package() -> None:
-    if _os.environ.get("EVTC_CUTLASS_DIR") or _os.environ.get("CUTLASS_DIR"):
-        return
-    if _os.path.isfile(_os.path.join(_os.path.dirname(__file__), "cutlass", "include", "cutlass", "cutlass.h")):
-        return
     try:
         spec = _importlib_util.find_spec("cutlass_library")
     except (ImportError, ValueError):
@@ -45,7 +42,7 @@ def _use_cutlass_package() -> None:
     for folder in folders:
         include = _os.path.join(folder, "source", "include")
         if _os.path.isfile(_os.path.join(include, "cutlass", "cutlass.h")):
-            _evtc.set_cutlass_dir(include)
+            _evtc.set_cutlass_fallback_dir(include)
             return
 
 

@@ -356,6 +356,7 @@ NB_MODULE(_evtc, m) {
   m.def("compiler_runs", &compiler_runs);
   m.def("compiler_available", &compiler_available);
   m.def("set_cutlass_dir", &set_cutlass_dir, "dir"_a);
+  m.def("set_cutlass_fallback_dir", &set_cutlass_fallback_dir, "dir"_a);
   m.def("toolchain", [] {
     const ToolchainInfo t = toolchain_info();
     nb::dict d;

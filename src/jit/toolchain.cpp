@@ -81,6 +81,11 @@ std::string& configured_cutlass_dir() {
   return dir;
 }
 
+std::string& fallback_cutlass_dir() {
+  static std::string dir;
+  return dir;
+}
+
 // major.minor of a version "4.2.0".
 std::string series(const std::string& version) {
   const size_t first = version.find('.');
@@ -121,6 +126,13 @@ std::string find_cutlass_unchecked() {
   }
   if (const std::string built = build_tree_path("cutlass"); !built.empty())
     if (auto inc = ok(built); !inc.empty()) return inc;
+  std::string fallback;
+  {
+    std::lock_guard lock(cutlass_dir_mutex());
+    fallback = fallback_cutlass_dir();
+  }
+  if (!fallback.empty())
+    if (auto inc = ok(fallback); !inc.empty()) return inc;
   throw RuntimeError(fmt::format(
       "CUTLASS {} headers not found (looked in {}): set EVTC_CUTLASS_DIR to a CUTLASS folder holding "
       "include/cutlass, or `pip install nvidia-cutlass=={}.0.0` for the Python package, or run scripts/setup.sh "
@@ -299,6 +311,11 @@ namespace evtc::jit {
 void set_cutlass_dir(const std::string& dir) {
   std::lock_guard lock(cutlass_dir_mutex());
   configured_cutlass_dir() = dir;
+}
+
+void set_cutlass_fallback_dir(const std::string& dir) {
+  std::lock_guard lock(cutlass_dir_mutex());
+  fallback_cutlass_dir() = dir;
 }
 
 std::string cutlass_version_in_use() {

@@ -454,6 +454,7 @@ std::vector<CompileEvent> compile_events() { return jit::compile_events(); }
 bool compiler_available() { return jit::compiler_available(); }
 
 void set_cutlass_dir(const std::string& dir) { jit::set_cutlass_dir(dir); }
+void set_cutlass_fallback_dir(const std::string& dir) { jit::set_cutlass_fallback_dir(dir); }
 
 ToolchainInfo toolchain_info() {
   const jit::Toolchain& tc = jit::toolchain(true);

@@ -83,6 +83,21 @@ void check_slot(const OperandSlot& s, const TensorRef& t, int64_t m, int64_t n, 
   pointers.check(t.data, what);
 }
 
+}  // namespace
+
+void refuse_unexpected_block_scales(bool scale_a, bool scale_b, const char* kernel) {
+  if (scale_a || scale_b)
+    throw UserError(fmt::format("{} given, but the {} was not built for fp8 block scales (fp8_blockwise)",
+                                scale_a ? "scale_a" : "scale_b", kernel));
+}
+
+void require_f32_block_scales(const char* name, DType dtype) {
+  if (dtype != DType::f32)
+    throw UserError(fmt::format("{}: dtype {} given, block scales are f32", name, dtype_name(dtype)));
+}
+
+namespace {
+
 // fp8 block scales: both given (and only) for a block-scaled GEMM, f32, in the layouts of
 // GemmDesc::fp8_blockwise.
 void bind_block_scales(const GemmDesc& gemm, const Arguments& args, int64_t m, int64_t n, int64_t k,
@@ -90,10 +105,7 @@ void bind_block_scales(const GemmDesc& gemm, const Arguments& args, int64_t m, i
   const auto& sa = args.scale_a();
   const auto& sb = args.scale_b();
   if (!gemm.fp8_blockwise) {
-    if (sa || sb)
-      throw UserError(fmt::format("{} given, but the kernel was not built for fp8 block scales "
-                                  "(fp8_blockwise)",
-                                  sa ? "scale_a" : "scale_b"));
+    refuse_unexpected_block_scales(sa.has_value(), sb.has_value(), "kernel");
     return;
   }
   const int64_t kb = fp8_scale_blocks(k), nb = fp8_scale_blocks(n);
@@ -105,9 +117,8 @@ void bind_block_scales(const GemmDesc& gemm, const Arguments& args, int64_t m, i
     throw UserError(fmt::format("scale_b was not given: a block-scaled kernel needs B's f32 scales, "
                                 "a ceil(K/128) × ceil(N/128) = {}×{} row-major matrix",
                                 kb, nb));
-  for (auto [name, t] : {std::pair{"scale_a", &*sa}, std::pair{"scale_b", &*sb}})
-    if (t->dtype != DType::f32)
-      throw UserError(fmt::format("{}: dtype {} given, block scales are f32", name, dtype_name(t->dtype)));
+  require_f32_block_scales("scale_a", sa->dtype);
+  require_f32_block_scales("scale_b", sb->dtype);
   if (sa->rows != m || sa->cols != kb)
     throw UserError(fmt::format("scale_a: shape {}×{} given, expected M × ceil(K/128) = {}×{} (one "
                                 "scale per row of A and 128 of K)",

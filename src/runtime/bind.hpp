@@ -65,6 +65,12 @@ struct BoundCall {
   evtc_gemm_args abi(bool swap_ab = false) const;
 };
 
+// The fp8 block-scale checks a dense and a grouped call share, with one wording: scales given
+// to a kernel built without them (`kernel`: "kernel", "grouped kernel"), and a scale tensor
+// that is not f32. Each throws UserError naming the tensor.
+void refuse_unexpected_block_scales(bool scale_a, bool scale_b, const char* kernel);
+void require_f32_block_scales(const char* name, DType dtype);
+
 BoundCall bind_arguments(const KernelSignature& sig, const GemmDesc& gemm, const Arguments& args,
                          PointerChecks& pointers);
 

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "evtc/error.hpp"
+#include "runtime/bind.hpp"
 
 namespace evtc::runtime {
 
@@ -99,10 +100,7 @@ GroupedCall bind_grouped(const KernelSignature& sig, const GemmDesc& gemm, bool 
   const std::optional<TensorRef>& scale_a = args.scale_a();
   const std::optional<BatchedTensorRef>& scale_b = args.scale_b();
   if (!gemm.fp8_blockwise) {
-    if (scale_a || scale_b)
-      throw UserError(fmt::format("{} given, but the grouped kernel was not built for fp8 block scales "
-                                  "(fp8_blockwise)",
-                                  scale_a ? "scale_a" : "scale_b"));
+    refuse_unexpected_block_scales(scale_a.has_value(), scale_b.has_value(), "grouped kernel");
   } else {
     if (!scale_a)
       throw UserError(fmt::format("scale_a was not given: a block-scaled grouped kernel needs x's f32 scales, a "
@@ -112,10 +110,8 @@ GroupedCall bind_grouped(const KernelSignature& sig, const GemmDesc& gemm, bool 
       throw UserError(fmt::format("scale_b was not given: a block-scaled grouped kernel needs the weights' f32 "
                                   "scales, G × ceil(N/128) × ceil(K/128) = {}×{}×{}",
                                   groups, nb, kb));
-    if (scale_a->dtype != DType::f32)
-      throw UserError(fmt::format("scale_a: dtype {} given, block scales are f32", dtype_name(scale_a->dtype)));
-    if (scale_b->dtype != DType::f32)
-      throw UserError(fmt::format("scale_b: dtype {} given, block scales are f32", dtype_name(scale_b->dtype)));
+    require_f32_block_scales("scale_a", scale_a->dtype);
+    require_f32_block_scales("scale_b", scale_b->dtype);
     if (scale_a->rows != total_m || scale_a->cols != kb)
       throw UserError(fmt::format("scale_a: shape {}×{} given, expected total_m × ceil(K/128) = {}×{} (one scale "
                                   "per row of x and 128 of K)",
