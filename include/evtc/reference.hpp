@@ -45,6 +45,10 @@ struct ReferenceOptions {
   // per element: the main loop's error is absolute (a sum of K products rounded as it goes),
   // so an element that cancels to about 0 moves by as much as any other.
   double perturb_accumulator = 0;
+  // true: every perturbation above goes the other way (each sign s becomes -s). A comparison of
+  // a perturbed value flips only where the perturbation crosses its threshold; the two signs
+  // together cover both sides.
+  bool perturb_mirror = false;
   // true: outputs keep the value they would be stored from, unrounded to their dtype.
   bool unrounded_outputs = false;
 };

@@ -178,10 +178,15 @@ double perturb_sign(uint64_t seed, NodeId node, size_t i) {
   return (z ^ (z >> 31)) & 1 ? 1.0 : -1.0;
 }
 
+// perturb_sign, negated under ReferenceOptions::perturb_mirror.
+double signed_perturbation(const ReferenceOptions& options, uint64_t seed, NodeId node, size_t i) {
+  return options.perturb_mirror ? -perturb_sign(seed, node, i) : perturb_sign(seed, node, i);
+}
+
 void perturb(Array& a, NodeId node, const ReferenceOptions& options) {
   if (options.perturb == 0) return;
   for (size_t i = 0; i < a.data.size(); ++i)
-    a.data[i] *= 1.0 + options.perturb * perturb_sign(options.perturb_seed, node, i);
+    a.data[i] *= 1.0 + options.perturb * signed_perturbation(options, options.perturb_seed, node, i);
 }
 
 void perturb_accumulator(Array& a, NodeId node, const ReferenceOptions& options) {
@@ -197,10 +202,11 @@ void perturb_accumulator(Array& a, NodeId node, const ReferenceOptions& options)
   // of the elements.
   for (size_t i = 0; i < a.data.size(); ++i) {
     double& v = a.data[i];
-    const double s = perturb_sign(options.perturb_seed ^ 0xacc, node, i);
+    const double s = signed_perturbation(options, options.perturb_seed ^ 0xacc, node, i);
     if (v == 0.0) v = step * s;
     else if (std::fabs(v) <= step) v = 0.0;
-    else if (options.perturb != 0) v += step * std::copysign(1.0, v) * perturb_sign(options.perturb_seed, node, i);
+    else if (options.perturb != 0)
+      v += step * std::copysign(1.0, v) * signed_perturbation(options, options.perturb_seed, node, i);
     else v += step * s;
   }
 }

@@ -880,6 +880,33 @@ TEST(ReferenceCompare, AccumulatorAllowanceDoesNotCancelTheRelativePerturbation)
   }
 }
 
+// `acc * (acc >= t[m])` on an H100 (8192×4096×4096): 16 of 33.5 M elements came back as 0
+// where fp64 keeps acc, because there the f32 accumulator lies within its rounding of t[m] and
+// the comparison lands on the other side. The allowance perturbs the reference both ways when
+// the epilogue compares: an element whose threshold lies within the perturbation may flip;
+// one far from it may not.
+TEST(ReferenceCompare, AComparisonOfAComputedValueMayFlipOnlyAtItsThreshold) {
+  const Kernel k(parse_expression("input t[m]: f32\nout Y: f32 = acc * (acc >= t[m])"));
+  ReferenceInputs in = random_reference_inputs(k.graph(), 64, 96, 256, DType::bf16, DType::bf16, 5);
+  const std::vector<double> acc = evaluate_reference(Kernel(parse_expression("out Y: f32 = acc")).graph(), in).at("Y");
+  // Each row's threshold is its column-3 value exactly: acc >= t holds there in fp64.
+  std::vector<double>& t = in.operands.at("t");
+  for (int64_t i = 0; i < in.m; ++i) t[size_t(i)] = acc[size_t(i * in.n + 3)];
+  const runtime::Expected e = runtime::expected_outputs(k, in, false);
+  ReferenceOutputs got = e.want;
+  std::vector<double>& y = got.at("Y");
+  for (int64_t i = 0; i < in.m; i += 7) y[size_t(i * in.n + 3)] = 0.0;  // flipped at the threshold
+  const Comparison at_threshold = runtime::check_outputs(k, got, e).front().comparison;
+  EXPECT_TRUE(at_threshold.pass) << at_threshold.describe();
+  // The same jump where acc is far from t[m] is an error.
+  for (int64_t col = 0; col < in.n; ++col)
+    if (const double v = acc[size_t(5 * in.n + col)]; std::fabs(v - t[5]) > 0.5 && v >= t[5]) {
+      y[size_t(5 * in.n + col)] = 0.0;
+      break;
+    }
+  EXPECT_FALSE(runtime::check_outputs(k, got, e).front().comparison.pass);
+}
+
 TEST(ReferenceCompare, RejectsAllowancesAndExactFlagsOfTheWrongLength) {
   const std::vector<double> v(4, 1.0), three(3, 0.0);
   const std::vector<char> flags(3, 1);
