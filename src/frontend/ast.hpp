@@ -20,10 +20,8 @@ enum class ExprKind {
   index,   // bias[n], scale[m], res[m,n]
   call,    // silu(x), leaky_relu(x, alpha=0.2), sum(x), bf16(x)
   unary,   // -x
-  binary,  // x + y, x - y, x * y, x / y, x ** y
+  binary,  // x + y, x - y, x * y, x / y, x ** y, and the comparisons x > y, ...
 };
-
-enum class BinaryOp { add, sub, mul, div, pow, eq, ne, lt, le, gt, ge };
 
 struct Argument {
   std::string_view keyword;  // `alpha` in leaky_relu(x, alpha=0.2); empty when positional
@@ -40,7 +38,7 @@ struct Expr {
   std::string_view text;  // number: its spelling; name/index/call: the name
   double number = 0.0;
   Shape index = Shape::full;    // index: [n] row, [m] col, [m,n] full
-  BinaryOp op = BinaryOp::add;  // binary
+  Op op = Op::add;              // binary: the IR op the operator computes
   std::vector<Argument> args;   // call arguments; operands of unary and binary expressions
   Loc close;                    // call: the closing ')'
   int height = 1;               // 1 + the largest height of its arguments

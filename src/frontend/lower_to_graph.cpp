@@ -21,23 +21,6 @@ std::string operand_text(std::string_view name, Shape s) {
   return s == Shape::scalar ? "a scalar" : std::string(name) + std::string(shape_name(s));
 }
 
-Op binary_op(BinaryOp op) {
-  switch (op) {
-    case BinaryOp::add: return Op::add;
-    case BinaryOp::sub: return Op::sub;
-    case BinaryOp::mul: return Op::mul;
-    case BinaryOp::div: return Op::div;
-    case BinaryOp::pow: return Op::pow;
-    case BinaryOp::eq: return Op::eq;
-    case BinaryOp::ne: return Op::ne;
-    case BinaryOp::lt: return Op::lt;
-    case BinaryOp::le: return Op::le;
-    case BinaryOp::gt: return Op::gt;
-    case BinaryOp::ge: return Op::ge;
-  }
-  return Op::add;
-}
-
 // "leaky_relu takes 1 argument and an optional parameter (alpha)".
 std::string op_takes(const OpInfo& info, bool also_reduction) {
   if (also_reduction)
@@ -187,7 +170,7 @@ Value GraphLowering::value_of(const Expr& e) {
     case ExprKind::binary: {
       const Value a = operand_of(*e.args[0].value);
       const Value b = operand_of(*e.args[1].value);
-      return checked(e.loc, [&] { return g_.compute(binary_op(e.op), {a, b}); });
+      return checked(e.loc, [&] { return g_.compute(e.op, {a, b}); });
     }
   }
   internal_fail(__FILE__, __LINE__, "unknown expression kind");

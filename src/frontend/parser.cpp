@@ -214,14 +214,11 @@ void Parser::parse_type(Statement& s, bool allow_pointer) {
 
 namespace {
 
-std::optional<BinaryOp> comparison_op(const Token& t) {
+// The comparison a token spells, from the op table's operators (OpInfo::infix).
+std::optional<Op> comparison_op(const Token& t) {
   if (t.kind != TokenKind::punct) return std::nullopt;
-  if (t.is("==")) return BinaryOp::eq;
-  if (t.is("!=")) return BinaryOp::ne;
-  if (t.is("<")) return BinaryOp::lt;
-  if (t.is("<=")) return BinaryOp::le;
-  if (t.is(">")) return BinaryOp::gt;
-  if (t.is(">=")) return BinaryOp::ge;
+  for (const OpInfo& info : op_table())
+    if (info.comparison && t.is(info.infix)) return info.op;
   return std::nullopt;
 }
 
@@ -251,7 +248,7 @@ ExprPtr Parser::parse_sum(const std::string& context) {
     const Token& op = advance();
     ExprPtr rhs = parse_term(fmt::format("after '{}'", op.text));
     ExprPtr e = make(ExprKind::binary, lhs->start, op.loc);
-    e->op = op.text == "+" ? BinaryOp::add : BinaryOp::sub;
+    e->op = op.text == "+" ? Op::add : Op::sub;
     add_arg(*e, {{}, {}, std::move(lhs)});
     add_arg(*e, {{}, {}, std::move(rhs)});
     lhs = std::move(e);
@@ -265,7 +262,7 @@ ExprPtr Parser::parse_term(const std::string& context) {
     const Token& op = advance();
     ExprPtr rhs = parse_unary(fmt::format("after '{}'", op.text));
     ExprPtr e = make(ExprKind::binary, lhs->start, op.loc);
-    e->op = op.text == "*" ? BinaryOp::mul : BinaryOp::div;
+    e->op = op.text == "*" ? Op::mul : Op::div;
     add_arg(*e, {{}, {}, std::move(lhs)});
     add_arg(*e, {{}, {}, std::move(rhs)});
     lhs = std::move(e);
@@ -304,7 +301,7 @@ ExprPtr Parser::parse_power(const std::string& context) {
   const Token& op = advance();
   ExprPtr exponent = parse_unary("after '**'");
   ExprPtr e = make(ExprKind::binary, base->start, op.loc);
-  e->op = BinaryOp::pow;
+  e->op = Op::pow;
   add_arg(*e, {{}, {}, std::move(base)});
   add_arg(*e, {{}, {}, std::move(exponent)});
   return e;

@@ -227,12 +227,12 @@ Expected expected_outputs(const Kernel& kernel, const ReferenceInputs& inputs, b
   // A comparison of a computed value near its threshold can land on either side on the device:
   // the perturbation both ways covers both, and such an element's allowance is the jump.
   std::optional<ReferenceOutputs> mirrored;
-  for (const Node& n : g.nodes())
-    if (n.kind == NodeKind::compute && op_info(n.op).comparison && !mirrored) {
-      ReferenceOptions other = perturbed;
-      other.perturb_mirror = true;
-      mirrored = evaluate_reference(g, inputs, other);
-    }
+  if (std::any_of(g.nodes().begin(), g.nodes().end(),
+                  [](const Node& n) { return n.kind == NodeKind::compute && op_info(n.op).comparison; })) {
+    ReferenceOptions other = perturbed;
+    other.perturb_mirror = true;
+    mirrored = evaluate_reference(g, inputs, other);
+  }
   for (const auto& [name, want] : e.want) {
     std::vector<double>& slack = e.slack[name];
     slack.resize(want.size());

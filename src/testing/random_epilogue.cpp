@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <string_view>
+#include <vector>
 
 #include "evtc/ops.hpp"
 #include "frontend/functions.hpp"
@@ -58,9 +60,15 @@ std::string EpilogueGenerator::guarded(int depth, bool fp8, uint8_t domain, bool
     static const char* kInputs[] = {"x0[m,n]", "r0[n]", "c0[m]", "x1[m,n]"};
     if (!comparison) {
       if (coin(0.5)) return uniform(0, 4) == 0 ? "acc" : kInputs[uniform(0, 3)];
-      static const char* kComparisons[] = {"==", "!=", "<", "<=", ">", ">="};
+      // The op table's comparison operators, in its order.
+      static const std::vector<std::string_view> kComparisons = [] {
+        std::vector<std::string_view> ops;
+        for (const OpInfo& o : op_table())
+          if (o.comparison) ops.push_back(o.infix);
+        return ops;
+      }();
       const char* rhs_const = options_.integers ? "1" : "0.5";
-      return fmt::format("({} {} {})", kInputs[uniform(0, 3)], kComparisons[uniform(0, 5)],
+      return fmt::format("({} {} {})", kInputs[uniform(0, 3)], kComparisons[size_t(uniform(0, int(kComparisons.size()) - 1))],
                          coin(0.5) ? rhs_const : kInputs[uniform(0, 3)]);
     }
     return kInputs[uniform(0, 3)];
@@ -91,13 +99,14 @@ std::string EpilogueGenerator::value(int depth, bool fp8) {
     case Op::sub: v = fmt::format("({} - {})", args[0], args[1]); break;
     case Op::mul: v = fmt::format("({} * {})", args[0], args[1]); break;
     case Op::div: v = fmt::format("({} / {})", args[0], args[1]); break;
-    case Op::eq: case Op::ne: case Op::lt: case Op::le: case Op::gt: case Op::ge:
-      v = fmt::format("({} {} {})", args[0], op.infix, args[1]);
-      break;
     case Op::leaky_relu:
       v = coin(0.5) ? fmt::format("leaky_relu({})", args[0]) : fmt::format("leaky_relu({}, 0.2)", args[0]);
       break;
     default: {
+      if (op.comparison) {  // written with its operator
+        v = fmt::format("({} {} {})", args[0], op.infix, args[1]);
+        break;
+      }
       v = std::string(op.name) + "(";
       for (size_t i = 0; i < args.size(); ++i) v += (i ? ", " : "") + args[i];
       v += ")";
