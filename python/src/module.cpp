@@ -21,6 +21,7 @@
 #include "evtc/ir_text.hpp"
 #include "evtc/kernel_library.hpp"
 #include "evtc/log.hpp"
+#include "evtc/ops.hpp"
 #include "evtc/options.hpp"
 #include "evtc/passes.hpp"
 #include "evtc/runtime.hpp"
@@ -391,6 +392,13 @@ NB_MODULE(_evtc, m) {
     std::map<std::string, std::string> names;
     for (const std::string& name : dtype_names()) names[name] = std::string(torch_dtype_name(*parse_dtype(name)));
     return names;
+  });
+  // The comparisons' IR names (which are also their ATen names) and operators, from the op table.
+  m.def("comparison_operators", [] {
+    std::map<std::string, std::string> ops;
+    for (const OpInfo& info : op_table())
+      if (info.comparison) ops[std::string(info.name)] = std::string(info.infix);
+    return ops;
   });
   m.def("version", [] { return std::string(version()); });
   m.def("pass_names", [] {

@@ -265,7 +265,7 @@ def _compare(symbol):
 # where its users can too.
 COMPARISONS: dict[Any, Callable[[Chain, fx.Node], str]] = {
     op: _compare(symbol)
-    for name, symbol in (("eq", "=="), ("ne", "!="), ("lt", "<"), ("le", "<="), ("gt", ">"), ("ge", ">="))
+    for name, symbol in _evtc.comparison_operators().items()  # eq: "==", ...: ATen's names are the IR's
     for op in (getattr(aten, name).Tensor, getattr(aten, name).Scalar)
 }
 
