@@ -126,6 +126,17 @@ def test_a_comparison_read_outside_the_epilogue_stays_outside():
     assert torch.ops.aten.gt.Scalar in ops_of(gm)
 
 
+def test_where_over_a_boolean_tensor_from_outside_stays_outside(caplog):
+    def fn(x, w, mask):
+        return torch.where(mask, x @ w.t(), 0.0)
+
+    with caplog.at_level("DEBUG", logger="evtc.torch"):
+        gm, report = fuse(fn, X, W, ((M, N), torch.bool))
+    assert report.fused == [] and torch.ops.aten.where.self in ops_of(gm)
+    assert "where with a boolean condition tensor from outside the epilogue (evtc operands are floating point; " \
+           "a condition the epilogue computes, such as x > 0, fuses)" in caplog.text
+
+
 def test_three_dimensional_linear_chain_keeps_its_shape():
     def fn(x, w, bias):
         return F.gelu(F.linear(x, w, bias))
