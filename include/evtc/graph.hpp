@@ -43,17 +43,43 @@ std::string_view node_kind_name(NodeKind k);
 
 enum class ScalarKind : uint8_t { constant, value, pointer };
 enum class ReduceAxis : uint8_t { row, col, all };  // row: over N -> [m]; col: over M -> [n]
-enum class ReduceOp : uint8_t { sum, max, min, amax };
+enum class ReduceOp : uint8_t { sum, max, min, amax, logsumexp };
 enum class Layout : uint8_t { row_major, col_major };
 // Which column of each interleaved pair a pair node takes: gate = even columns (2j),
 // up = odd columns (2j+1); both give an [m,n/2] value whose column j comes from pair j.
 enum class PairPart : uint8_t { gate, up };
 std::string_view pair_part_name(PairPart p);      // "gate", "up"
 std::string_view reduce_axis_name(ReduceAxis a);  // "row", "col", "all"
-std::string_view reduce_op_name(ReduceOp o);      // "sum", "max", "min", "amax"
+std::string_view reduce_op_name(ReduceOp o);      // "sum", "max", "min", "amax", "logsumexp"
 // The expression-language name of a reduction: sum, row_max, col_amax, ... (the canonical text
 // form prints it; the parser looks it up).
 std::string reduction_name(ReduceAxis axis, ReduceOp op);
+
+// The reduction table: every reduction evtc knows, in one place. The parser, the printer, the
+// reference interpreter and every backend read it; adding a reduction is one row in
+// src/ir/graph.cpp and, where its device fold is new, one functor in evtc/device/reduce.cuh.
+struct ReduceOpInfo {
+  ReduceOp op;
+  std::string_view name;  // sum -> sum(x), row_sum(x), col_sum(x)
+  // What the fold starts from: an empty reduction's result, and what a fused kernel's
+  // partials hold for rows or columns outside the problem.
+  double identity;
+  bool of_abs;  // folds |x| (amax): the backends put an abs in front of the fold
+  // The fp64 reference's fold step. Every step lets a NaN through, so a NaN anywhere in the
+  // reduced values gives NaN (a device max that dropped NaNs would hide the bug looked for).
+  double (*step)(double acc, double x);
+  // The f32 fold on the device, over one value at a time and over partials in a fixed order:
+  // a functor in namespace evtc::device (evtc/device/reduce.cuh).
+  std::string_view device_fold;
+  // The same fold as the class template that CUTLASS 3.x's reduction visitors take
+  // (instantiated on float and on cutlass::Array<float, N>).
+  std::string_view cutlass_fold;
+  // On integer inputs the f32 fold gives the exact result's rounding (max, min, amax; not a
+  // sum, whose order matters, nor logsumexp).
+  bool exact_on_integers;
+};
+std::span<const ReduceOpInfo> reduce_op_table();
+const ReduceOpInfo& reduce_op_info(ReduceOp op);
 
 struct Node {
   NodeKind kind{};

@@ -30,17 +30,12 @@ std::string float_literal(double v) {
 }
 
 std::string reduction_identity(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::sum: return "0.0f";
-    case ReduceOp::max: return "(-cutlass::platform::numeric_limits<float>::infinity())";
-    case ReduceOp::min: return "cutlass::platform::numeric_limits<float>::infinity()";
-    case ReduceOp::amax: return "0.0f";  // max(|x|) >= 0
-  }
-  return "0.0f";
+  const double identity = reduce_op_info(op).identity;
+  return identity == 0.0 ? "0.0f" : float_literal(identity);
 }
 
-const char* device_reduce_op(ReduceOp op) {
-  return op == ReduceOp::sum ? "evtc::device::SumOp" : op == ReduceOp::min ? "evtc::device::MinOp" : "evtc::device::MaxOp";
+std::string device_reduce_op(ReduceOp op) {
+  return "evtc::device::" + std::string(reduce_op_info(op).device_fold);
 }
 
 std::string reduction_scratch_code(const std::vector<ReductionSlot>& reductions) {
@@ -150,7 +145,7 @@ Visitor VisitorLowering::evt(const Visitor& op, const std::vector<Visitor>& kids
 // amax(x) reduces |x|: an abs node in front of a max reduction.
 bool VisitorLowering::terminal_needs_abs(NodeId store) const {
   const Node& in = g_.node(g_.node(store).inputs[0]);
-  return in.kind == NodeKind::reduce && in.reduce_op == ReduceOp::amax;
+  return in.kind == NodeKind::reduce && reduce_op_info(in.reduce_op).of_abs;
 }
 
 Visitor VisitorLowering::emit_terminal_node(NodeId store) {

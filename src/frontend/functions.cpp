@@ -7,7 +7,6 @@ namespace evtc::frontend {
 namespace {
 
 constexpr std::array kReduceAxes = {ReduceAxis::all, ReduceAxis::row, ReduceAxis::col};
-constexpr std::array kReduceOps = {ReduceOp::sum, ReduceOp::max, ReduceOp::min, ReduceOp::amax};
 constexpr std::array kDTypes = {DType::f32, DType::f16, DType::bf16, DType::f8e4m3,
                                 DType::f8e5m2};
 
@@ -20,10 +19,10 @@ std::optional<Function> find_function(std::string_view name) {
   // stay free for values and outputs, as they were before comparisons existed.
   if (f.op && op_info(*f.op).comparison) f.op.reset();
   for (ReduceAxis axis : kReduceAxes)
-    for (ReduceOp op : kReduceOps)
-      if (reduction_name(axis, op) == name) {
+    for (const ReduceOpInfo& r : reduce_op_table())
+      if (reduction_name(axis, r.op) == name) {
         f.reduce_axis = axis;
-        f.reduce_op = op;
+        f.reduce_op = r.op;
       }
   // Only the canonical dtype names are casts: `bf16(x)`, not `bfloat16(x)`.
   for (DType t : kDTypes)
@@ -62,8 +61,8 @@ const std::vector<std::string>& function_names() {
     for (const OpInfo& op : op_table())
       if (!op.comparison) out.emplace_back(op.name);
     for (ReduceAxis axis : kReduceAxes)
-      for (ReduceOp op : kReduceOps) {
-        std::string n = reduction_name(axis, op);
+      for (const ReduceOpInfo& r : reduce_op_table()) {
+        std::string n = reduction_name(axis, r.op);
         if (std::find(out.begin(), out.end(), n) == out.end()) out.push_back(n);
       }
     for (DType t : kDTypes) out.emplace_back(dtype_name(t));

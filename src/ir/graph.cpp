@@ -2,7 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <array>
 #include <cctype>
+#include <cmath>
+#include <limits>
 
 #include "evtc/error.hpp"
 
@@ -34,15 +38,44 @@ std::string_view reduce_axis_name(ReduceAxis a) {
   return "?";
 }
 
-std::string_view reduce_op_name(ReduceOp o) {
-  switch (o) {
-    case ReduceOp::sum: return "sum";
-    case ReduceOp::max: return "max";
-    case ReduceOp::min: return "min";
-    case ReduceOp::amax: return "amax";
-  }
-  return "?";
+namespace {
+double nan_or(double acc, double x, double v) { return std::isnan(acc) || std::isnan(x) ? NAN : v; }
+double sum_step(double acc, double x) { return acc + x; }
+double max_step(double acc, double x) { return nan_or(acc, x, std::max(acc, x)); }
+double min_step(double acc, double x) { return nan_or(acc, x, std::min(acc, x)); }
+double amax_step(double acc, double x) { return nan_or(acc, x, std::max(acc, std::fabs(x))); }
+// log(e^acc + e^x) without overflow: the larger plus log1p of the smaller's share. Both
+// -inf stay -inf, and a +inf wins (e^inf + anything is inf).
+double log_add_exp_step(double acc, double x) {
+  if (std::isnan(acc) || std::isnan(x)) return NAN;
+  const double hi = std::max(acc, x), lo = std::min(acc, x);
+  if (std::isinf(hi)) return hi;
+  return hi + std::log1p(std::exp(lo - hi));
 }
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+constexpr std::array kReduceOpTable = {
+    ReduceOpInfo{ReduceOp::sum, "sum", 0.0, false, sum_step, "SumOp", "cutlass::plus", false},
+    ReduceOpInfo{ReduceOp::max, "max", -kInf, false, max_step, "MaxOp", "cutlass::maximum", true},
+    ReduceOpInfo{ReduceOp::min, "min", kInf, false, min_step, "MinOp", "cutlass::minimum", true},
+    // max(|x|) >= 0: the fold starts at 0.
+    ReduceOpInfo{ReduceOp::amax, "amax", 0.0, true, amax_step, "MaxOp", "cutlass::maximum", true},
+    // log(sum(exp(x))): the fold of two values is log(e^a + e^b), exact up to rounding and
+    // independent of how the values are grouped, so per-tile partials combine like a sum's.
+    ReduceOpInfo{ReduceOp::logsumexp, "logsumexp", -kInf, false, log_add_exp_step, "LogAddExpOp",
+                 "evtc::device::LogAddExpFn", false},
+};
+}  // namespace
+
+std::span<const ReduceOpInfo> reduce_op_table() { return kReduceOpTable; }
+
+const ReduceOpInfo& reduce_op_info(ReduceOp op) {
+  for (const ReduceOpInfo& r : kReduceOpTable)
+    if (r.op == op) return r;
+  internal_fail(__FILE__, __LINE__, "reduce_op_info: unknown reduction");
+}
+
+std::string_view reduce_op_name(ReduceOp o) { return reduce_op_info(o).name; }
 
 std::string reduction_name(ReduceAxis axis, ReduceOp op) {
   const std::string prefix = axis == ReduceAxis::all ? "" : std::string(reduce_axis_name(axis)) + "_";

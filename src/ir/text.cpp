@@ -14,6 +14,13 @@
 namespace evtc {
 namespace {
 
+// "expected reduce.{row,col,all}.{sum,max,...}": the reductions from the reduction table.
+std::string expected_reduction() {
+  std::string ops;
+  for (const ReduceOpInfo& r : reduce_op_table()) ops += (ops.empty() ? "" : ",") + std::string(r.name);
+  return "expected reduce.{row,col,all}.{" + ops + "}";
+}
+
 // Structural hash of every node (payload + operands' hashes), used only to order nodes that
 // no output reaches, so that their order does not depend on insertion order either.
 std::vector<uint64_t> structural_hashes(const Graph& g) {
@@ -292,12 +299,11 @@ Graph parse_canonical(std::string_view text) {
       if (axis == "row") n.axis = ReduceAxis::row;
       else if (axis == "col") n.axis = ReduceAxis::col;
       else if (axis == "all") n.axis = ReduceAxis::all;
-      else { c.set_pos(op_pos); c.fail("expected reduce.{row,col,all}.{sum,max,min,amax}"); }
-      if (op == "sum") n.reduce_op = ReduceOp::sum;
-      else if (op == "max") n.reduce_op = ReduceOp::max;
-      else if (op == "min") n.reduce_op = ReduceOp::min;
-      else if (op == "amax") n.reduce_op = ReduceOp::amax;
-      else { c.set_pos(op_pos); c.fail("expected reduce.{row,col,all}.{sum,max,min,amax}"); }
+      else { c.set_pos(op_pos); c.fail(expected_reduction()); }
+      const auto& table = reduce_op_table();
+      const auto found = std::find_if(table.begin(), table.end(), [&](const ReduceOpInfo& r) { return r.name == op; });
+      if (found == table.end()) { c.set_pos(op_pos); c.fail(expected_reduction()); }
+      n.reduce_op = found->op;
     } else if (auto op = find_op(head)) {
       n.kind = NodeKind::compute;
       n.op = *op;

@@ -244,44 +244,22 @@ Array select_pairs(const Node& node, const Array& x, const Extent& e) {
   return r;
 }
 
-// One step of a reduction; every op lets a NaN through, so a NaN anywhere in the reduced
-// values gives NaN (a device max that dropped NaNs would hide the bug being looked for).
-double reduce_step(ReduceOp op, double acc, double x) {
-  switch (op) {
-    case ReduceOp::sum: return acc + x;
-    case ReduceOp::max: return std::isnan(acc) || std::isnan(x) ? NAN : std::max(acc, x);
-    case ReduceOp::min: return std::isnan(acc) || std::isnan(x) ? NAN : std::min(acc, x);
-    case ReduceOp::amax: return std::isnan(acc) || std::isnan(x) ? NAN : std::max(acc, std::fabs(x));
-  }
-  return NAN;
-}
-
-double reduce_identity(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::sum:
-    case ReduceOp::amax: return 0.0;
-    case ReduceOp::max: return -std::numeric_limits<double>::infinity();
-    case ReduceOp::min: return std::numeric_limits<double>::infinity();
-  }
-  return NAN;
-}
-
 // Reduces an m×n value in fp64; every output sums its inputs in increasing index order.
 Array reduce(const Node& node, const Array& x, const Extent& e) {
   EVTC_INTERNAL_ASSERT(x.shape == Shape::full, "reduction of a broadcast value");
-  Array r{node.shape, std::vector<double>(e.size(node.shape), reduce_identity(node.reduce_op))};
-  const ReduceOp op = node.reduce_op;
+  Array r{node.shape, std::vector<double>(e.size(node.shape), reduce_op_info(node.reduce_op).identity)};
+  const auto step = reduce_op_info(node.reduce_op).step;
   switch (node.axis) {
     case ReduceAxis::row:  // over n: one value per row
       for (int64_t i = 0; i < e.m; ++i)
-        for (int64_t j = 0; j < e.n; ++j) r.data[i] = reduce_step(op, r.data[i], x.data[i * e.n + j]);
+        for (int64_t j = 0; j < e.n; ++j) r.data[i] = step(r.data[i], x.data[i * e.n + j]);
       break;
     case ReduceAxis::col:  // over m: one value per column, rows streamed in order
       for (int64_t i = 0; i < e.m; ++i)
-        for (int64_t j = 0; j < e.n; ++j) r.data[j] = reduce_step(op, r.data[j], x.data[i * e.n + j]);
+        for (int64_t j = 0; j < e.n; ++j) r.data[j] = step(r.data[j], x.data[i * e.n + j]);
       break;
     case ReduceAxis::all:
-      for (double v : x.data) r.data[0] = reduce_step(op, r.data[0], v);
+      for (double v : x.data) r.data[0] = step(r.data[0], v);
       break;
   }
   return r;

@@ -162,12 +162,15 @@ RandomKernel EpilogueGenerator::next() {
          false});
   }
   if (!fp8 && coin(options_.reduction_share)) {
-    static const char* kReductions[] = {"row_sum", "col_sum", "sum", "row_max", "col_min", "amax", "col_amax"};
+    // Every reduction of the reduction table over every axis.
+    std::vector<std::string> reductions;
+    for (ReduceAxis axis : {ReduceAxis::row, ReduceAxis::col, ReduceAxis::all})
+      for (const ReduceOpInfo& r : reduce_op_table()) reductions.push_back(reduction_name(axis, r.op));
     const int count = uniform(1, 2);
     for (int i = 0; i < count; ++i) {
       const std::string name = fmt::format("q{}", i);
       k.outputs.push_back({name,
-                           fmt::format("out {} = {}({})", name, kReductions[uniform(0, 6)],
+                           fmt::format("out {} = {}({})", name, reductions[size_t(uniform(0, int(reductions.size()) - 1))],
                                        with_acc(value(uniform(0, 2), false))),
                            true});
     }

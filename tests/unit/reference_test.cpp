@@ -276,8 +276,56 @@ TEST(ReferenceReduce, EveryAxisAndOp) {
   }
 }
 
+// Outputs as computed in fp64, not rounded to their dtype.
+ReferenceOptions unrounded() {
+  ReferenceOptions o;
+  o.unrounded_outputs = true;
+  return o;
+}
+
+TEST(ReferenceReduce, LogSumExpOfEveryAxis) {
+  // acc = [1 -5 3; 4 2 -6]
+  auto lse = [](std::initializer_list<double> xs) {
+    double s = 0;
+    for (double x : xs) s += std::exp(x);
+    return std::log(s);
+  };
+  Graph g;
+  auto acc = g.accum();
+  g.store("rows", g.reduce(ReduceAxis::row, ReduceOp::logsumexp, acc), DType::f32);
+  g.store("cols", g.reduce(ReduceAxis::col, ReduceOp::logsumexp, acc), DType::f32);
+  g.store("all", g.reduce(ReduceAxis::all, ReduceOp::logsumexp, acc), DType::f32);
+  const ReferenceOutputs out = evaluate_reference(g, with_acc(2, 3, {1, -5, 3, 4, 2, -6}), unrounded());
+  const std::vector<double> rows{lse({1, -5, 3}), lse({4, 2, -6})};
+  const std::vector<double> cols{lse({1, 4}), lse({-5, 2}), lse({3, -6})};
+  for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(out.at("rows")[i], rows[i], 1e-14);
+  for (size_t j = 0; j < 3; ++j) EXPECT_NEAR(out.at("cols")[j], cols[j], 1e-14);
+  EXPECT_NEAR(out.at("all")[0], lse({1, -5, 3, 4, 2, -6}), 1e-14);
+}
+
+TEST(ReferenceReduce, LogSumExpNeitherOverflowsNorUnderflows) {
+  // exp(1000) overflows fp64 and exp(-1000) is 0: the fold works relative to the larger value.
+  Graph g;
+  g.store("rows", g.reduce(ReduceAxis::row, ReduceOp::logsumexp, g.accum()), DType::f32);
+  const ReferenceOutputs out =
+      evaluate_reference(g, with_acc(3, 2, {1000, 1000, -1000, -1000, -kInf, 7}), unrounded());
+  EXPECT_NEAR(out.at("rows")[0], 1000 + std::log(2.0), 1e-12);
+  EXPECT_NEAR(out.at("rows")[1], -1000 + std::log(2.0), 1e-12);
+  EXPECT_EQ(out.at("rows")[2], 7.0);  // e^-inf adds nothing
+}
+
+TEST(ReferenceReduce, LogSumExpOfInfinities) {
+  Graph g;
+  g.store("rows", g.reduce(ReduceAxis::row, ReduceOp::logsumexp, g.accum()), DType::f32);
+  const ReferenceOutputs out = evaluate_reference(g, with_acc(3, 2, {-kInf, -kInf, kInf, 3, kInf, -kInf}));
+  EXPECT_EQ(out.at("rows")[0], -kInf);  // log of a sum of zeros
+  EXPECT_EQ(out.at("rows")[1], kInf);
+  EXPECT_EQ(out.at("rows")[2], kInf);
+}
+
 TEST(ReferenceReduce, NaNPropagatesThroughEveryOp) {
-  for (ReduceOp op : {ReduceOp::sum, ReduceOp::max, ReduceOp::min, ReduceOp::amax}) {
+  for (const ReduceOpInfo& info : reduce_op_table()) {
+    const ReduceOp op = info.op;
     SCOPED_TRACE(reduce_op_name(op));
     Graph g;
     auto acc = g.accum();

@@ -18,6 +18,23 @@ struct MaxOp {
 struct MinOp {
   __device__ float operator()(float a, float b) const { return nan_min(a, b); }
 };
+struct LogAddExpOp {
+  __device__ float operator()(float a, float b) const { return log_add_exp(a, b); }
+};
+// The logsumexp fold in the form CUTLASS 3.x's reduction visitors take: a class template
+// over the value type, float or an array of floats (cutlass::Array: kElements, operator[]).
+template <class T>
+struct LogAddExpFn {
+  __device__ T operator()(T const& a, T const& b) const { return fold(a, b); }
+  static __device__ float fold(float a, float b) { return log_add_exp(a, b); }
+  template <class Array>
+  static __device__ Array fold(Array const& a, Array const& b) {
+    Array r;
+#pragma unroll
+    for (int i = 0; i < int(Array::kElements); ++i) r[i] = log_add_exp(a[i], b[i]);
+    return r;
+  }
+};
 
 // Whole-matrix reductions: folds `count` partials into one output. Launch with one block of a
 // multiple of 32 threads (at most 1024).

@@ -115,21 +115,23 @@ std::string emit_fallback_kernel(const Graph& g, const KernelSignature& sig, con
         if (src.kind == NodeKind::reduce) {
           const size_t slot = ptr_slot.at(n.name);
           const std::string x = var(src.inputs[0], lane);
-          const std::string val = src.reduce_op == ReduceOp::amax ? "fabsf(" + x + ")" : x;
+          const ReduceOpInfo& info = reduce_op_info(src.reduce_op);
+          const std::string val = info.of_abs ? "fabsf(" + x + ")" : x;
           const std::string idx = src.axis == ReduceAxis::row ? "i" : src.axis == ReduceAxis::col ? j : "0";
+          const bool lse = src.reduce_op == ReduceOp::logsumexp;
           const std::string fn = src.reduce_op == ReduceOp::sum   ? "atomicAdd"
                                  : src.reduce_op == ReduceOp::min ? "atomic_min_float"
+                                 : lse                            ? "atomic_log_add_exp"
                                                                   : "atomic_max_float";
           // Accumulate in fp32 scratch, then write the output in its dtype.
           const std::string acc_at = fmt::format("(p.scratch + {})", scratch_offset);
-          const std::string identity = src.reduce_op == ReduceOp::sum || src.reduce_op == ReduceOp::amax ? "0.0f"
-                                       : src.reduce_op == ReduceOp::max ? "__int_as_float(0xff800000)"
-                                                                        : "__int_as_float(0x7f800000)";
+          const std::string identity = literal(info.identity);
           if (src.axis == ReduceAxis::all) {
             const std::string r = fmt::format("red{}", slot);
             auto combine = [&](const std::string& a, const std::string& b2) {
               return src.reduce_op == ReduceOp::sum   ? fmt::format("{} + {}", a, b2)
                      : src.reduce_op == ReduceOp::min ? fmt::format("fminf({}, {})", a, b2)
+                     : lse                            ? fmt::format("evtc::device::log_add_exp({}, {})", a, b2)
                                                       : fmt::format("fmaxf({}, {})", a, b2);
             };
             body += fmt::format("  {} = {};\n", r, combine(r, val));
@@ -140,6 +142,9 @@ std::string emit_fallback_kernel(const Graph& g, const KernelSignature& sig, con
                   "  if ((threadIdx.x & 31) == 0) {2}({3}, {0});\n",
                   r, combine(r, fmt::format("__shfl_xor_sync(0xffffffffu, {}, o)", r)), fn, acc_at);
             }
+          } else if (lse && src.axis == ReduceAxis::row) {
+            // Consecutive lanes mostly share a row: fold them first, one atomic per row and warp.
+            body += fmt::format("  warp_log_add_exp({} + {}, {}, {});\n", acc_at, idx, idx, val);
           } else {
             body += fmt::format("  {}({} + {}, {});\n", fn, acc_at, idx, val);
           }
@@ -223,6 +228,34 @@ __device__ __forceinline__ void atomic_max_float(float* p, float v) {
 __device__ __forceinline__ void atomic_min_float(float* p, float v) {
   if (!signbit(v)) atomicMin(reinterpret_cast<int*>(p), __float_as_int(v));
   else atomicMax(reinterpret_cast<unsigned int*>(p), __float_as_uint(v));
+}
+// *p = log(e^*p + e^v), atomically (a compare-and-swap loop).
+__device__ __forceinline__ void atomic_log_add_exp(float* p, float v) {
+  unsigned int* bits = reinterpret_cast<unsigned int*>(p);
+  unsigned int seen = *bits, assumed;
+  do {
+    assumed = seen;
+    const unsigned int next = __float_as_uint(evtc::device::log_add_exp(__uint_as_float(assumed), v));
+    if (next == assumed) return;
+    seen = atomicCAS(bits, assumed, next);
+  } while (seen != assumed);
+}
+// atomic_log_add_exp(p, v) where the lanes of each run of converged, consecutive lanes with
+// the same key (the same p) fold their values first and the run's first lane takes the atomic.
+__device__ __forceinline__ void warp_log_add_exp(float* p, int64_t key, float v) {
+  const unsigned int active = __activemask();
+  const int lane = threadIdx.x & 31;
+  // Offsets 1, 2, 4, ...: after each step a lane holds the fold of the lanes [lane, lane + 2o)
+  // of its run, so the run's first lane ends with the whole run.
+  for (int o = 1; o < 32; o *= 2) {
+    const float other = __shfl_down_sync(active, v, o);
+    const long long other_key = __shfl_down_sync(active, static_cast<long long>(key), o);
+    const unsigned long long span = ((1ull << (o + 1)) - 1) << lane;  // lanes lane .. lane + o
+    if ((span & ~static_cast<unsigned long long>(active)) == 0 && other_key == key)
+      v = evtc::device::log_add_exp(v, other);
+  }
+  const long long previous_key = __shfl_up_sync(active, static_cast<long long>(key), 1);
+  if (lane == 0 || !((active >> (lane - 1)) & 1u) || previous_key != key) atomic_log_add_exp(p, v);
 }
 
 // Kernel parameters: the ABI's pointer and scalar tables copied by value (the ABI's arrays

@@ -202,9 +202,7 @@ class Emitter : public backend::VisitorLowering {
   //    their final stage (which serialises on a tile counter), one partial per CTA tile.
   Visitor emit_reduce(const Node& r, const Node& s) override {
     // amax(x) = max(|x|): the |x| is its own compute node, emitted by the caller.
-    const std::string reg = r.reduce_op == ReduceOp::sum   ? "cutlass::plus"
-                            : r.reduce_op == ReduceOp::min ? "cutlass::minimum"
-                                                           : "cutlass::maximum";
+    const std::string reg(reduce_op_info(r.reduce_op).cutlass_fold);
     const std::string identity = backend::reduction_identity(r.reduce_op);
     const std::string name = fmt::format("{}_{} -> output {}", reduce_axis_name(r.axis),
                                          reduce_op_name(r.reduce_op), s.name);

@@ -121,7 +121,7 @@ class Sm80Emitter : public backend::VisitorLowering {
   Visitor emit_reduce(const Node& r, const Node& s) override {
     const size_t index = reductions_.size();
     reductions_.push_back({ptr_slot_.at(s.name), r.axis, r.reduce_op, s.dtype});
-    const char* op = backend::device_reduce_op(r.reduce_op);
+    const std::string op = backend::device_reduce_op(r.reduce_op);
     const std::string name = fmt::format("{}_{} -> output {}", reduce_axis_name(r.axis), reduce_op_name(r.reduce_op), s.name);
     const std::string args =
         fmt::format("{{scratch_partials(a, scratch, {}), {}}}", index, backend::reduction_identity(r.reduce_op));
