@@ -19,6 +19,7 @@ from ._version_check import check_torch_version as _check_torch_version
 
 _check_torch_version()
 
+from ._cross_entropy import fuse_linear_cross_entropy, linear_cross_entropy
 from ._backend import EVTC_OPTIONS, PostGradPass, backend, inductor_config
 from ._backend import _register as _register_backend
 from ._fx_pass import Fusion, FusionReport, fuse_gemm_epilogues, reports
@@ -37,9 +38,11 @@ __all__ = [
     "clear_merged_weights",
     "compile_only",
     "fuse_gemm_epilogues",
+    "fuse_linear_cross_entropy",
     "gemm_epilogue",
     "grouped_gemm_epilogue",
     "inductor_config",
+    "linear_cross_entropy",
     "make_grouped_spec",
     "make_spec",
     "merged_weights_bytes",

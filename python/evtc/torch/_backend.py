@@ -21,6 +21,7 @@ from typing import Any, Optional
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
+from ._cross_entropy import fuse_linear_cross_entropy
 from ._fx_pass import fuse_gemm_epilogues
 from .passes import Settings
 
@@ -28,6 +29,9 @@ from .passes import Settings
 # settings (evtc.torch.passes.Settings, where each is described) under the ``evtc.`` prefix;
 # kernels always compile in the background here.
 EVTC_OPTIONS = {f"evtc.{f.name}": f.default for f in dataclasses.fields(Settings) if f.name != "compile"}
+# Rewrite an LM head and its cross_entropy into evtc.torch.linear_cross_entropy before AOT
+# autograd traces the graph (evtc/torch/_cross_entropy.py): no [tokens, vocab] logits.
+EVTC_OPTIONS["evtc.linear_cross_entropy"] = True
 
 
 class PostGradPass(CustomGraphPass):
@@ -78,10 +82,11 @@ def inductor_config(mode: Optional[str] = None, options: Optional[dict[str, Any]
                            "composed instead")
     wrapper = torch._TorchCompileInductorWrapper(mode, options or None, dynamic=None)
     patches = dict(wrapper.config)
-    for flag in ("evtc.merge_gated", "evtc.wait_for_compile"):
+    for flag in ("evtc.merge_gated", "evtc.wait_for_compile", "evtc.linear_cross_entropy"):
         if not isinstance(settings[flag], bool):
             raise RuntimeError(f"evtc backend: {flag}={settings[flag]!r} (expected True or False)")
     chosen = {key.removeprefix("evtc."): value for key, value in settings.items()}
+    chosen.pop("linear_cross_entropy")  # applied by backend() before Inductor: not the post-grad pass's
     chosen["profitability"] = bool(chosen["profitability"])
     patches["post_grad_custom_post_pass"] = PostGradPass(**chosen)
     return patches
@@ -101,13 +106,16 @@ def backend(gm: torch.fx.GraphModule, example_inputs, *, mode: Optional[str] = N
 
     if cast_mode is not None:
         options = {**(options or {}), "evtc.cast_mode": cast_mode}
+    patches = inductor_config(mode, options)  # checks every option first
+    if (options or {}).get("evtc.linear_cross_entropy", EVTC_OPTIONS["evtc.linear_cross_entropy"]):
+        fuse_linear_cross_entropy(gm)
     # As compile_fx's config_patches (what torch.compile's own Inductor backend does): they
     # apply around the whole compile, so that decisions compile_fx makes before its inner
     # compiles (freezing's constant inlining among them) see them, and to the inner compiles,
     # which includes the training backward graph that AOT autograd compiles at the first
     # backward call, after this function has returned: evtc's pass and the mode's settings
     # (CUDA graphs for "reduce-overhead") reach it too.
-    return compile_fx(gm, example_inputs, config_patches=inductor_config(mode, options))
+    return compile_fx(gm, example_inputs, config_patches=patches)
 
 
 def _register() -> None:

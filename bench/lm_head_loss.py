@@ -1,0 +1,211 @@
+"""The LM head and its loss in one training step: plain torch.compile against
+torch.compile(backend="evtc"), which rewrites linear + float + cross_entropy into
+evtc.torch.linear_cross_entropy (no [tokens, vocab] logits).
+
+    python3 bench/lm_head_loss.py                       # vocab 32000 and 128256, 8192 tokens, hidden 4096
+    python3 bench/lm_head_loss.py --vocab 128256 --quick
+
+Per vocabulary, in one process: each variant's step time (zeroed grads, forward, backward;
+median over interleaved rounds), its peak GPU memory during the step above what the model and
+inputs hold, and the error of its loss and of the gradients of h and W against a float64
+eager step (relative L2). Writes bench/results/<stamp>-<gpu>-lm-head-loss.json and .png.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+
+os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
+os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import evtc.torch  # noqa: E402
+from result_files import result_base  # noqa: E402
+
+IGNORE = -100
+
+
+class LMHeadLoss(nn.Module):
+    """A causal LM's last step: logits of the final hidden states, upcast, cross-entropy."""
+
+    def __init__(self, hidden: int, vocab: int):
+        super().__init__()
+        self.lm_head = nn.Linear(hidden, vocab, bias=False)
+
+    def forward(self, h, labels):
+        logits = self.lm_head(h).float()
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1), ignore_index=IGNORE)
+
+
+def log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def make_step(run, model, h, labels):
+    def step():
+        model.zero_grad(set_to_none=True)
+        h.grad = None
+        loss = run(h, labels)
+        loss.backward()
+        return loss
+    return step
+
+
+def event_times(step, iters: int) -> list[float]:
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    for start, end in pairs:
+        start.record()
+        step()
+        end.record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) for s, e in pairs]
+
+
+def peak_step_bytes(step) -> int:
+    """Peak memory allocated during one step, above what was allocated before it."""
+    gc.collect()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base
+
+
+def rel(x, ref) -> float:
+    x, ref = x.double(), ref.double()
+    return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def run_vocab(vocab: int, args) -> dict:
+    torch.manual_seed(0)
+    row = {"vocab": vocab, "tokens": args.tokens, "hidden": args.hidden, "notes": []}
+    with torch.device("cuda"):
+        base = LMHeadLoss(args.hidden, vocab).to(torch.bfloat16)
+    gen = torch.Generator("cuda").manual_seed(1)
+    h = torch.randn(args.tokens // 1024, 1024, args.hidden, generator=gen, device="cuda", dtype=torch.bfloat16)
+    h.requires_grad_()
+    labels = torch.randint(0, vocab, (args.tokens // 1024, 1024), generator=gen, device="cuda")
+    labels[:, -1] = IGNORE  # the last position of each sequence has no next token
+    models = {"compile": base, "evtc": LMHeadLoss(args.hidden, vocab).to("cuda", torch.bfloat16)}
+    models["evtc"].load_state_dict(base.state_dict())
+    runs = {"compile": torch.compile(models["compile"], dynamic=False),
+            "evtc": torch.compile(models["evtc"], backend="evtc", dynamic=False,
+                                  options={"evtc.wait_for_compile": True})}
+    steps = {v: make_step(runs[v], models[v], h, labels) for v in runs}
+    results = {}
+    for v in runs:
+        log(f"[{vocab}] first call of {v} (compiles)")
+        loss = steps[v]()
+        results[v] = (loss.detach().clone(), h.grad.clone(), models[v].lm_head.weight.grad.clone())
+    specs = evtc.torch._cross_entropy._specs(torch.bfloat16)
+    row["evtc_kernel_calls"] = {"forward": evtc.torch.path_counts(specs[0]), "backward": evtc.torch.path_counts(specs[1])}
+    if row["evtc_kernel_calls"]["forward"]["fused"] == 0:
+        row["notes"].append("evtc did not run its fused forward kernel (rewrite refused or unfused)")
+
+    for v in runs:
+        row[f"{v}_peak_gib"] = peak_step_bytes(steps[v]) / 2**30
+    row["peak_ratio"] = row["evtc_peak_gib"] / row["compile_peak_gib"]
+
+    for step in steps.values():
+        for _ in range(args.warmup):
+            step()
+    samples = {v: [] for v in steps}
+    rounds = []
+    names = list(steps)
+    for r in range(args.rounds):
+        medians = {}
+        for v in names[r % 2:] + names[:r % 2]:
+            t = event_times(steps[v], args.iters)
+            samples[v] += t
+            medians[v] = statistics.median(t)
+        rounds.append(medians["evtc"] / medians["compile"])
+    for v in steps:
+        row[f"{v}_ms"] = statistics.median(samples[v])
+    row["time_ratio"] = row["evtc_ms"] / row["compile_ms"]
+    row["time_ratio_rounds"] = rounds
+
+    # float64 eager reference of the same step.
+    try:
+        ref_model = LMHeadLoss(args.hidden, vocab).to("cuda", torch.float64)
+        ref_model.load_state_dict({k: t.double() for k, t in base.state_dict().items()})
+        h64 = h.detach().double().requires_grad_()
+        loss = ref_model(h64, labels)
+        loss.backward()
+        ref = (loss.detach(), h64.grad, ref_model.lm_head.weight.grad)
+        for v, got in results.items():
+            for name, g, r in zip(("loss", "dh", "dW"), got, ref):
+                row[f"{v}_error_{name}"] = rel(g, r)
+        del ref_model, h64, ref, loss
+    except torch.OutOfMemoryError:
+        row["notes"].append("no float64 reference (out of memory)")
+    del runs, steps, models, results
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch._dynamo.reset()
+    return row
+
+
+def plot(data: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = data["rows"]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 4))
+    labels = [f"vocab {r['vocab']}" for r in rows]
+    xs = range(len(rows))
+    for ax, key, title, limit in ((axes[0], "time_ratio", "step time, evtc / torch.compile", 1.0),
+                                  (axes[1], "peak_ratio", "peak step memory, evtc / torch.compile", 0.5)):
+        ax.bar(xs, [r[key] for r in rows], color=["tab:green" if r[key] <= limit else "tab:red" for r in rows])
+        ax.axhline(limit, color="black", linewidth=0.8)
+        ax.set_xticks(list(xs), labels)
+        ax.set_title(title, fontsize=9)
+    fig.suptitle(f"LM head + cross-entropy, {data['tokens']} tokens, hidden {data['hidden']}, {data['gpu']}",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--vocab", default="32000,128256", help="comma-separated vocabulary sizes")
+    p.add_argument("--tokens", type=int, default=8192, help="tokens per step (a multiple of 1024)")
+    p.add_argument("--hidden", type=int, default=4096)
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--iters", type=int, default=5, help="timed steps per variant and round")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--quick", action="store_true", help="2 rounds of 3 steps")
+    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    args = p.parse_args()
+    if args.tokens % 1024:
+        p.error("--tokens must be a multiple of 1024")
+    if args.quick:
+        args.rounds, args.iters, args.warmup = 2, 3, 1
+    gpu = torch.cuda.get_device_name()
+    data = {"gpu": gpu, "torch": torch.__version__, "tokens": args.tokens, "hidden": args.hidden,
+            "method": f"median of {args.rounds} interleaved rounds x {args.iters} steps (CUDA events); peak memory "
+                      "of one step above what was allocated before it", "rows": []}
+    for vocab in (int(v) for v in args.vocab.split(",")):
+        row = run_vocab(vocab, args)
+        data["rows"].append(row)
+        log(f"vocab {vocab}: step {row['compile_ms']:.2f} ms compile, {row['evtc_ms']:.2f} ms evtc "
+            f"({row['time_ratio']:.3f}x); peak {row['compile_peak_gib']:.2f} GiB vs {row['evtc_peak_gib']:.2f} GiB "
+            f"({row['peak_ratio']:.3f}x)")
+    base = result_base(args.out, gpu, "lm-head-loss")
+    with open(base + ".json", "w") as f:
+        json.dump(data, f, indent=2)
+    plot(data, base + ".png")
+    print(json.dumps(data, indent=2))
+
+
+if __name__ == "__main__":
+    main()

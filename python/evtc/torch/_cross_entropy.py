@@ -1,0 +1,269 @@
+"""A language model's LM head and its cross-entropy loss without the [M, V] logits.
+
+    loss = evtc.torch.linear_cross_entropy(h, weight, target)        # = F.cross_entropy((h @ weight.T).float(), target)
+
+``torch.compile(backend="evtc")`` rewrites ``F.cross_entropy(F.linear(h, W).float(), target)``
+in model code into this (see :func:`fuse_linear_cross_entropy`).
+
+How it runs:
+
+* **Forward**: one GEMM ``h @ Wᵀ`` whose epilogue writes each row's logsumexp and nothing
+  else (``row_logsumexp(acc)``: per-tile partials folded in a fixed order). The target's logit
+  is a dot product of ``h`` with the target's row of ``W`` (M × K work, in fp32). Each row's
+  loss is ``lse - target_logit``; rows whose target is ``ignore_index`` count for nothing.
+  Saved for backward: ``h``, ``W``, the targets and the logsumexps (M floats).
+* **Backward**: the same GEMM again, its epilogue writing ``exp(acc - lse[m]) * g[m]`` (the
+  softmax times each row's incoming gradient) in the logits' dtype; the target's column then
+  gets ``-g[m]`` (one element per row), and two GEMMs give ``dh`` and ``dW``. The [M, V]
+  gradient is the one large tensor, in 16 bits; no fp32 logits exist at any point.
+
+Where evtc cannot fuse a GEMM (a GPU without fused kernels, say) the same ops run cuBLASLt and
+the unfused epilogue: slower, and the forward then holds fp32 logits while it runs.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import fx
+
+from . import _op, _spec
+from ._chain import EVTC_DTYPES
+
+_REDUCTIONS = ("mean", "sum", "none")
+log = logging.getLogger("evtc.torch")
+
+
+def _specs(dtype: torch.dtype) -> tuple[str, str]:
+    """The forward (logsumexp) and backward (softmax times the incoming gradient) specs."""
+    name = EVTC_DTYPES[dtype]
+    options = {"a_dtype": name, "b_dtype": name, "a_layout": "row", "b_layout": "col", "operand_dtype": name,
+               "output_dtype": name}
+    forward = _spec.make_spec("out lse: f32 = row_logsumexp(acc)", options, [], ["lse"])
+    backward = _spec.make_spec(
+        f"input lse[m]: f32\ninput g[m]: f32\nout grad: {name} = exp(acc - lse) * g", options,
+        [("lse", _spec.COL), ("g", _spec.COL)], ["grad"])
+    return forward, backward
+
+
+def _check(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor) -> None:
+    for name, t in (("h", h), ("weight", weight), ("target", target)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"linear_cross_entropy: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if h.dim() != 2:
+        raise ValueError(f"linear_cross_entropy: h must be [tokens, hidden], got shape {tuple(h.shape)}")
+    if weight.dim() != 2 or weight.shape[1] != h.shape[1]:
+        raise ValueError(f"linear_cross_entropy: weight must be [vocab, hidden] with hidden = h's "
+                         f"{h.shape[1]}, got shape {tuple(weight.shape)}")
+    if target.shape != (h.shape[0],):
+        raise ValueError(f"linear_cross_entropy: target must be [tokens] = [{h.shape[0]}], got shape "
+                         f"{tuple(target.shape)}")
+    if target.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"linear_cross_entropy: target must hold class indices (int64 or int32), got {target.dtype}")
+    if h.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != h.dtype:
+        raise TypeError(f"linear_cross_entropy: h and weight must both be bfloat16 or float16, got {h.dtype} and "
+                        f"{weight.dtype}")
+    if not (h.is_cuda and weight.is_cuda and target.is_cuda) or len({h.device, weight.device, target.device}) != 1:
+        raise ValueError(f"linear_cross_entropy: h, weight and target must be on one CUDA device, got {h.device}, "
+                         f"{weight.device} and {target.device}")
+
+
+def _valid_targets(target: torch.Tensor, ignore_index: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which rows count, and targets safe to index with (0 where ignored)."""
+    valid = target != ignore_index
+    return valid, torch.where(valid, target, 0)
+
+
+@torch.library.custom_op("evtc::linear_cross_entropy_forward", mutates_args=())
+def _forward(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+             ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's logsumexp of h @ weightᵀ, and its target's logit (0 where ignored)."""
+    forward, _ = _specs(h.dtype)
+    (lse,) = _op.gemm_epilogue(forward, h.contiguous(), weight.t(), [])
+    valid, safe = _valid_targets(target, ignore_index, weight.shape[0])
+    # torch checks the indices here: a target outside [0, vocab) raises, as cross_entropy does.
+    picked = weight.index_select(0, safe)
+    target_logit = torch.linalg.vecdot(h.float(), picked.float()) * valid
+    return lse, target_logit
+
+
+@_forward.register_fake
+def _(h, weight, target, ignore_index):
+    return h.new_empty(h.shape[0], dtype=torch.float32), h.new_empty(h.shape[0], dtype=torch.float32)
+
+
+@torch.library.custom_op("evtc::linear_cross_entropy_backward", mutates_args=())
+def _backward(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_index: int,
+              lse: torch.Tensor, grad_lse: torch.Tensor,
+              grad_target_logit: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """dh and dweight from the gradients of the logsumexps and of the target logits."""
+    _, backward = _specs(h.dtype)
+    valid, safe = _valid_targets(target, ignore_index, weight.shape[0])
+    # d lse / d logits = softmax; d target_logit / d logits = the target's one-hot.
+    (grad,) = _op.gemm_epilogue(backward, h.contiguous(), weight.t(),
+                                [lse.float().contiguous(), grad_lse.float().contiguous()])
+    rows = torch.arange(h.shape[0], device=h.device)
+    grad.index_put_((rows, safe), (grad_target_logit * valid).to(grad.dtype), accumulate=True)
+    grad_h = grad @ weight
+    grad_weight = grad.t() @ h
+    return grad_h, grad_weight
+
+
+@_backward.register_fake
+def _(h, weight, target, ignore_index, lse, grad_lse, grad_target_logit):
+    return torch.empty_like(h), torch.empty_like(weight)
+
+
+def _setup_context(ctx, inputs, output):
+    h, weight, target, ignore_index = inputs
+    lse, _ = output
+    ctx.save_for_backward(h, weight, target, lse)
+    ctx.ignore_index = ignore_index
+
+
+def _autograd_backward(ctx, grad_lse, grad_target_logit):
+    h, weight, target, lse = ctx.saved_tensors
+    if grad_lse is None:
+        grad_lse = torch.zeros_like(lse)
+    if grad_target_logit is None:
+        grad_target_logit = torch.zeros_like(lse)
+    grad_h, grad_weight = _backward(h, weight, target, ctx.ignore_index, lse, grad_lse, grad_target_logit)
+    return grad_h, grad_weight, None, None
+
+
+_forward.register_autograd(_autograd_backward, setup_context=_setup_context)
+
+
+def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, *,
+                         ignore_index: int = -100, reduction: str = "mean") -> torch.Tensor:
+    """``F.cross_entropy((h @ weight.T).float(), target, ignore_index=..., reduction=...)``
+    without the logits: ``h`` is [tokens, hidden] (bf16 or f16), ``weight`` [vocab, hidden] in
+    the same dtype, ``target`` [tokens] class indices. ``reduction`` is "mean" (over rows whose
+    target is not ``ignore_index``; NaN when there are none, as PyTorch gives), "sum" or
+    "none" (a float32 loss per row, 0 where ignored)."""
+    _check(h, weight, target)
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"linear_cross_entropy: reduction must be one of {', '.join(_REDUCTIONS)}, got {reduction!r}")
+    lse, target_logit = _forward(h, weight, target, int(ignore_index))
+    valid = target != ignore_index
+    rows = (lse - target_logit) * valid
+    if reduction == "none":
+        return rows
+    if reduction == "sum":
+        return rows.sum()
+    return rows.sum() / valid.sum()
+
+
+# --- the torch.compile rewrite ------------------------------------------------------------------
+
+_LINEARS = {torch._C._nn.linear, F.linear}
+_CROSS_ENTROPY = {F.cross_entropy, torch.nn.functional.cross_entropy}
+
+
+def _example(node: Any) -> Optional[torch.Tensor]:
+    v = node.meta.get("example_value") if isinstance(node, fx.Node) else None
+    return v if isinstance(v, torch.Tensor) else None
+
+
+def _is_float_cast(node: fx.Node) -> bool:
+    """x.float(), or x.to(torch.float32) with nothing else."""
+    if node.op != "call_method":
+        return False
+    if node.target == "float":
+        return len(node.args) == 1 and not node.kwargs
+    if node.target == "to":
+        rest = list(node.args[1:]) + list(node.kwargs.values())
+        return rest == [torch.float32]
+    return False
+
+
+def _is_flatten(node: fx.Node) -> bool:
+    """A view/reshape that keeps the last dimension (merges the leading ones)."""
+    if not ((node.op == "call_method" and node.target in ("view", "reshape")) or
+            (node.op == "call_function" and node.target is torch.reshape)):
+        return False
+    src, out = _example(node.args[0]), _example(node)
+    return src is not None and out is not None and out.dim() == 2 and src.shape[-1] == out.shape[-1]
+
+
+def _refusal(call: fx.Node, logits: fx.Node) -> Optional[str]:
+    """Why this cross_entropy cannot run as linear_cross_entropy (None: it can)."""
+    kwargs = dict(call.kwargs)
+    names = ("input", "target", "weight", "size_average", "ignore_index", "reduce", "reduction", "label_smoothing")
+    for name, value in zip(names, call.args):
+        kwargs.setdefault(name, value)
+    if kwargs.get("weight") is not None:
+        return "class weights"
+    if kwargs.get("size_average") is not None or kwargs.get("reduce") is not None:
+        return "the deprecated size_average/reduce arguments"
+    if kwargs.get("label_smoothing", 0.0) != 0.0:
+        return "label smoothing"
+    if kwargs.get("reduction", "mean") not in _REDUCTIONS:
+        return f"reduction={kwargs.get('reduction')!r}"
+    if not isinstance(kwargs.get("ignore_index", -100), int):
+        return "an ignore_index that is not a Python int"
+    lin = logits
+    if len(lin.args) < 2 or (len(lin.args) > 2 and lin.args[2] is not None) or lin.kwargs.get("bias") is not None:
+        return "the LM head has a bias"
+    h, w, t = _example(lin.args[0]), _example(lin.args[1]), _example(kwargs["target"])
+    x = _example(kwargs["input"])
+    if h is None or w is None or t is None or x is None:
+        return "shapes unknown"
+    if x.dim() != 2:
+        return f"{x.dim()}-d input (classes along dim 1 of a [tokens, vocab] input only)"
+    if h.dtype not in (torch.bfloat16, torch.float16) or w.dtype != h.dtype:
+        return f"{h.dtype} x {w.dtype} LM head (bf16 or f16 only)"
+    if not h.is_cuda:
+        return "not on a CUDA device"
+    if t.dtype not in (torch.int64, torch.int32) or t.dim() != 1:
+        return "targets that are not one class index per row"
+    return None
+
+
+def fuse_linear_cross_entropy(gm: fx.GraphModule) -> int:
+    """Rewrites ``F.cross_entropy(F.linear(h, W).float().view(-1, V), target)`` (the cast and the
+    flatten optional) in a Dynamo graph into :func:`linear_cross_entropy`, where the logits are
+    used by nothing else. Returns how many it rewrote; ``EVTC_LOG=debug`` says why others were
+    left alone."""
+    rewritten = 0
+    for call in list(gm.graph.nodes):
+        if call.op != "call_function" or call.target not in _CROSS_ENTROPY:
+            continue
+        x = call.args[0] if call.args else call.kwargs.get("input")
+        chain = []
+        while isinstance(x, fx.Node) and (_is_float_cast(x) or _is_flatten(x)):
+            chain.append(x)
+            x = x.args[0]
+        if not (isinstance(x, fx.Node) and x.op == "call_function" and x.target in _LINEARS):
+            continue
+        if any(len(n.users) != 1 for n in [x, *chain]):
+            log.debug("cross_entropy over an LM head left unfused: its logits are used elsewhere too")
+            continue
+        why = _refusal(call, x)
+        if why:
+            log.debug(f"cross_entropy over an LM head left unfused: {why}")
+            continue
+        kwargs = dict(call.kwargs)
+        target = call.args[1] if len(call.args) > 1 else kwargs["target"]
+        ignore_index = kwargs.get("ignore_index", call.args[4] if len(call.args) > 4 else -100)
+        reduction = kwargs.get("reduction", call.args[6] if len(call.args) > 6 else "mean")
+        h, w = x.args[0], x.args[1]
+        with gm.graph.inserting_before(call):
+            hidden = _example(h).shape[-1]
+            flat = gm.graph.call_method("reshape", (h, -1, hidden))
+            flat_target = gm.graph.call_method("reshape", (target, -1))
+            fused = gm.graph.call_function(linear_cross_entropy, (flat, w, flat_target),
+                                           {"ignore_index": ignore_index, "reduction": reduction})
+        fused.meta.update(call.meta)
+        call.replace_all_uses_with(fused)
+        for n in [call, *chain, x]:
+            gm.graph.erase_node(n)
+        rewritten += 1
+        log.debug(f"LM head + cross_entropy fused: linear_cross_entropy (reduction={reduction}, "
+                   f"ignore_index={ignore_index}); no [tokens, vocab] logits")
+    if rewritten:
+        gm.graph.lint()
+        gm.recompile()
+    return rewritten

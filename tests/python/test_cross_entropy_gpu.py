@@ -1,0 +1,121 @@
+"""evtc.torch.linear_cross_entropy on a Hopper GPU: the loss and the gradients of h and W
+against float64, within eager bf16's own error; ignored rows; torch.compile's rewrite."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the PyTorch integration tests need torch")
+if not (torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)):
+    pytest.skip("needs a Hopper (sm_90) GPU", allow_module_level=True)
+
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import evtc.torch  # noqa: E402
+from evtc.torch import _op  # noqa: E402
+from evtc.torch._cross_entropy import _specs  # noqa: E402
+
+IGNORE = -100
+
+
+def inputs(m, k, v, seed, ignored=0.1):
+    g = torch.Generator("cuda").manual_seed(seed)
+    h = (torch.randn(m, k, generator=g, device="cuda") / k ** 0.25).bfloat16()
+    w = (torch.randn(v, k, generator=g, device="cuda") / k ** 0.25).bfloat16()
+    t = torch.randint(0, v, (m,), generator=g, device="cuda")
+    t[torch.rand(m, generator=g, device="cuda") < ignored] = IGNORE
+    return h, w, t
+
+
+def loss_and_grads(fn, h, w, t, dtype=None, **kw):
+    h = h.detach().clone().to(dtype or h.dtype).requires_grad_()
+    w = w.detach().clone().to(dtype or w.dtype).requires_grad_()
+    loss = fn(h, w, t, **kw)
+    loss.sum().backward()
+    return loss.detach().double(), h.grad.double(), w.grad.double()
+
+
+def eager(h, w, t, reduction="mean"):
+    return F.cross_entropy(F.linear(h, w).float(), t, ignore_index=IGNORE, reduction=reduction)
+
+
+def fused(h, w, t, reduction="mean"):
+    return evtc.torch.linear_cross_entropy(h, w, t, ignore_index=IGNORE, reduction=reduction)
+
+
+def rel(x, ref):
+    return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+# Sizes that are no tile's multiple; 1003 columns cannot be stored by TMA (rows must be 16-byte
+# aligned), so its backward GEMM runs the unfused path: the same results.
+@pytest.mark.parametrize("m, k, v", [(300, 264, 1000), (129, 136, 1003), (512, 512, 4096)])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_matches_float64_within_eagers_error(m, k, v, reduction):
+    h, w, t = inputs(m, k, v, seed=m + v)
+    ref = loss_and_grads(eager, h, w, t, dtype=torch.float64, reduction=reduction)
+    base = loss_and_grads(eager, h, w, t, reduction=reduction)
+    ours = loss_and_grads(fused, h, w, t, reduction=reduction)
+    for name, o, b, r in zip(("loss", "dh", "dW"), ours, base, ref):
+        assert torch.isfinite(o).all(), name
+        # eager rounds the logits to bf16 before its fp32 softmax; evtc folds the fp32
+        # accumulator: its loss is closer, its gradients (bf16 like eager's) as close.
+        assert rel(o, r) <= 2 * rel(b, r) + 1e-6, f"{name}: evtc {rel(o, r):.3g}, eager {rel(b, r):.3g}"
+
+
+def test_ignored_rows_have_zero_gradient_and_no_loss():
+    h, w, t = inputs(257, 128, 2048, seed=7, ignored=0.3)
+    loss, dh, _ = loss_and_grads(fused, h, w, t, reduction="none")
+    ignored = t == IGNORE
+    assert ignored.any() and (~ignored).any()
+    assert (loss[ignored] == 0).all()
+    assert (dh[ignored] == 0).all()
+    assert (dh[~ignored].abs().sum(1) > 0).all()
+
+
+def test_every_row_ignored_gives_nan_like_pytorch():
+    h, w, t = inputs(64, 128, 512, seed=3)
+    t[:] = IGNORE
+    assert torch.isnan(fused(h, w, t)).item() and torch.isnan(eager(h, w, t)).item()
+
+
+def test_large_logits_do_not_overflow():
+    h, w, t = inputs(128, 128, 1024, seed=5)
+    h = (h.float() * 40).bfloat16()  # logits in the hundreds: exp() would overflow fp32
+    ref = loss_and_grads(eager, h, w, t, dtype=torch.float64, reduction="none")[0]
+    ours = loss_and_grads(fused, h, w, t, reduction="none")[0]
+    assert torch.isfinite(ours).all()
+    assert rel(ours, ref) < 1e-2
+
+
+class LMHeadLoss(nn.Module):
+    def __init__(self, hidden, vocab):
+        super().__init__()
+        self.lm_head = nn.Linear(hidden, vocab, bias=False, device="cuda", dtype=torch.bfloat16)
+
+    def forward(self, x, labels):
+        logits = self.lm_head(x).float()
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1), ignore_index=IGNORE)
+
+
+def test_torch_compile_rewrites_the_loss_and_matches_eager():
+    torch.manual_seed(0)
+    model = LMHeadLoss(256, 1000)
+    x = torch.randn(2, 150, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    labels = torch.randint(0, 1000, (2, 150), device="cuda")
+    labels[:, :10] = IGNORE
+    forward_spec, backward_spec = _specs(torch.bfloat16)
+    before = _op.path_counts(forward_spec)["fused"], _op.path_counts(backward_spec)["fused"]
+    compiled = torch.compile(model, backend="evtc", dynamic=False)
+    loss = compiled(x, labels)
+    loss.backward()
+    after = _op.path_counts(forward_spec)["fused"], _op.path_counts(backward_spec)["fused"]
+    assert after[0] > before[0] and after[1] > before[1], "the rewrite did not run evtc's kernels"
+    got = (loss.detach(), x.grad.clone(), model.lm_head.weight.grad.clone())
+    x.grad = None
+    model.lm_head.weight.grad = None
+    ref = model.double()(x.double(), labels)
+    ref.backward()
+    want = (ref.detach(), x.grad, model.lm_head.weight.grad)
+    for name, g, r in zip(("loss", "dx", "dW"), got, want):
+        assert rel(g.double(), r.double()) < 2e-2, name
