@@ -41,8 +41,9 @@ std::string device_reduce_op(ReduceOp op) {
 std::string reduction_scratch_code(const std::vector<ReductionSlot>& reductions) {
   std::string axes;
   for (const ReductionSlot& r : reductions)
-    axes += r.axis == ReduceAxis::all ? 'a' : r.axis == ReduceAxis::row ? 'r' : 'c';
-  return fmt::format(R"(// The reductions' axes in slot order: a(ll), r(ow, over N), c(olumn, over M).
+    axes += r.axis == ReduceAxis::all ? 'a' : r.axis == ReduceAxis::col ? 'c' : r.pair_partials ? 'R' : 'r';
+  return fmt::format(R"(// The reductions' axes in slot order: a(ll), r(ow, over N), c(olumn, over M); R: a row
+// reduction with two floats per partial.
 constexpr char kReductionAxes[] = "{}";
 constexpr int kReductions = sizeof(kReductionAxes) - 1;
 constexpr evtc::device::ReductionScratch<kTileM, kTileN, kEpilogueWarps> kScratch{{kReductionAxes, kReductions}};
@@ -69,7 +70,11 @@ void finish_reductions(const evtc_gemm_args& a, char* scratch, cudaStream_t s) {
     const std::string kernel = fmt::format("evtc::device::{}<{}, {}>",
                                            r.axis == ReduceAxis::all ? "reduce_partials" : "reduce_partial_rows",
                                            device_reduce_op(r.op), cutlass_type(r.dtype));
-    if (r.axis == ReduceAxis::all)
+    if (r.pair_partials)  // rows of the padded M, one per tile column: (m, s) pairs
+      s += fmt::format("  evtc::device::reduce_lse_pair_rows<{}><<<int((a.m + 255) / 256), 256, 0, s>>>({}, a.m, "
+                       "kScratch.tiles_m(a) * kTileM, kScratch.tiles_n(a), {});\n",
+                       cutlass_type(r.dtype), partials, out);
+    else if (r.axis == ReduceAxis::all)
       s += fmt::format("  {}<<<1, 1024, 0, s>>>({}, int64_t(kScratch.floats(a, 'a')), {}, {});\n", kernel, partials,
                        out, identity);
     else if (r.axis == ReduceAxis::row)  // rows of the padded M, one per tile column

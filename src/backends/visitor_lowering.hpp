@@ -35,6 +35,9 @@ struct ReductionSlot {
   ReduceAxis axis;
   ReduceOp op;
   DType dtype;
+  // Row partials of two floats, a logsumexp's (m, s) pairs (evtc/device/sm90_logsumexp.cuh),
+  // instead of one.
+  bool pair_partials = false;
 };
 // The identity of a reduction's operation, as a float expression.
 std::string reduction_identity(ReduceOp op);

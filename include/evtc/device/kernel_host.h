@@ -45,6 +45,7 @@ struct ReductionScratch {
   static int64_t tiles_n(const evtc_gemm_args& a) { return (a.n + TileN - 1) / TileN; }
   static size_t floats(const evtc_gemm_args& a, char axis) {
     if (axis == 'a') return size_t(tiles_m(a) * tiles_n(a) * Warps);
+    if (axis == 'R') return size_t(tiles_m(a) * tiles_n(a)) * TileM * 2;  // (m, s) pairs
     return size_t(tiles_m(a) * tiles_n(a)) * (axis == 'r' ? TileM : TileN);
   }
   static size_t bytes(const evtc_gemm_args& a, char axis) { return (floats(a, axis) * sizeof(float) + 255) / 256 * 256; }

@@ -36,6 +36,41 @@ struct LogAddExpFn {
   }
 };
 
+// A row logsumexp's fold state in fused kernels (evtc/device/sm90_logsumexp.cuh): log(s) + m.
+// (-inf, 0) is the empty pair.
+struct alignas(8) LsePair {
+  float m, s;
+  __host__ __device__ constexpr LsePair() : m(-__builtin_inff()), s(0.0f) {}
+  __host__ __device__ constexpr LsePair(float m_, float s_) : m(m_), s(s_) {}
+  // CUTLASS default-initialises its compute type from 0: the empty pair.
+  __host__ __device__ constexpr explicit LsePair(int) : LsePair() {}
+};
+__host__ __device__ inline float lse_pair_value(LsePair p) {
+  return p.s == 0.0f ? -__builtin_inff() : p.m + logf(p.s);
+}
+// (m_hi, s_hi + s_lo e^(m_lo - m_hi)); the empty pair changes nothing, a NaN or +inf wins.
+__device__ __forceinline__ LsePair lse_pair_fold(LsePair a, LsePair b) {
+  if (b.s == 0.0f) return a;
+  if (a.s == 0.0f) return b;
+  if (a.m != a.m || b.m != b.m) return {a.m + b.m, 1.0f};
+  const bool a_hi = a.m >= b.m;
+  const LsePair hi = a_hi ? a : b, lo = a_hi ? b : a;
+  if (hi.m == __builtin_inff()) return {hi.m, 1.0f};
+  return {hi.m, hi.s + lo.s * fast_exp(lo.m - hi.m)};
+}
+
+// Row logsumexps from pair partials: the fused kernel wrote `parts` rows of pairs, row p at
+// partials + 2 * p * stride; out[i] folds pairs p = 0, 1, ... of row i and writes log(s) + m.
+template <class Out>
+__global__ void reduce_lse_pair_rows(const float* partials, int64_t length, int64_t stride, int64_t parts, Out* out) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= length) return;
+  const LsePair* pairs = reinterpret_cast<const LsePair*>(partials);
+  LsePair v{-__builtin_inff(), 0.0f};
+  for (int64_t p = 0; p < parts; ++p) v = lse_pair_fold(v, pairs[p * stride + i]);
+  out[i] = Out(lse_pair_value(v));
+}
+
 // Whole-matrix reductions: folds `count` partials into one output. Launch with one block of a
 // multiple of 32 threads (at most 1024).
 template <class Op, class Out>

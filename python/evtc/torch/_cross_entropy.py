@@ -102,8 +102,9 @@ def _backward(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignor
     _, backward = _specs(h.dtype)
     valid, safe = _valid_targets(target, ignore_index, weight.shape[0])
     # d lse / d logits = softmax; d target_logit / d logits = the target's one-hot.
+    # [M, 1] columns: broadcast along N, as the spec's col operands are placed.
     (grad,) = _op.gemm_epilogue(backward, h.contiguous(), weight.t(),
-                                [lse.float().contiguous(), grad_lse.float().contiguous()])
+                                [lse.float().view(-1, 1), grad_lse.float().contiguous().view(-1, 1)])
     rows = torch.arange(h.shape[0], device=h.device)
     grad.index_put_((rows, safe), (grad_target_logit * valid).to(grad.dtype), accumulate=True)
     grad_h = grad @ weight

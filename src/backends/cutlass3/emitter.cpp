@@ -202,12 +202,21 @@ class Emitter : public backend::VisitorLowering {
   //    their final stage (which serialises on a tile counter), one partial per CTA tile.
   Visitor emit_reduce(const Node& r, const Node& s) override {
     // amax(x) = max(|x|): the |x| is its own compute node, emitted by the caller.
-    const std::string reg(reduce_op_info(r.reduce_op).cutlass_fold);
-    const std::string identity = backend::reduction_identity(r.reduce_op);
+    std::string reg(reduce_op_info(r.reduce_op).cutlass_fold);
+    std::string identity = backend::reduction_identity(r.reduce_op);
+    // A row logsumexp folds (m, s) pairs: one exp per element, no log (sm90_logsumexp.cuh).
+    const bool pairs = r.axis == ReduceAxis::row && r.reduce_op == ReduceOp::logsumexp;
+    std::string compute = "float";
+    if (pairs) {
+      reg = "evtc::device::LsePairFold";
+      compute = "evtc::device::LsePair";
+      identity = "evtc::device::LsePair{-cutlass::platform::numeric_limits<float>::infinity(), 0.0f}";
+      lse_pairs_ = true;
+    }
     const std::string name = fmt::format("{}_{} -> output {}", reduce_axis_name(r.axis),
                                          reduce_op_name(r.reduce_op), s.name);
     const size_t index = reductions_.size();
-    reductions_.push_back({ptr_slot_.at(s.name), r.axis, r.reduce_op, s.dtype});
+    reductions_.push_back({ptr_slot_.at(s.name), r.axis, r.reduce_op, s.dtype, pairs});
     std::string type;
     switch (r.axis) {
       case ReduceAxis::all:
@@ -218,9 +227,9 @@ class Emitter : public backend::VisitorLowering {
                                   type, index, identity)};
       case ReduceAxis::row:  // over N -> one value per row: CUTLASS's column reduction
         type = alias(fmt::format("cutlass::epilogue::fusion::Sm90ColReduction<{0}, {0}, {0}, 0, "
-                                 "TileShape, float, float, {1}, cute::Stride<cute::_1, cute::_0, "
+                                 "TileShape, float, {2}, {1}, cute::Stride<cute::_1, cute::_0, "
                                  "cute::_0>, 4, true, false>",
-                                 reg, kRound),
+                                 reg, kRound, compute),
                      name + " (per-tile partials)");
         break;
       case ReduceAxis::col:  // over M -> one value per column: CUTLASS's row reduction
@@ -285,6 +294,7 @@ class Emitter : public backend::VisitorLowering {
   KernelConfig cfg_;
   const Target& arch_;  // what the architecture's CUTLASS 3.x kernels are built with
   std::vector<backend::ReductionSlot> reductions_;
+  bool lse_pairs_ = false;  // a row logsumexp: include evtc/device/sm90_logsumexp.cuh
   DType aux_element_ = DType::bf16;
   bool grouped_ = false;
 };
@@ -330,6 +340,7 @@ std::string Emitter::assemble(const Visitor& root) {
 #include "evtc/device/sm90_half_store.cuh"
 #include "evtc/device/sm90_scalar_partials.cuh"
 )";
+  if (lse_pairs_) s += "#include \"evtc/device/sm90_logsumexp.cuh\"\n";
   if (d_sink) s += fmt::format("#include \"{}\"\n", arch_.d_sink_header());
   s += "\n";
   s += backend::parts_prelude();
