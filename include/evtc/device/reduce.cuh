@@ -36,27 +36,23 @@ struct LogAddExpFn {
   }
 };
 
-// A row logsumexp's fold state in fused kernels (evtc/device/sm90_logsumexp.cuh): log(s) + m.
-// (-inf, 0) is the empty pair.
+// A row logsumexp's partial result in fused kernels (evtc/device/sm90_logsumexp.cuh): the
+// value m + log(s). (-inf, 0) is the empty pair.
 struct alignas(8) LsePair {
   float m, s;
   __host__ __device__ constexpr LsePair() : m(-__builtin_inff()), s(0.0f) {}
   __host__ __device__ constexpr LsePair(float m_, float s_) : m(m_), s(s_) {}
-  // CUTLASS default-initialises its compute type from 0: the empty pair.
-  __host__ __device__ constexpr explicit LsePair(int) : LsePair() {}
 };
 __host__ __device__ inline float lse_pair_value(LsePair p) {
   return p.s == 0.0f ? -__builtin_inff() : p.m + logf(p.s);
 }
-// (m_hi, s_hi + s_lo e^(m_lo - m_hi)); the empty pair changes nothing, a NaN or +inf wins.
+// (m_hi, s_hi + s_lo e^(m_lo - m_hi)): the empty pair adds nothing, a +inf m wins, a NaN s
+// stays NaN. m is never NaN (the fused node never moves m to a NaN).
 __device__ __forceinline__ LsePair lse_pair_fold(LsePair a, LsePair b) {
-  if (b.s == 0.0f) return a;
-  if (a.s == 0.0f) return b;
-  if (a.m != a.m || b.m != b.m) return {a.m + b.m, 1.0f};
   const bool a_hi = a.m >= b.m;
   const LsePair hi = a_hi ? a : b, lo = a_hi ? b : a;
-  if (hi.m == __builtin_inff()) return {hi.m, 1.0f};
-  return {hi.m, hi.s + lo.s * fast_exp(lo.m - hi.m)};
+  const float scale = lo.m == hi.m ? 1.0f : fast_exp(lo.m - hi.m);
+  return {hi.m, hi.s + lo.s * scale};
 }
 
 // Row logsumexps from pair partials: the fused kernel wrote `parts` rows of pairs, row p at

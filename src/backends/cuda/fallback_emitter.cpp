@@ -240,22 +240,14 @@ __device__ __forceinline__ void atomic_log_add_exp(float* p, float v) {
     seen = atomicCAS(bits, assumed, next);
   } while (seen != assumed);
 }
-// atomic_log_add_exp(p, v) where the lanes of each run of converged, consecutive lanes with
-// the same key (the same p) fold their values first and the run's first lane takes the atomic.
+// atomic_log_add_exp(p, v), the converged lanes with the same key (the same p) folding their
+// values first, in lane order, and the first of them taking the atomic.
 __device__ __forceinline__ void warp_log_add_exp(float* p, int64_t key, float v) {
-  const unsigned int active = __activemask();
-  const int lane = threadIdx.x & 31;
-  // Offsets 1, 2, 4, ...: after each step a lane holds the fold of the lanes [lane, lane + 2o)
-  // of its run, so the run's first lane ends with the whole run.
-  for (int o = 1; o < 32; o *= 2) {
-    const float other = __shfl_down_sync(active, v, o);
-    const long long other_key = __shfl_down_sync(active, static_cast<long long>(key), o);
-    const unsigned long long span = ((1ull << (o + 1)) - 1) << lane;  // lanes lane .. lane + o
-    if ((span & ~static_cast<unsigned long long>(active)) == 0 && other_key == key)
-      v = evtc::device::log_add_exp(v, other);
-  }
-  const long long previous_key = __shfl_up_sync(active, static_cast<long long>(key), 1);
-  if (lane == 0 || !((active >> (lane - 1)) & 1u) || previous_key != key) atomic_log_add_exp(p, v);
+  const unsigned int peers = __match_any_sync(__activemask(), static_cast<unsigned long long>(key));
+  float folded = v;
+  for (unsigned int rest = peers & (peers - 1); rest != 0; rest &= rest - 1)  // the others, in lane order
+    folded = evtc::device::log_add_exp(folded, __shfl_sync(peers, v, __ffs(rest) - 1));
+  if ((threadIdx.x & 31) == __ffs(peers) - 1) atomic_log_add_exp(p, folded);
 }
 
 // Kernel parameters: the ABI's pointer and scalar tables copied by value (the ABI's arrays

@@ -202,22 +202,21 @@ class Emitter : public backend::VisitorLowering {
   //    their final stage (which serialises on a tile counter), one partial per CTA tile.
   Visitor emit_reduce(const Node& r, const Node& s) override {
     // amax(x) = max(|x|): the |x| is its own compute node, emitted by the caller.
-    std::string reg(reduce_op_info(r.reduce_op).cutlass_fold);
-    std::string identity = backend::reduction_identity(r.reduce_op);
-    // A row logsumexp folds (m, s) pairs: one exp per element, no log (sm90_logsumexp.cuh).
+    const std::string reg(reduce_op_info(r.reduce_op).cutlass_fold);
+    const std::string identity = backend::reduction_identity(r.reduce_op);
+    // A row logsumexp: evtc's node folding (m, s) pairs, one exp per element and no log
+    // (evtc/device/sm90_logsumexp.cuh).
     const bool pairs = r.axis == ReduceAxis::row && r.reduce_op == ReduceOp::logsumexp;
-    std::string compute = "float";
-    if (pairs) {
-      reg = "evtc::device::LsePairFold";
-      compute = "evtc::device::LsePair";
-      identity = "evtc::device::LsePair{-cutlass::platform::numeric_limits<float>::infinity(), 0.0f}";
-      lse_pairs_ = true;
-    }
     const std::string name = fmt::format("{}_{} -> output {}", reduce_axis_name(r.axis),
                                          reduce_op_name(r.reduce_op), s.name);
     const size_t index = reductions_.size();
     reductions_.push_back({ptr_slot_.at(s.name), r.axis, r.reduce_op, s.dtype, pairs});
     std::string type;
+    if (pairs) {
+      lse_pairs_ = true;
+      type = alias("evtc::device::Sm90RowLsePartials<TileShape>", name + " (per-tile (m, s) pairs)");
+      return {type, fmt::format("typename {}::Arguments{{scratch_partials(a, scratch, {})}}", type, index)};
+    }
     switch (r.axis) {
       case ReduceAxis::all:
         type = alias(fmt::format("evtc::device::Sm90ScalarPartials<{}, TileShape>",
@@ -227,9 +226,9 @@ class Emitter : public backend::VisitorLowering {
                                   type, index, identity)};
       case ReduceAxis::row:  // over N -> one value per row: CUTLASS's column reduction
         type = alias(fmt::format("cutlass::epilogue::fusion::Sm90ColReduction<{0}, {0}, {0}, 0, "
-                                 "TileShape, float, {2}, {1}, cute::Stride<cute::_1, cute::_0, "
+                                 "TileShape, float, float, {1}, cute::Stride<cute::_1, cute::_0, "
                                  "cute::_0>, 4, true, false>",
-                                 reg, kRound, compute),
+                                 reg, kRound),
                      name + " (per-tile partials)");
         break;
       case ReduceAxis::col:  // over M -> one value per column: CUTLASS's row reduction
