@@ -3,11 +3,12 @@
 // writes one pair per row and tile to evtc's scratch; finish_reductions folds a row's pairs
 // in tile order and writes m + log(s) (reduce_lse_pair_rows in reduce.cuh).
 //
-// Per element x, a thread's register pair for x's row takes s += e^(x - m), the exps of one
-// fragment independent of each other; m moves (and s is rescaled) only when an element
-// exceeds it by more than kRescaleAbove, so the running sum is the only dependency chain
-// (CUTLASS's column-reduction visitor folds each element through its reduction op, a chain of
-// exps and logs for this reduction: a third slower at 8192 x 32000 x 4096 on an H100).
+// Per element x, a thread's register pair for x's row takes s += e^(x - m): one exp, and the
+// exps of a fragment independent of each other. m moves (and s is rescaled) only when an
+// element exceeds it by more than kRescaleAbove, in a separate pass that the warp takes
+// together and rarely; no branch per element. (CUTLASS's column-reduction visitor folds each
+// element through its reduction op: a chain of an exp and a log per element for this
+// reduction, which made the GEMM a third slower at 8192 x 32000 x 4096 on an H100.)
 //  - s stays below e^kRescaleAbove per element folded: far from f32's range;
 //  - -inf adds 0 (or 1 to a pair whose m is -inf, whose value stays -inf); +inf sets m to
 //    +inf and the value to +inf; a NaN makes s NaN, and NaN stays through every fold.
@@ -55,18 +56,18 @@ struct Sm90RowLsePartials : Sm90RegisterNode {
   template <class RegTensor, class CTensor, class ThrResidue, class LaneLayout, class LaneCoord>
   struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {
     CUTLASS_DEVICE ConsumerStoreCallbacks(RegTensor m, RegTensor s, CTensor coords, ThrResidue residue,
-                                          LaneLayout lane_layout, LaneCoord lane_mn, LsePair* out, int row0,
-                                          int rows)
+                                          LaneLayout lane_layout, LaneCoord lane_mn, LsePair* out, int rows)
         : m(m), s(s), coords(coords), residue(residue), lane_layout(lane_layout), lane_mn(lane_mn), out(out),
-          row0(row0), rows(rows) {}
+          rows(rows) {}
 
     RegTensor m, s;       // (CPY,CPY_M,CPY_N,EPI_M,EPI_N), stride 0 along N: one pair per row
-    CTensor coords;       // tile-relative coordinates of this thread's elements
-    ThrResidue residue;   // elements at or past it lie outside the problem
+    CTensor coords;       // coordinates of this thread's elements relative to its first one
+    ThrResidue residue;   // elements at or past it lie outside the problem: (M, N) minus the
+                          // thread's first element's coordinates
     LaneLayout lane_layout;
     LaneCoord lane_mn;
     LsePair* out;         // this tile's row of partials; null for a tile outside the problem
-    int row0, rows;       // the tile's first row; rows of the problem
+    int rows;             // rows of the problem
 
     template <class ElementAccumulator, class ElementInput, int FragmentSize>
     CUTLASS_DEVICE auto visit(cutlass::Array<ElementAccumulator, FragmentSize> const&, int epi_v, int epi_m,
@@ -74,18 +75,33 @@ struct Sm90RowLsePartials : Sm90RegisterNode {
       auto m_mn = m(cute::_, cute::_, cute::_, epi_m, epi_n);
       auto s_mn = s(cute::_, cute::_, cute::_, epi_m, epi_n);
       auto c_mn = coords(cute::_, cute::_, cute::_, epi_m, epi_n);
+      // Elements outside the problem enter as -inf (they add nothing): no branch per element.
+      float x[FragmentSize];
+      bool moves = false;
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < FragmentSize; ++i) {
         const int idx = epi_v * FragmentSize + i;
-        if (!cute::elem_less(c_mn(idx), residue)) continue;
-        const float x = float(input[i]);
-        float& row_m = m_mn(idx);
-        float& row_s = s_mn(idx);
-        if (x > row_m + kRescaleAbove) {  // also the row's first finite element (m = -inf)
-          row_s *= fast_exp(row_m - x);
-          row_m = x;
+        x[i] = cute::elem_less(c_mn(idx), residue) ? float(input[i]) : -__builtin_inff();
+        moves |= x[i] > m_mn(idx) + kRescaleAbove;
+      }
+      // Rarely (a row's first elements, or a much larger one), some row's m moves first, the
+      // warp together; then every element adds e^(x - m) with its row's m fixed: the exps are
+      // independent of each other.
+      if (__any_sync(0xffffffffu, moves)) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < FragmentSize; ++i) {
+          const int idx = epi_v * FragmentSize + i;
+          float& row_m = m_mn(idx);
+          const float moved = x[i] > row_m + kRescaleAbove ? x[i] : row_m;
+          s_mn(idx) *= fast_exp(moved == row_m ? 0.0f : row_m - moved);
+          row_m = moved;
         }
-        row_s += x == row_m ? 1.0f : fast_exp(x - row_m);
+      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < FragmentSize; ++i) {
+        const int idx = epi_v * FragmentSize + i;
+        const float row_m = m_mn(idx);
+        s_mn(idx) += fast_exp(x[i] == row_m ? 0.0f : x[i] - row_m);  // x == m: also +inf == +inf
       }
       return input;
     }
@@ -113,9 +129,10 @@ struct Sm90RowLsePartials : Sm90RegisterNode {
       auto m_rows = cute::filter_zeros(m);
       auto s_rows = cute::filter_zeros(s);
       auto c_rows = cute::make_tensor(coords.data(), cute::make_layout(m_rows.shape(), coords.stride()));
+      const int first_row = rows - int(cute::get<0>(residue));
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < cute::size(m_rows); ++i) {
-        const int row = row0 + int(cute::get<0>(c_rows(i)));
+        const int row = first_row + int(cute::get<0>(c_rows(i)));
         if (row < rows) out[row] = LsePair{m_rows(i), s_rows(i)};
       }
     }
@@ -161,7 +178,7 @@ struct Sm90RowLsePartials : Sm90RegisterNode {
                        ? params.partials + int64_t(tile_n) * params.tiles_m * kTileM : nullptr;
     return ConsumerStoreCallbacks<decltype(tCrM), decltype(args.tCcD), decltype(args.residue_tCcD),
                                   decltype(lane_layout_MN), decltype(lane_mn)>(
-        tCrM, tCrS, args.tCcD, args.residue_tCcD, lane_layout_MN, lane_mn, out, int(tile_m) * kTileM, int(M));
+        tCrM, tCrS, args.tCcD, args.residue_tCcD, lane_layout_MN, lane_mn, out, int(M));
   }
 };
 
