@@ -68,8 +68,12 @@ def event_times(step, iters: int) -> list[float]:
     return [s.elapsed_time(e) for s, e in pairs]
 
 
-def peak_step_bytes(step) -> int:
-    """Peak memory allocated during one step, above what was allocated before it."""
+def peak_step_bytes(step, model, h) -> int:
+    """Peak memory allocated during one step, above what the model, the inputs and the
+    optimizer-free state hold before it (the previous step's gradients freed first, as the step
+    itself frees them)."""
+    model.zero_grad(set_to_none=True)
+    h.grad = None
     gc.collect()
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
@@ -111,7 +115,7 @@ def run_vocab(vocab: int, args) -> dict:
         row["notes"].append("evtc did not run its fused forward kernel (rewrite refused or unfused)")
 
     for v in runs:
-        row[f"{v}_peak_gib"] = peak_step_bytes(steps[v]) / 2**30
+        row[f"{v}_peak_gib"] = peak_step_bytes(steps[v], models[v], h) / 2**30
     row["peak_ratio"] = row["evtc_peak_gib"] / row["compile_peak_gib"]
 
     for step in steps.values():

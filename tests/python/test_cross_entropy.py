@@ -31,6 +31,19 @@ def test_shapes_and_dtypes_are_checked_naming_the_operand():
         linear_cross_entropy(h, None, t)
     with pytest.raises(ValueError, match="one CUDA device"):
         linear_cross_entropy(h, w, t)
+    with pytest.raises(ValueError, match="vocab_chunk must be a positive multiple of 8"):
+        linear_cross_entropy(h, w, t, vocab_chunk=12)
+    with pytest.raises(ValueError, match="reduction must be one of mean, sum, none"):
+        linear_cross_entropy(h, w, t, reduction="avg")
+
+
+def test_vocabulary_chunks():
+    from evtc.torch._cross_entropy import vocab_chunk_columns
+
+    assert vocab_chunk_columns(1000) == 1000  # narrower than 4096: one chunk
+    assert vocab_chunk_columns(32000) == 4096
+    assert vocab_chunk_columns(128256) == 16128  # an eighth, rounded up to 128
+    assert vocab_chunk_columns(128256) * 8 >= 128256
 
 
 def graph_of(fn, *args):

@@ -39,8 +39,9 @@ def eager(h, w, t, reduction="mean"):
     return F.cross_entropy(F.linear(h, w).float(), t, ignore_index=IGNORE, reduction=reduction)
 
 
-def fused(h, w, t, reduction="mean"):
-    return evtc.torch.linear_cross_entropy(h, w, t, ignore_index=IGNORE, reduction=reduction)
+def fused(h, w, t, reduction="mean", vocab_chunk=None):
+    return evtc.torch.linear_cross_entropy(h, w, t, ignore_index=IGNORE, reduction=reduction,
+                                           vocab_chunk=vocab_chunk)
 
 
 def rel(x, ref):
@@ -61,6 +62,16 @@ def test_matches_float64_within_eagers_error(m, k, v, reduction):
         # eager rounds the logits to bf16 before its fp32 softmax; evtc folds the fp32
         # accumulator: its loss is closer, its gradients (bf16 like eager's) as close.
         assert rel(o, r) <= 2 * rel(b, r) + 1e-6, f"{name}: evtc {rel(o, r):.3g}, eager {rel(b, r):.3g}"
+
+
+def test_vocabulary_chunks_give_the_same_gradients():
+    h, w, t = inputs(300, 264, 1000, seed=11)
+    whole = loss_and_grads(fused, h, w, t, vocab_chunk=1000)
+    for chunk in (256, 504, 992):  # 4, 2 and 2 chunks, the last narrower
+        chunked = loss_and_grads(fused, h, w, t, vocab_chunk=chunk)
+        assert torch.equal(chunked[0], whole[0])
+        for name, c, o in zip(("dh", "dW"), chunked[1:], whole[1:]):
+            assert rel(c, o) < 1e-3, f"{name} with chunks of {chunk}"
 
 
 def test_ignored_rows_have_zero_gradient_and_no_loss():

@@ -77,8 +77,8 @@ def _valid_targets(target: torch.Tensor, ignore_index: int, vocab: int) -> tuple
 
 
 @torch.library.custom_op("evtc::linear_cross_entropy_forward", mutates_args=())
-def _forward(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
-             ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_index: int,
+             vocab_chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's logsumexp of h @ weightᵀ, and its target's logit (0 where ignored)."""
     forward, _ = _specs(h.dtype)
     (lse,) = _op.gemm_epilogue(forward, h.contiguous(), weight.t(), [])
@@ -90,38 +90,60 @@ def _forward(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
 
 
 @_forward.register_fake
-def _(h, weight, target, ignore_index):
+def _(h, weight, target, ignore_index, vocab_chunk):
     return h.new_empty(h.shape[0], dtype=torch.float32), h.new_empty(h.shape[0], dtype=torch.float32)
+
+
+def vocab_chunk_columns(vocab: int) -> int:
+    """The vocabulary columns of one backward chunk: an eighth of the vocabulary, at least
+    4096 (GEMMs that wide run at full speed), a multiple of 128."""
+    return min(vocab, max(4096, -(-vocab // 8 // 128) * 128))
+
+
+def _mm_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b of 16-bit matrices, accumulated and returned in fp32."""
+    return torch.mm(a, b, out_dtype=torch.float32)
 
 
 @torch.library.custom_op("evtc::linear_cross_entropy_backward", mutates_args=())
 def _backward(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_index: int,
-              lse: torch.Tensor, grad_lse: torch.Tensor,
-              grad_target_logit: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """dh and dweight from the gradients of the logsumexps and of the target logits."""
+              lse: torch.Tensor, grad_lse: torch.Tensor, grad_target_logit: torch.Tensor,
+              vocab_chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """dh and dweight from the gradients of the logsumexps and of the target logits, one chunk
+    of the vocabulary at a time: the [tokens, chunk] gradient is the largest tensor."""
     _, backward = _specs(h.dtype)
-    valid, safe = _valid_targets(target, ignore_index, weight.shape[0])
-    # d lse / d logits = softmax; d target_logit / d logits = the target's one-hot.
+    vocab = weight.shape[0]
+    valid, safe = _valid_targets(target, ignore_index, vocab)
+    h = h.contiguous()
     # [M, 1] columns: broadcast along N, as the spec's col operands are placed.
-    (grad,) = _op.gemm_epilogue(backward, h.contiguous(), weight.t(),
-                                [lse.float().view(-1, 1), grad_lse.float().contiguous().view(-1, 1)])
+    columns = [lse.float().contiguous().view(-1, 1), grad_lse.float().contiguous().view(-1, 1)]
+    one_hot = (grad_target_logit * valid).to(h.dtype)
     rows = torch.arange(h.shape[0], device=h.device)
-    grad.index_put_((rows, safe), (grad_target_logit * valid).to(grad.dtype), accumulate=True)
-    grad_h = grad @ weight
-    grad_weight = grad.t() @ h
-    return grad_h, grad_weight
+    grad_h = torch.zeros(h.shape, dtype=torch.float32, device=h.device)
+    grad_weight = torch.empty_like(weight)
+    step = vocab_chunk or vocab_chunk_columns(vocab)
+    for start in range(0, vocab, step):
+        w = weight[start:start + step]
+        # d lse / d logits = softmax; d target_logit / d logits = the target's one-hot.
+        (grad,) = _op.gemm_epilogue(backward, h, w.t(), columns)
+        here = (safe >= start) & (safe < start + w.shape[0])
+        grad.index_put_((rows, (safe - start).clamp(0, w.shape[0] - 1)), one_hot * here, accumulate=True)
+        grad_h += _mm_f32(grad, w)
+        torch.mm(grad.t(), h, out=grad_weight[start:start + step])
+    return grad_h.to(h.dtype), grad_weight
 
 
 @_backward.register_fake
-def _(h, weight, target, ignore_index, lse, grad_lse, grad_target_logit):
+def _(h, weight, target, ignore_index, lse, grad_lse, grad_target_logit, vocab_chunk):
     return torch.empty_like(h), torch.empty_like(weight)
 
 
 def _setup_context(ctx, inputs, output):
-    h, weight, target, ignore_index = inputs
+    h, weight, target, ignore_index, vocab_chunk = inputs
     lse, _ = output
     ctx.save_for_backward(h, weight, target, lse)
     ctx.ignore_index = ignore_index
+    ctx.vocab_chunk = vocab_chunk
 
 
 def _autograd_backward(ctx, grad_lse, grad_target_logit):
@@ -130,24 +152,31 @@ def _autograd_backward(ctx, grad_lse, grad_target_logit):
         grad_lse = torch.zeros_like(lse)
     if grad_target_logit is None:
         grad_target_logit = torch.zeros_like(lse)
-    grad_h, grad_weight = _backward(h, weight, target, ctx.ignore_index, lse, grad_lse, grad_target_logit)
-    return grad_h, grad_weight, None, None
+    grad_h, grad_weight = _backward(h, weight, target, ctx.ignore_index, lse, grad_lse, grad_target_logit,
+                                    ctx.vocab_chunk)
+    return grad_h, grad_weight, None, None, None
 
 
 _forward.register_autograd(_autograd_backward, setup_context=_setup_context)
 
 
 def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, *,
-                         ignore_index: int = -100, reduction: str = "mean") -> torch.Tensor:
+                         ignore_index: int = -100, reduction: str = "mean",
+                         vocab_chunk: Optional[int] = None) -> torch.Tensor:
     """``F.cross_entropy((h @ weight.T).float(), target, ignore_index=..., reduction=...)``
     without the logits: ``h`` is [tokens, hidden] (bf16 or f16), ``weight`` [vocab, hidden] in
     the same dtype, ``target`` [tokens] class indices. ``reduction`` is "mean" (over rows whose
     target is not ``ignore_index``; NaN when there are none, as PyTorch gives), "sum" or
-    "none" (a float32 loss per row, 0 where ignored)."""
-    _check(h, weight, target)
+    "none" (a float32 loss per row, 0 where ignored). The backward pass works through the
+    vocabulary ``vocab_chunk`` columns at a time (default: :func:`vocab_chunk_columns`), so its
+    largest tensor is [tokens, vocab_chunk] in h's dtype."""
     if reduction not in _REDUCTIONS:
         raise ValueError(f"linear_cross_entropy: reduction must be one of {', '.join(_REDUCTIONS)}, got {reduction!r}")
-    lse, target_logit = _forward(h, weight, target, int(ignore_index))
+    if vocab_chunk is not None and (not isinstance(vocab_chunk, int) or vocab_chunk <= 0 or vocab_chunk % 8):
+        raise ValueError(f"linear_cross_entropy: vocab_chunk must be a positive multiple of 8 (rows of the "
+                         f"gradient chunk stay 16-byte aligned), got {vocab_chunk!r}")
+    _check(h, weight, target)
+    lse, target_logit = _forward(h, weight, target, int(ignore_index), int(vocab_chunk or 0))
     valid = target != ignore_index
     rows = (lse - target_logit) * valid
     if reduction == "none":
