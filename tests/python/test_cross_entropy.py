@@ -40,10 +40,10 @@ def test_shapes_and_dtypes_are_checked_naming_the_operand():
 def test_vocabulary_chunks():
     from evtc.torch._cross_entropy import vocab_chunk_columns
 
-    assert vocab_chunk_columns(1000) == 1000  # narrower than 4096: one chunk
-    assert vocab_chunk_columns(32000) == 4096
-    assert vocab_chunk_columns(128256) == 16128  # an eighth, rounded up to 128
-    assert vocab_chunk_columns(128256) * 8 >= 128256
+    assert vocab_chunk_columns(8192, 1000) == 1000  # the whole vocabulary
+    assert vocab_chunk_columns(8192, 128256) == 8192  # 8192 x 8192 x 2 bytes = 128 MiB
+    assert vocab_chunk_columns(65536, 128256) == 4096  # never narrower
+    assert vocab_chunk_columns(1024, 128256) == 65536
 
 
 def graph_of(fn, *args):

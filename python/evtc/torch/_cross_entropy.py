@@ -94,15 +94,21 @@ def _(h, weight, target, ignore_index, vocab_chunk):
     return h.new_empty(h.shape[0], dtype=torch.float32), h.new_empty(h.shape[0], dtype=torch.float32)
 
 
-def vocab_chunk_columns(vocab: int) -> int:
-    """The vocabulary columns of one backward chunk: an eighth of the vocabulary, at least
-    4096 (GEMMs that wide run at full speed), a multiple of 128."""
-    return min(vocab, max(4096, -(-vocab // 8 // 128) * 128))
+# The backward's [tokens, chunk] gradient in 16 bits stays within this many bytes, unless that
+# would make a chunk narrower than MIN_CHUNK columns (narrower GEMMs run below full speed).
+CHUNK_BYTES = 128 << 20
+MIN_CHUNK = 4096
 
 
-def _mm_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a @ b of 16-bit matrices, accumulated and returned in fp32."""
-    return torch.mm(a, b, out_dtype=torch.float32)
+def vocab_chunk_columns(tokens: int, vocab: int) -> int:
+    """The vocabulary columns of one backward chunk: as many as fit CHUNK_BYTES in 16 bits,
+    at least MIN_CHUNK, a multiple of 128, at most the vocabulary."""
+    return min(vocab, max(MIN_CHUNK, CHUNK_BYTES // (2 * max(tokens, 1)) // 128 * 128))
+
+
+def _add_mm_f32(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """acc += a @ b, a and b 16-bit, the product accumulated in fp32 into the fp32 acc."""
+    torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
 
 
 @torch.library.custom_op("evtc::linear_cross_entropy_backward", mutates_args=())
@@ -121,14 +127,14 @@ def _backward(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignor
     rows = torch.arange(h.shape[0], device=h.device)
     grad_h = torch.zeros(h.shape, dtype=torch.float32, device=h.device)
     grad_weight = torch.empty_like(weight)
-    step = vocab_chunk or vocab_chunk_columns(vocab)
+    step = vocab_chunk or vocab_chunk_columns(h.shape[0], vocab)
     for start in range(0, vocab, step):
         w = weight[start:start + step]
         # d lse / d logits = softmax; d target_logit / d logits = the target's one-hot.
         (grad,) = _op.gemm_epilogue(backward, h, w.t(), columns)
         here = (safe >= start) & (safe < start + w.shape[0])
         grad.index_put_((rows, (safe - start).clamp(0, w.shape[0] - 1)), one_hot * here, accumulate=True)
-        grad_h += _mm_f32(grad, w)
+        _add_mm_f32(grad_h, grad, w)
         torch.mm(grad.t(), h, out=grad_weight[start:start + step])
     return grad_h.to(h.dtype), grad_weight
 
