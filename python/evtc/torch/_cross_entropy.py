@@ -12,10 +12,11 @@ How it runs:
   is a dot product of ``h`` with the target's row of ``W`` (M × K work, in fp32). Each row's
   loss is ``lse - target_logit``; rows whose target is ``ignore_index`` count for nothing.
   Saved for backward: ``h``, ``W``, the targets and the logsumexps (M floats).
-* **Backward**: the same GEMM again, its epilogue writing ``exp(acc - lse[m]) * g[m]`` (the
-  softmax times each row's incoming gradient) in the logits' dtype; the target's column then
-  gets ``-g[m]`` (one element per row), and two GEMMs give ``dh`` and ``dW``. The [M, V]
-  gradient is the one large tensor, in 16 bits; no fp32 logits exist at any point.
+* **Backward**: one chunk of the vocabulary at a time (:func:`vocab_chunk_columns`), the same
+  GEMM again, its epilogue writing ``exp(acc - lse[m]) * g[m]`` (the softmax times each row's
+  incoming gradient) in the logits' dtype; the target's column then gets ``-g[m]`` (one
+  element per row), and two GEMMs give the chunk's rows of ``dW`` and its part of ``dh``
+  (accumulated in fp32). No [M, V] tensor exists at any point.
 
 Where evtc cannot fuse a GEMM (a GPU without fused kernels, say) the same ops run cuBLASLt and
 the unfused epilogue: slower, and the forward then holds fp32 logits while it runs.
