@@ -35,7 +35,7 @@ cases=(
   "grouped_per_group|grouped|input s: f32 ptr; out D: bf16 = silu(acc + bias[n]) * s * alpha"
   "grouped_gated|grouped|out y: bf16 = gptoss_swiglu(acc + bias[n])"
   "grouped_fp8_blockwise_gated|grouped --dtype f8e4m3 --fp8-blockwise|input bias[n]: bf16; out y: bf16 = gptoss_swiglu(acc + bias[n])"
-  "reductions||x = acc * s[m]; out D: bf16 = relu(x); out r = row_sum(x); out c: bf16 = col_amax(x); out t = sum(x); out lo = min(x)"
+  "reductions||x = acc * s[m]; out D: bf16 = relu(x); out r = row_sum(x); out c: bf16 = col_amax(x); out t = sum(x); out lo = min(x); out l = row_logsumexp(x)"
   "gate_pingpong|--config pingpong_128x128x64_c2x1_persistent|out D: bf16 = where(acc > 0, acc, 0.01 * acc) * gate[m,n]"
   "bias_streamk|--config coop_128x256x64_c2x1_streamk|out D: bf16 = acc + bias[n]"
   # Decode-sized problems' kernels: a 64-row tile of 48 columns (any multiple of 16) in a cluster
@@ -44,15 +44,15 @@ cases=(
   "decode_48col_cluster_n|--layout-b c --config pingpong_64x48x128_c1x2_persistent|h = acc + bias[n]; out P: bf16 = h + r[m,n]; out y: bf16 = swiglu(h); out rs = row_sum(h)"
   "split_k_gated|--layout-b c --config coop_128x96x64_c1x1_splitk4|out D: bf16 = gelu(acc * s[m] + bias[n]); out y: bf16 = swiglu(acc)"
   # Swap-AB: the transposed problem's kernel, with C and D column-major, [n]/[m] vectors and the
-  # row/column reductions exchanged, an [m,n] operand and an extra output in the other layout.
-  "swap_ab_decode|--layout-b c --config pingpong_64x16x128_c1x1_persistent_swap|h = acc * s[m] + bias[n]; out D: bf16 = silu(h) + C; out P: f32 = h + r[m,n]; out rs = row_sum(h); out cm = col_max(h)"
+  # row/column reductions exchanged (the row logsumexp becomes a column one), an [m,n] operand and an extra output in the other layout.
+  "swap_ab_decode|--layout-b c --config pingpong_64x16x128_c1x1_persistent_swap|h = acc * s[m] + bias[n]; out D: bf16 = silu(h) + C; out P: f32 = h + r[m,n]; out rs = row_sum(h); out cm = col_max(h); out ls = row_logsumexp(h)"
   "w3_fp8|--dtype f8e4m3 --layout-b c|input sa[m]: f32; input sb[n]: f32; out D: bf16 = acc * sa[m] * sb[n]"
   "w3_fp8_blockwise|--dtype f8e4m3 --layout-b c --fp8-blockwise --fallback|input bias[n]: bf16; out D: bf16 = gelu(acc + bias[n])"
   # The sm_80 backend (CUTLASS 2.x, docs/backend.md "Target architecture"): W1; W2 with C, a DAG
   # and an extra output; gated outputs and every reduction axis on sm_89's 99 KiB; W7 on sm_86.
   "sm80_w1|--arch sm80|out D: bf16 = silu(acc + bias[n])"
   "sm80_w2_dag_c|--arch sm80 --dtype f16|input C: f16; f = acc * alpha + C; out D: f16 = relu(f) * gate[m,n] * (f != C); out P: f32 = f"
-  "sm89_gated_reductions|--arch sm89|h = acc + bias[n]; out y: bf16 = swiglu(h); out r = row_sum(h); out c: bf16 = col_amax(h); out t = sum(h)"
+  "sm89_gated_reductions|--arch sm89|h = acc + bias[n]; out y: bf16 = swiglu(h); out r = row_sum(h); out c: bf16 = col_amax(h); out t = sum(h); out l = row_logsumexp(h)"
   "sm86_w7|--arch sm86 --config ms_64x128x64_s4|f = acc + bias[n]; out loss = sum((C - 1) * f + log(clamp(sigmoid(f), 1e-3, 0.999)))"
   # The compile-checked Blackwell backends: W1, W2 (with an extra output, on the two-SM MMA), W3,
   # W7 (no D: the sink epilogue) and a gated kernel with every reduction axis (two-SM MMA) for
@@ -62,7 +62,7 @@ cases=(
   "sm100_w1|--arch sm100|out D: bf16 = silu(acc + bias[n])"
   "sm100_w2_extra_output_2sm|--arch sm100 --config coop_256x128x64_c2x1_persistent|out D: bf16 = acc * gate[m,n]; out P: f32 = relu(acc) * s[m]"
   "sm100_w7|--arch sm100|f = acc + bias[n]; out loss = sum((C - 1) * f + log(clamp(sigmoid(f), 1e-3, 0.999)))"
-  "sm100_gated_reductions_2sm|--arch sm100 --config coop_256x128x64_c2x1_persistent|h = acc + bias[n]; out y: bf16 = swiglu(h); out r = row_sum(h); out c: bf16 = col_amax(h); out t = sum(h)"
+  "sm100_gated_reductions_2sm|--arch sm100 --config coop_256x128x64_c2x1_persistent|h = acc + bias[n]; out y: bf16 = swiglu(h); out r = row_sum(h); out c: bf16 = col_amax(h); out t = sum(h); out l = row_logsumexp(h)"
   "sm100_w3_fp8|--arch sm100 --dtype f8e4m3 --layout-b c|input sa[m]: f32; input sb[n]: f32; out D: bf16 = acc * sa[m] * sb[n]"
   "sm120_w3_fp8|--arch sm120 --dtype f8e4m3 --layout-b c|input sa[m]: f32; input sb[n]: f32; input bias[n]: bf16; out D: bf16 = gelu(acc * sa[m] * sb[n] + bias[n])"
   "sm120a_fp8_gated_w7|--arch sm120 --dtype f8e4m3 --layout-b c|input sa[m]: f32; input sb[n]: f32; h = acc * sa[m] * sb[n]; out y: bf16 = swiglu(h); out r = row_sum(h); out loss = sum((C - 1) * h + log(clamp(sigmoid(h), 1e-3, 0.999)))"

@@ -404,6 +404,32 @@ TEST(Sm90Emitter, RowAndColumnReductionsSkipCutlasssFinalStageAndFoldPartialRows
       << final_stage;
 }
 
+TEST(Sm90Emitter, RowLogsumexpIsEvtcsPairNodeWithPairPartials) {
+  const std::string s = emit("out r = row_logsumexp(acc)\nout c = col_logsumexp(acc)\nout a = logsumexp(acc)").source;
+  EXPECT_NE(s.find("#include \"evtc/device/sm90_logsumexp.cuh\""), std::string::npos);
+  // Rows: evtc's (m, s) node, not CUTLASS's column reduction; columns: CUTLASS's row reduction
+  // folding log(e^a + e^b); the whole matrix: per-warp partials with the same fold.
+  EXPECT_NE(s.find("evtc::device::Sm90RowLsePartials<TileShape>"), std::string::npos);
+  EXPECT_EQ(s.find("Sm90ColReduction"), std::string::npos);
+  EXPECT_NE(s.find("Sm90RowReduction<evtc::device::LogAddExpFn, evtc::device::LogAddExpFn, "
+                   "evtc::device::LogAddExpFn"),
+            std::string::npos);
+  EXPECT_NE(s.find("evtc::device::Sm90ScalarPartials<evtc::device::LogAddExpOp, TileShape>"), std::string::npos);
+  // Slots in output order a, c, r: the row reduction's partials are pairs ('R').
+  EXPECT_NE(s.find("constexpr char kReductionAxes[] = \"acR\";"), std::string::npos) << s;
+  const std::string final_stage = section(s, "void finish_reductions", "}", true);
+  EXPECT_NE(final_stage.find("evtc::device::reduce_lse_pair_rows<float><<<int((a.m + 255) / 256), 256, 0, s>>>("
+                             "scratch_partials(a, scratch, 2), a.m, kScratch.tiles_m(a) * kTileM, "
+                             "kScratch.tiles_n(a), "),
+            std::string::npos)
+      << final_stage;
+  EXPECT_NE(final_stage.find("reduce_partials<evtc::device::LogAddExpOp, float>"), std::string::npos) << final_stage;
+}
+
+TEST(Sm90Emitter, KernelsWithoutLogsumexpDoNotIncludeItsHeader) {
+  EXPECT_EQ(emit("out r = row_sum(acc)").source.find("sm90_logsumexp"), std::string::npos);
+}
+
 // --- the main output -------------------------------------------------------------------
 
 TEST(Sm90Emitter, MainOutputIsTheOneNamedD) {
