@@ -161,6 +161,9 @@ out ts = sum(f)
 out tmx = max(f)
 out tmn = min(f)
 out ta = amax(f)
+out rl = row_logsumexp(f)
+out cl = col_logsumexp(f)
+out tl = logsumexp(f)
 )",
      DType::bf16, Layout::row_major, Layout::row_major},
     {"bce_loss", R"(
