@@ -71,7 +71,7 @@ def _check(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor) -> None:
                          f"{weight.device} and {target.device}")
 
 
-def _valid_targets(target: torch.Tensor, ignore_index: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _valid_targets(target: torch.Tensor, ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Which rows count, and targets safe to index with (0 where ignored)."""
     valid = target != ignore_index
     return valid, torch.where(valid, target, 0)
@@ -83,7 +83,7 @@ def _forward(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore
     """Each row's logsumexp of h @ weightᵀ, and its target's logit (0 where ignored)."""
     forward, _ = _specs(h.dtype)
     (lse,) = _op.gemm_epilogue(forward, h.contiguous(), weight.t(), [])
-    valid, safe = _valid_targets(target, ignore_index, weight.shape[0])
+    valid, safe = _valid_targets(target, ignore_index)
     # torch checks the indices here: a target outside [0, vocab) raises, as cross_entropy does.
     picked = weight.index_select(0, safe)
     target_logit = torch.linalg.vecdot(h.float(), picked.float()) * valid
@@ -120,7 +120,7 @@ def _backward(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignor
     of the vocabulary at a time: the [tokens, chunk] gradient is the largest tensor."""
     _, backward = _specs(h.dtype)
     vocab = weight.shape[0]
-    valid, safe = _valid_targets(target, ignore_index, vocab)
+    valid, safe = _valid_targets(target, ignore_index)
     h = h.contiguous()
     # [M, 1] columns: broadcast along N, as the spec's col operands are placed.
     columns = [lse.float().contiguous().view(-1, 1), grad_lse.float().contiguous().view(-1, 1)]
