@@ -37,6 +37,17 @@ def test_shapes_and_dtypes_are_checked_naming_the_operand():
         linear_cross_entropy(h, w, t, reduction="avg")
 
 
+def test_token_logprobs_checks_its_arguments():
+    h = torch.randn(8, 16, dtype=torch.bfloat16)
+    w = torch.randn(32, 16, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"token_logprobs: tokens must be \[tokens\] = \[8\]"):
+        evtc.torch.token_logprobs(h, w, torch.zeros(3, dtype=torch.int64))
+    with pytest.raises(TypeError, match="token_logprobs: tokens must hold class indices"):
+        evtc.torch.token_logprobs(h, w, torch.zeros(8))
+    with pytest.raises(ValueError, match="one CUDA device"):
+        evtc.torch.token_logprobs(h, w, torch.zeros(8, dtype=torch.int64))
+
+
 def test_vocabulary_chunks():
     from evtc.torch._cross_entropy import vocab_chunk_columns
 

@@ -99,6 +99,19 @@ def test_large_logits_do_not_overflow():
     assert rel(ours, ref) < 1e-2
 
 
+def test_token_logprobs_match_float64_and_differentiate():
+    h, w, t = inputs(300, 264, 1000, seed=13, ignored=0.0)
+    h64, w64 = h.double().requires_grad_(), w.double().requires_grad_()
+    want = torch.log_softmax(h64 @ w64.T, -1).gather(-1, t[:, None])[:, 0]
+    hb, wb = h.clone().requires_grad_(), w.clone().requires_grad_()
+    got = evtc.torch.token_logprobs(hb, wb, t)
+    assert got.dtype == torch.float32 and rel(got, want) < 1e-5
+    weights = torch.randn(300, device="cuda", dtype=torch.float64)
+    (want * weights).sum().backward()
+    (got * weights.float()).sum().backward()
+    assert rel(hb.grad.double(), h64.grad) < 1e-2 and rel(wb.grad.double(), w64.grad) < 1e-2
+
+
 class LMHeadLoss(nn.Module):
     def __init__(self, hidden, vocab):
         super().__init__()

@@ -19,7 +19,7 @@ from ._version_check import check_torch_version as _check_torch_version
 
 _check_torch_version()
 
-from ._cross_entropy import fuse_linear_cross_entropy, linear_cross_entropy
+from ._cross_entropy import fuse_linear_cross_entropy, linear_cross_entropy, token_logprobs
 from ._backend import EVTC_OPTIONS, PostGradPass, backend, inductor_config
 from ._backend import _register as _register_backend
 from ._fx_pass import Fusion, FusionReport, fuse_gemm_epilogues, reports
@@ -48,5 +48,6 @@ __all__ = [
     "merged_weights_bytes",
     "path_counts",
     "reports",
+    "token_logprobs",
     "wait_for_compiles",
 ]

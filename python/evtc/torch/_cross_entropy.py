@@ -49,25 +49,25 @@ def _specs(dtype: torch.dtype) -> tuple[str, str]:
     return forward, backward
 
 
-def _check(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor) -> None:
-    for name, t in (("h", h), ("weight", weight), ("target", target)):
+def _check(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, fn: str = "linear_cross_entropy",
+           target_name: str = "target") -> None:
+    """Raises naming the operand of ``fn`` that is wrong (the indices are ``target_name``)."""
+    for name, t in (("h", h), ("weight", weight), (target_name, target)):
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"linear_cross_entropy: {name} must be a torch.Tensor, got {type(t).__name__}")
+            raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
     if h.dim() != 2:
-        raise ValueError(f"linear_cross_entropy: h must be [tokens, hidden], got shape {tuple(h.shape)}")
+        raise ValueError(f"{fn}: h must be [tokens, hidden], got shape {tuple(h.shape)}")
     if weight.dim() != 2 or weight.shape[1] != h.shape[1]:
-        raise ValueError(f"linear_cross_entropy: weight must be [vocab, hidden] with hidden = h's "
-                         f"{h.shape[1]}, got shape {tuple(weight.shape)}")
+        raise ValueError(f"{fn}: weight must be [vocab, hidden] with hidden = h's {h.shape[1]}, got shape "
+                         f"{tuple(weight.shape)}")
     if target.shape != (h.shape[0],):
-        raise ValueError(f"linear_cross_entropy: target must be [tokens] = [{h.shape[0]}], got shape "
-                         f"{tuple(target.shape)}")
+        raise ValueError(f"{fn}: {target_name} must be [tokens] = [{h.shape[0]}], got shape {tuple(target.shape)}")
     if target.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"linear_cross_entropy: target must hold class indices (int64 or int32), got {target.dtype}")
+        raise TypeError(f"{fn}: {target_name} must hold class indices (int64 or int32), got {target.dtype}")
     if h.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != h.dtype:
-        raise TypeError(f"linear_cross_entropy: h and weight must both be bfloat16 or float16, got {h.dtype} and "
-                        f"{weight.dtype}")
+        raise TypeError(f"{fn}: h and weight must both be bfloat16 or float16, got {h.dtype} and {weight.dtype}")
     if not (h.is_cuda and weight.is_cuda and target.is_cuda) or len({h.device, weight.device, target.device}) != 1:
-        raise ValueError(f"linear_cross_entropy: h, weight and target must be on one CUDA device, got {h.device}, "
+        raise ValueError(f"{fn}: h, weight and {target_name} must be on one CUDA device, got {h.device}, "
                          f"{weight.device} and {target.device}")
 
 
@@ -191,6 +191,19 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, target: torch.Te
     if reduction == "sum":
         return rows.sum()
     return rows.sum() / valid.sum()
+
+
+def token_logprobs(h: torch.Tensor, weight: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """``torch.log_softmax((h @ weight.T).float(), -1).gather(-1, tokens[:, None])[:, 0]``
+    without the logits: each row's log-probability of its token (sampling, RL scoring), from
+    the same forward as :func:`linear_cross_entropy` (one GEMM writing each row's logsumexp,
+    and the token's logit as a dot product). ``h`` [tokens, hidden] and ``weight``
+    [vocab, hidden] in bf16 or f16, ``tokens`` [tokens] in [0, vocab); returns float32.
+    Differentiable, like the loss."""
+    _check(h, weight, tokens, "token_logprobs", "tokens")
+    # -1 is never a token: no row is ignored.
+    lse, token_logit = _forward(h, weight, tokens, -1, 0)
+    return token_logit - lse
 
 
 # --- the torch.compile rewrite ------------------------------------------------------------------
