@@ -41,7 +41,8 @@ struct ReductionSlot {
 };
 // The identity of a reduction's operation, as a float expression.
 std::string reduction_identity(ReduceOp op);
-// evtc::device::SumOp / MaxOp / MinOp (amax reduces |x| with MaxOp).
+// The reduction's device fold, evtc::device::SumOp / MaxOp / MinOp / LogAddExpOp (amax
+// reduces |x| with MaxOp): the reduction table's device_fold.
 std::string device_reduce_op(ReduceOp op);
 // The generated library's reduction scratch (evtc/device/kernel_host.h's ReductionScratch:
 // kReductionAxes, kReductions, scratch_bytes, scratch_partials), given the constants kTileM,

@@ -196,8 +196,9 @@ Tolerance output_tolerance(const Kernel& kernel, const std::string& output) {
       t.rtol = std::max(t.rtol, 2e-3);
       t.max_rel_l2 = std::max(t.max_rel_l2, 1e-3);
     }
-    // A logsumexp folds one rounded log1p(exp(.)) step per value and per partial: a few f32
-    // units of the result per step, growing with the square root of the number of steps.
+    // A logsumexp rounds an exp per value (and, over columns or the whole matrix, a log1p per
+    // fold step): a few f32 units of the result per step, growing with the square root of
+    // the number of steps.
     if (in.kind == NodeKind::reduce && in.reduce_op == ReduceOp::logsumexp) {
       t.rtol = std::max(t.rtol, 1e-4);
       t.max_rel_l2 = std::max(t.max_rel_l2, 2e-5);
