@@ -163,9 +163,12 @@ RandomKernel EpilogueGenerator::next() {
   }
   if (!fp8 && coin(options_.reduction_share)) {
     // Every reduction of the reduction table over every axis.
-    std::vector<std::string> reductions;
-    for (ReduceAxis axis : {ReduceAxis::row, ReduceAxis::col, ReduceAxis::all})
-      for (const ReduceOpInfo& r : reduce_op_table()) reductions.push_back(reduction_name(axis, r.op));
+    static const std::vector<std::string> reductions = [] {
+      std::vector<std::string> names;
+      for (ReduceAxis axis : {ReduceAxis::row, ReduceAxis::col, ReduceAxis::all})
+        for (const ReduceOpInfo& r : reduce_op_table()) names.push_back(reduction_name(axis, r.op));
+      return names;
+    }();
     const int count = uniform(1, 2);
     for (int i = 0; i < count; ++i) {
       const std::string name = fmt::format("q{}", i);
