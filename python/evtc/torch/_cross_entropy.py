@@ -209,7 +209,8 @@ def token_logprobs(h: torch.Tensor, weight: torch.Tensor, tokens: torch.Tensor) 
 # --- the torch.compile rewrite ------------------------------------------------------------------
 
 _LINEARS = {torch._C._nn.linear, F.linear}
-_CROSS_ENTROPY = {F.cross_entropy, torch.nn.functional.cross_entropy}
+_CROSS_ENTROPY_PARAMETERS = ("input", "target", "weight", "size_average", "ignore_index", "reduce", "reduction",
+                             "label_smoothing")
 
 
 def _example(node: Any) -> Optional[torch.Tensor]:
@@ -238,12 +239,16 @@ def _is_flatten(node: fx.Node) -> bool:
     return src is not None and out is not None and out.dim() == 2 and src.shape[-1] == out.shape[-1]
 
 
-def _refusal(call: fx.Node, logits: fx.Node) -> Optional[str]:
-    """Why this cross_entropy cannot run as linear_cross_entropy (None: it can)."""
+def _arguments(call: fx.Node) -> dict[str, Any]:
+    """A cross_entropy call's arguments by name (positional ones included)."""
     kwargs = dict(call.kwargs)
-    names = ("input", "target", "weight", "size_average", "ignore_index", "reduce", "reduction", "label_smoothing")
-    for name, value in zip(names, call.args):
+    for name, value in zip(_CROSS_ENTROPY_PARAMETERS, call.args):
         kwargs.setdefault(name, value)
+    return kwargs
+
+
+def _refusal(kwargs: dict[str, Any], logits: fx.Node) -> Optional[str]:
+    """Why the cross_entropy of these arguments cannot run as linear_cross_entropy (None: it can)."""
     if kwargs.get("weight") is not None:
         return "class weights"
     if kwargs.get("size_average") is not None or kwargs.get("reduce") is not None:
@@ -279,9 +284,10 @@ def fuse_linear_cross_entropy(gm: fx.GraphModule) -> int:
     left alone."""
     rewritten = 0
     for call in list(gm.graph.nodes):
-        if call.op != "call_function" or call.target not in _CROSS_ENTROPY:
+        if call.op != "call_function" or call.target is not F.cross_entropy:
             continue
-        x = call.args[0] if call.args else call.kwargs.get("input")
+        kwargs = _arguments(call)
+        x = kwargs.get("input")
         chain = []
         while isinstance(x, fx.Node) and (_is_float_cast(x) or _is_flatten(x)):
             chain.append(x)
@@ -291,14 +297,13 @@ def fuse_linear_cross_entropy(gm: fx.GraphModule) -> int:
         if any(len(n.users) != 1 for n in [x, *chain]):
             log.debug("cross_entropy over an LM head left unfused: its logits are used elsewhere too")
             continue
-        why = _refusal(call, x)
+        why = _refusal(kwargs, x)
         if why:
             log.debug(f"cross_entropy over an LM head left unfused: {why}")
             continue
-        kwargs = dict(call.kwargs)
-        target = call.args[1] if len(call.args) > 1 else kwargs["target"]
-        ignore_index = kwargs.get("ignore_index", call.args[4] if len(call.args) > 4 else -100)
-        reduction = kwargs.get("reduction", call.args[6] if len(call.args) > 6 else "mean")
+        target = kwargs["target"]
+        ignore_index = kwargs.get("ignore_index", -100)
+        reduction = kwargs.get("reduction", "mean")
         h, w = x.args[0], x.args[1]
         with gm.graph.inserting_before(call):
             hidden = _example(h).shape[-1]
