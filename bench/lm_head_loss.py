@@ -16,7 +16,6 @@ import argparse
 import gc
 import json
 import os
-import statistics
 import sys
 
 os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
@@ -27,6 +26,7 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import evtc.torch  # noqa: E402
+from models import time_interleaved  # noqa: E402  (bench/models.py's interleaved rounds)
 from result_files import result_base  # noqa: E402
 
 IGNORE = -100
@@ -56,16 +56,6 @@ def make_step(run, model, h, labels):
         loss.backward()
         return loss
     return step
-
-
-def event_times(step, iters: int) -> list[float]:
-    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-    for start, end in pairs:
-        start.record()
-        step()
-        end.record()
-    torch.cuda.synchronize()
-    return [s.elapsed_time(e) for s, e in pairs]
 
 
 def peak_step_bytes(step, model, h) -> int:
@@ -118,23 +108,12 @@ def run_vocab(vocab: int, args) -> dict:
         row[f"{v}_peak_gib"] = peak_step_bytes(steps[v], models[v], h) / 2**30
     row["peak_ratio"] = row["evtc_peak_gib"] / row["compile_peak_gib"]
 
-    for step in steps.values():
-        for _ in range(args.warmup):
-            step()
-    samples = {v: [] for v in steps}
-    rounds = []
-    names = list(steps)
-    for r in range(args.rounds):
-        medians = {}
-        for v in names[r % 2:] + names[:r % 2]:
-            t = event_times(steps[v], args.iters)
-            samples[v] += t
-            medians[v] = statistics.median(t)
-        rounds.append(medians["evtc"] / medians["compile"])
+    # args.iters steps per variant and round (time_interleaved spreads its total over the rounds).
+    times, per_round = time_interleaved(steps, args.warmup, args.iters * args.rounds, args.rounds)
     for v in steps:
-        row[f"{v}_ms"] = statistics.median(samples[v])
+        row[f"{v}_ms"] = times[v]
     row["time_ratio"] = row["evtc_ms"] / row["compile_ms"]
-    row["time_ratio_rounds"] = rounds
+    row["time_ratio_rounds"] = [m["evtc"] / m["compile"] for m in per_round]
 
     # float64 eager reference of the same step.
     try:
