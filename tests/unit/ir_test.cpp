@@ -196,6 +196,19 @@ TEST(CanonicalParser, ReportsLineAndColumn) {
   }
 }
 
+TEST(CanonicalParser, AnUnknownReductionListsTheTablesReductions) {
+  for (const char* reduce : {"reduce.row.mean", "reduce.diag.sum"}) {
+    try {
+      (void)parse_canonical(std::string("%0 = accum : f32[m,n]\n%1 = ") + reduce + " %0 : f32[m]\n");
+      ADD_FAILURE() << reduce << " parsed";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("expected reduce.{row,col,all}.{sum,max,min,amax,logsumexp}"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 TEST(CanonicalParser, RejectsWrongType) {
   EXPECT_THROW(parse_canonical("%0 = accum : bf16[m,n]\n"), UserError);
   EXPECT_THROW(parse_canonical("%0 = accum : f32[m,n]\n%1 = relu %5 : f32[m,n]\n"), UserError);
