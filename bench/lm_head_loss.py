@@ -1,6 +1,8 @@
 """The LM head and its loss in one training step: plain torch.compile against
 torch.compile(backend="evtc"), which rewrites linear + float + cross_entropy into
-evtc.torch.linear_cross_entropy (no [tokens, vocab] logits).
+evtc.torch.linear_cross_entropy, both ways it runs: saving the 16-bit logits (three GEMMs, the
+softmax's reduction in the forward GEMM's epilogue) and recomputing them (four GEMMs, no
+[tokens, vocab] tensor). The row says which of the two evtc chooses by default at its size.
 
     python3 bench/lm_head_loss.py                       # vocab 32000 and 128256, 8192 tokens, hidden 4096
     python3 bench/lm_head_loss.py --vocab 128256 --quick
@@ -30,6 +32,8 @@ from models import time_interleaved  # noqa: E402  (bench/models.py's interleave
 from result_files import result_base  # noqa: E402
 
 IGNORE = -100
+# evtc.linear_cross_entropy's two ways (torch.compile option values).
+EVTC_MODES = ("save_logits", "recompute")
 
 
 class LMHeadLoss(nn.Module):
@@ -88,32 +92,44 @@ def run_vocab(vocab: int, args) -> dict:
     h.requires_grad_()
     labels = torch.randint(0, vocab, (args.tokens // 1024, 1024), generator=gen, device="cuda")
     labels[:, -1] = IGNORE  # the last position of each sequence has no next token
-    models = {"compile": base, "evtc": LMHeadLoss(args.hidden, vocab).to("cuda", torch.bfloat16)}
-    models["evtc"].load_state_dict(base.state_dict())
-    runs = {"compile": torch.compile(models["compile"], dynamic=False),
-            "evtc": torch.compile(models["evtc"], backend="evtc", dynamic=False,
-                                  options={"evtc.wait_for_compile": True})}
+    ce = evtc.torch._cross_entropy
+    row["default"] = "save_logits" if ce.saves_logits(args.tokens, vocab) else "recompute"
+    models = {"compile": base}
+    runs = {"compile": torch.compile(base, dynamic=False)}
+    for mode in EVTC_MODES:
+        models[mode] = LMHeadLoss(args.hidden, vocab).to("cuda", torch.bfloat16)
+        models[mode].load_state_dict(base.state_dict())
+        runs[mode] = torch.compile(models[mode], backend="evtc", dynamic=False,
+                                   options={"evtc.wait_for_compile": True, "evtc.linear_cross_entropy": mode})
     steps = {v: make_step(runs[v], models[v], h, labels) for v in runs}
+    specs = {"save_logits": [ce._saving_spec(torch.bfloat16)], "recompute": list(ce._specs(torch.bfloat16))}
     results = {}
+    row["evtc_kernel_calls"] = {}
     for v in runs:
         log(f"[{vocab}] first call of {v} (compiles)")
+        before = [evtc.torch.path_counts(s)["fused"] for s in specs.get(v, [])]
         loss = steps[v]()
         results[v] = (loss.detach().clone(), h.grad.clone(), models[v].lm_head.weight.grad.clone())
-    specs = evtc.torch._cross_entropy._specs(torch.bfloat16)
-    row["evtc_kernel_calls"] = {"forward": evtc.torch.path_counts(specs[0]), "backward": evtc.torch.path_counts(specs[1])}
-    if row["evtc_kernel_calls"]["forward"]["fused"] == 0:
-        row["notes"].append("evtc did not run its fused forward kernel (rewrite refused or unfused)")
+        if v in specs:
+            fused = [evtc.torch.path_counts(s)["fused"] - b for s, b in zip(specs[v], before)]
+            row["evtc_kernel_calls"][v] = fused
+            if not all(fused):
+                row["notes"].append(f"{v}: evtc did not run its fused kernels (rewrite refused or unfused)")
 
     for v in runs:
         row[f"{v}_peak_gib"] = peak_step_bytes(steps[v], models[v], h) / 2**30
-    row["peak_ratio"] = row["evtc_peak_gib"] / row["compile_peak_gib"]
 
     # args.iters steps per variant and round (time_interleaved spreads its total over the rounds).
     times, per_round = time_interleaved(steps, args.warmup, args.iters * args.rounds, args.rounds)
     for v in steps:
         row[f"{v}_ms"] = times[v]
-    row["time_ratio"] = row["evtc_ms"] / row["compile_ms"]
-    row["time_ratio_rounds"] = [m["evtc"] / m["compile"] for m in per_round]
+    for mode in EVTC_MODES:
+        row[f"{mode}_peak_ratio"] = row[f"{mode}_peak_gib"] / row["compile_peak_gib"]
+        row[f"{mode}_time_ratio"] = row[f"{mode}_ms"] / row["compile_ms"]
+        row[f"{mode}_time_ratio_rounds"] = [m[mode] / m["compile"] for m in per_round]
+    # evtc's default at this size.
+    row["peak_ratio"] = row[f"{row['default']}_peak_ratio"]
+    row["time_ratio"] = row[f"{row['default']}_time_ratio"]
 
     # float64 eager reference of the same step.
     try:
@@ -146,12 +162,20 @@ def plot(data: dict, path: str) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(9, 4))
     labels = [f"vocab {r['vocab']}" for r in rows]
     xs = range(len(rows))
-    for ax, key, title, limit in ((axes[0], "time_ratio", "step time, evtc / torch.compile", 1.0),
-                                  (axes[1], "peak_ratio", "peak step memory, evtc / torch.compile", 0.5)):
-        ax.bar(xs, [r[key] for r in rows], color=["tab:green" if r[key] <= limit else "tab:red" for r in rows])
-        ax.axhline(limit, color="black", linewidth=0.8)
+    width = 0.4
+    for ax, key, title in ((axes[0], "time_ratio", "step time, evtc / torch.compile"),
+                           (axes[1], "peak_ratio", "peak step memory, evtc / torch.compile")):
+        for i, (mode, color) in enumerate(zip(EVTC_MODES, ("tab:blue", "tab:orange"))):
+            ax.bar([x + (i - 0.5) * width for x in xs], [r[f"{mode}_{key}"] for r in rows], width, color=color,
+                   label=mode + " (hatched: the default)")
+            for x, r in zip(xs, rows):
+                if r["default"] == mode:
+                    ax.bar(x + (i - 0.5) * width, r[f"{mode}_{key}"], width, color=color, hatch="//",
+                           edgecolor="black")
+        ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xticks(list(xs), labels)
         ax.set_title(title, fontsize=9)
+        ax.legend(fontsize=7)
     fig.suptitle(f"LM head + cross-entropy, {data['tokens']} tokens, hidden {data['hidden']}, {data['gpu']}",
                  fontsize=9)
     fig.tight_layout()
@@ -180,9 +204,10 @@ def main() -> None:
     for vocab in (int(v) for v in args.vocab.split(",")):
         row = run_vocab(vocab, args)
         data["rows"].append(row)
-        log(f"vocab {vocab}: step {row['compile_ms']:.2f} ms compile, {row['evtc_ms']:.2f} ms evtc "
-            f"({row['time_ratio']:.3f}x); peak {row['compile_peak_gib']:.2f} GiB vs {row['evtc_peak_gib']:.2f} GiB "
-            f"({row['peak_ratio']:.3f}x)")
+        for mode in EVTC_MODES:
+            log(f"vocab {vocab}, {mode}{' (default)' if row['default'] == mode else ''}: step "
+                f"{row['compile_ms']:.2f} ms compile, {row[mode + '_ms']:.2f} ms evtc ({row[mode + '_time_ratio']:.3f}x); "
+                f"peak {row['compile_peak_gib']:.2f} vs {row[mode + '_peak_gib']:.2f} GiB ({row[mode + '_peak_ratio']:.3f}x)")
     base = result_base(args.out, gpu, "lm-head-loss")
     with open(base + ".json", "w") as f:
         json.dump(data, f, indent=2)

@@ -35,6 +35,8 @@ def test_shapes_and_dtypes_are_checked_naming_the_operand():
         linear_cross_entropy(h, w, t, vocab_chunk=12)
     with pytest.raises(ValueError, match="reduction must be one of mean, sum, none"):
         linear_cross_entropy(h, w, t, reduction="avg")
+    with pytest.raises(ValueError, match="save_logits must be True, False or None"):
+        linear_cross_entropy(h, w, t, save_logits="yes")
 
 
 def test_token_logprobs_checks_its_arguments():
@@ -55,6 +57,43 @@ def test_vocabulary_chunks():
     assert vocab_chunk_columns(8192, 128256) == 8192  # 8192 x 8192 x 2 bytes = 128 MiB
     assert vocab_chunk_columns(65536, 128256) == 4096  # never narrower
     assert vocab_chunk_columns(1024, 128256) == 65536
+
+
+def test_logits_are_saved_by_their_size():
+    from evtc.torch._cross_entropy import SAVED_LOGITS_BYTES, saves_logits
+
+    assert SAVED_LOGITS_BYTES == 1 << 30
+    assert saves_logits(8192, 32000)  # 500 MiB in bf16
+    assert saves_logits(8192, 65536)  # exactly 1 GiB
+    assert not saves_logits(8192, 65536 + 1)
+    assert not saves_logits(8192, 128256)  # 2 GiB
+    assert not saves_logits(8192, 65536, torch.float32)
+
+
+@pytest.mark.parametrize("block_bytes", [None, 3 * 4 * 40])  # the whole at once; 3 rows at a time
+def test_the_saved_logits_gradient_is_cross_entropys(block_bytes, monkeypatch):
+    """(exp(logits - lse) - one_hot(target)) * g against float64 autograd of cross_entropy, with
+    ignored rows, on logits that are not a multiple of anything."""
+    from evtc.torch import _cross_entropy as ce
+
+    if block_bytes:
+        monkeypatch.setattr(ce, "EAGER_BLOCK_BYTES", block_bytes)
+    torch.manual_seed(3)
+    logits = (torch.randn(13, 40) * 4).to(torch.bfloat16)
+    target = torch.randint(0, 40, (13,))
+    target[[2, 7]] = -100
+    g = torch.tensor(0.37)
+    x = logits.double().requires_grad_()
+    (F.cross_entropy(x, target, reduction="sum") * g.double()).backward()
+    valid, safe = ce._valid_targets(target, -100)
+    lse = torch.logsumexp(logits.float(), 1)
+    # loss = lse - target_logit: the row's gradient reaches the target logit negated.
+    rows = torch.full((13,), float(g)) * valid
+    grad = ce._logits_grad(logits, lse, safe, rows, -rows)
+    assert grad.dtype == torch.bfloat16
+    assert torch.equal(grad[2].float(), torch.zeros(40)) and torch.equal(grad[7].float(), torch.zeros(40))
+    # bf16 rounding of each element (2^-8 relative) and of the logits' softmax.
+    torch.testing.assert_close(grad.double(), x.grad, rtol=1e-2, atol=2e-3)
 
 
 def graph_of(fn, *args):
@@ -111,6 +150,11 @@ def test_logits_used_elsewhere_are_not_rewritten(caplog):
 
 
 def test_the_option_is_checked():
-    with pytest.raises(RuntimeError, match="evtc.linear_cross_entropy"):
+    with pytest.raises(RuntimeError, match="evtc.linear_cross_entropy='yes' .expected one of True, "
+                                           "'save_logits', 'recompute', False"):
         evtc.torch.inductor_config(options={"evtc.linear_cross_entropy": "yes"})
+    with pytest.raises(RuntimeError, match="evtc.linear_cross_entropy=1"):
+        evtc.torch.inductor_config(options={"evtc.linear_cross_entropy": 1})
+    for value in (True, False, "save_logits", "recompute"):
+        evtc.torch.inductor_config(options={"evtc.linear_cross_entropy": value})
     assert evtc.torch.EVTC_OPTIONS["evtc.linear_cross_entropy"] is True

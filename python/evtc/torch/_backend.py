@@ -21,6 +21,7 @@ from typing import Any, Optional
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
+from ._cross_entropy import OPTION_VALUES as LCE_OPTION_VALUES
 from ._cross_entropy import fuse_linear_cross_entropy
 from ._fx_pass import fuse_gemm_epilogues
 from .passes import Settings
@@ -30,7 +31,8 @@ from .passes import Settings
 # kernels always compile in the background here.
 EVTC_OPTIONS = {f"evtc.{f.name}": f.default for f in dataclasses.fields(Settings) if f.name != "compile"}
 # Rewrite an LM head and its cross_entropy into evtc.torch.linear_cross_entropy before AOT
-# autograd traces the graph (evtc/torch/_cross_entropy.py): no [tokens, vocab] logits.
+# autograd traces the graph (evtc/torch/_cross_entropy.py): True (the logits saved or recomputed
+# by their size), "save_logits", "recompute", or False (no rewrite).
 EVTC_OPTIONS["evtc.linear_cross_entropy"] = True
 
 
@@ -82,9 +84,13 @@ def inductor_config(mode: Optional[str] = None, options: Optional[dict[str, Any]
                            "composed instead")
     wrapper = torch._TorchCompileInductorWrapper(mode, options or None, dynamic=None)
     patches = dict(wrapper.config)
-    for flag in ("evtc.merge_gated", "evtc.wait_for_compile", "evtc.linear_cross_entropy"):
+    for flag in ("evtc.merge_gated", "evtc.wait_for_compile"):
         if not isinstance(settings[flag], bool):
             raise RuntimeError(f"evtc backend: {flag}={settings[flag]!r} (expected True or False)")
+    lce = settings["evtc.linear_cross_entropy"]
+    if not (isinstance(lce, bool) or (isinstance(lce, str) and lce in LCE_OPTION_VALUES)):
+        raise RuntimeError(f"evtc backend: evtc.linear_cross_entropy={lce!r} (expected one of "
+                           f"{', '.join(repr(v) for v in [*LCE_OPTION_VALUES, False])})")
     chosen = {key.removeprefix("evtc."): value for key, value in settings.items()}
     chosen.pop("linear_cross_entropy")  # applied by backend() before Inductor: not the post-grad pass's
     chosen["profitability"] = bool(chosen["profitability"])
@@ -107,8 +113,9 @@ def backend(gm: torch.fx.GraphModule, example_inputs, *, mode: Optional[str] = N
     if cast_mode is not None:
         options = {**(options or {}), "evtc.cast_mode": cast_mode}
     patches = inductor_config(mode, options)  # checks every option first
-    if (options or {}).get("evtc.linear_cross_entropy", EVTC_OPTIONS["evtc.linear_cross_entropy"]):
-        fuse_linear_cross_entropy(gm)
+    lce = (options or {}).get("evtc.linear_cross_entropy", EVTC_OPTIONS["evtc.linear_cross_entropy"])
+    if lce is not False:
+        fuse_linear_cross_entropy(gm, save_logits=LCE_OPTION_VALUES[lce])
     # As compile_fx's config_patches (what torch.compile's own Inductor backend does): they
     # apply around the whole compile, so that decisions compile_fx makes before its inner
     # compiles (freezing's constant inlining among them) see them, and to the inner compiles,

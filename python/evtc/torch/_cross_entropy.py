@@ -5,18 +5,32 @@
 ``torch.compile(backend="evtc")`` rewrites ``F.cross_entropy(F.linear(h, W).float(), target)``
 in model code into this (see :func:`fuse_linear_cross_entropy`).
 
-How it runs:
+Two ways to run it, chosen per call (``save_logits``; by default by the logits' size):
 
-* **Forward**: one GEMM ``h @ Wᵀ`` whose epilogue writes each row's logsumexp and nothing
-  else (``row_logsumexp(acc)``: per-tile partials folded in a fixed order). The target's logit
-  is a dot product of ``h`` with the target's row of ``W`` (M × K work, in fp32). Each row's
-  loss is ``lse - target_logit``; rows whose target is ``ignore_index`` count for nothing.
-  Saved for backward: ``h``, ``W``, the targets and the logsumexps (M floats).
-* **Backward**: one chunk of the vocabulary at a time (:func:`vocab_chunk_columns`), the same
-  GEMM again, its epilogue writing ``exp(acc - lse[m]) * g[m]`` (the softmax times each row's
-  incoming gradient) in the logits' dtype; the target's column then gets ``-g[m]`` (one
-  element per row), and two GEMMs give the chunk's rows of ``dW`` and its part of ``dh``
-  (accumulated in fp32). No [M, V] tensor exists at any point.
+* **Recomputing** (the default where the 16-bit logits would take more than
+  :data:`SAVED_LOGITS_BYTES`; ``save_logits=False``): memory first.
+
+  - Forward: one GEMM ``h @ Wᵀ`` whose epilogue writes each row's logsumexp and nothing
+    else (``row_logsumexp(acc)``: per-tile partials folded in a fixed order). The target's
+    logit is a dot product of ``h`` with the target's row of ``W`` (M × K work, in fp32). Each
+    row's loss is ``lse - target_logit``; rows whose target is ``ignore_index`` count for
+    nothing. Saved for backward: ``h``, ``W``, the targets and the logsumexps (M floats).
+  - Backward: one chunk of the vocabulary at a time (:func:`vocab_chunk_columns`), the same
+    GEMM again, its epilogue writing ``exp(acc - lse[m]) * g[m]`` (the softmax times each row's
+    incoming gradient) in the logits' dtype; the target's column then gets ``-g[m]`` (one
+    element per row), and two GEMMs give the chunk's rows of ``dW`` and its part of ``dh``
+    (accumulated in fp32). No [M, V] tensor exists at any point. The price is a fourth GEMM
+    (the recomputed logits) against the three of an unfused LM head.
+
+* **Saving the logits** (``save_logits=True``, and the default up to
+  :data:`SAVED_LOGITS_BYTES`): speed first, three GEMMs.
+
+  - Forward: one GEMM whose epilogue writes the 16-bit logits and each row's logsumexp
+    (``out logits = acc; out lse = row_logsumexp(acc)``), so no pass reads the logits again
+    to reduce them; the target logit is gathered from them. Saved: the 16-bit logits (what an
+    unfused LM head saves) and the logsumexps.
+  - Backward: ``(exp(logits - lse[m]) - (n == target[m])) * g[m]`` elementwise in torch ops
+    (one fused kernel under torch.compile), then the dgrad and wgrad GEMMs.
 
 Where evtc cannot fuse a GEMM (a GPU without fused kernels, say) the same ops run cuBLASLt and
 the unfused epilogue: slower, and the forward then holds fp32 logits while it runs.
@@ -29,6 +43,7 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 from torch import fx
+from torch._subclasses.fake_tensor import is_fake
 
 from . import _op, _spec
 from ._chain import EVTC_DTYPES
@@ -37,16 +52,26 @@ _REDUCTIONS = ("mean", "sum", "none")
 log = logging.getLogger("evtc.torch")
 
 
-def _specs(dtype: torch.dtype) -> tuple[str, str]:
-    """The forward (logsumexp) and backward (softmax times the incoming gradient) specs."""
+def _options(dtype: torch.dtype) -> dict:
     name = EVTC_DTYPES[dtype]
-    options = {"a_dtype": name, "b_dtype": name, "a_layout": "row", "b_layout": "col", "operand_dtype": name,
-               "output_dtype": name}
+    return {"a_dtype": name, "b_dtype": name, "a_layout": "row", "b_layout": "col", "operand_dtype": name,
+            "output_dtype": name}
+
+
+def _specs(dtype: torch.dtype) -> tuple[str, str]:
+    """The recomputing forward (logsumexp) and backward (softmax times the incoming gradient) specs."""
+    name, options = EVTC_DTYPES[dtype], _options(dtype)
     forward = _spec.make_spec("out lse: f32 = row_logsumexp(acc)", options, [], ["lse"])
     backward = _spec.make_spec(
         f"input lse[m]: f32\ninput g[m]: f32\nout grad: {name} = exp(acc - lse) * g", options,
         [("lse", _spec.COL), ("g", _spec.COL)], ["grad"])
     return forward, backward
+
+
+def _saving_spec(dtype: torch.dtype) -> str:
+    """The saving forward's spec: the 16-bit logits and each row's logsumexp, from one GEMM."""
+    return _spec.make_spec(f"out logits: {EVTC_DTYPES[dtype]} = acc\nout lse: f32 = row_logsumexp(acc)",
+                           _options(dtype), [], ["logits", "lse"])
 
 
 def _check(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, fn: str = "linear_cross_entropy",
@@ -167,23 +192,115 @@ def _autograd_backward(ctx, grad_lse, grad_target_logit):
 _forward.register_autograd(_autograd_backward, setup_context=_setup_context)
 
 
+# --- saving the logits -----------------------------------------------------------------------
+
+# By default the logits are saved (three GEMMs) when their 16-bit [tokens, vocab] tensor takes at
+# most this many bytes, and recomputed in the backward pass (four GEMMs, no such tensor) above it.
+SAVED_LOGITS_BYTES = 1 << 30
+
+
+def saves_logits(tokens: int, vocab: int, dtype: torch.dtype = torch.bfloat16) -> bool:
+    """Whether :func:`linear_cross_entropy` saves the logits by default at this size."""
+    return tokens * vocab * dtype.itemsize <= SAVED_LOGITS_BYTES
+
+
+@torch.library.custom_op("evtc::linear_cross_entropy_saving_forward", mutates_args=())
+def _saving_forward(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                    ignore_index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row's logsumexp of h @ weightᵀ, its target's logit (0 where ignored), and the
+    16-bit logits themselves (for backward)."""
+    logits, lse = _op.gemm_epilogue(_saving_spec(h.dtype), h.contiguous(), weight.t(), [])
+    valid, safe = _valid_targets(target, ignore_index)
+    # gather checks the indices on the device, as cross_entropy does.
+    target_logit = logits.gather(1, safe.view(-1, 1)).view(-1).float() * valid
+    return lse, target_logit, logits
+
+
+@_saving_forward.register_fake
+def _(h, weight, target, ignore_index):
+    m = h.shape[0]
+    return (h.new_empty(m, dtype=torch.float32), h.new_empty(m, dtype=torch.float32),
+            h.new_empty(m, weight.shape[0]))
+
+
+# Outside torch.compile the logits' gradient is built a block of rows at a time, its fp32
+# temporaries within about this many bytes each.
+EAGER_BLOCK_BYTES = 64 << 20
+
+
+def _logits_grad(logits: torch.Tensor, lse: torch.Tensor, safe: torch.Tensor, grad_lse: torch.Tensor,
+                 grad_target: torch.Tensor) -> torch.Tensor:
+    """exp(logits - lse[m]) * grad_lse[m] + (n == safe[m]) * grad_target[m] in the logits' dtype:
+    the gradient of the logits from those of each row's logsumexp and target logit.
+    Pointwise only, so that Inductor makes it one kernel when it traces this; run eagerly, a
+    block of rows at a time (EAGER_BLOCK_BYTES)."""
+    def rows(x, l, t, gl, gt):
+        n = torch.arange(x.shape[1], device=x.device)
+        hit = n.view(1, -1) == t.view(-1, 1)
+        g = torch.exp(x.float() - l.view(-1, 1)) * gl.view(-1, 1) + torch.where(hit, gt.view(-1, 1), 0.0)
+        return g.to(x.dtype)
+
+    if torch.compiler.is_compiling() or is_fake(logits):
+        return rows(logits, lse, safe, grad_lse, grad_target)
+    out = torch.empty_like(logits)
+    step = max(1, EAGER_BLOCK_BYTES // (4 * max(logits.shape[1], 1)))
+    for i in range(0, logits.shape[0], step):
+        j = slice(i, i + step)
+        out[j] = rows(logits[j], lse[j], safe[j], grad_lse[j], grad_target[j])
+    return out
+
+
+def _saving_setup_context(ctx, inputs, output):
+    h, weight, target, ignore_index = inputs
+    lse, _, logits = output
+    ctx.save_for_backward(h, weight, target, lse, logits)
+    ctx.mark_non_differentiable(logits)
+    ctx.ignore_index = ignore_index
+
+
+def _saving_backward(ctx, grad_lse, grad_target_logit, _grad_logits):
+    # The logits output exists for backward alone (linear_cross_entropy does not return it):
+    # autograd hands it no gradient, or zeros.
+    h, weight, target, lse, logits = ctx.saved_tensors
+    valid, safe = _valid_targets(target, ctx.ignore_index)
+    grad_lse = torch.zeros_like(lse) if grad_lse is None else grad_lse.float()
+    grad_target = torch.zeros_like(lse) if grad_target_logit is None else grad_target_logit.float() * valid
+    grad = _logits_grad(logits, lse, safe, grad_lse, grad_target)
+    return grad @ weight, grad.t() @ h, None, None
+
+
+_saving_forward.register_autograd(_saving_backward, setup_context=_saving_setup_context)
+
+
 def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, *,
                          ignore_index: int = -100, reduction: str = "mean",
-                         vocab_chunk: Optional[int] = None) -> torch.Tensor:
+                         vocab_chunk: Optional[int] = None, save_logits: Optional[bool] = None) -> torch.Tensor:
     """``F.cross_entropy((h @ weight.T).float(), target, ignore_index=..., reduction=...)``
-    without the logits: ``h`` is [tokens, hidden] (bf16 or f16), ``weight`` [vocab, hidden] in
-    the same dtype, ``target`` [tokens] class indices. ``reduction`` is "mean" (over rows whose
-    target is not ``ignore_index``; NaN when there are none, as PyTorch gives), "sum" or
-    "none" (a float32 loss per row, 0 where ignored). The backward pass works through the
-    vocabulary ``vocab_chunk`` columns at a time (default: :func:`vocab_chunk_columns`), so its
-    largest tensor is [tokens, vocab_chunk] in h's dtype."""
+    with the softmax in the LM head's GEMM: ``h`` is [tokens, hidden] (bf16 or f16),
+    ``weight`` [vocab, hidden] in the same dtype, ``target`` [tokens] class indices.
+    ``reduction`` is "mean" (over rows whose target is not ``ignore_index``; NaN when there are
+    none, as PyTorch gives), "sum" or "none" (a float32 loss per row, 0 where ignored).
+
+    ``save_logits=False`` writes no logits at all: the backward pass recomputes them, working
+    through the vocabulary ``vocab_chunk`` columns at a time (default:
+    :func:`vocab_chunk_columns`), so its largest tensor is [tokens, vocab_chunk] in h's dtype.
+    ``save_logits=True`` saves the 16-bit logits for backward instead (an unfused LM head's
+    memory, one GEMM fewer). By default (None) they are saved when they take at most
+    :data:`SAVED_LOGITS_BYTES` (:func:`saves_logits`)."""
     if reduction not in _REDUCTIONS:
         raise ValueError(f"linear_cross_entropy: reduction must be one of {', '.join(_REDUCTIONS)}, got {reduction!r}")
     if vocab_chunk is not None and (not isinstance(vocab_chunk, int) or vocab_chunk <= 0 or vocab_chunk % 8):
         raise ValueError(f"linear_cross_entropy: vocab_chunk must be a positive multiple of 8 (rows of the "
                          f"gradient chunk stay 16-byte aligned), got {vocab_chunk!r}")
+    if save_logits not in (None, True, False):
+        raise ValueError(f"linear_cross_entropy: save_logits must be True, False or None (by size), got {save_logits!r}")
     _check(h, weight, target)
-    lse, target_logit = _forward(h, weight, target, int(ignore_index), int(vocab_chunk or 0))
+    if save_logits is None:
+        save_logits = saves_logits(h.shape[0], weight.shape[0], h.dtype)
+    if save_logits:
+        lse, target_logit, _ = _saving_forward(h, weight, target, int(ignore_index))
+    else:
+        lse, target_logit = _forward(h, weight, target, int(ignore_index), int(vocab_chunk or 0))
     valid = target != ignore_index
     rows = (lse - target_logit) * valid
     if reduction == "none":
@@ -277,11 +394,15 @@ def _refusal(kwargs: dict[str, Any], logits: fx.Node) -> Optional[str]:
     return None
 
 
-def fuse_linear_cross_entropy(gm: fx.GraphModule) -> int:
+# The values of torch.compile's option "evtc.linear_cross_entropy", and the save_logits each gives.
+OPTION_VALUES = {True: None, "save_logits": True, "recompute": False}
+
+
+def fuse_linear_cross_entropy(gm: fx.GraphModule, save_logits: Optional[bool] = None) -> int:
     """Rewrites ``F.cross_entropy(F.linear(h, W).float().view(-1, V), target)`` (the cast and the
-    flatten optional) in a Dynamo graph into :func:`linear_cross_entropy`, where the logits are
-    used by nothing else. Returns how many it rewrote; ``EVTC_LOG=debug`` says why others were
-    left alone."""
+    flatten optional) in a Dynamo graph into :func:`linear_cross_entropy` (with this
+    ``save_logits``), where the logits are used by nothing else. Returns how many it rewrote;
+    ``EVTC_LOG=debug`` says why others were left alone."""
     rewritten = 0
     for call in list(gm.graph.nodes):
         if call.op != "call_function" or call.target is not F.cross_entropy:
@@ -310,14 +431,19 @@ def fuse_linear_cross_entropy(gm: fx.GraphModule) -> int:
             flat = gm.graph.call_method("reshape", (h, -1, hidden))
             flat_target = gm.graph.call_method("reshape", (target, -1))
             fused = gm.graph.call_function(linear_cross_entropy, (flat, w, flat_target),
-                                           {"ignore_index": ignore_index, "reduction": reduction})
+                                           {"ignore_index": ignore_index, "reduction": reduction,
+                                            "save_logits": save_logits})
         fused.meta.update(call.meta)
         call.replace_all_uses_with(fused)
         for n in [call, *chain, x]:
             gm.graph.erase_node(n)
         rewritten += 1
+        tokens, vocab = _example(kwargs["input"]).shape
+        saved = saves_logits(tokens, vocab, _example(h).dtype) if save_logits is None else save_logits
         log.debug(f"LM head + cross_entropy fused: linear_cross_entropy (reduction={reduction}, "
-                   f"ignore_index={ignore_index}); no [tokens, vocab] logits")
+                  f"ignore_index={ignore_index}); "
+                  + (f"the 16-bit logits saved for backward ({tokens}x{vocab}), no fp32 copy" if saved else
+                     "no [tokens, vocab] logits (recomputed in backward)"))
     if rewritten:
         gm.graph.lint()
         gm.recompile()
