@@ -3,6 +3,7 @@ on the CPU (the GPU tests are in test_cross_entropy_gpu.py)."""
 from __future__ import annotations
 
 import logging
+import operator
 
 import pytest
 
@@ -139,14 +140,56 @@ def test_refused_rewrites_say_why_and_leave_the_graph(fn, reason, caplog):
     assert any(n.target is F.cross_entropy for n in gm.graph.nodes)
 
 
-def test_logits_used_elsewhere_are_not_rewritten(caplog):
+def returns_logits(h, w, t):
+    """A causal LM's return: the loss and the logits."""
+    logits = F.linear(h, w)
+    return F.cross_entropy(logits.float().view(-1, 32), t.view(-1)), logits
+
+
+def test_returned_logits_come_from_the_losss_gemm(caplog, monkeypatch):
+    from evtc.torch import _cross_entropy as ce
+
+    # On a CPU every rewrite is refused for the device; the graph surgery is what is tested.
+    monkeypatch.setattr(ce, "_refusal", lambda kwargs, logits: None)
+    count, gm, log = rewrite(returns_logits, H, W, T, caplog=caplog)
+    assert count == 1
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert ce.linear_cross_entropy_and_logits in targets
+    assert F.cross_entropy not in targets and torch._C._nn.linear not in targets
+    # The graph's outputs: the loss (item 0) and the logits viewed back to [2, 4, 32].
+    (loss, logits), = [n.args[0] for n in gm.graph.nodes if n.op == "output"]
+    assert loss.target is operator.getitem and loss.args[1] == 0
+    assert logits.op == "call_method" and logits.target == "view"
+    assert logits.args[0].target is operator.getitem and logits.args[0].args[1] == 1
+    assert "returned and saved for backward" in log
+
+
+def test_logits_used_elsewhere_are_not_recomputed(caplog):
+    gm = graph_of(returns_logits, H, W, T)
+    with caplog.at_level(logging.DEBUG, logger="evtc.torch"):
+        assert evtc.torch.fuse_linear_cross_entropy(gm, save_logits=False) == 0
+    assert "the recomputing way (option 'recompute') writes none" in caplog.text
+
+
+def test_logits_used_before_the_loss_are_not_rewritten(caplog):
     def fn(h, w, t):
         logits = F.linear(h, w)
-        return F.cross_entropy(logits.float().view(-1, 32), t.view(-1)), logits
+        top = logits.amax(-1)
+        return F.cross_entropy(logits.float().view(-1, 32), t.view(-1)), top
 
     count, _, log = rewrite(fn, H, W, T, caplog=caplog)
     assert count == 0
-    assert "its logits are used elsewhere too" in log
+    assert "its logits are used elsewhere too, before the loss" in log
+
+
+def test_float_logits_used_elsewhere_are_not_rewritten(caplog):
+    def fn(h, w, t):
+        logits = F.linear(h, w).float()
+        return F.cross_entropy(logits.view(-1, 32), t.view(-1)), logits
+
+    count, _, log = rewrite(fn, H, W, T, caplog=caplog)
+    assert count == 0
+    assert "its float or flattened logits are used elsewhere too" in log
 
 
 def test_the_option_is_checked():

@@ -156,3 +156,55 @@ def test_torch_compile_rewrites_the_loss_and_matches_eager(option):
     want = (ref.detach(), x.grad, model.lm_head.weight.grad)
     for name, g, r in zip(("loss", "dx", "dW"), got, want):
         assert rel(g.double(), r.double()) < 2e-2, name
+
+
+def test_returned_logits_are_the_linears_and_differentiate():
+    """linear_cross_entropy_and_logits: the logits are F.linear's, and a gradient reaching them
+    too (a second loss on the logits) adds to the cross-entropy's."""
+    h, w, t = inputs(300, 264, 1000, seed=17)
+
+    def both(fn, h, w, t):
+        loss, logits = fn(h, w, t)
+        return loss + (logits.float() ** 2).mean() * 0.1, logits
+
+    def ours(h, w, t):
+        return evtc.torch.linear_cross_entropy_and_logits(h, w, t, ignore_index=IGNORE)
+
+    def theirs(h, w, t):
+        logits = F.linear(h, w)
+        return F.cross_entropy(logits.float(), t, ignore_index=IGNORE), logits
+
+    got = loss_and_grads(lambda *a: both(ours, *a)[0], h, w, t)
+    ref = loss_and_grads(lambda *a: both(theirs, *a)[0], h, w, t, dtype=torch.float64)
+    base = loss_and_grads(lambda *a: both(theirs, *a)[0], h, w, t)
+    for name, o, b, r in zip(("loss", "dh", "dW"), got, base, ref):
+        assert rel(o, r) <= 2 * rel(b, r) + 1e-6, f"{name}: evtc {rel(o, r):.3g}, eager {rel(b, r):.3g}"
+    _, logits = ours(h, w, t)
+    assert torch.equal(logits, F.linear(h, w)) or rel(logits.double(), F.linear(h, w).double()) < 4e-3
+
+
+def test_transformers_causal_lm_loss_and_logits():
+    """A transformers causal LM with labels returns its loss and its logits: the rewrite takes
+    the logits from the loss's GEMM; loss, logits and gradients match plain torch.compile's."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).to("cuda", torch.bfloat16)
+    ids = torch.randint(0, 1024, (2, 96), device="cuda")
+    saving = _saving_spec(torch.bfloat16)
+
+    def run(backend):
+        torch._dynamo.reset()
+        model.zero_grad(set_to_none=True)
+        out = torch.compile(model, backend=backend, dynamic=False)(input_ids=ids, labels=ids)
+        out.loss.backward()
+        return (out.loss.detach().double(), out.logits.detach().double(),
+                model.model.layers[0].mlp.down_proj.weight.grad.double(), model.lm_head.weight.grad.double())
+
+    before = _op.path_counts(saving)["fused"]
+    got = run("evtc")
+    assert _op.path_counts(saving)["fused"] > before, "the rewrite did not run evtc's kernel"
+    want = run("inductor")
+    for name, g, r in zip(("loss", "logits", "d down_proj", "d lm_head"), got, want):
+        assert rel(g, r) < 2e-2, name

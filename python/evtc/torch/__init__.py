@@ -19,7 +19,8 @@ from ._version_check import check_torch_version as _check_torch_version
 
 _check_torch_version()
 
-from ._cross_entropy import fuse_linear_cross_entropy, linear_cross_entropy, token_logprobs
+from ._cross_entropy import (fuse_linear_cross_entropy, linear_cross_entropy, linear_cross_entropy_and_logits,
+                             token_logprobs)
 from ._backend import EVTC_OPTIONS, PostGradPass, backend, inductor_config
 from ._backend import _register as _register_backend
 from ._fx_pass import Fusion, FusionReport, fuse_gemm_epilogues, reports
@@ -43,6 +44,7 @@ __all__ = [
     "grouped_gemm_epilogue",
     "inductor_config",
     "linear_cross_entropy",
+    "linear_cross_entropy_and_logits",
     "make_grouped_spec",
     "make_spec",
     "merged_weights_bytes",

@@ -38,6 +38,7 @@ the unfused epilogue: slower, and the forward then holds fp32 logits while it ru
 from __future__ import annotations
 
 import logging
+import operator
 from typing import Any, Optional
 
 import torch
@@ -205,10 +206,10 @@ def saves_logits(tokens: int, vocab: int, dtype: torch.dtype = torch.bfloat16) -
 
 
 @torch.library.custom_op("evtc::linear_cross_entropy_saving_forward", mutates_args=())
-def _saving_forward(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
-                    ignore_index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _saving_forward(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_index: int,
+                    returns_logits: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each row's logsumexp of h @ weightᵀ, its target's logit (0 where ignored), and the
-    16-bit logits themselves (for backward)."""
+    16-bit logits themselves (for backward; differentiable where ``returns_logits``)."""
     logits, lse = _op.gemm_epilogue(_saving_spec(h.dtype), h.contiguous(), weight.t(), [])
     valid, safe = _valid_targets(target, ignore_index)
     # gather checks the indices on the device, as cross_entropy does.
@@ -217,7 +218,7 @@ def _saving_forward(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
 
 
 @_saving_forward.register_fake
-def _(h, weight, target, ignore_index):
+def _(h, weight, target, ignore_index, returns_logits):
     m = h.shape[0]
     return (h.new_empty(m, dtype=torch.float32), h.new_empty(m, dtype=torch.float32),
             h.new_empty(m, weight.shape[0]))
@@ -229,44 +230,48 @@ EAGER_BLOCK_BYTES = 64 << 20
 
 
 def _logits_grad(logits: torch.Tensor, lse: torch.Tensor, safe: torch.Tensor, grad_lse: torch.Tensor,
-                 grad_target: torch.Tensor) -> torch.Tensor:
-    """exp(logits - lse[m]) * grad_lse[m] + (n == safe[m]) * grad_target[m] in the logits' dtype:
-    the gradient of the logits from those of each row's logsumexp and target logit.
+                 grad_target: torch.Tensor, grad_logits: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """exp(logits - lse[m]) * grad_lse[m] + (n == safe[m]) * grad_target[m] (+ grad_logits) in the
+    logits' dtype: the gradient of the logits from those of each row's logsumexp and target
+    logit (and of the logits themselves, where they are an output too).
     Pointwise only, so that Inductor makes it one kernel when it traces this; run eagerly, a
     block of rows at a time (EAGER_BLOCK_BYTES)."""
-    def rows(x, l, t, gl, gt):
+    def rows(x, l, t, gl, gt, gx):
         n = torch.arange(x.shape[1], device=x.device)
         hit = n.view(1, -1) == t.view(-1, 1)
         g = torch.exp(x.float() - l.view(-1, 1)) * gl.view(-1, 1) + torch.where(hit, gt.view(-1, 1), 0.0)
-        return g.to(x.dtype)
+        return (g if gx is None else g + gx.float()).to(x.dtype)
 
     if torch.compiler.is_compiling() or is_fake(logits):
-        return rows(logits, lse, safe, grad_lse, grad_target)
+        return rows(logits, lse, safe, grad_lse, grad_target, grad_logits)
     out = torch.empty_like(logits)
     step = max(1, EAGER_BLOCK_BYTES // (4 * max(logits.shape[1], 1)))
     for i in range(0, logits.shape[0], step):
         j = slice(i, i + step)
-        out[j] = rows(logits[j], lse[j], safe[j], grad_lse[j], grad_target[j])
+        out[j] = rows(logits[j], lse[j], safe[j], grad_lse[j], grad_target[j],
+                      None if grad_logits is None else grad_logits[j])
     return out
 
 
 def _saving_setup_context(ctx, inputs, output):
-    h, weight, target, ignore_index = inputs
+    h, weight, target, ignore_index, returns_logits = inputs
     lse, _, logits = output
     ctx.save_for_backward(h, weight, target, lse, logits)
-    ctx.mark_non_differentiable(logits)
+    if not returns_logits:
+        ctx.mark_non_differentiable(logits)
     ctx.ignore_index = ignore_index
+    ctx.returns_logits = returns_logits
 
 
-def _saving_backward(ctx, grad_lse, grad_target_logit, _grad_logits):
-    # The logits output exists for backward alone (linear_cross_entropy does not return it):
-    # autograd hands it no gradient, or zeros.
+def _saving_backward(ctx, grad_lse, grad_target_logit, grad_logits):
     h, weight, target, lse, logits = ctx.saved_tensors
     valid, safe = _valid_targets(target, ctx.ignore_index)
     grad_lse = torch.zeros_like(lse) if grad_lse is None else grad_lse.float()
     grad_target = torch.zeros_like(lse) if grad_target_logit is None else grad_target_logit.float() * valid
-    grad = _logits_grad(logits, lse, safe, grad_lse, grad_target)
-    return grad @ weight, grad.t() @ h, None, None
+    # Where the logits are not returned, autograd hands their output no gradient, or zeros.
+    grad = _logits_grad(logits, lse, safe, grad_lse, grad_target,
+                        grad_logits if ctx.returns_logits else None)
+    return grad @ weight, grad.t() @ h, None, None, None
 
 
 _saving_forward.register_autograd(_saving_backward, setup_context=_saving_setup_context)
@@ -298,9 +303,14 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, target: torch.Te
     if save_logits is None:
         save_logits = saves_logits(h.shape[0], weight.shape[0], h.dtype)
     if save_logits:
-        lse, target_logit, _ = _saving_forward(h, weight, target, int(ignore_index))
+        lse, target_logit, _ = _saving_forward(h, weight, target, int(ignore_index), False)
     else:
         lse, target_logit = _forward(h, weight, target, int(ignore_index), int(vocab_chunk or 0))
+    return _loss(lse, target_logit, target, ignore_index, reduction)
+
+
+def _loss(lse: torch.Tensor, target_logit: torch.Tensor, target: torch.Tensor, ignore_index: int,
+          reduction: str) -> torch.Tensor:
     valid = target != ignore_index
     rows = (lse - target_logit) * valid
     if reduction == "none":
@@ -308,6 +318,20 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, target: torch.Te
     if reduction == "sum":
         return rows.sum()
     return rows.sum() / valid.sum()
+
+
+def linear_cross_entropy_and_logits(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, *,
+                                    ignore_index: int = -100,
+                                    reduction: str = "mean") -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`linear_cross_entropy` saving the logits, and the 16-bit logits ``h @ weight.T``
+    [tokens, vocab] too (both differentiable): for models that return their logits beside the
+    loss (transformers' causal LMs). The logits come from the loss's own GEMM."""
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"linear_cross_entropy_and_logits: reduction must be one of {', '.join(_REDUCTIONS)}, "
+                         f"got {reduction!r}")
+    _check(h, weight, target, "linear_cross_entropy_and_logits")
+    lse, target_logit, logits = _saving_forward(h, weight, target, int(ignore_index), True)
+    return _loss(lse, target_logit, target, ignore_index, reduction), logits
 
 
 def token_logprobs(h: torch.Tensor, weight: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -415,10 +439,21 @@ def fuse_linear_cross_entropy(gm: fx.GraphModule, save_logits: Optional[bool] = 
             x = x.args[0]
         if not (isinstance(x, fx.Node) and x.op == "call_function" and x.target in _LINEARS):
             continue
-        if any(len(n.users) != 1 for n in [x, *chain]):
-            log.debug("cross_entropy over an LM head left unfused: its logits are used elsewhere too")
+        if any(len(n.users) != 1 for n in chain):
+            log.debug("cross_entropy over an LM head left unfused: its float or flattened logits are used "
+                      "elsewhere too")
             continue
-        why = _refusal(kwargs, x)
+        # The logits also feed something else (a causal LM returns them beside its loss): the
+        # saving way gives them from the loss's own GEMM.
+        others = [u for u in x.users if u is not (chain[-1] if chain else call)]
+        why = None
+        if others and save_logits is False:
+            why = "its logits are used elsewhere too, and the recomputing way (option 'recompute') writes none"
+        elif others:
+            order = {n: i for i, n in enumerate(gm.graph.nodes)}
+            if any(order[u] < order[call] for u in others):
+                why = "its logits are used elsewhere too, before the loss"
+        why = why or _refusal(kwargs, x)
         if why:
             log.debug(f"cross_entropy over an LM head left unfused: {why}")
             continue
@@ -430,11 +465,24 @@ def fuse_linear_cross_entropy(gm: fx.GraphModule, save_logits: Optional[bool] = 
             hidden = _example(h).shape[-1]
             flat = gm.graph.call_method("reshape", (h, -1, hidden))
             flat_target = gm.graph.call_method("reshape", (target, -1))
-            fused = gm.graph.call_function(linear_cross_entropy, (flat, w, flat_target),
-                                           {"ignore_index": ignore_index, "reduction": reduction,
-                                            "save_logits": save_logits})
+            if others:
+                pair = gm.graph.call_function(linear_cross_entropy_and_logits, (flat, w, flat_target),
+                                              {"ignore_index": ignore_index, "reduction": reduction})
+                fused = gm.graph.call_function(operator.getitem, (pair, 0))
+                flat_logits = gm.graph.call_function(operator.getitem, (pair, 1))
+                # Back to the linear's shape: h's leading dimensions, then the vocabulary.
+                lead = gm.graph.call_function(operator.getitem, (gm.graph.call_method("size", (h,)), slice(None, -1)))
+                shape = gm.graph.call_function(operator.add, (lead, (-1,)))
+                logits = gm.graph.call_method("view", (flat_logits, shape))
+                logits.meta.update(x.meta)
+            else:
+                fused = gm.graph.call_function(linear_cross_entropy, (flat, w, flat_target),
+                                               {"ignore_index": ignore_index, "reduction": reduction,
+                                                "save_logits": save_logits})
         fused.meta.update(call.meta)
         call.replace_all_uses_with(fused)
+        if others:
+            x.replace_all_uses_with(logits)
         for n in [call, *chain, x]:
             gm.graph.erase_node(n)
         rewritten += 1
@@ -442,7 +490,8 @@ def fuse_linear_cross_entropy(gm: fx.GraphModule, save_logits: Optional[bool] = 
         saved = saves_logits(tokens, vocab, _example(h).dtype) if save_logits is None else save_logits
         log.debug(f"LM head + cross_entropy fused: linear_cross_entropy (reduction={reduction}, "
                   f"ignore_index={ignore_index}); "
-                  + (f"the 16-bit logits saved for backward ({tokens}x{vocab}), no fp32 copy" if saved else
+                  + ("the 16-bit logits from the loss's GEMM, returned and saved for backward" if others else
+                     f"the 16-bit logits saved for backward ({tokens}x{vocab}), no fp32 copy" if saved else
                      "no [tokens, vocab] logits (recomputed in backward)"))
     if rewritten:
         gm.graph.lint()
