@@ -44,7 +44,9 @@ class LMHeadLoss(nn.Module):
         self.lm_head = nn.Linear(hidden, vocab, bias=False)
 
     def forward(self, h, labels):
-        logits = self.lm_head(h).float()
+        logits = self.lm_head(h)
+        # .float(), except in the float64 reference (whose logits stay float64).
+        logits = logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1), ignore_index=IGNORE)
 
 

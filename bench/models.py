@@ -9,7 +9,9 @@
 Models (torch.nn, random weights from a fixed seed, eval mode): one LLaMA decoder layer (hidden 4096,
 32 heads, SwiGLU FFN 11008), its MLP alone, one GPT-2 layer in GPT-2's Conv1D form (hidden 1600, 25
 heads, FFN 6400), a top-2-of-8 MoE layer on torch._grouped_mm (hidden 2048, FFN 1408), and, when
-transformers imports, 2-layer Llama / GPT-2 / Mixtral causal LMs from a config. Phases: prefill
+transformers imports, 2-layer Llama / GPT-2 / Mixtral causal LMs from a config, and an LM head
+with its cross-entropy loss (hidden 4096, 8 x 1024 tokens, vocab 32,000 and 128,256; training
+only). Phases: prefill
 (8 x 1024 tokens, no grad), decode (batch 64, one token; the attention layers read a 1023-position KV
 cache), train (forward + backward of mean(out^2)). Modes: default, and cudagraphs (both compiles with
 mode="reduce-overhead", eager captured in a CUDA graph by hand); decode runs in cudagraphs mode only
@@ -56,6 +58,8 @@ DTYPE = torch.bfloat16
 SEED = 0
 CACHE_LEN = 1023  # decode: KV-cache positions before the new token
 LAYER_MODELS = ("llama", "gpt2", "moe", "llama_mlp")
+# An LM head and its cross-entropy (hidden 4096, 8192 tokens), vocab 32,000 and 128,256: training only.
+LOSS_MODELS = {"lm_head_32k": 32000, "lm_head_128k": 128256}
 HF_MODELS = ("hf_llama", "hf_gpt2", "hf_mixtral")
 PHASES = ("prefill", "decode", "train")
 MODES = ("default", "cudagraphs")
@@ -202,6 +206,22 @@ class MoE(nn.Module):
         return (y.to(weights.dtype) * weights.unsqueeze(-1)).sum(1).to(x.dtype).view(shape)
 
 
+class LMHeadLoss(nn.Module):
+    """A causal LM's last step in training: logits of the final hidden states, upcast, and their
+    cross-entropy against the next tokens (the last position of each sequence ignored)."""
+
+    hidden, heads = 4096, 0
+
+    def __init__(self, vocab: int):
+        super().__init__()
+        self.lm_head = nn.Linear(self.hidden, vocab, bias=False)
+
+    def forward(self, x, labels):
+        logits = self.lm_head(x)
+        logits = logits.to(wide(logits.dtype))  # .float(), except in the float64 reference
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1), ignore_index=-100)
+
+
 class Logits(nn.Module):
     """A transformers causal LM's logits alone, without a cache."""
 
@@ -253,7 +273,10 @@ def build(name: str) -> nn.Module:
     if name in HF_MODELS:
         return build_hf(name).eval()
     with torch.device("cuda"):
-        model = {"llama": LlamaLayer, "gpt2": GPT2Layer, "moe": MoE, "llama_mlp": LlamaMLP}[name]()
+        if name in LOSS_MODELS:
+            model = LMHeadLoss(LOSS_MODELS[name])
+        else:
+            model = {"llama": LlamaLayer, "gpt2": GPT2Layer, "moe": MoE, "llama_mlp": LlamaMLP}[name]()
     return model.to(DTYPE).eval()
 
 
@@ -263,6 +286,11 @@ def make_inputs(name: str, phase: str, model: nn.Module) -> tuple:
     if name in HF_MODELS:
         shape = (64, 1) if phase == "decode" else (8, 1024)
         return (torch.randint(0, model.lm.config.vocab_size, shape, generator=gen, device="cuda"),)
+    if name in LOSS_MODELS:
+        x = torch.randn(8, 1024, model.hidden, generator=gen, device="cuda", dtype=DTYPE)
+        labels = torch.randint(0, model.lm_head.out_features, (8, 1024), generator=gen, device="cuda")
+        labels[:, -1] = -100
+        return (x, labels)
     batch, seq = {"prefill": (8, 1024), "decode": (64, 1), "train": (4, 1024)}[phase]
     x = torch.randn(batch, seq, model.hidden, generator=gen, device="cuda", dtype=DTYPE)
     if phase != "decode" or not model.heads:
@@ -279,6 +307,8 @@ def row_notes(name: str, phase: str, mode: str, model: nn.Module) -> list[str]:
     notes = []
     if phase == "train" and name in LAYER_MODELS:
         notes.append("batch 4 x 1024 (memory)")
+    if name in LOSS_MODELS:
+        notes.append("8 x 1024 tokens; the model's output is its loss")
     if phase == "decode":
         notes.append("input_ids (64, 1) without a KV cache" if name in HF_MODELS else
                      f"KV cache of {CACHE_LEN} positions, static address" if model.heads else "input (64, 1, hidden)")
@@ -295,7 +325,9 @@ def row_notes(name: str, phase: str, mode: str, model: nn.Module) -> list[str]:
 # --- running and timing -----------------------------------------------------------------------
 
 def loss_of(out):
-    return out.to(wide(out.dtype)).pow(2).mean()
+    """What a training row differentiates: the output itself where it is a loss (a scalar),
+    else mean(out^2)."""
+    return out if out.dim() == 0 else out.to(wide(out.dtype)).pow(2).mean()
 
 
 def make_step(run, model: nn.Module, inputs: tuple, phase: str, mark_step: bool):
@@ -679,8 +711,8 @@ def parse_list(text: str, allowed: tuple) -> list[str]:
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
-    p.add_argument("--models", type=lambda s: parse_list(s, LAYER_MODELS + HF_MODELS),
-                   default=list(LAYER_MODELS + HF_MODELS))
+    p.add_argument("--models", type=lambda s: parse_list(s, LAYER_MODELS + HF_MODELS + tuple(LOSS_MODELS)),
+                   default=list(LAYER_MODELS + HF_MODELS + tuple(LOSS_MODELS)))
     p.add_argument("--phases", type=lambda s: parse_list(s, PHASES), default=list(PHASES))
     p.add_argument("--modes", type=lambda s: parse_list(s, MODES), default=None,
                    help="default: both; decode then runs in cudagraphs mode only (host-bound otherwise)")
@@ -714,6 +746,11 @@ def parse_args():
     return args
 
 
+def model_rows(name: str, args) -> list[tuple[str, str]]:
+    """The planned rows a model runs: a loss model trains only."""
+    return [(phase, mode) for phase, mode in planned_rows(args) if name not in LOSS_MODELS or phase == "train"]
+
+
 def planned_rows(args) -> list[tuple[str, str]]:
     if args.rows:
         pairs = [tuple(item.split(":")) for item in args.rows.split(",")]
@@ -736,7 +773,7 @@ def precompile(args) -> float:
             base = build(name)
         except Exception:  # reported by the row itself
             continue
-        for phase, mode in planned_rows(args):
+        for phase, mode in model_rows(name, args):
             try:
                 model = copy.deepcopy(base)
                 run = torch.compile(model, backend="evtc", dynamic=False,
@@ -798,7 +835,7 @@ def main() -> None:
         except Exception as e:  # e.g. transformers missing or without this model
             add(new_row(name, "-", "-", error=f"{type(e).__name__}: {e}"))
             continue
-        for phase, mode in planned_rows(args):
+        for phase, mode in model_rows(name, args):
             row = new_row(name, phase, mode, notes=row_notes(name, phase, mode, base))
             try:
                 run_row(row, base, args)
