@@ -100,13 +100,13 @@ TEST(Expression, NamedIntermediatesAreSharedNodes) {
 }
 
 TEST(Expression, OutputsAreUsableByNameWithTheirUnroundedValue) {
-  EXPECT_EQ(parsed("out pre: bf16 = acc + bias[n]\nout D: f8e4m3 = relu(pre)\nout m = amax(D)"),
+  EXPECT_EQ(parsed("out pre: bf16 = acc + bias[n]\nout D: f8e4m3 = relu(pre)\nout d_amax = amax(D)"),
             built([](Graph& g) {
               auto pre = g.accum() + g.row_vec("bias", DType::bf16);
               g.store("pre", pre, DType::bf16);
               auto d = relu(pre);
               g.store("D", d, DType::f8e4m3);
-              g.store("m", g.reduce(ReduceAxis::all, ReduceOp::amax, d), DType::f32);
+              g.store("d_amax", g.reduce(ReduceAxis::all, ReduceOp::amax, d), DType::f32);
             }));
 }
 
@@ -386,7 +386,7 @@ const ErrorCase kErrorCases[] = {
          "  out D: = acc\n"
          "         ^"},
     {"UnknownDtype", "out D: bf61 = acc",
-         "expr:1:8: error: unknown dtype 'bf61' (expected f32, f16, bf16, f8e4m3 or f8e5m2)\n"
+         "expr:1:8: error: unknown dtype 'bf61' (expected f32, f16, bf16, f8e4m3, f8e5m2, i32 or i64)\n"
          "  out D: bf61 = acc\n"
          "         ^"},
     {"ModifierGivenTwice", "input s: f32 ptr ptr",
