@@ -184,7 +184,7 @@ NodeId Graph::push(Node n) {
 namespace {
 // i32 and i64 hold indices (class labels, token ids) read by [m] and [n] vector loads; nothing
 // else takes them. One rule, checked for every node the graph is given.
-void check_integer_dtype(const Node& n) {
+void check_integer_dtype(const Node& n, const Graph& g) {
   if (!is_integer(n.dtype) || n.kind == NodeKind::row_vec || n.kind == NodeKind::col_vec) return;
   const std::string what =
       n.kind == NodeKind::scalar && n.scalar_kind != ScalarKind::constant ? fmt::format("scalar '{}'", n.name)
@@ -192,7 +192,7 @@ void check_integer_dtype(const Node& n) {
       : n.kind == NodeKind::aux     ? fmt::format("operand '{}[m,n]'", n.name)
       : n.kind == NodeKind::source  ? std::string("source matrix C")
       : n.kind == NodeKind::store   ? fmt::format("output '{}'", n.name)
-      : n.kind == NodeKind::cast    ? std::string("cast")
+      : n.kind == NodeKind::cast    ? fmt::format("cast of {}", g.describe(n.inputs[0]))
       : n.kind == NodeKind::compute ? fmt::format("computation {}", op_info(n.op).name)
                                     : std::string(node_kind_name(n.kind));
   throw UserError(fmt::format(
@@ -224,7 +224,7 @@ NodeId Graph::add(Node n) {
           describe(in)));
   }
 
-  check_integer_dtype(n);
+  check_integer_dtype(n, *this);
 
   switch (n.kind) {
     case NodeKind::accum:
