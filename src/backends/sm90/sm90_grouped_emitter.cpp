@@ -62,8 +62,8 @@ std::vector<std::string> grouped_refusals(const Graph& g, const GemmDesc& gemm) 
         why.push_back("the epilogue reads the GEMM's source C: grouped kernels have no C");
         break;
       case NodeKind::index:
-        why.push_back(fmt::format("the epilogue reads the index '{}': grouped kernels have no index node (whether "
-                                  "m counts the rows of the token matrix or of a group is not decided)",
+        why.push_back(fmt::format("the epilogue reads the index '{}': grouped kernels do not read the indices m "
+                                  "and n (evtc's index node is built for dense kernels)",
                                   index_axis_name(n.index_axis)));
         break;
       case NodeKind::row_vec:
