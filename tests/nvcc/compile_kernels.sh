@@ -61,14 +61,14 @@ cases=(
   # W7 (no D: the sink epilogue) and a gated kernel with every reduction axis (two-SM MMA) for
   # sm_100a; W3 and an fp8 gated kernel with a row reduction and W7's loss (no D) for sm_120a (its
   # kernels multiply fp8 only); W1, W2, W7 and a gated kernel for sm_120 through the sm_80 backend
-  # (16-bit GEMMs there).
+  # (16-bit GEMMs there). The indices and integer vectors ride in the gated kernels of both.
   "sm100_w1|--arch sm100|out D: bf16 = silu(acc + bias[n])"
   "sm100_w2_extra_output_2sm|--arch sm100 --config coop_256x128x64_c2x1_persistent|out D: bf16 = acc * gate[m,n]; out P: f32 = relu(acc) * s[m]"
   "sm100_w7|--arch sm100|f = acc + bias[n]; out loss = sum((C - 1) * f + log(clamp(sigmoid(f), 1e-3, 0.999)))"
-  "sm100_gated_reductions_2sm|--arch sm100 --config coop_256x128x64_c2x1_persistent|h = acc + bias[n]; out y: bf16 = swiglu(h); out r = row_sum(h); out c: bf16 = col_amax(h); out t = sum(h); out l = row_logsumexp(h)"
+  "sm100_gated_reductions_2sm|--arch sm100 --config coop_256x128x64_c2x1_persistent|input lab[m]: i32; h = acc + bias[n]; out y: bf16 = swiglu(h * (n != lab[m])); out r = row_sum(where(n == lab[m], h, 0)); out c: bf16 = col_amax(h); out t = sum(h); out l = row_logsumexp(h)"
   "sm100_w3_fp8|--arch sm100 --dtype f8e4m3 --layout-b c|input sa[m]: f32; input sb[n]: f32; out D: bf16 = acc * sa[m] * sb[n]"
   "sm120_w3_fp8|--arch sm120 --dtype f8e4m3 --layout-b c|input sa[m]: f32; input sb[n]: f32; input bias[n]: bf16; out D: bf16 = gelu(acc * sa[m] * sb[n] + bias[n])"
-  "sm120a_fp8_gated_w7|--arch sm120 --dtype f8e4m3 --layout-b c|input sa[m]: f32; input sb[n]: f32; h = acc * sa[m] * sb[n]; out y: bf16 = swiglu(h); out r = row_sum(h); out loss = sum((C - 1) * h + log(clamp(sigmoid(h), 1e-3, 0.999)))"
+  "sm120a_fp8_gated_w7|--arch sm120 --dtype f8e4m3 --layout-b c|input sa[m]: f32; input sb[n]: f32; input q[n]: i64; h = acc * sa[m] * sb[n]; out y: bf16 = swiglu(h * (m >= q[n])); out r = row_sum(h); out loss = sum((C - 1) * h + log(clamp(sigmoid(h), 1e-3, 0.999)))"
   "sm120_w1|--arch sm120|out D: bf16 = silu(acc + bias[n])"
   "sm120_w2|--arch sm120|out D: bf16 = acc * gate[m,n]"
   "sm120_w7|--arch sm120|f = acc + bias[n]; out loss = sum((C - 1) * f + log(clamp(sigmoid(f), 1e-3, 0.999)))"
