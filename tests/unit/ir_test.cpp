@@ -46,6 +46,28 @@ TEST(Types, RoundToFp8Saturates) {
   EXPECT_TRUE(std::isnan(round_to(DType::f8e4m3, std::nan(""))));
 }
 
+// The integer dtypes: names (evtc's and PyTorch's), widths, rounding to integers that saturate,
+// and the one widening rule that lets them into f32 arithmetic.
+TEST(Types, IntegerDtypes) {
+  EXPECT_EQ(parse_dtype("i32"), DType::i32);
+  EXPECT_EQ(parse_dtype("int64"), DType::i64);
+  EXPECT_EQ(torch_dtype_name(DType::i32), "int32");
+  EXPECT_EQ(dtype_bytes(DType::i64), 8);
+  EXPECT_TRUE(is_integer(DType::i32) && !is_integer(DType::f32));
+  EXPECT_EQ(dtype_names().back(), "i64");
+  EXPECT_EQ(float_dtype_names(), (std::vector<std::string>{"f32", "f16", "bf16", "f8e4m3", "f8e5m2"}));
+  EXPECT_EQ(round_to(DType::i32, 2.5), 2.0);  // ties to even
+  EXPECT_EQ(round_to(DType::i32, -3.5), -4.0);
+  EXPECT_EQ(round_to(DType::i32, 1e12), 2147483647.0);
+  EXPECT_EQ(round_to(DType::i32, -1e12), -2147483648.0);
+  EXPECT_EQ(round_to(DType::i64, 1e12), 1e12);
+  EXPECT_TRUE(widens_losslessly(DType::i32, DType::f32));   // read as f32, exact below 2^24
+  EXPECT_TRUE(widens_losslessly(DType::i64, DType::f32));
+  EXPECT_FALSE(widens_losslessly(DType::i32, DType::bf16));
+  EXPECT_FALSE(widens_losslessly(DType::f16, DType::i32));  // nothing computes in an integer type
+  EXPECT_FALSE(widens_losslessly(DType::i32, DType::i64));
+}
+
 TEST(Types, Broadcast) {
   EXPECT_EQ(broadcast(Shape::row, Shape::col), Shape::full);
   EXPECT_EQ(broadcast(Shape::scalar, Shape::row), Shape::row);
