@@ -1,4 +1,5 @@
-// The index leaves `m` and `n` in CUTLASS 3.x epilogues (sm_90a): an EVT leaf that gives each
+// The index leaves `m` and `n` in CUTLASS 3.x epilogues (sm_90a, and the sm90-style visitor trees
+// of sm_100a and sm_120a, whose collectives pass coordinates the same way): an EVT leaf that gives each
 // element its row index (Axis 0) or its column index (Axis 1) in the whole problem, as a float
 // (exact below 2^24; the runtime refuses larger M or N for epilogues that read them).
 //
