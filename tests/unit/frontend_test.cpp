@@ -420,6 +420,12 @@ const ErrorCase kErrorCases[] = {
          "expr:1:15: error: 'n' takes no index: it is the column index of the output element, always [n]\n"
          "  out D = acc + n[m]\n"
          "                ^"},
+    {"IndexAfterGate", "out y: bf16 = swiglu(acc) * (n < 5)",
+         "expr:1:27: error: mul: 'mul(silu(gate(...)), up(acc))' is a gated [m,n/2] value but 'lt(n, 5)' is [n]: a gated "
+         "value only combines with scalars, [m] vectors and other gated values (apply [n] and [m,n] operands before "
+         "gate()/up())\n"
+         "  out y: bf16 = swiglu(acc) * (n < 5)\n"
+         "                            ^"},
     {"IntegerOutput", "out D: i32 = acc",
          "expr:1:14: error: i32 output 'D': integer dtypes (i32, i64) are allowed only for [m] and [n] input vectors (such as `input t[m]: i32`), whose values are read as f32 numbers\n"
          "  out D: i32 = acc\n"
