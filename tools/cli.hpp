@@ -38,7 +38,7 @@ Graph parse_expression_arg(const std::string& arg, const ParseOptions& options =
 Layout parse_layout(const std::string& s);
 
 // Validators listing their choices in --help and in their error: a dtype (the canonical names
-// of dtype_names(); aliases such as bfloat16 or e4m3 are accepted and made canonical) and a
+// of float_dtype_names(); aliases such as bfloat16 or e4m3 are accepted and made canonical) and a
 // layout (r or c; row and col accepted).
 const CLI::Validator& dtype_value();
 const CLI::Validator& layout_value();

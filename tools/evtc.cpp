@@ -81,11 +81,15 @@ const CLI::Validator& dtype_value() {
   static const CLI::Validator v = CLI::Validator(
       [](std::string& text) -> std::string {
         const auto t = parse_dtype(text);
-        if (!t) return fmt::format("unknown dtype '{}' (expected {})", text, fmt::join(dtype_names(), ", "));
+        if (!t) return fmt::format("unknown dtype '{}' (expected {})", text, fmt::join(float_dtype_names(), ", "));
+        if (is_integer(*t))
+          return fmt::format("dtype '{}' is an integer dtype, allowed only for [m] and [n] input vectors (declare "
+                             "them in the expression: `input t[m]: {}`); expected {}",
+                             text, dtype_name(*t), fmt::join(float_dtype_names(), ", "));
         text = std::string(dtype_name(*t));
         return {};
       },
-      fmt::format("{{{}}}", fmt::join(dtype_names(), ",")));
+      fmt::format("{{{}}}", fmt::join(float_dtype_names(), ",")));
   return v;
 }
 

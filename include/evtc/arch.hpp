@@ -36,6 +36,9 @@ struct ArchFeatures {
   bool fp8_blockwise = false;  // block-scaled fp8 main loops
   bool gated = false;          // gated [m,n/2] outputs (evtc's half-width store node)
   bool reductions = false;     // row, column and whole-matrix reductions (evtc's partial-result nodes)
+  // The index leaves m and n (evtc's index node) and integer [m]/[n] operands (CUTLASS's
+  // broadcasts of int32/int64 elements, converted to f32).
+  bool indices = false;
   bool aux_tensors = false;    // [m,n] operands and [m,n] outputs besides D
   bool column_major_mn = false;  // [m,n] operands in column-major order
   bool pingpong = false;       // the ping-pong schedule

@@ -28,6 +28,7 @@ using NodeId = uint32_t;
 
 enum class NodeKind : uint8_t {
   accum,    // the GEMM accumulator A@B, f32 [m,n]
+  index,    // an element's row index m (f32 [m]) or column index n (f32 [n]), 0-based
   scalar,   // a constant, or a runtime scalar parameter (by value or by device pointer)
   row_vec,  // a length-N operand broadcast over M
   col_vec,  // a length-M operand broadcast over N
@@ -45,6 +46,14 @@ enum class ScalarKind : uint8_t { constant, value, pointer };
 enum class ReduceAxis : uint8_t { row, col, all };  // row: over N -> [m]; col: over M -> [n]
 enum class ReduceOp : uint8_t { sum, max, min, amax, logsumexp };
 enum class Layout : uint8_t { row_major, col_major };
+// Which coordinate an index node gives: m, the row (an [m] value), or n, the column ([n]).
+enum class IndexAxis : uint8_t { m, n };
+std::string_view index_axis_name(IndexAxis a);  // "m", "n"
+// The shape of an index leaf: m varies over rows ([m]), n over columns ([n]).
+Shape index_shape(IndexAxis a);
+// m and n name the index leaves in the expression language and the canonical text form: no
+// operand or output may be called so.
+bool is_index_name(std::string_view name);
 // Which column of each interleaved pair a pair node takes: gate = even columns (2j),
 // up = odd columns (2j+1); both give an [m,n/2] value whose column j comes from pair j.
 enum class PairPart : uint8_t { gate, up };
@@ -94,6 +103,7 @@ struct Node {
   ReduceAxis axis{};                            // reduce
   ReduceOp reduce_op{};                         // reduce
   PairPart part{};                              // pair
+  IndexAxis index_axis{};                       // index
   Layout layout = Layout::row_major;            // aux loads and full stores
 
   bool is_load() const;  // scalar param/constant, row_vec, col_vec, aux, source
@@ -114,6 +124,11 @@ class Graph {
 
   // --- checking constructors -------------------------------------------------------
   Value accum();  // the accumulator; calling twice returns the same node
+  // The row (IndexAxis::m) or column (IndexAxis::n) index of each output element as an f32
+  // value: exact while it is below 2^24 (kExactF32Integer), which the runtime checks. One node
+  // per axis, like the accumulator. Of a gated value's column, n is the full-width column (the
+  // index before gate()/up(); a gated [m,n/2] value cannot meet an [n] value).
+  Value index(IndexAxis axis);
   Value constant(double v, DType dtype = DType::f32);
   Value param(std::string_view name, DType dtype = DType::f32,
               ScalarKind kind = ScalarKind::value);
@@ -158,7 +173,7 @@ class Graph {
   std::vector<NodeId> outputs_;
   // Indexes that keep add() constant-time per node: the accumulator and source C nodes, and the
   // node of every named load and output by name.
-  std::optional<NodeId> accum_, source_;
+  std::optional<NodeId> accum_, source_, index_m_, index_n_;
   std::unordered_map<std::string, NodeId> named_;
 };
 

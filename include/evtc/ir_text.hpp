@@ -30,7 +30,8 @@ uint64_t graph_hash(const Graph& g);
 std::string graph_hash_hex(const Graph& g);  // 16 lowercase hex digits
 // The graph in the expression language, one line per statement: every value with several uses
 // as a named intermediate (`v3 = ...`), then `out NAME: dtype = ...` per output, in canonical
-// order. What a cache listing shows; it parses back to an equivalent graph.
+// order, after an `input` declaration of each integer operand. What a cache listing shows; it
+// parses back to an equivalent graph.
 std::string expression_text(const Graph& g);
 // The graph as JSON: {"nodes":[{"id":0,"kind":"accum",...}], "outputs":[...], "hash":"..."}.
 std::string to_json(const Graph& g, int indent = 2);

@@ -85,6 +85,10 @@ struct KernelSignature {
   // there is one, else the first [m,n] output in canonical order; empty if none.
   std::string d_name;
   DType d_dtype = DType::bf16;
+  // The epilogue reads the row index m / the column index n (an index node): f32 values, exact
+  // below 2^24, so the runtime refuses an M (N) at or above it.
+  bool reads_row_index = false;
+  bool reads_col_index = false;
 
   std::string to_json() const;
   // The C definition every generated library exports:

@@ -28,6 +28,10 @@ std::optional<DType> evtc_dtype(nb::dlpack::dtype t) {
       return DType::f8e4m3;
     case code::Float8_E5M2:
       return DType::f8e5m2;
+    case code::Int:
+      if (t.bits == 32) return DType::i32;
+      if (t.bits == 64) return DType::i64;
+      return std::nullopt;
     default:
       return std::nullopt;
   }
@@ -47,7 +51,7 @@ DType element_type(const nb::ndarray<>& array, const std::string& what,
                                 what, *dtype_override, dlpack_dtype_name(t)));
   }
   if (auto d = evtc_dtype(t)) return *d;
-  throw UserError(fmt::format("{}: {} is not an evtc element type (f32, f16, bf16, f8e4m3, f8e5m2)",
+  throw UserError(fmt::format("{}: {} is not an evtc element type (f32, f16, bf16, f8e4m3, f8e5m2, i32, i64)",
                               what, dlpack_dtype_name(t)));
 }
 

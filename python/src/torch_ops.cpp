@@ -75,6 +75,8 @@ at::ScalarType scalar_type(DType d) {
     case DType::bf16: return at::kBFloat16;
     case DType::f8e4m3: return at::kFloat8_e4m3fn;
     case DType::f8e5m2: return at::kFloat8_e5m2;
+    case DType::i32: return at::kInt;
+    case DType::i64: return at::kLong;
   }
   throw InternalError("unknown dtype");
 }
@@ -86,8 +88,10 @@ DType evtc_dtype(const at::Tensor& t, const std::string& what) {
     case at::kBFloat16: return DType::bf16;
     case at::kFloat8_e4m3fn: return DType::f8e4m3;
     case at::kFloat8_e5m2: return DType::f8e5m2;
+    case at::kInt: return DType::i32;
+    case at::kLong: return DType::i64;
     default:
-      throw UserError(cat(what, " has dtype ", c10::toString(t.scalar_type()), "; evtc takes float32, float16, bfloat16 and float8 (e4m3fn, e5m2) tensors"));
+      throw UserError(cat(what, " has dtype ", c10::toString(t.scalar_type()), "; evtc takes float32, float16, bfloat16 and float8 (e4m3fn, e5m2) tensors, and int32/int64 [m] or [n] vectors"));
   }
 }
 

@@ -17,6 +17,8 @@ std::string cutlass_type(DType t) {
     case DType::bf16: return "cutlass::bfloat16_t";
     case DType::f8e4m3: return "cutlass::float_e4m3_t";
     case DType::f8e5m2: return "cutlass::float_e5m2_t";
+    case DType::i32: return "int32_t";
+    case DType::i64: return "int64_t";
   }
   return "?";
 }

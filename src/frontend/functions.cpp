@@ -7,8 +7,10 @@ namespace evtc::frontend {
 namespace {
 
 constexpr std::array kReduceAxes = {ReduceAxis::all, ReduceAxis::row, ReduceAxis::col};
-constexpr std::array kDTypes = {DType::f32, DType::f16, DType::bf16, DType::f8e4m3,
-                                DType::f8e5m2};
+// i32 and i64 are cast names too, so that `i32(x)` says what integer dtypes are for (the
+// graph refuses a cast to them) instead of being an unknown function.
+constexpr std::array kDTypes = {DType::f32,    DType::f16, DType::bf16, DType::f8e4m3,
+                                DType::f8e5m2, DType::i32, DType::i64};
 
 }  // namespace
 

@@ -183,7 +183,7 @@ void Parser::parse_type(Statement& s, bool allow_pointer) {
   s.dtype = parse_dtype(t.text);
   s.dtype_loc = t.loc;
   if (!s.dtype)
-    src_.fail(t.loc, fmt::format("unknown dtype '{}' (expected f32, f16, bf16, f8e4m3 or f8e5m2)",
+    src_.fail(t.loc, fmt::format("unknown dtype '{}' (expected f32, f16, bf16, f8e4m3, f8e5m2, i32 or i64)",
                                  t.text));
   while (peek().kind == TokenKind::identifier) {
     const Token& w = peek();

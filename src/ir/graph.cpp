@@ -15,6 +15,7 @@ namespace evtc {
 std::string_view node_kind_name(NodeKind k) {
   switch (k) {
     case NodeKind::accum: return "accum";
+    case NodeKind::index: return "index";
     case NodeKind::scalar: return "scalar";
     case NodeKind::row_vec: return "row_vec";
     case NodeKind::col_vec: return "col_vec";
@@ -84,6 +85,12 @@ std::string reduction_name(ReduceAxis axis, ReduceOp op) {
 
 std::string_view pair_part_name(PairPart p) { return p == PairPart::gate ? "gate" : "up"; }
 
+std::string_view index_axis_name(IndexAxis a) { return a == IndexAxis::m ? "m" : "n"; }
+
+Shape index_shape(IndexAxis a) { return a == IndexAxis::m ? Shape::col : Shape::row; }
+
+bool is_index_name(std::string_view name) { return name == "m" || name == "n"; }
+
 bool Node::is_load() const {
   switch (kind) {
     case NodeKind::scalar:
@@ -138,6 +145,7 @@ std::string Graph::describe(NodeId id) const {
     const Node& n = nodes_.at(i);
     switch (n.kind) {
       case NodeKind::accum: return "acc";
+      case NodeKind::index: return std::string(index_axis_name(n.index_axis));
       case NodeKind::source: return "C";
       case NodeKind::scalar:
         return n.scalar_kind == ScalarKind::constant ? fmt::format("{}", n.value) : n.name;
@@ -168,9 +176,31 @@ NodeId Graph::push(Node n) {
   if (added.kind == NodeKind::store) outputs_.push_back(id);
   if (added.kind == NodeKind::accum) accum_ = id;
   if (added.kind == NodeKind::source) source_ = id;
+  if (added.kind == NodeKind::index) (added.index_axis == IndexAxis::m ? index_m_ : index_n_) = id;
   if (added.kind == NodeKind::store || is_named_load(added)) named_.emplace(added.name, id);
   return id;
 }
+
+namespace {
+// i32 and i64 hold indices (class labels, token ids) read by [m] and [n] vector loads; nothing
+// else takes them. One rule, checked for every node the graph is given.
+void check_integer_dtype(const Node& n, const Graph& g) {
+  if (!is_integer(n.dtype) || n.kind == NodeKind::row_vec || n.kind == NodeKind::col_vec) return;
+  const std::string what =
+      n.kind == NodeKind::scalar && n.scalar_kind != ScalarKind::constant ? fmt::format("scalar '{}'", n.name)
+      : n.kind == NodeKind::scalar  ? std::string("constant")
+      : n.kind == NodeKind::aux     ? fmt::format("operand '{}[m,n]'", n.name)
+      : n.kind == NodeKind::source  ? std::string("source matrix C")
+      : n.kind == NodeKind::store   ? fmt::format("output '{}'", n.name)
+      : n.kind == NodeKind::cast    ? fmt::format("cast of {}", g.describe(n.inputs[0]))
+      : n.kind == NodeKind::compute ? fmt::format("computation {}", op_info(n.op).name)
+                                    : std::string(node_kind_name(n.kind));
+  throw UserError(fmt::format(
+      "{} {}: integer dtypes (i32, i64) are allowed only for [m] and [n] input vectors (such as "
+      "`input t[m]: i32`), whose values are read as f32 numbers",
+      dtype_name(n.dtype), what));
+}
+}  // namespace
 
 NodeId Graph::add(Node n) {
   const int arity = expected_arity(n);
@@ -194,12 +224,21 @@ NodeId Graph::add(Node n) {
           describe(in)));
   }
 
+  check_integer_dtype(n, *this);
+
   switch (n.kind) {
     case NodeKind::accum:
       n.dtype = DType::f32;
       n.shape = Shape::full;
       if (accum_) return *accum_;
       break;
+    case NodeKind::index: {
+      n.dtype = DType::f32;
+      n.shape = index_shape(n.index_axis);
+      const std::optional<NodeId>& made = n.index_axis == IndexAxis::m ? index_m_ : index_n_;
+      if (made) return *made;
+      break;
+    }
     case NodeKind::source:
       n.shape = Shape::full;
       if (source_) {
@@ -279,6 +318,10 @@ NodeId Graph::add(Node n) {
       const Node& src = nodes_[n.inputs[0]];
       if (!is_identifier(n.name))
         throw UserError(fmt::format("output name '{}' is not an identifier", n.name));
+      if (is_index_name(n.name))
+        throw UserError(fmt::format("output '{}': '{}' is the {} index of the output element and cannot name "
+                                    "an output",
+                                    n.name, n.name, n.name == "m" ? "row" : "column"));
       if (src.shape != Shape::full && src.shape != Shape::half && src.kind != NodeKind::reduce)
         throw UserError(fmt::format(
             "output '{}' would be {} ({}): an output must be an [m,n] value, a gated "
@@ -301,6 +344,10 @@ NodeId Graph::add(Node n) {
   if (is_named_load(n)) {
     if (!is_identifier(n.name))
       throw UserError(fmt::format("operand name '{}' is not an identifier", n.name));
+    if (is_index_name(n.name))
+      throw UserError(fmt::format("operand '{}': '{}' is the {} index of the output element and cannot name "
+                                  "an operand",
+                                  n.name, n.name, n.name == "m" ? "row" : "column"));
     if (const auto it = named_.find(n.name); it != named_.end()) {
       const Node& other = nodes_[it->second];
       if (other.kind == NodeKind::store)
@@ -319,6 +366,13 @@ NodeId Graph::add(Node n) {
 Value Graph::accum() {
   Node n;
   n.kind = NodeKind::accum;
+  return value(add(std::move(n)));
+}
+
+Value Graph::index(IndexAxis axis) {
+  Node n;
+  n.kind = NodeKind::index;
+  n.index_axis = axis;
   return value(add(std::move(n)));
 }
 

@@ -36,6 +36,7 @@ std::vector<uint64_t> structural_hashes(const Graph& g) {
                                   static_cast<int>(n.reduce_op), static_cast<int>(n.layout),
                                   n.inputs.size());
     if (n.kind == NodeKind::pair) key += fmt::format("|{}", pair_part_name(n.part));
+    if (n.kind == NodeKind::index) key += fmt::format("|{}", index_axis_name(n.index_axis));
     for (NodeId in : n.inputs) key += fmt::format("|{:016x}", self(self, in));
     done[id] = 1;
     return h[id] = XXH3_64bits(key.data(), key.size());
@@ -106,6 +107,7 @@ std::string print(const Graph& g) {
     std::string rhs;
     switch (n.kind) {
       case NodeKind::accum: rhs = "accum"; break;
+      case NodeKind::index: rhs = fmt::format("index {}", index_axis_name(n.index_axis)); break;
       case NodeKind::source: rhs = std::string("source") + (n.layout == Layout::col_major ? " col_major" : ""); break;
       case NodeKind::scalar:
         rhs = n.scalar_kind == ScalarKind::constant ? "const " + format_number(n.value)
@@ -248,6 +250,16 @@ Graph parse_canonical(std::string_view text) {
     Node n;
     if (head == "accum") {
       n.kind = NodeKind::accum;
+    } else if (head == "index") {
+      n.kind = NodeKind::index;
+      const size_t p = c.pos();
+      const std::string axis = c.word("m or n");
+      if (axis != "m" && axis != "n") {
+        c.set_pos(p);
+        c.skip_ws();
+        c.fail(fmt::format("expected m or n after 'index', got '{}'", axis));
+      }
+      n.index_axis = axis == "m" ? IndexAxis::m : IndexAxis::n;
     } else if (head == "source") {
       n.kind = NodeKind::source;
       // A column-major C (a transposed problem's, evtc::swap_ab) says so.
@@ -420,6 +432,7 @@ std::string to_json(const Graph& g, int indent) {
       for (int a = 0; a < info.num_attrs; ++a) j["attrs"][std::string(info.attr_names[a])] = n.attrs[a];
     }
     if (n.kind == NodeKind::pair) j["part"] = pair_part_name(n.part);
+    if (n.kind == NodeKind::index) j["axis"] = index_axis_name(n.index_axis);
     if (n.kind == NodeKind::reduce) {
       j["axis"] = reduce_axis_name(n.axis);
       j["op"] = reduce_op_name(n.reduce_op);
@@ -456,6 +469,7 @@ std::string expression_text(const Graph& g) {
     std::string t;
     switch (n.kind) {
       case NodeKind::accum: t = "acc"; break;
+      case NodeKind::index: t = std::string(index_axis_name(n.index_axis)); break;
       case NodeKind::source: t = "C"; break;
       case NodeKind::scalar:
         if (n.scalar_kind != ScalarKind::constant) t = n.name;
@@ -499,7 +513,15 @@ std::string expression_text(const Graph& g) {
   };
   for (NodeId id : order)
     if (g.node(id).kind == NodeKind::store) visit(visit, id);
-  return lines;
+  // Integer operands are declared: without it their names would read back in the default
+  // (floating) operand dtype.
+  std::string declarations;
+  for (NodeId id : order) {
+    const Node& n = g.node(id);
+    if ((n.kind == NodeKind::row_vec || n.kind == NodeKind::col_vec) && is_integer(n.dtype) && done[id])
+      declarations += fmt::format("input {}{}: {}\n", n.name, shape_name(n.shape), dtype_name(n.dtype));
+  }
+  return declarations + lines;
 }
 
 }  // namespace evtc

@@ -1,5 +1,6 @@
 #include "evtc/types.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -21,9 +22,11 @@ FloatFormat format_of(DType t) {
     case DType::bf16: return {8, -125, 3.38953138925153547590470800371487866880e38, false};
     case DType::f8e4m3: return {4, -5, 448.0, true};
     case DType::f8e5m2: return {3, -13, 57344.0, true};
-    case DType::f32: break;
+    case DType::f32:
+    case DType::i32:
+    case DType::i64: break;
   }
-  internal_fail(__FILE__, __LINE__, "format_of(f32)");
+  internal_fail(__FILE__, __LINE__, "format_of: not a narrow float type");
 }
 }  // namespace
 
@@ -34,6 +37,8 @@ std::string_view dtype_name(DType t) {
     case DType::bf16: return "bf16";
     case DType::f8e4m3: return "f8e4m3";
     case DType::f8e5m2: return "f8e5m2";
+    case DType::i32: return "i32";
+    case DType::i64: return "i64";
   }
   return "?";
 }
@@ -45,12 +50,19 @@ std::string_view torch_dtype_name(DType t) {
     case DType::bf16: return "bfloat16";
     case DType::f8e4m3: return "float8_e4m3fn";
     case DType::f8e5m2: return "float8_e5m2";
+    case DType::i32: return "int32";
+    case DType::i64: return "int64";
   }
   return "?";
 }
 
+namespace {
+constexpr DType kAllDTypes[] = {DType::f32,    DType::f16, DType::bf16, DType::f8e4m3,
+                                DType::f8e5m2, DType::i32, DType::i64};
+}  // namespace
+
 std::optional<DType> parse_dtype(std::string_view s) {
-  for (DType t : {DType::f32, DType::f16, DType::bf16, DType::f8e4m3, DType::f8e5m2})
+  for (DType t : kAllDTypes)
     if (s == dtype_name(t) || s == torch_dtype_name(t)) return t;
   // Other common spellings.
   if (s == "fp32") return DType::f32;
@@ -63,8 +75,18 @@ std::optional<DType> parse_dtype(std::string_view s) {
 const std::vector<std::string>& dtype_names() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> v;
-    for (DType t : {DType::f32, DType::f16, DType::bf16, DType::f8e4m3, DType::f8e5m2})
+    for (DType t : kAllDTypes)
       v.emplace_back(dtype_name(t));
+    return v;
+  }();
+  return names;
+}
+
+const std::vector<std::string>& float_dtype_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (DType t : kAllDTypes)
+      if (!is_integer(t)) v.emplace_back(dtype_name(t));
     return v;
   }();
   return names;
@@ -72,7 +94,9 @@ const std::vector<std::string>& dtype_names() {
 
 int dtype_bits(DType t) {
   switch (t) {
-    case DType::f32: return 32;
+    case DType::f32:
+    case DType::i32: return 32;
+    case DType::i64: return 64;
     case DType::f16:
     case DType::bf16: return 16;
     case DType::f8e4m3:
@@ -83,13 +107,23 @@ int dtype_bits(DType t) {
 
 bool is_fp8(DType t) { return t == DType::f8e4m3 || t == DType::f8e5m2; }
 
+bool is_integer(DType t) { return t == DType::i32 || t == DType::i64; }
+
 double dtype_max(DType t) {
   if (t == DType::f32) return std::numeric_limits<float>::max();
+  if (t == DType::i32) return double(std::numeric_limits<int32_t>::max());
+  if (t == DType::i64) return double(std::numeric_limits<int64_t>::max());
   return format_of(t).max_finite;
 }
 
 double round_to(DType t, double x) {
   if (t == DType::f32) return static_cast<double>(static_cast<float>(x));
+  if (is_integer(t)) {
+    if (std::isnan(x)) return 0.0;
+    const double lo = t == DType::i32 ? double(std::numeric_limits<int32_t>::min())
+                                      : double(std::numeric_limits<int64_t>::min());
+    return std::clamp(std::nearbyint(x), lo, dtype_max(t));
+  }
   if (std::isnan(x)) return x;
   const FloatFormat f = format_of(t);
   if (std::isinf(x)) return f.saturates ? std::copysign(f.max_finite, x) : x;
@@ -107,7 +141,8 @@ double round_to(DType t, double x) {
 }
 
 bool widens_losslessly(DType from, DType to) {
-  if (from == to || to == DType::f32) return true;
+  if (is_integer(to)) return from == to;  // nothing computes in an integer type
+  if (from == to || to == DType::f32) return true;  // integer operands: see the header
   if (to == DType::f16) return from == DType::f8e4m3 || from == DType::f8e5m2;
   if (to == DType::bf16) return from == DType::f8e4m3 || from == DType::f8e5m2;
   return false;

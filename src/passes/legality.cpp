@@ -76,6 +76,13 @@ class LegalityChecker {
         refuse(arch_lacks(gemm_.sm, fmt::format("reductions ('{}': evtc's partial-result nodes are not built "
                                                 "for this backend's epilogue)",
                                                 n.name)));
+      if (n.kind == NodeKind::index && !f.indices)
+        refuse(arch_lacks(gemm_.sm, fmt::format("the index '{}' (evtc's index node is not built for this backend's "
+                                                "epilogue)",
+                                                index_axis_name(n.index_axis))));
+      if ((n.kind == NodeKind::row_vec || n.kind == NodeKind::col_vec) && is_integer(n.dtype) && !f.indices)
+        refuse(arch_lacks(gemm_.sm, fmt::format("integer operands ('{}' is {}{})", n.name, dtype_name(n.dtype),
+                                                shape_name(n.shape))));
       if (n.kind == NodeKind::aux && !f.aux_tensors)
         refuse(arch_lacks(gemm_.sm, fmt::format("[m,n] operands ('{}')", n.name)));
       if (n.kind == NodeKind::aux && f.aux_tensors && !f.column_major_mn && n.layout == Layout::col_major)

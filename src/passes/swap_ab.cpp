@@ -5,6 +5,7 @@
 // (thousands of weight rows) fills the tile's rows and its M the tile's columns, which can be
 // as narrow as 16. The epilogue graph is rewritten for the transposed problem, node for node:
 //  - an [n] row vector becomes an [m'] column vector, and an [m] column vector a row vector;
+//    likewise the column index n becomes the row index m' of the transposed problem, and m n';
 //  - [m,n] operands, the source C and [m,n] outputs (D included) keep their memory and change
 //    layout (a row-major M×N matrix is the column-major N×M matrix of its transpose);
 //  - a reduction over N (one value per row) becomes one over M', and the other way round;
@@ -51,6 +52,7 @@ SwappedProblem swap_ab(const Graph& g, const GemmDesc& gemm) {
     switch (n.kind) {
       case NodeKind::row_vec: n.kind = NodeKind::col_vec; break;
       case NodeKind::col_vec: n.kind = NodeKind::row_vec; break;
+      case NodeKind::index: n.index_axis = n.index_axis == IndexAxis::m ? IndexAxis::n : IndexAxis::m; break;
       case NodeKind::aux:
       case NodeKind::source: n.layout = flipped(n.layout); break;
       case NodeKind::store:

@@ -162,11 +162,23 @@ Array load(const Node& node, const ReferenceInputs& in, const ReferenceOptions& 
           for (double& v : r.data) v = round_to(DType::f32, v);
         return r;
       }
+    case NodeKind::index: {
+      // 0, 1, 2, ...: the row index down an [m] value, the column index along an [n] value.
+      Array r{node.shape, std::vector<double>(Extent{in.m, in.n}.size(node.shape))};
+      for (size_t i = 0; i < r.data.size(); ++i) r.data[i] = double(i);
+      return r;
+    }
     case NodeKind::source: return rounded(Shape::full, in.c, node.dtype);
     case NodeKind::scalar:
       if (node.scalar_kind == ScalarKind::constant) return Array{Shape::scalar, {node.value}};
       [[fallthrough]];
-    default: return rounded(node.shape, in.operands.at(node.name), node.dtype);
+    default: {
+      Array r = rounded(node.shape, in.operands.at(node.name), node.dtype);
+      // An integer operand enters arithmetic as the f32 value nearest it, as on the device.
+      if (is_integer(node.dtype))
+        for (double& v : r.data) v = round_to(DType::f32, v);
+      return r;
+    }
   }
 }
 

@@ -57,11 +57,23 @@ std::vector<double> random_integers(uint64_t seed, std::string_view stream, size
   return v;
 }
 
+// Integers drawn uniformly from [lo, hi].
+std::vector<double> random_integers_between(uint64_t seed, std::string_view stream, size_t count, int64_t lo,
+                                            int64_t hi) {
+  std::mt19937_64 rng(XXH3_64bits_withSeed(stream.data(), stream.size(), seed));
+  std::vector<double> v(count);
+  for (double& x : v) x = static_cast<double>(lo + int64_t(rng() % uint64_t(hi - lo + 1)));
+  return v;
+}
+
 // A problem's inputs: A (m×k), B (k×n), C when g reads it and every operand g names, each
 // drawn by draw(stream, count, dtype) with a stream name of its own ("gemm:A", "operand:bias").
+// Integer operands hold indices of the other axis (a class label per row, a row per column),
+// drawn from [-1, n] for an [m] vector and [-1, m] for an [n] vector: `n == t[m]` then holds at
+// about one element per row, and the values just outside the range match nothing.
 template <class Draw>
 ReferenceInputs problem_inputs(const Graph& g, int64_t m, int64_t n, int64_t k, DType a_dtype, DType b_dtype,
-                               const Draw& draw) {
+                               uint64_t seed, const Draw& draw) {
   if (m <= 0 || n <= 0 || k <= 0)
     throw UserError(
         fmt::format("problem size m={}, n={}, k={}: every size must be positive", m, n, k));
@@ -83,7 +95,11 @@ ReferenceInputs problem_inputs(const Graph& g, int64_t m, int64_t n, int64_t k, 
                          : node.shape == Shape::row  ? static_cast<size_t>(n)
                          : node.shape == Shape::col  ? static_cast<size_t>(m)
                                                      : mn;
-    in.operands[node.name] = draw("operand:" + node.name, count, node.dtype);
+    const std::string stream = "operand:" + node.name;
+    if (is_integer(node.dtype))
+      in.operands[node.name] = random_integers_between(seed, stream, count, -1, node.shape == Shape::col ? n : m);
+    else
+      in.operands[node.name] = draw(stream, count, node.dtype);
   }
   return in;
 }
@@ -108,7 +124,7 @@ void add_random_block_scales(ReferenceInputs& in, uint64_t seed) {
 }
 
 ReferenceInputs random_integer_inputs(const Graph& g, int64_t m, int64_t n, int64_t k, uint64_t seed) {
-  return problem_inputs(g, m, n, k, DType::f32, DType::f32, [&](const std::string& stream, size_t count, DType) {
+  return problem_inputs(g, m, n, k, DType::f32, DType::f32, seed, [&](const std::string& stream, size_t count, DType) {
     return random_integers(seed, stream, count, stream == "gemm:A" || stream == "gemm:B" ? 1 : 3);
   });
 }
@@ -118,7 +134,7 @@ ReferenceInputs random_reference_inputs(const Graph& g, int64_t m, int64_t n, in
   // k^(-1/4) for A and B, so that every element of A@B, a sum of k products, has variance
   // about 1; 1 for the rest.
   const double ab_stddev = k > 0 ? std::pow(static_cast<double>(k), -0.25) : 1.0;
-  return problem_inputs(g, m, n, k, a_dtype, b_dtype, [&](const std::string& stream, size_t count, DType dtype) {
+  return problem_inputs(g, m, n, k, a_dtype, b_dtype, seed, [&](const std::string& stream, size_t count, DType dtype) {
     return random_values(seed, stream, count, stream == "gemm:A" || stream == "gemm:B" ? ab_stddev : 1.0, dtype);
   });
 }

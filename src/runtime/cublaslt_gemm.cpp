@@ -22,6 +22,8 @@ cudaDataType_t cuda_type(DType t) {
     case DType::bf16: return CUDA_R_16BF;
     case DType::f8e4m3: return CUDA_R_8F_E4M3;
     case DType::f8e5m2: return CUDA_R_8F_E5M2;
+    case DType::i32: return CUDA_R_32I;
+    case DType::i64: return CUDA_R_64I;
   }
   return CUDA_R_32F;
 }

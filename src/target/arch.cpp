@@ -49,6 +49,7 @@ const ArchFeatures& arch_features(int arch) {
                                  .fp8_blockwise = true,
                                  .gated = true,
                                  .reductions = true,
+                                 .indices = true,
                                  .aux_tensors = true,
                                  .column_major_mn = true,
                                  .pingpong = true,
@@ -68,6 +69,7 @@ const ArchFeatures& arch_features(int arch) {
                                   .fp8 = true,
                                   .gated = true,
                                   .reductions = true,
+                                  .indices = true,
                                   .aux_tensors = true,
                                   .column_major_mn = true,
                                   .clusters = true,
@@ -80,6 +82,7 @@ const ArchFeatures& arch_features(int arch) {
                                   .fp8 = true,
                                   .gated = true,
                                   .reductions = true,
+                                  .indices = true,
                                   .pingpong = true,
                                   .family = "Blackwell RTX 50xx / RTX PRO 6000",
                                   .backend = 120};

@@ -53,6 +53,9 @@ KernelSignature make_signature(const Graph& g) {
       case NodeKind::row_vec:
       case NodeKind::col_vec:
       case NodeKind::aux: sig.pointers.push_back(s); break;
+      case NodeKind::index:
+        (n.index_axis == IndexAxis::m ? sig.reads_row_index : sig.reads_col_index) = true;
+        break;
       default: break;
     }
   }
@@ -96,6 +99,12 @@ std::string KernelSignature::to_json() const {
   if (reads_c) j["c_dtype"] = dtype_name(c_dtype);
   j["d"] = d_name;
   if (!d_name.empty()) j["d_dtype"] = dtype_name(d_dtype);
+  // Only where an index is read, so that other kernels' signatures stay as they were.
+  if (reads_row_index || reads_col_index) {
+    j["index"] = json::array();
+    if (reads_row_index) j["index"].push_back("m");
+    if (reads_col_index) j["index"].push_back("n");
+  }
   return j.dump();
 }
 

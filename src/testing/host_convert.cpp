@@ -18,7 +18,9 @@ Bits bits_of(DType t) {
     case DType::bf16: return {8, 7, 127, true};
     case DType::f8e4m3: return {4, 3, 7, false};
     case DType::f8e5m2: return {5, 2, 15, true};
-    case DType::f32: break;
+    case DType::f32:
+    case DType::i32:
+    case DType::i64: break;  // encoded apart (encode, decode)
   }
   return {8, 23, 127, true};
 }
@@ -74,6 +76,12 @@ std::vector<uint8_t> encode(DType t, std::span<const double> values) {
     if (t == DType::f32) {
       const float f = static_cast<float>(values[i]);
       std::memcpy(&out[i * 4], &f, 4);
+    } else if (t == DType::i32) {
+      const auto v = static_cast<int32_t>(round_to(t, values[i]));
+      std::memcpy(&out[i * 4], &v, 4);
+    } else if (t == DType::i64) {
+      const auto v = static_cast<int64_t>(round_to(t, values[i]));
+      std::memcpy(&out[i * 8], &v, 8);
     } else {
       const uint32_t v = encode_small(t, values[i]);
       std::memcpy(&out[i * bytes], &v, bytes);  // little-endian: the low bytes
@@ -91,6 +99,14 @@ std::vector<double> decode(DType t, const void* data, size_t count) {
       float f;
       std::memcpy(&f, p + i * 4, 4);
       out[i] = f;
+    } else if (t == DType::i32) {
+      int32_t v;
+      std::memcpy(&v, p + i * 4, 4);
+      out[i] = double(v);
+    } else if (t == DType::i64) {
+      int64_t v;
+      std::memcpy(&v, p + i * 8, 8);
+      out[i] = double(v);
     } else {
       uint32_t v = 0;
       std::memcpy(&v, p + i * bytes, bytes);

@@ -20,10 +20,25 @@ const char* kernel_kind_name(KernelKind k) {
   return "?";
 }
 
+namespace {
+// The integer operands the generator uses, as they are written in expressions and declared.
+constexpr std::pair<const char*, const char*> kIntegerOperands[] = {{"t0[m]", "input t0[m]: i32"},
+                                                                    {"t1[n]", "input t1[n]: i64"}};
+}  // namespace
+
 std::string RandomKernel::text() const {
   std::string t;
+  for (const std::string& d : declarations) t += d + "\n";
   for (const RandomOutput& o : outputs) t += o.statement + "\n";
   return t;
+}
+
+std::string RandomKernel::text_of(size_t i) const {
+  const std::string& statement = outputs.at(i).statement;
+  std::string t;
+  for (const auto& [use, declaration] : kIntegerOperands)
+    if (statement.find(use) != std::string::npos) t += std::string(declaration) + "\n";
+  return t + statement + "\n";
 }
 
 std::string RandomKernel::cli_options() const {
@@ -36,6 +51,16 @@ std::string RandomKernel::cli_options() const {
 
 EpilogueGenerator::EpilogueGenerator(uint64_t seed, GeneratorOptions options) : rng_(seed), options_(options) {}
 
+namespace {
+// Declares the integer operands some output reads (undeclared, they would take the kernel's
+// floating operand dtype).
+void declare_integer_operands(RandomKernel& k) {
+  const std::string text = k.text();
+  for (const auto& [use, declaration] : kIntegerOperands)
+    if (text.find(use) != std::string::npos) k.declarations.emplace_back(declaration);
+}
+}  // namespace
+
 std::string EpilogueGenerator::leaf(bool fp8) {
   (void)fp8;
   static const char* kConstants[] = {"0.5", "-1.25", "2", "0.75", "-3", "1.5"};
@@ -47,8 +72,34 @@ std::string EpilogueGenerator::leaf(bool fp8) {
     case 5: return fmt::format("x{}[m,n]", uniform(0, 1));
     case 6: return fmt::format("s{}", uniform(0, 1));
     case 7: return options_.integers ? kIntegers[uniform(0, 5)] : kConstants[uniform(0, 5)];
+    case 8: return index_leaf();
     default: return "acc";
   }
+}
+
+std::string EpilogueGenerator::index_comparison() {
+  static const std::vector<std::string_view> kComparisons = [] {
+    std::vector<std::string_view> ops;
+    for (const OpInfo& o : op_table())
+      if (o.comparison) ops.push_back(o.infix);
+    return ops;
+  }();
+  // Half of them equalities: `n == t0[m]` is the one-hot mask of a row's label.
+  const std::string_view op = coin(0.5) ? "==" : kComparisons[size_t(uniform(0, int(kComparisons.size()) - 1))];
+  switch (uniform(0, 4)) {
+    case 0: return fmt::format("(n {} t0[m])", op);
+    case 1: return fmt::format("(m {} t1[n])", op);
+    case 2: return fmt::format("(m {} n)", op);       // triangular masks
+    case 3: return fmt::format("(n {} {})", op, uniform(0, 40));
+    default: return fmt::format("(m {} {})", op, uniform(0, 40));
+  }
+}
+
+std::string EpilogueGenerator::index_leaf() {
+  if (options_.integers || coin(0.6)) return index_comparison();
+  // Indices reach the hundreds: scaled, their products and exponentials stay in f32's range.
+  static const char* kScaled[] = {"(m * 0.01)", "(n * 0.01)", "(t0[m] * 0.01)", "(t1[n] * 0.01)"};
+  return kScaled[uniform(0, 3)];
 }
 
 // A value in an op argument's domain (evtc::Domain).
@@ -59,6 +110,7 @@ std::string EpilogueGenerator::guarded(int depth, bool fp8, uint8_t domain, bool
     // condition is a comparison half the time.
     static const char* kInputs[] = {"x0[m,n]", "r0[n]", "c0[m]", "x1[m,n]"};
     if (!comparison) {
+      if (coin(0.25)) return index_comparison();  // where(n == t0[m], ...): exact on both sides
       if (coin(0.5)) return uniform(0, 4) == 0 ? "acc" : kInputs[uniform(0, 3)];
       // The op table's comparison operators, in its order.
       static const std::vector<std::string_view> kComparisons = [] {
@@ -151,6 +203,7 @@ RandomKernel EpilogueGenerator::next() {
     if (!f.params.empty() && coin(0.5)) call += fmt::format(", alpha={}, limit={}", coin(0.5) ? 1.5 : 1.0, coin(0.5) ? 5 : 3);
     call += ")";
     k.outputs.push_back({"y", fmt::format("out y: {} = {}", output_dtype(), call), false});
+    declare_integer_operands(k);
     return k;
   }
   const int outputs = uniform(std::clamp(options_.min_outputs, 1, std::max(1, options_.max_outputs)),
@@ -178,6 +231,7 @@ RandomKernel EpilogueGenerator::next() {
                            true});
     }
   }
+  declare_integer_operands(k);
   return k;
 }
 

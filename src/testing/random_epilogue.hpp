@@ -32,10 +32,12 @@ struct RandomKernel {
   KernelKind kind = KernelKind::dense;
   GemmDesc gemm;  // dtypes and layouts (sizes 0)
   std::vector<RandomOutput> outputs;
-  // The whole epilogue: every output's statement, one per line.
+  // `input` declarations of the integer operands the outputs read ("input t0[m]: i32").
+  std::vector<std::string> declarations;
+  // The whole epilogue: the declarations, then every output's statement, one per line.
   std::string text() const;
-  // The epilogue of output i alone.
-  std::string text_of(size_t i) const { return outputs.at(i).statement + "\n"; }
+  // The epilogue of output i alone (with the declarations it needs).
+  std::string text_of(size_t i) const;
   // `evtc run` options for its dtypes and layouts ("--dtype f8e4m3 --layout-b c").
   std::string cli_options() const;
 };
@@ -59,6 +61,12 @@ class EpilogueGenerator {
   int uniform(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng_); }
   bool coin(double p) { return std::bernoulli_distribution(p)(rng_); }
   std::string leaf(bool fp8);
+  // An index term: a comparison of the indices m and n with each other, with an integer operand
+  // (t0[m]: i32, a column per row; t1[n]: i64, a row per column) or with a constant.
+  std::string index_comparison();
+  // A leaf made of the indices: a 0/1 mask (index_comparison) or, with non-integer inputs, an
+  // index or integer operand scaled to about unit size.
+  std::string index_leaf();
   std::string value(int depth, bool fp8);
   std::string guarded(int depth, bool fp8, uint8_t domain, bool comparison = false);
   std::string output_dtype();

@@ -12,6 +12,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "evtc/arch.hpp"
 #include "evtc/error.hpp"
 #include "evtc/expression.hpp"
 #include "evtc/gated.hpp"
@@ -110,6 +111,27 @@ TEST(FusedReductions, EveryAxisAndOpWithMainOutput) {
   // Several waves of a short main loop: the ping-pong 64×256 default of column and whole-matrix
   // reductions (docs/backend.md, "Default configurations").
   expect_matches_reference(kernel("reductions"), 2000, 4104, 1024, 24, ExecutionPath::fused);
+}
+
+// m, n and integer [m]/[n] operands: fused where the backend reads them (sm_90a), unfused under
+// EVTC_ARCH=sm80. Sizes that are no tile multiples; M a multiple of 4 (the i32 [m] vector's
+// 16-byte accesses).
+TEST(FusedIndices, LmHeadLossTermsAndMasks) {
+  const ExecutionPath path = evtc::backend_features(evtc::target_arch(), evtc::DType::bf16).indices
+                                 ? ExecutionPath::fused
+                                 : ExecutionPath::fallback;
+  expect_matches_reference(kernel("lm_head_loss"), 1000, 1016, 4096, 91, path);
+  expect_matches_reference(kernel("lm_head_loss"), 332, 32000, 520, 92, path);
+  expect_matches_reference(kernel("lm_head_loss"), 4100, 136, 72, 93, path);
+}
+
+TEST(FusedIndices, TransposedKernelsExchangeMAndN) {
+  const ExecutionPath path = evtc::backend_features(evtc::target_arch(), evtc::DType::bf16).indices
+                                 ? ExecutionPath::fused
+                                 : ExecutionPath::fallback;
+  expect_matches_reference(kernel("swap_indices"), 56, 1000, 1000, 94, path);
+  expect_matches_reference(kernel("swap_indices"), 8, 4104, 4104, 95, path);
+  expect_matches_reference(kernel("swap_indices"), 136, 776, 520, 96, path);
 }
 
 TEST(FusedReductions, BceLossWithoutMainOutput) {

@@ -244,6 +244,30 @@ out y0: bf16 = v1
 out D: f32 = f32(v1)
 )",
      DType::bf16, Layout::row_major, Layout::col_major},
+    // The indices m and n and integer operands: an LM head's target logit (a row sum of the
+    // one-hot-masked logits) and cross-entropy gradient (softmax minus the one-hot target, times
+    // the incoming gradient), a triangular and a column mask, an i64 row vector, and a gated
+    // output whose n is the full-width column (the first 50 (gate, up) pairs kept) and whose m
+    // scales rows.
+    {"lm_head_loss", R"(
+input t[m]: i32
+input lse[m]: f32
+input g[m]: f32
+input first[n]: i64
+out target = row_sum(where(n == t[m], acc, 0))
+out dlogits: bf16 = (exp(acc - lse[m]) - (n == t[m])) * g[m]
+out D: bf16 = acc * (m >= n) + (n < 100) - (m == first[n]) + 0.001 * m
+out y: bf16 = swiglu(acc * (n < 100)) * (0.001 * m + 1)
+)",
+     DType::bf16, Layout::row_major, Layout::col_major},
+    // The same in a transposed (swap-AB) kernel: m and n exchanged, the i32 [m] labels read by a
+    // row broadcast.
+    {"swap_indices", R"(
+input t[m]: i32
+out D: bf16 = acc * (n == t[m]) + (m < n) + 0.01 * n
+out target = row_sum(where(n == t[m], acc, 0))
+)",
+     DType::bf16, Layout::row_major, Layout::col_major, "pingpong_64x16x128_c1x1_persistent_swap"},
     // W4's kernel: swiglu7 of x @ w.T, the gated output alone (no main output).
     {"w4_swiglu7", "out y: bf16 = swiglu7(acc)", DType::bf16, Layout::row_major,
      Layout::col_major},

@@ -35,7 +35,9 @@ cases=(
   "grouped_per_group|grouped|input s: f32 ptr; out D: bf16 = silu(acc + bias[n]) * s * alpha"
   "grouped_gated|grouped|out y: bf16 = gptoss_swiglu(acc + bias[n])"
   "grouped_fp8_blockwise_gated|grouped --dtype f8e4m3 --fp8-blockwise|input bias[n]: bf16; out y: bf16 = gptoss_swiglu(acc + bias[n])"
-  "reductions||x = acc * s[m]; out D: bf16 = relu(x); out r = row_sum(x); out c: bf16 = col_amax(x); out t = sum(x); out lo = min(x); out l = row_logsumexp(x)"
+  # Every reduction, with the index leaves and an i32 label per row (evtc's index node, CUTLASS's
+  # column broadcast of int32_t): an LM head's target logit and a one-hot mask.
+  "reductions||input lab[m]: i32; x = acc * s[m]; out D: bf16 = relu(x) * (n != lab[m]) + m; out r = row_sum(where(n == lab[m], x, 0)); out c: bf16 = col_amax(x); out t = sum(x); out lo = min(x); out l = row_logsumexp(x)"
   "gate_pingpong|--config pingpong_128x128x64_c2x1_persistent|out D: bf16 = where(acc > 0, acc, 0.01 * acc) * gate[m,n]"
   "bias_streamk|--config coop_128x256x64_c2x1_streamk|out D: bf16 = acc + bias[n]"
   # Decode-sized problems' kernels: a 64-row tile of 48 columns (any multiple of 16) in a cluster
@@ -44,8 +46,9 @@ cases=(
   "decode_48col_cluster_n|--layout-b c --config pingpong_64x48x128_c1x2_persistent|h = acc + bias[n]; out P: bf16 = h + r[m,n]; out y: bf16 = swiglu(h); out rs = row_sum(h)"
   "split_k_gated|--layout-b c --config coop_128x96x64_c1x1_splitk4|out D: bf16 = gelu(acc * s[m] + bias[n]); out y: bf16 = swiglu(acc)"
   # Swap-AB: the transposed problem's kernel, with C and D column-major, [n]/[m] vectors and the
-  # row/column reductions exchanged (the row logsumexp becomes a column one), an [m,n] operand and an extra output in the other layout.
-  "swap_ab_decode|--layout-b c --config pingpong_64x16x128_c1x1_persistent_swap|h = acc * s[m] + bias[n]; out D: bf16 = silu(h) + C; out P: f32 = h + r[m,n]; out rs = row_sum(h); out cm = col_max(h); out ls = row_logsumexp(h)"
+  # row/column reductions exchanged (the row logsumexp becomes a column one), an [m,n] operand and an extra output in the other layout,
+  # and m and n exchanged (an i64 [n] vector becomes a column broadcast).
+  "swap_ab_decode|--layout-b c --config pingpong_64x16x128_c1x1_persistent_swap|input q[n]: i64; h = acc * s[m] + bias[n]; out D: bf16 = silu(h) + C * (m != q[n]) + n; out P: f32 = h + r[m,n]; out rs = row_sum(h); out cm = col_max(h); out ls = row_logsumexp(h)"
   "w3_fp8|--dtype f8e4m3 --layout-b c|input sa[m]: f32; input sb[n]: f32; out D: bf16 = acc * sa[m] * sb[n]"
   "w3_fp8_blockwise|--dtype f8e4m3 --layout-b c --fp8-blockwise --fallback|input bias[n]: bf16; out D: bf16 = gelu(acc + bias[n])"
   # The sm_80 backend (CUTLASS 2.x, docs/backend.md "Target architecture"): W1; W2 with C, a DAG
@@ -58,14 +61,14 @@ cases=(
   # W7 (no D: the sink epilogue) and a gated kernel with every reduction axis (two-SM MMA) for
   # sm_100a; W3 and an fp8 gated kernel with a row reduction and W7's loss (no D) for sm_120a (its
   # kernels multiply fp8 only); W1, W2, W7 and a gated kernel for sm_120 through the sm_80 backend
-  # (16-bit GEMMs there).
+  # (16-bit GEMMs there). The indices and integer vectors ride in the gated kernels of both.
   "sm100_w1|--arch sm100|out D: bf16 = silu(acc + bias[n])"
   "sm100_w2_extra_output_2sm|--arch sm100 --config coop_256x128x64_c2x1_persistent|out D: bf16 = acc * gate[m,n]; out P: f32 = relu(acc) * s[m]"
   "sm100_w7|--arch sm100|f = acc + bias[n]; out loss = sum((C - 1) * f + log(clamp(sigmoid(f), 1e-3, 0.999)))"
-  "sm100_gated_reductions_2sm|--arch sm100 --config coop_256x128x64_c2x1_persistent|h = acc + bias[n]; out y: bf16 = swiglu(h); out r = row_sum(h); out c: bf16 = col_amax(h); out t = sum(h); out l = row_logsumexp(h)"
+  "sm100_gated_reductions_2sm|--arch sm100 --config coop_256x128x64_c2x1_persistent|input lab[m]: i32; h = acc + bias[n]; out y: bf16 = swiglu(h * (n != lab[m])); out r = row_sum(where(n == lab[m], h, 0)); out c: bf16 = col_amax(h); out t = sum(h); out l = row_logsumexp(h)"
   "sm100_w3_fp8|--arch sm100 --dtype f8e4m3 --layout-b c|input sa[m]: f32; input sb[n]: f32; out D: bf16 = acc * sa[m] * sb[n]"
   "sm120_w3_fp8|--arch sm120 --dtype f8e4m3 --layout-b c|input sa[m]: f32; input sb[n]: f32; input bias[n]: bf16; out D: bf16 = gelu(acc * sa[m] * sb[n] + bias[n])"
-  "sm120a_fp8_gated_w7|--arch sm120 --dtype f8e4m3 --layout-b c|input sa[m]: f32; input sb[n]: f32; h = acc * sa[m] * sb[n]; out y: bf16 = swiglu(h); out r = row_sum(h); out loss = sum((C - 1) * h + log(clamp(sigmoid(h), 1e-3, 0.999)))"
+  "sm120a_fp8_gated_w7|--arch sm120 --dtype f8e4m3 --layout-b c|input sa[m]: f32; input sb[n]: f32; input q[n]: i64; h = acc * sa[m] * sb[n]; out y: bf16 = swiglu(h * (m >= q[n])); out r = row_sum(h); out loss = sum((C - 1) * h + log(clamp(sigmoid(h), 1e-3, 0.999)))"
   "sm120_w1|--arch sm120|out D: bf16 = silu(acc + bias[n])"
   "sm120_w2|--arch sm120|out D: bf16 = acc * gate[m,n]"
   "sm120_w7|--arch sm120|f = acc + bias[n]; out loss = sum((C - 1) * f + log(clamp(sigmoid(f), 1e-3, 0.999)))"
@@ -79,7 +82,8 @@ while IFS= read -r line; do
     *) body="${body:+$body; }$line" ;;
   esac
   if [ -n "${body:-}" ] && [ "$(printf '%s\n' "$body" | tr ';' '\n' | wc -l)" -ge 8 ] && [ "${#fuzz_cases[@]}" -lt 2 ]; then
-    opts="$(printf '%s' "$header" | sed -E 's/^# [a-z0-9]+ -m [0-9]+ -n [0-9]+ -k [0-9]+ (.*) --seed [0-9]+$/\1/')"
+    # The header's options without sizes and seed; a transposed case's --config kept.
+    opts="$(printf '%s' "$header" | sed -E 's/^# [a-z0-9]+ -m [0-9]+ -n [0-9]+ -k [0-9]+ (.*) --seed [0-9]+( --config .*)?$/\1\2/')"
     fuzz_cases+=("fuzz_${#fuzz_cases[@]}|$opts|$body")
     body=""
   fi

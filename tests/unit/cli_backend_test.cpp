@@ -28,6 +28,13 @@ TEST(CliBackend, UnknownDtypeIsAUsageError) {
   const auto r = run_cli("compile 'out D = acc' --dtype f7");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("--dtype: unknown dtype 'f7'"), std::string::npos) << r.output;
+  // An integer dtype is a dtype, but not one of A, B or the default operands.
+  const auto i = run_cli("explain 'out D = acc' --dtype int32");
+  EXPECT_EQ(i.exit_code, 2) << i.output;
+  EXPECT_NE(i.output.find("--dtype: dtype 'int32' is an integer dtype, allowed only for [m] and [n] input vectors "
+                          "(declare them in the expression: `input t[m]: i32`)"),
+            std::string::npos)
+      << i.output;
 }
 
 TEST(CliBackend, MissingCompilerSaysWhatToSet) {

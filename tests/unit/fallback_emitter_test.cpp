@@ -178,6 +178,40 @@ TEST(FallbackEmitter, LoadsReadTheirOperandWithTheRightIndex) {
   EXPECT_NE(row_body.find(" = 0.5f;"), std::string::npos) << row_body;
 }
 
+// m and n are the thread's own row and column; integer operands convert with float(), not
+// through the floating types' to_float.
+TEST(FallbackEmitter, IndexLeavesAreTheElementsCoordinatesAndIntegerOperandsConvert) {
+  const Emitted k = emit("input t[m]: i32\ninput q[n]: i64\nout D: bf16 = acc * (n == t[m]) + m - q[n]");
+  const std::string body = joined(body_lines(k.source));
+  NodeId index_m = 0, index_n = 0;
+  for (NodeId id = 0; id < k.graph.size(); ++id)
+    if (k.graph.node(id).kind == NodeKind::index)
+      (k.graph.node(id).index_axis == IndexAxis::m ? index_m : index_n) = id;
+  EXPECT_NE(body.find(fmt::format("const float v{} = float(i);\n", index_m)), std::string::npos) << body;
+  EXPECT_NE(body.find(fmt::format("const float v{} = float(j);\n", index_n)), std::string::npos) << body;
+  EXPECT_NE(body.find(fmt::format("const float v{} = float(static_cast<const int32_t*>(p.ptrs[{}])[i]);\n",
+                                  node_named(k.graph, NodeKind::col_vec, "t"), slot_of(k.sig, "t"))),
+            std::string::npos)
+      << body;
+  EXPECT_NE(body.find(fmt::format("const float v{} = float(static_cast<const int64_t*>(p.ptrs[{}])[j]);\n",
+                                  node_named(k.graph, NodeKind::row_vec, "q"), slot_of(k.sig, "q"))),
+            std::string::npos)
+      << body;
+}
+
+// Before gate()/up(), n is the column of the full-width value: each lane of a (gate, up) pair
+// reads its own column (j0, j1), and m is the row of both.
+TEST(FallbackEmitter, TheColumnIndexOfAGatedEpilogueIsTheFullWidthColumn) {
+  const Emitted k = emit("out y: bf16 = swiglu(acc * (n < 64)) * m");
+  NodeId index_m = 0, index_n = 0;
+  for (NodeId id = 0; id < k.graph.size(); ++id)
+    if (k.graph.node(id).kind == NodeKind::index)
+      (k.graph.node(id).index_axis == IndexAxis::m ? index_m : index_n) = id;
+  EXPECT_NE(k.source.find(fmt::format("const float v{}_0 = float(j0);\n", index_n)), std::string::npos) << k.source;
+  EXPECT_NE(k.source.find(fmt::format("const float v{}_1 = float(j1);\n", index_n)), std::string::npos) << k.source;
+  EXPECT_NE(k.source.find(fmt::format("const float v{}_0 = float(i);\n", index_m)), std::string::npos) << k.source;
+}
+
 TEST(FallbackEmitter, OutputsAreWrittenInTheirDtypeAndLayout) {
   const Emitted k = emit(kEverything);
   const std::string body = joined(body_lines(k.source));

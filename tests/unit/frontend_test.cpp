@@ -100,13 +100,28 @@ TEST(Expression, NamedIntermediatesAreSharedNodes) {
 }
 
 TEST(Expression, OutputsAreUsableByNameWithTheirUnroundedValue) {
-  EXPECT_EQ(parsed("out pre: bf16 = acc + bias[n]\nout D: f8e4m3 = relu(pre)\nout m = amax(D)"),
+  EXPECT_EQ(parsed("out pre: bf16 = acc + bias[n]\nout D: f8e4m3 = relu(pre)\nout d_amax = amax(D)"),
             built([](Graph& g) {
               auto pre = g.accum() + g.row_vec("bias", DType::bf16);
               g.store("pre", pre, DType::bf16);
               auto d = relu(pre);
               g.store("D", d, DType::f8e4m3);
-              g.store("m", g.reduce(ReduceAxis::all, ReduceOp::amax, d), DType::f32);
+              g.store("d_amax", g.reduce(ReduceAxis::all, ReduceOp::amax, d), DType::f32);
+            }));
+}
+
+TEST(Expression, IndexLeavesAndIntegerOperandsMatchTheBuilder) {
+  EXPECT_EQ(parsed("input t[m]: i32\ninput q[n]: int64\nout D = where(n == t[m], acc, 0) + m * (n < q[n])"),
+            built([](Graph& g) {
+              auto n = g.index(IndexAxis::n);
+              auto hit = g.compute(Op::eq, {n, g.col_vec("t", DType::i32)});
+              auto picked = g.compute(Op::where, {hit, g.accum(), g.constant(0)});
+              auto below = g.compute(Op::lt, {n, g.row_vec("q", DType::i64)});
+              g.store("D", picked + g.index(IndexAxis::m) * below, DType::bf16);
+            }));
+  // `m` alone is the index, not a scalar parameter named m.
+  EXPECT_EQ(parsed("out D = acc * m"), built([](Graph& g) {
+              g.store("D", g.accum() * g.index(IndexAxis::m), DType::bf16);
             }));
 }
 
@@ -386,9 +401,51 @@ const ErrorCase kErrorCases[] = {
          "  out D: = acc\n"
          "         ^"},
     {"UnknownDtype", "out D: bf61 = acc",
-         "expr:1:8: error: unknown dtype 'bf61' (expected f32, f16, bf16, f8e4m3 or f8e5m2)\n"
+         "expr:1:8: error: unknown dtype 'bf61' (expected f32, f16, bf16, f8e4m3, f8e5m2, i32 or i64)\n"
          "  out D: bf61 = acc\n"
          "         ^"},
+    {"IndexNameDeclared", "input m[n]: i32\nout D = acc",
+         "expr:1:7: error: 'm' is the row index of the output element; choose another name\n"
+         "  input m[n]: i32\n"
+         "        ^"},
+    {"IndexNameOutput", "out n = row_sum(acc)",
+         "expr:1:5: error: 'n' is the column index of the output element; choose another name\n"
+         "  out n = row_sum(acc)\n"
+         "      ^"},
+    {"IndexNameAssigned", "n = acc\nout D = n",
+         "expr:1:1: error: 'n' is the column index of the output element; choose another name\n"
+         "  n = acc\n"
+         "  ^"},
+    {"IndexWithIndex", "out D = acc + n[m]",
+         "expr:1:15: error: 'n' takes no index: it is the column index of the output element, always [n]\n"
+         "  out D = acc + n[m]\n"
+         "                ^"},
+    {"IndexAfterGate", "out y: bf16 = swiglu(acc) * (n < 5)",
+         "expr:1:27: error: mul: 'mul(silu(gate(...)), up(acc))' is a gated [m,n/2] value but 'lt(n, 5)' is [n]: a gated "
+         "value only combines with scalars, [m] vectors and other gated values (apply [n] and [m,n] operands before "
+         "gate()/up())\n"
+         "  out y: bf16 = swiglu(acc) * (n < 5)\n"
+         "                            ^"},
+    {"IntegerOutput", "out D: i32 = acc",
+         "expr:1:14: error: i32 output 'D': integer dtypes (i32, i64) are allowed only for [m] and [n] input vectors (such as `input t[m]: i32`), whose values are read as f32 numbers\n"
+         "  out D: i32 = acc\n"
+         "               ^"},
+    {"IntegerCast", "out D = i64(acc)",
+         "expr:1:9: error: i64 cast of 'acc': integer dtypes (i32, i64) are allowed only for [m] and [n] input vectors (such as `input t[m]: i32`), whose values are read as f32 numbers\n"
+         "  out D = i64(acc)\n"
+         "          ^"},
+    {"IntegerMatrixOperand", "input t[m,n]: i32\nout D = acc * t",
+         "expr:2:15: error: i32 operand 't[m,n]': integer dtypes (i32, i64) are allowed only for [m] and [n] input vectors (such as `input t[m]: i32`), whose values are read as f32 numbers\n"
+         "  out D = acc * t\n"
+         "                ^"},
+    {"IntegerScalar", "input k: int64\nout D = acc * k",
+         "expr:2:15: error: i64 scalar 'k': integer dtypes (i32, i64) are allowed only for [m] and [n] input vectors (such as `input t[m]: i32`), whose values are read as f32 numbers\n"
+         "  out D = acc * k\n"
+         "                ^"},
+    {"IntegerSource", "input C: int32\nout D = acc + C",
+         "expr:2:15: error: i32 source matrix C: integer dtypes (i32, i64) are allowed only for [m] and [n] input vectors (such as `input t[m]: i32`), whose values are read as f32 numbers\n"
+         "  out D = acc + C\n"
+         "                ^"},
     {"ModifierGivenTwice", "input s: f32 ptr ptr",
          "expr:1:18: error: 'ptr' is given twice\n"
          "  input s: f32 ptr ptr\n"

@@ -32,6 +32,8 @@ TEST(GroupedRefusals, NameTheOperandAndTheReason) {
   expect_has(refusal("out D: bf16 = acc + R[m,n]"), {"operand 'R'", "Sm90AuxLoad", "GroupProblemShape"});
   expect_has(refusal("out D: bf16 = acc * s[m]"), {"operand 's[m]' is a column vector"});
   expect_has(refusal("out D: bf16 = acc + C"), {"source C"});
+  expect_has(refusal("out D: bf16 = acc * (n < 8)"), {"reads the index 'n'", "dense kernels"});
+  expect_has(refusal("input q[n]: i32\nout D: bf16 = acc + q[n]"), {"operand 'q[n]' is i32", "floating-point row vectors"});
   expect_has(refusal("out D: bf16 = acc; out r = row_sum(acc)"), {"output 'r' is a reduction", "Sm90ColReduction"});
   expect_has(refusal("out D: bf16 = acc; out P: bf16 = relu(acc)"), {"output 'P' is a second output"});
   expect_has(refusal("out loss = sum(acc)"), {"needs an output ([m,n], or a gated [m,n/2])"});

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <vector>
+
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -26,6 +28,21 @@ TEST(HostConvert, KnownBitPatterns) {
   EXPECT_TRUE(std::isnan(decode(DType::f8e4m3, &nan, 1)[0]));
   const uint16_t hinf = 0x7C00;
   EXPECT_TRUE(std::isinf(decode(DType::f16, &hinf, 1)[0]));
+}
+
+// Integer operands: little-endian two's complement int32/int64, as torch.int32/int64 hold them.
+TEST(HostConvert, IntegerBuffers) {
+  const std::vector<double> values = {0, -1, 32000, -2147483648.0, 2147483647.0};
+  const std::vector<uint8_t> i32 = encode(DType::i32, values);
+  ASSERT_EQ(i32.size(), 20u);
+  EXPECT_EQ((std::vector<uint8_t>(i32.begin() + 4, i32.begin() + 8)), (std::vector<uint8_t>{0xFF, 0xFF, 0xFF, 0xFF}));
+  EXPECT_EQ((std::vector<uint8_t>(i32.begin() + 8, i32.begin() + 12)), (std::vector<uint8_t>{0x00, 0x7D, 0x00, 0x00}));
+  EXPECT_EQ(decode(DType::i32, i32.data(), values.size()), values);
+  const std::vector<double> wide = {-1, 1e15, 3};
+  const std::vector<uint8_t> i64 = encode(DType::i64, wide);
+  ASSERT_EQ(i64.size(), 24u);
+  EXPECT_EQ(i64[7], 0xFF);  // -1: all ones
+  EXPECT_EQ(decode(DType::i64, i64.data(), wide.size()), wide);
 }
 
 TEST(HostConvert, RoundTripsRoundedValues) {

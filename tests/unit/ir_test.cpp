@@ -46,6 +46,28 @@ TEST(Types, RoundToFp8Saturates) {
   EXPECT_TRUE(std::isnan(round_to(DType::f8e4m3, std::nan(""))));
 }
 
+// The integer dtypes: names (evtc's and PyTorch's), widths, rounding to integers that saturate,
+// and the one widening rule that lets them into f32 arithmetic.
+TEST(Types, IntegerDtypes) {
+  EXPECT_EQ(parse_dtype("i32"), DType::i32);
+  EXPECT_EQ(parse_dtype("int64"), DType::i64);
+  EXPECT_EQ(torch_dtype_name(DType::i32), "int32");
+  EXPECT_EQ(dtype_bytes(DType::i64), 8);
+  EXPECT_TRUE(is_integer(DType::i32) && !is_integer(DType::f32));
+  EXPECT_EQ(dtype_names().back(), "i64");
+  EXPECT_EQ(float_dtype_names(), (std::vector<std::string>{"f32", "f16", "bf16", "f8e4m3", "f8e5m2"}));
+  EXPECT_EQ(round_to(DType::i32, 2.5), 2.0);  // ties to even
+  EXPECT_EQ(round_to(DType::i32, -3.5), -4.0);
+  EXPECT_EQ(round_to(DType::i32, 1e12), 2147483647.0);
+  EXPECT_EQ(round_to(DType::i32, -1e12), -2147483648.0);
+  EXPECT_EQ(round_to(DType::i64, 1e12), 1e12);
+  EXPECT_TRUE(widens_losslessly(DType::i32, DType::f32));   // read as f32, exact below 2^24
+  EXPECT_TRUE(widens_losslessly(DType::i64, DType::f32));
+  EXPECT_FALSE(widens_losslessly(DType::i32, DType::bf16));
+  EXPECT_FALSE(widens_losslessly(DType::f16, DType::i32));  // nothing computes in an integer type
+  EXPECT_FALSE(widens_losslessly(DType::i32, DType::i64));
+}
+
 TEST(Types, Broadcast) {
   EXPECT_EQ(broadcast(Shape::row, Shape::col), Shape::full);
   EXPECT_EQ(broadcast(Shape::scalar, Shape::row), Shape::row);
@@ -182,6 +204,76 @@ TEST(GraphErrors, DuplicateOutput) {
   g.store("D", acc, DType::bf16);
   EXPECT_THROW(g.store("D", acc, DType::f32), UserError);
   EXPECT_THROW(g.row_vec("D", DType::f32), UserError);
+}
+
+// --- index leaves and integer operands --------------------------------------------------
+
+TEST(Graph, IndexLeavesAreF32VectorsOnePerAxis) {
+  Graph g;
+  auto m = g.index(IndexAxis::m);
+  auto n = g.index(IndexAxis::n);
+  EXPECT_EQ(m.node().shape, Shape::col);
+  EXPECT_EQ(n.node().shape, Shape::row);
+  EXPECT_EQ(m.node().dtype, DType::f32);
+  EXPECT_EQ(g.index(IndexAxis::m).id, m.id);  // like acc, one node per axis
+  EXPECT_NE(m.id, n.id);
+  auto mask = g.compute(Op::lt, {m, n});
+  EXPECT_EQ(mask.node().shape, Shape::full);
+  g.store("D", g.accum() * mask, DType::bf16);
+  const std::string text = print(g);
+  EXPECT_NE(text.find("= index m : f32[m]\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("= index n : f32[n]\n"), std::string::npos) << text;
+  EXPECT_EQ(print(parse_canonical(text)), text);
+}
+
+TEST(GraphErrors, IntegerDtypesOnlyForVectorOperands) {
+  Graph g;
+  auto acc = g.accum();
+  EXPECT_EQ(g.col_vec("t", DType::i32).node().dtype, DType::i32);
+  EXPECT_EQ(g.row_vec("q", DType::i64).node().dtype, DType::i64);
+  auto message = [](auto&& f) {
+    try {
+      f();
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  const std::string allowed = "integer dtypes (i32, i64) are allowed only for [m] and [n] input vectors";
+  EXPECT_NE(message([&] { g.aux("x", DType::i32); }).find("i32 operand 'x[m,n]': " + allowed), std::string::npos);
+  EXPECT_NE(message([&] { g.param("k", DType::i64); }).find("i64 scalar 'k': " + allowed), std::string::npos);
+  EXPECT_NE(message([&] { g.source(DType::i32); }).find("i32 source matrix C: " + allowed), std::string::npos);
+  EXPECT_NE(message([&] { g.store("D", acc, DType::i32); }).find("i32 output 'D': " + allowed), std::string::npos);
+  EXPECT_NE(message([&] { g.cast(acc, DType::i64); }).find("i64 cast of 'acc': " + allowed), std::string::npos);
+  EXPECT_NE(message([&] { g.compute(Op::add, {acc, acc}, {}, DType::i32); }).find("i32 computation add: " + allowed),
+            std::string::npos);
+  EXPECT_NE(message([&] { g.constant(3, DType::i32); }).find("i32 constant: " + allowed), std::string::npos);
+}
+
+TEST(GraphErrors, MAndNNameNoOperandOrOutput) {
+  Graph g;
+  auto acc = g.accum();
+  EXPECT_THROW(g.col_vec("m", DType::f32), UserError);
+  EXPECT_THROW(g.param("n"), UserError);
+  EXPECT_THROW(g.aux("n", DType::bf16), UserError);
+  try {
+    g.store("n", acc, DType::bf16);
+    ADD_FAILURE() << "an output named n was accepted";
+  } catch (const UserError& e) {
+    EXPECT_STREQ(e.what(), "output 'n': 'n' is the column index of the output element and cannot name an output");
+  }
+  EXPECT_THROW(parse_canonical("%0 = accum : f32[m,n]\n%1 = row_vec m : f32[n]\n"), UserError);
+}
+
+TEST(CanonicalParser, IndexNeedsItsAxis) {
+  try {
+    parse_canonical("%0 = index k : f32[m]\n");
+    ADD_FAILURE() << "index k was accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("expected m or n after 'index', got 'k'"), std::string::npos) << e.what();
+  }
+  // The type must be the axis's: m is [m].
+  EXPECT_THROW(parse_canonical("%0 = index m : f32[n]\n"), UserError);
 }
 
 TEST(CanonicalParser, ReportsLineAndColumn) {

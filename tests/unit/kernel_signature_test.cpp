@@ -10,6 +10,8 @@
 #include "evtc/graph.hpp"
 #include "evtc/kernel_config.hpp"
 #include "evtc/passes.hpp"
+#include "evtc/runtime.hpp"
+#include "runtime/bind.hpp"
 
 using namespace evtc;
 using nlohmann::json;
@@ -226,6 +228,51 @@ TEST(Signature, JsonOmitsCAndDWhenAbsent) {
 }
 
 // --- KernelConfig names ----------------------------------------------------------------
+
+// Which index an epilogue reads (the runtime refuses M or N above 2^24 for it); the JSON says
+// so only where one is read, so that the signatures of other kernels are as they were.
+TEST(Signature, RecordsTheIndicesItReadsAndIntegerOperands) {
+  const KernelSignature both = signature("input t[m]: i32\nout D: bf16 = acc * (n == t[m]) + m");
+  EXPECT_TRUE(both.reads_row_index);
+  EXPECT_TRUE(both.reads_col_index);
+  EXPECT_EQ(slot(both.pointers, "t").dtype, DType::i32);
+  const json j = json::parse(both.to_json());
+  EXPECT_EQ(j["index"], json::array({"m", "n"}));
+  EXPECT_EQ(j["pointers"][0]["dtype"], "i32");
+  const KernelSignature cols = signature("out D: bf16 = acc * (n < 8)");
+  EXPECT_FALSE(cols.reads_row_index);
+  EXPECT_TRUE(cols.reads_col_index);
+  const KernelSignature none = signature("out D: bf16 = acc + bias[n]");
+  EXPECT_FALSE(none.reads_row_index || none.reads_col_index);
+  EXPECT_FALSE(json::parse(none.to_json()).contains("index"));
+}
+
+// Binding refuses a problem whose index an epilogue reads past f32's exact integers, before it
+// looks at any device pointer.
+TEST(Signature, BindingRefusesIndicesPastTwoToThe24) {
+  const KernelSignature sig = signature("out D: bf16 = acc * (m < 8)");
+  GemmDesc gemm;
+  gemm.b_layout = Layout::row_major;
+  runtime::PointerChecks pointers;
+  auto bind = [&](int64_t m, int64_t n) {
+    Arguments args;
+    static char fake[1];
+    args.a(TensorRef::matrix(fake, DType::bf16, m, 8));
+    args.b(TensorRef::matrix(fake, DType::bf16, 8, n));
+    try {
+      runtime::bind_arguments(sig, gemm, args, pointers);
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(bound)");
+  };
+  EXPECT_EQ(bind(int64_t(1) << 25, 64),
+            "M=33554432 is too large for the epilogue's row index 'm': indices are f32 values, exact up to 16777216 "
+            "(2^24)");
+  // N is not read as an index here: a wide N passes this check (and fails later, at the fake
+  // pointers, not for its size).
+  EXPECT_EQ(bind(64, int64_t(1) << 25).find("too large"), std::string::npos);
+}
 
 TEST(SignatureKernelConfig, DefaultName) {
   EXPECT_EQ(KernelConfig{}.name(), "coop_128x256x64_c2x1_persistent");

@@ -32,6 +32,14 @@ TEST(Options, ErrorsNameTheOption) {
     return std::string();
   };
   EXPECT_NE(message(R"({"a_dtype": "f64"})").find("a_dtype: unknown dtype 'f64'"), std::string::npos);
+  EXPECT_NE(message(R"({"b_dtype": "int32"})").find("b_dtype: int32 is an integer dtype, allowed only for [m] and [n]"),
+            std::string::npos);
+  try {
+    parse_options(option_text_from_json(R"({"operand_dtype": "i64"})"));
+    ADD_FAILURE() << "an integer default operand dtype was accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("operand_dtype: i64 is an integer dtype"), std::string::npos) << e.what();
+  }
   EXPECT_NE(message(R"({"b_layout": "diagonal"})").find("b_layout: unknown layout"), std::string::npos);
   EXPECT_NE(message(R"({"cast_mode": 1})").find("option cast_mode: expected a string"), std::string::npos);
   EXPECT_NE(message(R"({"tile": "big"})").find("unknown kernel option 'tile'"), std::string::npos);

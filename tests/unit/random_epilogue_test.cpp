@@ -63,6 +63,37 @@ TEST(RandomEpilogue, CoversTheOpTableAndEveryKernelKind) {
     EXPECT_NE(all.find(r), std::string::npos) << r;
 }
 
+// The index leaves and integer operands appear, declared where they are read: one-hot masks
+// (n == t0[m]), triangular ones (m < n) and where() conditions on them; every output alone
+// parses too, with the declarations it needs.
+TEST(RandomEpilogue, GeneratesIndicesAndDeclaredIntegerOperands) {
+  evtc::testing::EpilogueGenerator gen(11);
+  std::string all;
+  size_t declared = 0;
+  for (int i = 0; i < 1000; ++i) {
+    const evtc::testing::RandomKernel k = gen.next();
+    all += k.text();
+    ParseOptions p;
+    p.operand_dtype = k.kind == evtc::testing::KernelKind::fp8 ? DType::f32 : k.gemm.a_dtype;
+    const Graph g = parse_expression(k.text(), p);
+    for (const Node& n : g.nodes())
+      if (n.kind == NodeKind::col_vec || n.kind == NodeKind::row_vec) {
+        const bool label = n.name == "t0" || n.name == "t1";
+        EXPECT_EQ(is_integer(n.dtype), label) << n.name << " in " << k.text();
+        declared += label;
+      }
+    for (size_t o = 0; o < k.outputs.size(); ++o) EXPECT_NO_THROW(parse_expression(k.text_of(o), p)) << k.text_of(o);
+  }
+  EXPECT_GT(declared, 0u);
+  for (const char* term : {"(n == t0[m])", "(m == t1[n])", "where((n ", "where((m ", "input t0[m]: i32\n",
+                           "input t1[n]: i64\n", "(m * 0.01)"})
+    EXPECT_NE(all.find(term), std::string::npos) << term << " never generated";
+  bool triangular = false;
+  for (const char* op : {"<", "<=", ">", ">=", "==", "!="})
+    triangular |= all.find(fmt::format("(m {} n)", op)) != std::string::npos;
+  EXPECT_TRUE(triangular);
+}
+
 // The integer mode uses only what the op table marks exact on integers, and integer constants.
 TEST(RandomEpilogue, IntegerModeUsesOnlyOpsExactOnIntegers) {
   evtc::testing::GeneratorOptions o;

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -78,6 +80,38 @@ TEST(ReferenceInterpreter, HandComputedEveryNodeKind) {
   // 5.75 a tie between 5.5 and 6 -> 6 (even); 7.25 a tie -> 7 (even); 9.625 -> 10.
   EXPECT_EQ(out.at("D8"), (std::vector<double>{5.5, 5.0, 5.5, 6.0, 7.0, 10.0}));
   EXPECT_EQ(out.at("rows"), (std::vector<double>{7, 14}));
+}
+
+// m and n are each element's row and column; an integer operand is read as its value. The
+// hand problem's acc = [5 2 0; 11 4 -1], labels t = [2, 0] (row 0's target column is 2, row 1's
+// is 0).
+TEST(ReferenceInterpreter, IndexLeavesAndIntegerOperandsByHand) {
+  Graph g;
+  auto acc = g.accum();
+  auto m = g.index(IndexAxis::m), n = g.index(IndexAxis::n);
+  auto t = g.col_vec("t", DType::i32);
+  auto hit = g.compute(Op::eq, {n, t});
+  g.store("target", g.reduce(ReduceAxis::row, ReduceOp::sum, g.compute(Op::where, {hit, acc, g.constant(0)})),
+          DType::f32);
+  g.store("grad", (acc - hit) * 2.0, DType::f32);
+  g.store("D", acc * g.compute(Op::ge, {m, n}) + 10.0 * m + n, DType::f32);
+  ReferenceInputs in = hand_problem();
+  in.operands["t"] = {2, 0};
+  const ReferenceOutputs out = evaluate_reference(g, in);
+  EXPECT_EQ(out.at("target"), (std::vector<double>{0, 11}));                   // acc[0][2], acc[1][0]
+  EXPECT_EQ(out.at("grad"), (std::vector<double>{10, 4, -2, 20, 8, -2}));       // (acc - onehot) * 2
+  // acc * (m >= n) = [5 0 0; 11 4 0]; + 10m + n = [0 1 2; 10 11 12]:
+  EXPECT_EQ(out.at("D"), (std::vector<double>{5, 1, 2, 21, 15, 12}));
+}
+
+// An integer operand holds integers of its type: a value given as a non-integer reads as the
+// nearest integer, as an int32 buffer would hold it, and every value enters f32 arithmetic.
+TEST(ReferenceInterpreter, IntegerOperandsReadAsTheirIntegerValue) {
+  Graph g;
+  g.store("D", g.accum() + g.row_vec("q", DType::i64), DType::f32);
+  ReferenceInputs in = with_acc(1, 3, {0, 0, 0});
+  in.operands["q"] = {2.4, -3.5, 16777217};  // 16777217 = 2^24 + 1 has no f32: reads as 2^24
+  EXPECT_EQ(evaluate_reference(g, in).at("D"), (std::vector<double>{2, -4, 16777216}));
 }
 
 TEST(ReferenceInterpreter, UsesAGivenAccumulatorInsteadOfAB) {
@@ -537,6 +571,44 @@ TEST(ReferenceRandom, FillsEveryInputWithValuesOfItsDtype) {
   check_dtype(in.operands.at("scale"), DType::f16, "scale");
   check_dtype(in.operands.at("res"), DType::f8e4m3, "res");
   EXPECT_NO_THROW(evaluate_reference(g, in));
+}
+
+// Integer operands are indices of the other axis: a label per row in [-1, n], per column in
+// [-1, m], so that `n == t[m]` holds at some elements and not at others; never all zeros.
+TEST(ReferenceRandom, IntegerOperandsAreIndicesOfTheOtherAxis) {
+  Graph g;
+  auto acc = g.accum();
+  auto t = g.col_vec("t", DType::i32);
+  auto q = g.row_vec("q", DType::i64);
+  g.store("D", g.compute(Op::where, {g.compute(Op::eq, {g.index(IndexAxis::n), t}), acc, q}), DType::f32);
+  const int64_t m = 300, n = 40;
+  const ReferenceInputs in = random_reference_inputs(g, m, n, 8, DType::bf16, DType::bf16, 7);
+  const auto& labels = in.operands.at("t");
+  const auto& rows = in.operands.at("q");
+  ASSERT_EQ(labels.size(), size_t(m));
+  ASSERT_EQ(rows.size(), size_t(n));
+  std::set<double> seen;
+  for (double v : labels) {
+    EXPECT_EQ(v, std::nearbyint(v));
+    EXPECT_GE(v, -1);
+    EXPECT_LE(v, double(n));
+    seen.insert(v);
+  }
+  for (double v : rows) {
+    EXPECT_EQ(v, std::nearbyint(v));
+    EXPECT_GE(v, -1);
+    EXPECT_LE(v, double(m));
+  }
+  // 300 draws from 42 values: both ends and most of the range appear.
+  EXPECT_TRUE(seen.count(-1) && seen.count(double(n)));
+  EXPECT_GT(seen.size(), 30u);
+  const ReferenceOutputs out = evaluate_reference(g, in);
+  size_t hits = 0;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) hits += labels[size_t(i)] == double(j);
+  EXPECT_GT(hits, 0u);
+  EXPECT_LT(hits, size_t(m));
+  EXPECT_EQ(random_reference_inputs(g, m, n, 8, DType::bf16, DType::bf16, 7).operands.at("t"), labels);
 }
 
 TEST(ReferenceRandom, DeterministicForASeedAndFreshAcrossSeeds) {

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "backends/cutlass3/emitter.hpp"
+#include "backends/emit.hpp"
 #include "evtc/expression.hpp"
 #include "evtc/graph.hpp"
 #include "evtc/ir_text.hpp"
@@ -428,6 +429,49 @@ TEST(Sm90Emitter, RowLogsumexpIsEvtcsPairNodeWithPairPartials) {
 
 TEST(Sm90Emitter, KernelsWithoutLogsumexpDoNotIncludeItsHeader) {
   EXPECT_EQ(emit("out r = row_sum(acc)").source.find("sm90_logsumexp"), std::string::npos);
+}
+
+// --- the index leaves and integer operands -------------------------------------------
+
+TEST(Sm90Emitter, IndexLeavesAreEvtcsIndexNodeWithItsHeader) {
+  const std::string s = emit("out D: bf16 = acc * (m >= n)").source;
+  EXPECT_NE(s.find("#include \"evtc/device/sm90_index.cuh\""), std::string::npos);
+  EXPECT_EQ(count(s, "= evtc::device::Sm90Index<0>;"), 1u) << s;  // m: axis 0 of (M, N)
+  EXPECT_EQ(count(s, "= evtc::device::Sm90Index<1>;"), 1u) << s;  // n: axis 1
+  EXPECT_EQ(emit("out D: bf16 = acc * bias[n]").source.find("sm90_index"), std::string::npos);
+}
+
+TEST(Sm90Emitter, IntegerVectorsAreBroadcastsOfIntegerElementsReadAsFloat) {
+  const std::string s = emit("input t[m]: i32\ninput q[n]: i64\nout D: bf16 = acc * (n == t[m]) - q[n]").source;
+  EXPECT_NE(s.find("cutlass::epilogue::fusion::Sm90ColBroadcast<0, TileShape, int32_t, float, "
+                   "cute::Stride<cute::_1, cute::_0, cute::_0>>"),
+            std::string::npos)
+      << s;
+  EXPECT_NE(s.find("cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, int64_t, float, "
+                   "cute::Stride<cute::_0, cute::_1, cute::_0>>"),
+            std::string::npos)
+      << s;
+  EXPECT_NE(s.find("static_cast<const int32_t*>(a.ptrs["), std::string::npos);
+  EXPECT_NE(s.find("static_cast<const int64_t*>(a.ptrs["), std::string::npos);
+}
+
+// A transposed kernel's rows are the problem's columns: the dense emitter's swap-AB rewrite
+// gives n the kernel's axis 0 and m its axis 1, and the [m] labels a row broadcast.
+TEST(Sm90Emitter, SwapAbKernelsExchangeTheIndices) {
+  GemmDesc gemm;
+  gemm.m = 16;
+  gemm.n = 4096;
+  gemm.k = 4096;
+  gemm.b_layout = Layout::col_major;
+  const std::optional<KernelConfig> cfg = KernelConfig::parse("pingpong_64x16x128_c1x1_persistent_swap");
+  ASSERT_TRUE(cfg && cfg->swap_ab);
+  const std::string s =
+      backend::emit_dense_kernel(pipeline(parse_expression("input t[m]: i32\nout D: bf16 = acc * (n == t[m])"), gemm),
+                                 gemm, *cfg)
+          .source;
+  EXPECT_NE(s.find("// row index m\nusing V1 = evtc::device::Sm90Index<0>;"), std::string::npos) << s;
+  EXPECT_NE(s.find("Sm90RowBroadcast<0, TileShape, int32_t, float"), std::string::npos) << s;
+  EXPECT_EQ(s.find("Sm90Index<1>"), std::string::npos) << s;
 }
 
 // --- the main output -------------------------------------------------------------------

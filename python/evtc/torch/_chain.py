@@ -24,8 +24,10 @@ from ._spec import AUX, AUX_COL, COL, PLACEMENT_CLASSES, ROW, SCALAR
 aten = torch.ops.aten
 prims = torch.ops.prims
 
-# torch dtype -> evtc dtype name (the native dtype table's).
-EVTC_DTYPES = {getattr(torch, torch_name): name for name, torch_name in _evtc.torch_dtype_names().items()}
+# torch dtype -> evtc dtype name (the native dtype table's), floating types only: evtc's integer
+# dtypes (i32, i64) are [m]/[n] index operands of written epilogues, which no traced chain makes.
+EVTC_DTYPES = {getattr(torch, torch_name): name for name, torch_name in _evtc.torch_dtype_names().items()
+               if getattr(torch, torch_name).is_floating_point}
 GEMM_OPERAND_DTYPES = (torch.bfloat16, torch.float16)
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 

@@ -18,6 +18,8 @@ std::string storage_type(DType t) {
     case DType::bf16: return "__nv_bfloat16";
     case DType::f8e4m3: return "__nv_fp8_e4m3";
     case DType::f8e5m2: return "__nv_fp8_e5m2";
+    case DType::i32: return "int32_t";
+    case DType::i64: return "int64_t";
   }
   return "?";
 }
@@ -69,6 +71,9 @@ std::string emit_fallback_kernel(const Graph& g, const KernelSignature& sig, con
     auto in = [&](size_t k) { return var(n.inputs[k], lane); };
     switch (n.kind) {
       case NodeKind::accum: body += fmt::format("  const float {} = acc[i * n + {}];\n", v, j); break;
+      case NodeKind::index:  // the element's row i, or its column (of the full-width value)
+        body += fmt::format("  const float {} = float({});\n", v, n.index_axis == IndexAxis::m ? "i" : j);
+        break;
       case NodeKind::source:
         body += fmt::format("  const float {} = to_float(static_cast<const {}*>(p.c)[i * p.ldc + {}]);\n", v,
                             storage_type(n.dtype), j);
@@ -85,9 +90,10 @@ std::string emit_fallback_kernel(const Graph& g, const KernelSignature& sig, con
         break;
       case NodeKind::row_vec:
       case NodeKind::col_vec:
-        body += fmt::format("  const float {} = to_float(static_cast<const {}*>(p.ptrs[{}])[{}]);\n", v,
-                            storage_type(n.dtype), ptr_slot.at(n.name),
-                            n.kind == NodeKind::row_vec ? j : "i");
+        // An integer operand converts to the nearest float (float(x) rounds to nearest).
+        body += fmt::format("  const float {} = {}(static_cast<const {}*>(p.ptrs[{}])[{}]);\n", v,
+                            is_integer(n.dtype) ? "float" : "to_float", storage_type(n.dtype),
+                            ptr_slot.at(n.name), n.kind == NodeKind::row_vec ? j : "i");
         break;
       case NodeKind::aux:
         body += fmt::format("  const float {} = to_float(static_cast<const {}*>(p.ptrs[{}])[{}]);\n", v,

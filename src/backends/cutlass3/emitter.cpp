@@ -64,6 +64,14 @@ class Emitter : public backend::VisitorLowering {
   Visitor emit_accum(const Node&) {
     return {alias("cutlass::epilogue::fusion::Sm90AccFetch", "acc"), "{}"};
   }
+  // m or n: evtc's index leaf (evtc/device/sm90_index.cuh), the element's coordinate as f32.
+  Visitor emit_index(const Node& n) {
+    index_leaves_ = true;
+    const std::string type = alias(
+        fmt::format("evtc::device::Sm90Index<{}>", n.index_axis == IndexAxis::m ? 0 : 1),
+        fmt::format("{} index {}", n.index_axis == IndexAxis::m ? "row" : "column", index_axis_name(n.index_axis)));
+    return {type, fmt::format("typename {}::Arguments{{}}", type)};
+  }
   Visitor emit_source(const Node& n) {
     return {alias(fmt::format("cutlass::epilogue::fusion::Sm90SrcFetch<{}>", cutlass_type(n.dtype)),
                   "C"),
@@ -246,6 +254,7 @@ class Emitter : public backend::VisitorLowering {
     const Node& n = g_.node(id);
     switch (n.kind) {
       case NodeKind::accum: return emit_accum(n);
+      case NodeKind::index: return emit_index(n);
       case NodeKind::source: return emit_source(n);
       case NodeKind::scalar: return emit_scalar(n);
       case NodeKind::row_vec: return emit_row_vec(n);
@@ -294,6 +303,7 @@ class Emitter : public backend::VisitorLowering {
   const Target& arch_;  // what the architecture's CUTLASS 3.x kernels are built with
   std::vector<backend::ReductionSlot> reductions_;
   bool lse_pairs_ = false;  // a row logsumexp: include evtc/device/sm90_logsumexp.cuh
+  bool index_leaves_ = false;  // m or n: include evtc/device/sm90_index.cuh
   DType aux_element_ = DType::bf16;
   bool grouped_ = false;
 };
@@ -340,6 +350,7 @@ std::string Emitter::assemble(const Visitor& root) {
 #include "evtc/device/sm90_scalar_partials.cuh"
 )";
   if (lse_pairs_) s += "#include \"evtc/device/sm90_logsumexp.cuh\"\n";
+  if (index_leaves_) s += "#include \"evtc/device/sm90_index.cuh\"\n";
   if (d_sink) s += fmt::format("#include \"{}\"\n", arch_.d_sink_header());
   s += "\n";
   s += backend::parts_prelude();

@@ -97,6 +97,8 @@ class Sm80Emitter : public backend::VisitorLowering {
         return compute("Identity", n.dtype, fmt::format("cast to {}", dtype_name(n.dtype)));
       case NodeKind::pair:  // see evtc/device/sm90_half_store.cuh
         return compute(n.part == PairPart::gate ? "PairGate" : "PairUp", n.dtype, std::string(pair_part_name(n.part)));
+      case NodeKind::index:  // legality refuses it (ArchFeatures::indices)
+        internal_fail(__FILE__, __LINE__, "the sm_80 backend has no index node");
       case NodeKind::reduce:
       case NodeKind::store: break;
     }

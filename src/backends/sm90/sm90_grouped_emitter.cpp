@@ -61,6 +61,16 @@ std::vector<std::string> grouped_refusals(const Graph& g, const GemmDesc& gemm) 
       case NodeKind::source:
         why.push_back("the epilogue reads the GEMM's source C: grouped kernels have no C");
         break;
+      case NodeKind::index:
+        why.push_back(fmt::format("the epilogue reads the index '{}': grouped kernels do not read the indices m "
+                                  "and n (evtc's index node is built for dense kernels)",
+                                  index_axis_name(n.index_axis)));
+        break;
+      case NodeKind::row_vec:
+        if (is_integer(n.dtype))
+          why.push_back(fmt::format("operand '{}[n]' is {}: grouped kernels take floating-point row vectors only",
+                                    n.name, dtype_name(n.dtype)));
+        break;
       case NodeKind::store: {
         const Node& in = g.node(n.inputs[0]);
         if (in.kind == NodeKind::reduce)
