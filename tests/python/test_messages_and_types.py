@@ -26,8 +26,8 @@ def test_bad_values_are_value_errors_and_bad_types_type_errors():
     assert isinstance(e.value, evtc.UserError) and isinstance(e.value, evtc.Error)
     with pytest.raises(ValueError):
         evtc.compile("out D = sigmod(acc)")  # a ParseError is a bad value too
-    with pytest.raises(TypeError, match=r"a_dtype: expected a dtype \(f32, f16, bf16, f8e4m3, f8e5m2, or a "
-                                        r"torch.dtype\), got int 3") as t:
+    with pytest.raises(TypeError, match=r"a_dtype: expected a dtype \(f32, f16, bf16, f8e4m3, f8e5m2, i32, i64, "
+                                        r"or a torch.dtype\), got int 3") as t:
         evtc.compile("out D = acc", a_dtype=3)
     assert isinstance(t.value, evtc.ArgumentTypeError) and isinstance(t.value, evtc.Error)
     assert issubclass(evtc.ArgumentTypeError, evtc.UserError)
@@ -262,6 +262,12 @@ def test_torch_dtype_names_come_from_the_native_table():
     assert sorted(names) == sorted(_evtc.dtype_names())
     for name, torch_name in names.items():
         t = getattr(torch, torch_name)
-        assert EVTC_DTYPES[t] == name
-        # the native parser takes the torch name as the same type
-        assert evtc.compile("out D = acc", output_dtype=t).outputs[0].dtype == name
+        if t.is_floating_point:
+            assert EVTC_DTYPES[t] == name
+            # the native parser takes the torch name as the same type
+            assert evtc.compile("out D = acc", output_dtype=t).outputs[0].dtype == name
+        else:  # integer types: [m]/[n] operands only, never a traced chain's
+            assert t not in EVTC_DTYPES
+            assert evtc.parse(f"input t[m]: {torch_name}\nout D = acc * (n == t)") == \
+                evtc.parse(f"input t[m]: {name}\nout D = acc * (n == t)")
+    assert {n for n, tn in names.items() if not getattr(torch, tn).is_floating_point} == {"i32", "i64"}

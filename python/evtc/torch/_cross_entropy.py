@@ -10,15 +10,16 @@ Two ways to run it, chosen per call (``save_logits``; by default by the logits' 
 * **Recomputing** (the default where the 16-bit logits would take more than
   :data:`SAVED_LOGITS_BYTES`; ``save_logits=False``): memory first.
 
-  - Forward: one GEMM ``h @ Wᵀ`` whose epilogue writes each row's logsumexp and nothing
-    else (``row_logsumexp(acc)``: per-tile partials folded in a fixed order). The target's
-    logit is a dot product of ``h`` with the target's row of ``W`` (M × K work, in fp32). Each
+  - Forward: one GEMM ``h @ Wᵀ`` whose epilogue writes, per row, the logsumexp
+    (``row_logsumexp(acc)``: per-tile partials folded in a fixed order) and the target's logit
+    (``row_sum(where(n == t[m], acc, 0))``, ``t`` the target's column) and nothing else. Each
     row's loss is ``lse - target_logit``; rows whose target is ``ignore_index`` count for
     nothing. Saved for backward: ``h``, ``W``, the targets and the logsumexps (M floats).
   - Backward: one chunk of the vocabulary at a time (:func:`vocab_chunk_columns`), the same
-    GEMM again, its epilogue writing ``exp(acc - lse[m]) * g[m]`` (the softmax times each row's
-    incoming gradient) in the logits' dtype; the target's column then gets ``-g[m]`` (one
-    element per row), and two GEMMs give the chunk's rows of ``dW`` and its part of ``dh``
+    GEMM again, its epilogue writing ``exp(acc - lse[m]) * g[m] + where(n == t[m], gt[m], 0)``
+    (the softmax times each row's gradient of its logsumexp, and the gradient of the target
+    logit in the target's column; with the loss's gradients ``(exp(acc - lse) - one_hot) * g``)
+    in the logits' dtype; two GEMMs give the chunk's rows of ``dW`` and its part of ``dh``
     (accumulated in fp32). No [M, V] tensor exists at any point. The price is a fourth GEMM
     (the recomputed logits) against the three of an unfused LM head.
 
@@ -60,12 +61,19 @@ def _options(dtype: torch.dtype) -> dict:
 
 
 def _specs(dtype: torch.dtype) -> tuple[str, str]:
-    """The recomputing forward (logsumexp) and backward (softmax times the incoming gradient) specs."""
+    """The recomputing forward and backward specs. Forward: each row's logsumexp and its
+    target's logit (``t[m]`` the target's column, -1 where ignored). Backward: the gradient of
+    the logits, the softmax times each row's gradient of its logsumexp plus, in the target's
+    column (``t[m]`` relative to the chunk, -1 where outside it), the gradient of the target
+    logit."""
     name, options = EVTC_DTYPES[dtype], _options(dtype)
-    forward = _spec.make_spec("out lse: f32 = row_logsumexp(acc)", options, [], ["lse"])
+    forward = _spec.make_spec(
+        "input t[m]: i32\nout lse: f32 = row_logsumexp(acc)\nout target_logit: f32 = row_sum(where(n == t, acc, 0))",
+        options, [("t", _spec.COL)], ["lse", "target_logit"])
     backward = _spec.make_spec(
-        f"input lse[m]: f32\ninput g[m]: f32\nout grad: {name} = exp(acc - lse) * g", options,
-        [("lse", _spec.COL), ("g", _spec.COL)], ["grad"])
+        f"input lse[m]: f32\ninput g[m]: f32\ninput gt[m]: f32\ninput t[m]: i32\n"
+        f"out grad: {name} = exp(acc - lse) * g + where(n == t, gt, 0)", options,
+        [("lse", _spec.COL), ("g", _spec.COL), ("gt", _spec.COL), ("t", _spec.COL)], ["grad"])
     return forward, backward
 
 
@@ -103,17 +111,30 @@ def _valid_targets(target: torch.Tensor, ignore_index: int) -> tuple[torch.Tenso
     return valid, torch.where(valid, target, 0)
 
 
+def _column_targets(target: torch.Tensor, valid: torch.Tensor, start: int, columns: int) -> torch.Tensor:
+    """[M, 1] int32: each row's target column within [start, start + columns), else -1."""
+    here = valid & (target >= start) & (target < start + columns)
+    return torch.where(here, target - start, -1).to(torch.int32).view(-1, 1)
+
+
+def _check_targets(target: torch.Tensor, valid: torch.Tensor, vocab: int) -> None:
+    """A target outside [0, vocab) that is not ignore_index fails on the device, as
+    cross_entropy's does (no host synchronisation)."""
+    torch._assert_async(((target >= 0) & (target < vocab) | ~valid).all(),
+                        "linear_cross_entropy: a target is outside [0, vocab) and not ignore_index")
+
+
 @torch.library.custom_op("evtc::linear_cross_entropy_forward", mutates_args=())
 def _forward(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_index: int,
              vocab_chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's logsumexp of h @ weightᵀ, and its target's logit (0 where ignored)."""
+    """Each row's logsumexp of h @ weightᵀ, and its target's logit (0 where ignored), from one
+    GEMM's epilogue."""
     forward, _ = _specs(h.dtype)
-    (lse,) = _op.gemm_epilogue(forward, h.contiguous(), weight.t(), [])
-    valid, safe = _valid_targets(target, ignore_index)
-    # torch checks the indices here: a target outside [0, vocab) raises, as cross_entropy does.
-    picked = weight.index_select(0, safe)
-    target_logit = torch.linalg.vecdot(h.float(), picked.float()) * valid
-    return lse, target_logit
+    valid = target != ignore_index
+    _check_targets(target, valid, weight.shape[0])
+    lse, target_logit = _op.gemm_epilogue(forward, h.contiguous(), weight.t(),
+                                          [_column_targets(target, valid, 0, weight.shape[0])])
+    return lse.view(-1), target_logit.view(-1)
 
 
 @_forward.register_fake
@@ -146,21 +167,18 @@ def _backward(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignor
     of the vocabulary at a time: the [tokens, chunk] gradient is the largest tensor."""
     _, backward = _specs(h.dtype)
     vocab = weight.shape[0]
-    valid, safe = _valid_targets(target, ignore_index)
+    valid = target != ignore_index
     h = h.contiguous()
     # [M, 1] columns: broadcast along N, as the spec's col operands are placed.
-    columns = [lse.float().contiguous().view(-1, 1), grad_lse.float().contiguous().view(-1, 1)]
-    one_hot = (grad_target_logit * valid).to(h.dtype)
-    rows = torch.arange(h.shape[0], device=h.device)
+    columns = [lse.float().contiguous().view(-1, 1), grad_lse.float().contiguous().view(-1, 1),
+               (grad_target_logit.float() * valid).contiguous().view(-1, 1)]
     grad_h = torch.zeros(h.shape, dtype=torch.float32, device=h.device)
     grad_weight = torch.empty_like(weight)
     step = vocab_chunk or vocab_chunk_columns(h.shape[0], vocab)
     for start in range(0, vocab, step):
         w = weight[start:start + step]
         # d lse / d logits = softmax; d target_logit / d logits = the target's one-hot.
-        (grad,) = _op.gemm_epilogue(backward, h, w.t(), columns)
-        here = (safe >= start) & (safe < start + w.shape[0])
-        grad.index_put_((rows, (safe - start).clamp(0, w.shape[0] - 1)), one_hot * here, accumulate=True)
+        (grad,) = _op.gemm_epilogue(backward, h, w.t(), columns + [_column_targets(target, valid, start, w.shape[0])])
         _add_mm_f32(grad_h, grad, w)
         torch.mm(grad.t(), h, out=grad_weight[start:start + step])
     return grad_h.to(h.dtype), grad_weight
