@@ -308,7 +308,8 @@ def row_notes(name: str, phase: str, mode: str, model: nn.Module) -> list[str]:
     if phase == "train" and name in LAYER_MODELS:
         notes.append("batch 4 x 1024 (memory)")
     if name in LOSS_MODELS:
-        notes.append("8 x 1024 tokens; the model's output is its loss")
+        notes.append("8 x 1024 tokens; the model's output is its loss; evtc runs it as linear_cross_entropy "
+                     "(logits saved up to 1 GiB, recomputed above), which fused/gemms do not count")
     if phase == "decode":
         notes.append("input_ids (64, 1) without a KV cache" if name in HF_MODELS else
                      f"KV cache of {CACHE_LEN} positions, static address" if model.heads else "input (64, 1, hidden)")

@@ -208,3 +208,18 @@ def test_transformers_causal_lm_loss_and_logits():
     want = run("inductor")
     for name, g, r in zip(("loss", "logits", "d down_proj", "d lm_head"), got, want):
         assert rel(g, r) < 2e-2, name
+
+
+@SAVING
+def test_only_the_weights_gradient_when_h_needs_none(save_logits):
+    """h without requires_grad (an LM head's input in a frozen-body fine-tune): the weight's
+    gradient alone, as eager's."""
+    h, w, t = inputs(300, 264, 1000, seed=19)
+    grads = []
+    for fn, dtype in ((fused, None), (eager, torch.float64), (eager, None)):
+        wg = w.detach().clone().to(dtype or w.dtype).requires_grad_()
+        kw = {"save_logits": save_logits} if fn is fused else {}
+        fn(h.to(dtype or h.dtype), wg, t, **kw).backward()
+        grads.append(wg.grad.double())
+    ours, ref, base = grads
+    assert rel(ours, ref) <= 2 * rel(base, ref) + 1e-6
