@@ -76,7 +76,7 @@ Command add_grouped_command(CLI::App& app) {
   sub->add_option("--weights", a->weights, "Weight layout: nk (G×N×K, K-major) or kn (G×K×N)")
       ->capture_default_str()
       ->check(CLI::IsMember({"nk", "kn"}));
-  sub->add_option("--dtype", a->dtype, "x and weight dtype (bf16, f16, f8e4m3 or f8e5m2)")
+  sub->add_option("--dtype", a->dtype, "x and weight dtype (" + or_list(tensor_core_input_names()) + ")")
       ->capture_default_str()
       ->check(dtype_value());
   sub->add_flag("--fp8-blockwise", a->fp8_blockwise,

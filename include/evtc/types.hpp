@@ -24,6 +24,13 @@ const std::vector<std::string>& dtype_names();
 // The canonical names of the floating-point DTypes (all but i32 and i64): what A, B, outputs and
 // the default operand dtype may be.
 const std::vector<std::string>& float_dtype_names();
+// A and B of fused kernels (what the tensor cores multiply): f16, bf16, f8e4m3 and f8e5m2; the
+// Python layer's GEMM operand dtypes come from this too.
+bool is_tensor_core_input(DType t);
+// Their canonical names, in enum order.
+const std::vector<std::string>& tensor_core_input_names();
+// "a, b or c": a list of names for a message.
+std::string or_list(const std::vector<std::string>& names);
 int dtype_bits(DType t);
 inline int dtype_bytes(DType t) { return dtype_bits(t) / 8; }
 bool is_fp8(DType t);

@@ -388,6 +388,8 @@ NB_MODULE(_evtc, m) {
   });
   m.def("log_level_names", &log_level_names);
   m.def("dtype_names", &dtype_names);
+  // A and B of fused kernels (evtc/types.hpp): the FX pass's GEMM operand dtypes.
+  m.def("tensor_core_input_dtypes", &tensor_core_input_names);
   m.def("torch_dtype_names", [] {
     std::map<std::string, std::string> names;
     for (const std::string& name : dtype_names()) names[name] = std::string(torch_dtype_name(*parse_dtype(name)));

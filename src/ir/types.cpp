@@ -92,6 +92,27 @@ const std::vector<std::string>& float_dtype_names() {
   return names;
 }
 
+bool is_tensor_core_input(DType t) { return t == DType::bf16 || t == DType::f16 || is_fp8(t); }
+
+const std::vector<std::string>& tensor_core_input_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (DType t : kAllDTypes)
+      if (is_tensor_core_input(t)) v.emplace_back(dtype_name(t));
+    return v;
+  }();
+  return names;
+}
+
+std::string or_list(const std::vector<std::string>& names) {
+  std::string out;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (i) out += i + 1 == names.size() ? " or " : ", ";
+    out += names[i];
+  }
+  return out;
+}
+
 int dtype_bits(DType t) {
   switch (t) {
     case DType::f32:

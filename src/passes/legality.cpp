@@ -17,10 +17,6 @@ constexpr size_t kMaxReductions = 16;
 
 int elements_per_access(DType t) { return kAccessBytes / dtype_bytes(t); }
 
-bool is_tensor_core_input(DType t) {
-  return t == DType::bf16 || t == DType::f16 || is_fp8(t);
-}
-
 class LegalityChecker {
  public:
   LegalityChecker(const Graph& g, const GemmDesc& gemm) : g_(g), gemm_(gemm) {}
@@ -100,9 +96,8 @@ class LegalityChecker {
     const DType a = gemm_.a_dtype, b = gemm_.b_dtype;
     for (auto [name, t] : {std::pair{'A', a}, std::pair{'B', b}})
       if (!is_tensor_core_input(t))
-        refuse(fmt::format("{} is {}, which sm90 tensor cores do not take (A and B must be "
-                           "bf16, f16, f8e4m3 or f8e5m2)",
-                           name, dtype_name(t)));
+        refuse(fmt::format("{} is {}, which sm90 tensor cores do not take (A and B must be {})", name,
+                           dtype_name(t), or_list(tensor_core_input_names())));
     if (!is_tensor_core_input(a) || !is_tensor_core_input(b)) return;
     if (dtype_bits(a) != dtype_bits(b))
       refuse(fmt::format("A is {} ({}-bit) and B is {} ({}-bit): A and B must have the same "

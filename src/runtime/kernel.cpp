@@ -287,8 +287,8 @@ Kernel::Kernel(const Graph& graph, const CompileOptions& given) : impl_(std::mak
   for (auto [name, t] : {std::pair{'A', options.gemm.a_dtype}, std::pair{'B', options.gemm.b_dtype}})
     if (is_integer(t))
       throw UserError(fmt::format("operand {} is {}: integer dtypes are allowed only for [m] and [n] input vectors "
-                                  "of the epilogue; A and B must be f32, f16, bf16, f8e4m3 or f8e5m2",
-                                  name, dtype_name(t)));
+                                  "of the epilogue; A and B must be {}",
+                                  name, dtype_name(t), or_list(float_dtype_names())));
   runtime::require_runnable_fp8(options.gemm.a_dtype, options.gemm.b_dtype,
                                 options.gemm.a_layout == Layout::row_major,
                                 options.gemm.b_layout == Layout::row_major);

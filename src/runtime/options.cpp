@@ -13,10 +13,9 @@ DType dtype_option(std::string_view value, std::string_view option) {
   if (auto d = parse_dtype(value); d && !is_integer(*d)) return *d;
   if (auto d = parse_dtype(value))
     throw UserError(fmt::format("{}: {} is an integer dtype, allowed only for [m] and [n] input vectors (declared "
-                                "in the expression: `input t[m]: {}`); expected f32, f16, bf16, f8e4m3 or f8e5m2",
-                                option, value, dtype_name(*d)));
-  throw UserError(fmt::format("{}: unknown dtype '{}' (expected f32, f16, bf16, f8e4m3 or f8e5m2)",
-                              option, value));
+                                "in the expression: `input t[m]: {}`); expected {}",
+                                option, value, dtype_name(*d), or_list(float_dtype_names())));
+  throw UserError(fmt::format("{}: unknown dtype '{}' (expected {})", option, value, or_list(float_dtype_names())));
 }
 
 Layout layout_option(std::string_view value, std::string_view option) {

@@ -106,7 +106,7 @@ TEST(PassLegality, TensorCoreInputTypes) {
   GemmDesc d = aligned_gemm();
   d.a_dtype = DType::f32;
   EXPECT_EQ(reasons(plain_graph(), d),
-            (Reasons{"A is f32, which sm90 tensor cores do not take (A and B must be bf16, f16, "
+            (Reasons{"A is f32, which sm90 tensor cores do not take (A and B must be f16, bf16, "
                      "f8e4m3 or f8e5m2)"}));
 }
 

@@ -28,8 +28,11 @@ prims = torch.ops.prims
 # dtypes (i32, i64) are [m]/[n] index operands of written epilogues, which no traced chain makes.
 EVTC_DTYPES = {getattr(torch, torch_name): name for name, torch_name in _evtc.torch_dtype_names().items()
                if getattr(torch, torch_name).is_floating_point}
-GEMM_OPERAND_DTYPES = (torch.bfloat16, torch.float16)
-FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+# A and B of fused kernels, from the native table: the 16-bit ones and the fp8 ones (through
+# _scaled_mm).
+_TENSOR_CORE_INPUTS = [getattr(torch, _evtc.torch_dtype_names()[name]) for name in _evtc.tensor_core_input_dtypes()]
+GEMM_OPERAND_DTYPES = tuple(t for t in _TENSOR_CORE_INPUTS if t.itemsize == 2)
+FP8_DTYPES = tuple(t for t in _TENSOR_CORE_INPUTS if t.itemsize == 1)
 
 
 class Refused(Exception):
