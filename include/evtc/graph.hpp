@@ -49,11 +49,13 @@ enum class Layout : uint8_t { row_major, col_major };
 // Which coordinate an index node gives: m, the row (an [m] value), or n, the column ([n]).
 enum class IndexAxis : uint8_t { m, n };
 std::string_view index_axis_name(IndexAxis a);  // "m", "n"
+// What the index is, for messages: "row" (m) or "column" (n).
+std::string_view index_axis_role(IndexAxis a);
 // The shape of an index leaf: m varies over rows ([m]), n over columns ([n]).
 Shape index_shape(IndexAxis a);
-// m and n name the index leaves in the expression language and the canonical text form: no
-// operand or output may be called so.
-bool is_index_name(std::string_view name);
+// m and n name the index leaves in the expression language and the canonical text form (no
+// operand or output may be called so): the leaf a name stands for, nullopt for other names.
+std::optional<IndexAxis> index_axis_named(std::string_view name);
 // Which column of each interleaved pair a pair node takes: gate = even columns (2j),
 // up = odd columns (2j+1); both give an [m,n/2] value whose column j comes from pair j.
 enum class PairPart : uint8_t { gate, up };

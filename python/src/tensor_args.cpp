@@ -1,6 +1,7 @@
 #include "tensor_args.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "evtc/error.hpp"
 
@@ -51,8 +52,8 @@ DType element_type(const nb::ndarray<>& array, const std::string& what,
                                 what, *dtype_override, dlpack_dtype_name(t)));
   }
   if (auto d = evtc_dtype(t)) return *d;
-  throw UserError(fmt::format("{}: {} is not an evtc element type (f32, f16, bf16, f8e4m3, f8e5m2, i32, i64)",
-                              what, dlpack_dtype_name(t)));
+  throw UserError(fmt::format("{}: {} is not an evtc element type ({})", what, dlpack_dtype_name(t),
+                              fmt::join(dtype_names(), ", ")));
 }
 
 }  // namespace

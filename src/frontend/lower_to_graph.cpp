@@ -73,9 +73,9 @@ Graph GraphLowering::finish(Loc end) {
 
 void GraphLowering::check_new_name(std::string_view name, Loc at, bool is_declaration) {
   if (name == "acc") fail(at, "'acc' is the GEMM accumulator; choose another name");
-  if (is_index_name(name))
+  if (const auto axis = index_axis_named(name))
     fail(at, fmt::format("'{}' is the {} index of the output element; choose another name", name,
-                         name == "m" ? "row" : "column"));
+                         index_axis_role(*axis)));
   if (name == "C" && !is_declaration)
     fail(at, "'C' is the GEMM's source matrix; choose another name");
   if (find_function(name))
@@ -197,8 +197,7 @@ Value GraphLowering::operand_of(const Expr& e) {
 Value GraphLowering::name_value(const Expr& e) {
   const std::string_view name = e.text;
   if (name == "acc") return checked(e.loc, [&] { return g_.accum(); });
-  if (is_index_name(name))
-    return checked(e.loc, [&] { return g_.index(name == "m" ? IndexAxis::m : IndexAxis::n); });
+  if (const auto axis = index_axis_named(name)) return checked(e.loc, [&] { return g_.index(*axis); });
   if (name == "C") return source(e.loc);
   if (auto it = values_.find(name); it != values_.end()) return g_.value(it->second.id);
   if (auto it = declared_.find(name); it != declared_.end()) {
@@ -224,9 +223,9 @@ Value GraphLowering::index_value(const Expr& e) {
   const std::string_view name = e.text;
   if (name == "acc") fail(e.loc, "'acc' takes no index: the accumulator is always [m,n]");
   if (name == "C") fail(e.loc, "'C' takes no index: the source matrix is always [m,n]");
-  if (is_index_name(name))
+  if (const auto axis = index_axis_named(name))
     fail(e.loc, fmt::format("'{0}' takes no index: it is the {1} index of the output element, always [{0}]",
-                            name, name == "m" ? "row" : "column"));
+                            name, index_axis_role(*axis)));
   if (values_.count(name))
     fail(e.loc, fmt::format("'{0}' is a named value, not an input operand: write {0} without an "
                             "index",
@@ -283,7 +282,7 @@ Value GraphLowering::call_value(const Expr& e) {
   const std::optional<Function> fn = find_function(name);
   if (!fn) {
     if (values_.count(name) || declared_.count(name) || operands_.count(name) || name == "acc" ||
-        name == "C" || is_index_name(name))
+        name == "C" || index_axis_named(name))
       fail(e.loc, fmt::format("'{}' is a value, not a function", name));
     if (auto op = find_op(name); op && op_info(*op).comparison)
       fail(e.loc, fmt::format("comparisons are operators: write {}(a, b) as a {} b", name, op_info(*op).infix));

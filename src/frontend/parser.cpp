@@ -183,8 +183,7 @@ void Parser::parse_type(Statement& s, bool allow_pointer) {
   s.dtype = parse_dtype(t.text);
   s.dtype_loc = t.loc;
   if (!s.dtype)
-    src_.fail(t.loc, fmt::format("unknown dtype '{}' (expected f32, f16, bf16, f8e4m3, f8e5m2, i32 or i64)",
-                                 t.text));
+    src_.fail(t.loc, fmt::format("unknown dtype '{}' (expected {})", t.text, or_list(dtype_names())));
   while (peek().kind == TokenKind::identifier) {
     const Token& w = peek();
     if (w.text == "ptr" && !allow_pointer)

@@ -89,7 +89,13 @@ std::string_view index_axis_name(IndexAxis a) { return a == IndexAxis::m ? "m" :
 
 Shape index_shape(IndexAxis a) { return a == IndexAxis::m ? Shape::col : Shape::row; }
 
-bool is_index_name(std::string_view name) { return name == "m" || name == "n"; }
+std::string_view index_axis_role(IndexAxis a) { return a == IndexAxis::m ? "row" : "column"; }
+
+std::optional<IndexAxis> index_axis_named(std::string_view name) {
+  if (name == "m") return IndexAxis::m;
+  if (name == "n") return IndexAxis::n;
+  return std::nullopt;
+}
 
 bool Node::is_load() const {
   switch (kind) {
@@ -199,6 +205,13 @@ void check_integer_dtype(const Node& n, const Graph& g) {
       "{} {}: integer dtypes (i32, i64) are allowed only for [m] and [n] input vectors (such as "
       "`input t[m]: i32`), whose values are read as f32 numbers",
       dtype_name(n.dtype), what));
+}
+
+// m and n are the index leaves: no output or operand (`what`) may be called so.
+void check_not_index_name(const std::string& name, std::string_view what) {
+  if (const auto axis = index_axis_named(name))
+    throw UserError(fmt::format("{0} '{1}': '{1}' is the {2} index of the output element and cannot name an {0}",
+                                what, name, index_axis_role(*axis)));
 }
 }  // namespace
 
@@ -318,10 +331,7 @@ NodeId Graph::add(Node n) {
       const Node& src = nodes_[n.inputs[0]];
       if (!is_identifier(n.name))
         throw UserError(fmt::format("output name '{}' is not an identifier", n.name));
-      if (is_index_name(n.name))
-        throw UserError(fmt::format("output '{}': '{}' is the {} index of the output element and cannot name "
-                                    "an output",
-                                    n.name, n.name, n.name == "m" ? "row" : "column"));
+      check_not_index_name(n.name, "output");
       if (src.shape != Shape::full && src.shape != Shape::half && src.kind != NodeKind::reduce)
         throw UserError(fmt::format(
             "output '{}' would be {} ({}): an output must be an [m,n] value, a gated "
@@ -344,10 +354,7 @@ NodeId Graph::add(Node n) {
   if (is_named_load(n)) {
     if (!is_identifier(n.name))
       throw UserError(fmt::format("operand name '{}' is not an identifier", n.name));
-    if (is_index_name(n.name))
-      throw UserError(fmt::format("operand '{}': '{}' is the {} index of the output element and cannot name "
-                                  "an operand",
-                                  n.name, n.name, n.name == "m" ? "row" : "column"));
+    check_not_index_name(n.name, "operand");
     if (const auto it = named_.find(n.name); it != named_.end()) {
       const Node& other = nodes_[it->second];
       if (other.kind == NodeKind::store)

@@ -253,13 +253,14 @@ Graph parse_canonical(std::string_view text) {
     } else if (head == "index") {
       n.kind = NodeKind::index;
       const size_t p = c.pos();
-      const std::string axis = c.word("m or n");
-      if (axis != "m" && axis != "n") {
+      const std::string word = c.word("m or n");
+      const std::optional<IndexAxis> axis = index_axis_named(word);
+      if (!axis) {
         c.set_pos(p);
         c.skip_ws();
-        c.fail(fmt::format("expected m or n after 'index', got '{}'", axis));
+        c.fail(fmt::format("expected m or n after 'index', got '{}'", word));
       }
-      n.index_axis = axis == "m" ? IndexAxis::m : IndexAxis::n;
+      n.index_axis = *axis;
     } else if (head == "source") {
       n.kind = NodeKind::source;
       // A column-major C (a transposed problem's, evtc::swap_ab) says so.

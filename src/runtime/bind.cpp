@@ -230,12 +230,12 @@ BoundCall bind_arguments(const KernelSignature& sig, const GemmDesc& gemm, const
       throw UserError(fmt::format("operand {} is {} but the kernel was compiled for {}", name,
                                   dtype_name(t->dtype), dtype_name(want)));
   // The index leaves are f32 values: every index below 2^24 is exact, larger ones are not.
-  for (auto [reads, extent, axis] : {std::tuple{sig.reads_row_index, m, 'M'}, std::tuple{sig.reads_col_index, n, 'N'}})
+  for (auto [reads, extent, size, axis] : {std::tuple{sig.reads_row_index, m, 'M', IndexAxis::m},
+                                           std::tuple{sig.reads_col_index, n, 'N', IndexAxis::n}})
     if (reads && extent > kExactF32Integer)
       throw UserError(fmt::format("{}={} is too large for the epilogue's {} index '{}': indices are f32 values, "
                                   "exact up to {} (2^24)",
-                                  axis, extent, axis == 'M' ? "row" : "column", axis == 'M' ? 'm' : 'n',
-                                  kExactF32Integer));
+                                  size, extent, index_axis_role(axis), index_axis_name(axis), kExactF32Integer));
   const auto la = layout_of(A), lb = layout_of(B);
   if (!la) throw UserError("operand A: neither its rows nor its columns are contiguous");
   if (!lb) throw UserError("operand B: neither its rows nor its columns are contiguous");

@@ -24,6 +24,15 @@ namespace {
 // The integer operands the generator uses, as they are written in expressions and declared.
 constexpr std::pair<const char*, const char*> kIntegerOperands[] = {{"t0[m]", "input t0[m]: i32"},
                                                                     {"t1[n]", "input t1[n]: i64"}};
+
+// The declarations of the integer operands `text` reads (undeclared, they would take the
+// kernel's floating operand dtype).
+std::vector<std::string> integer_declarations(std::string_view text) {
+  std::vector<std::string> out;
+  for (const auto& [use, declaration] : kIntegerOperands)
+    if (text.find(use) != std::string_view::npos) out.emplace_back(declaration);
+  return out;
+}
 }  // namespace
 
 std::string RandomKernel::text() const {
@@ -36,8 +45,7 @@ std::string RandomKernel::text() const {
 std::string RandomKernel::text_of(size_t i) const {
   const std::string& statement = outputs.at(i).statement;
   std::string t;
-  for (const auto& [use, declaration] : kIntegerOperands)
-    if (statement.find(use) != std::string::npos) t += std::string(declaration) + "\n";
+  for (const std::string& d : integer_declarations(statement)) t += d + "\n";
   return t + statement + "\n";
 }
 
@@ -50,16 +58,6 @@ std::string RandomKernel::cli_options() const {
 }
 
 EpilogueGenerator::EpilogueGenerator(uint64_t seed, GeneratorOptions options) : rng_(seed), options_(options) {}
-
-namespace {
-// Declares the integer operands some output reads (undeclared, they would take the kernel's
-// floating operand dtype).
-void declare_integer_operands(RandomKernel& k) {
-  const std::string text = k.text();
-  for (const auto& [use, declaration] : kIntegerOperands)
-    if (text.find(use) != std::string::npos) k.declarations.emplace_back(declaration);
-}
-}  // namespace
 
 std::string EpilogueGenerator::leaf(bool fp8) {
   (void)fp8;
@@ -203,7 +201,7 @@ RandomKernel EpilogueGenerator::next() {
     if (!f.params.empty() && coin(0.5)) call += fmt::format(", alpha={}, limit={}", coin(0.5) ? 1.5 : 1.0, coin(0.5) ? 5 : 3);
     call += ")";
     k.outputs.push_back({"y", fmt::format("out y: {} = {}", output_dtype(), call), false});
-    declare_integer_operands(k);
+    k.declarations = integer_declarations(k.text());
     return k;
   }
   const int outputs = uniform(std::clamp(options_.min_outputs, 1, std::max(1, options_.max_outputs)),
@@ -231,7 +229,7 @@ RandomKernel EpilogueGenerator::next() {
                            true});
     }
   }
-  declare_integer_operands(k);
+  k.declarations = integer_declarations(k.text());
   return k;
 }
 

@@ -114,21 +114,24 @@ TEST(FusedReductions, EveryAxisAndOpWithMainOutput) {
 }
 
 // m, n and integer [m]/[n] operands: fused where the backend reads them (sm_90a), unfused under
-// EVTC_ARCH=sm80. Sizes that are no tile multiples; M a multiple of 4 (the i32 [m] vector's
-// 16-byte accesses).
+// EVTC_ARCH=sm80.
+namespace {
+ExecutionPath indices_path() {
+  return evtc::backend_features(evtc::target_arch(), evtc::DType::bf16).indices ? ExecutionPath::fused
+                                                                                 : ExecutionPath::fallback;
+}
+}  // namespace
+
+// Sizes that are no tile multiples; M a multiple of 4 (the i32 [m] vector's 16-byte accesses).
 TEST(FusedIndices, LmHeadLossTermsAndMasks) {
-  const ExecutionPath path = evtc::backend_features(evtc::target_arch(), evtc::DType::bf16).indices
-                                 ? ExecutionPath::fused
-                                 : ExecutionPath::fallback;
+  const ExecutionPath path = indices_path();
   expect_matches_reference(kernel("lm_head_loss"), 1000, 1016, 4096, 91, path);
   expect_matches_reference(kernel("lm_head_loss"), 332, 32000, 520, 92, path);
   expect_matches_reference(kernel("lm_head_loss"), 4100, 136, 72, 93, path);
 }
 
 TEST(FusedIndices, TransposedKernelsExchangeMAndN) {
-  const ExecutionPath path = evtc::backend_features(evtc::target_arch(), evtc::DType::bf16).indices
-                                 ? ExecutionPath::fused
-                                 : ExecutionPath::fallback;
+  const ExecutionPath path = indices_path();
   expect_matches_reference(kernel("swap_indices"), 56, 1000, 1000, 94, path);
   expect_matches_reference(kernel("swap_indices"), 8, 4104, 4104, 95, path);
   expect_matches_reference(kernel("swap_indices"), 136, 776, 520, 96, path);

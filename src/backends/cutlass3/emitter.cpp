@@ -69,7 +69,7 @@ class Emitter : public backend::VisitorLowering {
     index_leaves_ = true;
     const std::string type = alias(
         fmt::format("evtc::device::Sm90Index<{}>", n.index_axis == IndexAxis::m ? 0 : 1),
-        fmt::format("{} index {}", n.index_axis == IndexAxis::m ? "row" : "column", index_axis_name(n.index_axis)));
+        fmt::format("{} index {}", index_axis_role(n.index_axis), index_axis_name(n.index_axis)));
     return {type, fmt::format("typename {}::Arguments{{}}", type)};
   }
   Visitor emit_source(const Node& n) {
