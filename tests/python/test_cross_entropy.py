@@ -40,6 +40,19 @@ def test_shapes_and_dtypes_are_checked_naming_the_operand():
         linear_cross_entropy(h, w, t, save_logits="yes")
 
 
+def test_loss_and_logits_checks_its_arguments():
+    h = torch.randn(8, 16, dtype=torch.bfloat16)
+    w = torch.randn(32, 16, dtype=torch.bfloat16)
+    t = torch.randint(0, 32, (8,))
+    with pytest.raises(ValueError, match="linear_cross_entropy_and_logits: reduction must be one of mean, sum, none, "
+                                         "got 'avg'"):
+        evtc.torch.linear_cross_entropy_and_logits(h, w, t, reduction="avg")
+    with pytest.raises(ValueError, match=r"linear_cross_entropy_and_logits: target must be \[tokens\] = \[8\]"):
+        evtc.torch.linear_cross_entropy_and_logits(h, w, t[:4])
+    with pytest.raises(ValueError, match="linear_cross_entropy_and_logits: h, weight and target must be on one CUDA"):
+        evtc.torch.linear_cross_entropy_and_logits(h, w, t)
+
+
 def test_token_logprobs_checks_its_arguments():
     h = torch.randn(8, 16, dtype=torch.bfloat16)
     w = torch.randn(32, 16, dtype=torch.bfloat16)

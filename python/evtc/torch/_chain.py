@@ -30,7 +30,7 @@ EVTC_DTYPES = {getattr(torch, torch_name): name for name, torch_name in _evtc.to
                if getattr(torch, torch_name).is_floating_point}
 # A and B of fused kernels, from the native table: the 16-bit ones and the fp8 ones (through
 # _scaled_mm).
-_TENSOR_CORE_INPUTS = [getattr(torch, _evtc.torch_dtype_names()[name]) for name in _evtc.tensor_core_input_dtypes()]
+_TENSOR_CORE_INPUTS = [t for t, name in EVTC_DTYPES.items() if name in _evtc.tensor_core_input_dtypes()]
 GEMM_OPERAND_DTYPES = tuple(t for t in _TENSOR_CORE_INPUTS if t.itemsize == 2)
 FP8_DTYPES = tuple(t for t in _TENSOR_CORE_INPUTS if t.itemsize == 1)
 

@@ -81,6 +81,11 @@ def _saving_spec(dtype: torch.dtype) -> str:
                            _options(dtype), [], ["logits", "lse"])
 
 
+def _check_reduction(reduction: str, fn: str) -> None:
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"{fn}: reduction must be one of {', '.join(_REDUCTIONS)}, got {reduction!r}")
+
+
 def _check(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, fn: str = "linear_cross_entropy",
            target_name: str = "target") -> None:
     """Raises naming the operand of ``fn`` that is wrong (the indices are ``target_name``)."""
@@ -311,8 +316,7 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, target: torch.Te
     ``save_logits=True`` saves the 16-bit logits for backward instead (an unfused LM head's
     memory, one GEMM fewer). By default (None) they are saved when they take at most
     :data:`SAVED_LOGITS_BYTES` (:func:`saves_logits`)."""
-    if reduction not in _REDUCTIONS:
-        raise ValueError(f"linear_cross_entropy: reduction must be one of {', '.join(_REDUCTIONS)}, got {reduction!r}")
+    _check_reduction(reduction, "linear_cross_entropy")
     if vocab_chunk is not None and (not isinstance(vocab_chunk, int) or vocab_chunk <= 0 or vocab_chunk % 8):
         raise ValueError(f"linear_cross_entropy: vocab_chunk must be a positive multiple of 8 (rows of the "
                          f"gradient chunk stay 16-byte aligned), got {vocab_chunk!r}")
@@ -345,9 +349,7 @@ def linear_cross_entropy_and_logits(h: torch.Tensor, weight: torch.Tensor, targe
     """:func:`linear_cross_entropy` saving the logits, and the 16-bit logits ``h @ weight.T``
     [tokens, vocab] too (both differentiable): for models that return their logits beside the
     loss (transformers' causal LMs). The logits come from the loss's own GEMM."""
-    if reduction not in _REDUCTIONS:
-        raise ValueError(f"linear_cross_entropy_and_logits: reduction must be one of {', '.join(_REDUCTIONS)}, "
-                         f"got {reduction!r}")
+    _check_reduction(reduction, "linear_cross_entropy_and_logits")
     _check(h, weight, target, "linear_cross_entropy_and_logits")
     lse, target_logit, logits = _saving_forward(h, weight, target, int(ignore_index), True)
     return _loss(lse, target_logit, target, ignore_index, reduction), logits
