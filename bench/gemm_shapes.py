@@ -63,6 +63,16 @@ compile, to run fused or to match is skipped with its error). Writes the whole s
 earlier sweeps did not try, plus their --refine-top (3) fastest there, again in the same run;
 --table-from OLD.json NEW.json then merges (later files replace a shape's result).
 
+Visiting orders (--orders-top N, default 2): after the candidates, each shape's N fastest are
+timed again with every tile visiting order (CUTLASS's heuristic; along M and along N in strips of
+1, 2, 4 and 8 tiles), interleaved with torch.mm in one more timing: the order is a run-time
+argument of a compiled kernel, so nothing compiles again. The winner is the fastest configuration
+with its fastest order, where that order beats CUTLASS's by at least 1 % (else CUTLASS's; noise
+must not pick one), and its table entry names the order ("order", omitted for CUTLASS's); the
+entry's times come from that timing. --orders-from TABLE.json times the orders of an existing
+table's configuration and runner-up only (no listing, no other compiles) and writes the table
+with the timed shapes' entries replaced.
+
 --dry-run prints the shapes (and, sweeping, the candidate-listing command) and exits without
 importing torch or evtc.
 """
@@ -533,6 +543,8 @@ def describe_kernel(kernel, shape: Shape, row: dict) -> None:
     row["config"] = kernel.config_for(shape.m, shape.n, shape.k)
     if hasattr(kernel, "config_source"):
         row["config_source"] = kernel.config_source(shape.m, shape.n, shape.k)
+    if hasattr(kernel, "visit_order_for"):
+        row["visit_order"] = kernel.visit_order_for(shape.m, shape.n, shape.k)
     if reason := kernel.fallback_reason(shape.m, shape.n, shape.k):
         row["fallback_reason"] = reason
     predicted_ms(kernel, shape, row)
@@ -783,6 +795,63 @@ def sweep_result(shape: Shape, default_config: str, medians: dict[str, float], e
     return r
 
 
+VISIT_ORDERS = ["heuristic"] + [f"{r}{s}" for r in ("along_m", "along_n") for s in ("", "_s2", "_s4", "_s8")]
+ORDER_MARGIN = 0.01  # another visiting order is kept only where it beats CUTLASS's by this much
+
+
+def time_orders(evtc, shape: Shape, names: list[str], problem: Problem, outputs: dict, ref, args,
+                timer: Timer) -> dict:
+    """Each of `names` (compiled configurations) with every tile visiting order, interleaved with
+    torch.mm in one timing (the order is a run-time argument: the kernels compile nothing more).
+    Returns {"cublas_ms", "times": {config: {order: ms}}, "errors": {...}}."""
+    rotation = Rotation(problem.weights)
+    variants = {"torch.mm": rotating(reference_caller(SETS["plain"], problem), rotation)}
+    errors = {}
+    for name in names:
+        for order in VISIT_ORDERS:
+            kernel = evtc.compile(PLAIN_EXPR, config=name, visit_order=order)
+            if why := try_candidate(kernel, problem, outputs, ref):
+                errors[f"{name}@{order}"] = why
+            else:
+                variants[f"{name}@{order}"] = rotating(evtc_caller(kernel, problem, outputs), rotation)
+    timer.warm_up(variants, args.warmup_ms)
+    medians, _, timing_errors = timer.interleaved(variants, args.rounds, args.calls)
+    errors.update(timing_errors)
+    times: dict[str, dict[str, float]] = {}
+    for variant, ms in medians.items():
+        if "@" in variant:
+            name, order = variant.split("@")
+            times.setdefault(name, {})[order] = ms
+    return {"cublas_ms": medians.get("torch.mm"), "times": times, "errors": errors}
+
+
+def best_order(times: dict[str, float]) -> tuple[str, float]:
+    """The order to keep and its time: the fastest, where it beats CUTLASS's heuristic order by
+    ORDER_MARGIN; else the heuristic order (noise must not pick one)."""
+    base = times.get("heuristic")
+    order, ms = min(times.items(), key=lambda item: item[1])
+    if base is None:
+        return order, ms
+    return (order, ms) if ms < base * (1 - ORDER_MARGIN) else ("heuristic", base)
+
+
+def apply_orders(result: dict, orders: dict) -> None:
+    """The sweep result of a shape after its visiting orders were timed: the winner is the fastest
+    configuration with its kept order, all times (torch.mm's too) from the orders' timing."""
+    result["orders"] = orders["times"]
+    result["order_errors"] = orders["errors"]
+    kept = {name: best_order(t) for name, t in orders["times"].items() if t}
+    if not kept:
+        return
+    ranked = sorted(kept.items(), key=lambda item: item[1][1])
+    (name, (order, ms)) = ranked[0]
+    result.update({"best": name, "best_order": order, "best_ms": ms, "cublas_ms": orders["cublas_ms"]})
+    if len(ranked) > 1:
+        result["runner_up"], result["runner_up_ms"] = ranked[1][0], ranked[1][1][1]
+    if orders["cublas_ms"]:
+        result["best_over_cublas"] = ms / orders["cublas_ms"]
+
+
 def sweep_shape(shape: Shape, names: list[str], kernels: dict, compile_errors: dict, default_kernel,
                 args, timer: Timer) -> dict:
     import torch
@@ -801,13 +870,19 @@ def sweep_shape(shape: Shape, names: list[str], kernels: dict, compile_errors: d
             errors[name] = why
         else:
             variants[name] = rotating(evtc_caller(kernels[name], problem, outputs), rotation)
-    del ref
     timer.warm_up(variants, args.warmup_ms)
     medians, _, timing_errors = timer.interleaved(variants, args.rounds, args.calls)
     errors.update(timing_errors)
     result = sweep_result(shape, default_kernel.config_for(shape.m, shape.n, shape.k), medians, errors)
+    if args.orders_top > 0 and result["candidates"]:
+        import evtc
+
+        top = [name for name, _ in rank(result["candidates"])[:args.orders_top]]
+        del variants
+        apply_orders(result, time_orders(evtc, shape, top, problem, outputs, ref, args, timer))
+    del ref
     result["weight_copies"] = len(problem.weights)
-    del problem, outputs, variants
+    del problem, outputs
     torch.cuda.empty_cache()
     return result
 
@@ -816,7 +891,8 @@ def sweep_line(r: dict) -> str:
     head = f"{r['m']}x{r['n']}x{r['k']} ({r['label']}):"
     if "best" not in r:
         return f"{head} no candidate could be timed ({len(r['errors'])} failed)"
-    text = f"{head} best {r['best']} {r['best_ms']:.4f} ms, torch.mm {fmt(r.get('cublas_ms'), '.4f')} ms"
+    order = f" ({r['best_order']})" if "best_order" in r else ""
+    text = f"{head} best {r['best']}{order} {r['best_ms']:.4f} ms, torch.mm {fmt(r.get('cublas_ms'), '.4f')} ms"
     if "runner_up" in r:
         text += f", runner-up {r['runner_up']} +{100 * (r['runner_up_ms'] / r['best_ms'] - 1):.1f}%"
     return text + f", {len(r['candidates'])} timed, {len(r['errors'])} failed"
@@ -831,6 +907,8 @@ def table_document(results: list[dict], gpu: str, command: str, measured: str, s
         entry = {"m": r["m"], "n": r["n"], "k": r["k"], "config": r["best"], "ms": r["best_ms"],
                  "cublas_ms": r.get("cublas_ms"), "runner_up": r.get("runner_up"),
                  "runner_up_ms": r.get("runner_up_ms")}
+        if r.get("best_order", "heuristic") != "heuristic":
+            entry["order"] = r["best_order"]
         # A transposed (swap-AB) winner: also the fastest untransposed configuration, which
         # epilogues without a transposed kernel (gated ones) take instead.
         if "_swap" in r["best"]:
@@ -859,7 +937,18 @@ def run_sweep(args, shapes: list[Shape]) -> int:
 
     if not os.environ.get("EVTC_LOG"):
         evtc.set_log_level("warning")
-    candidates, list_errors = all_candidates(args.evtc, shapes)
+    old_table = None
+    if args.orders_from:
+        # The visiting orders of an existing table's configurations: no candidate listing, and
+        # only the table's winner and runner-up compile and run.
+        with open(args.orders_from) as f:
+            old_table = json.load(f)
+        entries = {(e["m"], e["n"], e["k"]): e for e in old_table["entries"]}
+        candidates = {s: [c for c in (entries[(s.m, s.n, s.k)]["config"], entries[(s.m, s.n, s.k)].get("runner_up")) if c]
+                      for s in shapes if (s.m, s.n, s.k) in entries}
+        list_errors = {s: f"not in {args.orders_from}" for s in shapes if s not in candidates}
+    else:
+        candidates, list_errors = all_candidates(args.evtc, shapes)
     if args.refine:
         candidates = refine_candidates(candidates, args.refine, args.refine_top)
     kernels, compile_errors = compile_candidates(evtc, candidates)
@@ -883,8 +972,16 @@ def run_sweep(args, shapes: list[Shape]) -> int:
     data["starved_batches"] = timer.starved
     write_json(data, base + ".json")
     doc = table_document(data["shapes"], data["gpu"], data["command"], data["date"], data.get("sm_count"))
+    missing = len(timed) - len(doc["entries"]) + (len(shapes) - len(timed) if old_table is None else 0)
+    if old_table is not None:
+        # The shapes timed here replace theirs in the old table; the others stay.
+        new = {(e["m"], e["n"], e["k"]): e for e in doc["entries"]}
+        doc["entries"] = sorted(list(new.values()) + [e for e in old_table["entries"]
+                                                      if (e["m"], e["n"], e["k"]) not in new],
+                                key=lambda e: (e["m"], e["n"], e["k"]))
+        doc["command"] = old_table.get("command", "") + " && " + doc["command"]
+        doc["measured"] = f"{old_table.get('measured', '')}; orders {doc['measured']}"
     write_table(args.table_out, doc)
-    missing = len(shapes) - len(doc["entries"])
     print(f"wrote {base}.json and {args.table_out} ({len(doc['entries'])} entries"
           + (f"; {missing} shape(s) without a timed candidate" if missing else "") + ")", flush=True)
     return 1 if missing else 0
@@ -1102,6 +1199,13 @@ def parse_args(argv: Optional[list[str]] = None):
                        help="time only the candidates these earlier sweeps did not try, and their fastest there")
     sweep.add_argument("--refine-top", type=int, default=3, metavar="N",
                        help="with --refine: how many of the earlier fastest candidates to time again (default 3)")
+    sweep.add_argument("--orders-top", type=int, default=2, metavar="N",
+                       help="time the N fastest candidates of each shape again with every tile visiting order "
+                            "(default 2; 0: CUTLASS's order only)")
+    sweep.add_argument("--orders-from", metavar="TABLE.json",
+                       help="instead of listing candidates: time the visiting orders of this table's configuration "
+                            "and runner-up at its shapes (restricted by --m/--shapes); --table-out gets the table "
+                            "with those entries replaced")
     args = p.parse_args(argv)
     check_args(p, args)
     return args
@@ -1117,6 +1221,12 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
             p.error("--sweep needs --evtc PATH and --table-out FILE")
         if args.sets and args.sets != ["plain"]:
             p.error("--sweep measures the plain set only")
+        if args.orders_from and args.refine:
+            p.error("--orders-from times a table's configurations; --refine lists candidates: give one")
+        if args.orders_top < 0:
+            p.error("--orders-top must be 0 or more")
+    elif args.orders_from:
+        p.error("--orders-from belongs to --sweep")
     elif args.table_from:
         if not args.table_out:
             p.error("--table-from needs --table-out FILE")

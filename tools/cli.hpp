@@ -44,6 +44,8 @@ const CLI::Validator& dtype_value();
 const CLI::Validator& layout_value();
 // A kernel configuration name (KernelConfig::parse), e.g. coop_128x256x64_c2x1_persistent.
 const CLI::Validator& config_value();
+// --visit-order: a VisitOrder name (evtc/kernel_config.hpp).
+const CLI::Validator& visit_order_value();
 
 // --arch: the GPU architecture to build for (evtc/arch.hpp: sm80, sm86, sm90, sm120, ...),
 // checked by parse_arch; empty: the device's (EVTC_ARCH overrides both).

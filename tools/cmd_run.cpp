@@ -24,7 +24,7 @@ struct RunArgs {
   int64_t m = 0, n = 0, k = 0;
   GemmFlags gemm;
   bool check = false, bench = false, precise = false, tune = false, integer_inputs = false;
-  std::string config, arch;
+  std::string config, arch, visit_order;
   std::string cast_mode = "eager";
   uint64_t seed = 1;
   std::string json;
@@ -48,6 +48,7 @@ int run(const RunArgs& ra) {
   opts.arch = arch_option(ra.arch);
   if (ra.cast_mode == "fast") opts.cast_mode = CastMode::fast;  // --cast-mode's check: eager or fast
   if (!ra.config.empty()) opts.config = KernelConfig::parse(ra.config);  // config_value() has checked it
+  if (!ra.visit_order.empty()) opts.visit_order = VisitOrder::parse(ra.visit_order);  // visit_order_value() checked it
   // The cost of a disk-cache hit in a new process is measured from here: the CUDA context
   // exists; building the Kernel, finding its compiled library and the first call are timed.
   cudaFree(nullptr);
@@ -73,8 +74,8 @@ int run(const RunArgs& ra) {
     kernel.compile(ra.m, ra.n, ra.k);
     compile_s = seconds_since(t0);
     const ConfigChoice choice = kernel.config_choice(ra.m, ra.n, ra.k);
-    fmt::print("compiled: {} ({}, {}, {:.3f} s)\n", kernel.library_path(), choice.config.name(),
-               choice.describe(), compile_s);
+    fmt::print("compiled: {} ({}, {}, visiting order {}, {:.3f} s)\n", kernel.library_path(), choice.config.name(),
+               choice.describe(), choice.order.name(), compile_s);
     report["compile_s"] = compile_s;
   } else {
     fmt::print("not fused: {}\n", reason);
@@ -90,13 +91,17 @@ int run(const RunArgs& ra) {
   if (ra.tune) {
     if (!reason.empty()) throw UserError(fmt::format("--tune: this problem is not fused: {}", reason));
     const TuneResult r = kernel.tune(problem.arguments(), stream, progress_printer("evtc run --tune"));
-    fmt::print("tuned: {} ({:.4f} ms; {} candidates; saved in {})\n", r.best.name(), r.best_ms,
-               r.candidates.size(), r.record_path);
-    report["tuned"] = {{"best", r.best.name()}, {"best_ms", r.best_ms}, {"candidates", r.candidates.size()}};
+    fmt::print("tuned: {}, visiting order {} ({:.4f} ms; {} candidates; saved in {})\n", r.best.name(),
+               r.best_order.name(), r.best_ms, r.candidates.size(), r.record_path);
+    report["tuned"] = {{"best", r.best.name()},
+                       {"order", r.best_order.name()},
+                       {"best_ms", r.best_ms},
+                       {"candidates", r.candidates.size()}};
   }
   const ConfigChoice choice = kernel.config_choice(ra.m, ra.n, ra.k);
   report["config"] = choice.config.name();
   report["config_source"] = choice.describe();
+  report["visit_order"] = choice.order.name();
   problem.poison_outputs(stream);
   cudaStreamSynchronize(stream);
   const auto t_first = std::chrono::steady_clock::now();
@@ -193,6 +198,10 @@ Command add_run_command(CLI::App& app) {
   add_arch_option(sub, ra->arch);
   sub->add_flag("--tune", ra->tune, "Autotune this shape first (compile and time the candidates)");
   sub->add_option("--config", ra->config, "Kernel config, e.g. coop_128x256x64_c2x1_persistent")->check(config_value());
+  sub->add_option("--visit-order", ra->visit_order,
+                  "The tile scheduler's visiting order, e.g. along_n_s8 (default: the configuration's measured "
+                  "order, else CUTLASS's)")
+      ->check(visit_order_value());
   sub->add_option("--cast-mode", ra->cast_mode, "Round where eager PyTorch rounds (eager), or only at outputs (fast)")
       ->capture_default_str()
       ->check(CLI::IsMember({"eager", "fast"}));

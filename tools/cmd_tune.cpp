@@ -30,7 +30,9 @@ struct TuneArgs {
 
 nlohmann::json result_json(const TuneResult& r) {
   nlohmann::json j{{"m", r.m}, {"n", r.n}, {"k", r.k}, {"best", r.best.name()},
-                   {"best_ms", r.best_ms}, {"record", r.record_path}};
+                   {"order", r.best_order.name()}, {"best_ms", r.best_ms}, {"record", r.record_path}};
+  j["orders"] = nlohmann::json::array();
+  for (const auto& o : r.orders) j["orders"].push_back({{"order", o.order.name()}, {"median_ms", o.median_ms}});
   j["candidates"] = nlohmann::json::array();
   for (const auto& c : r.candidates) {
     nlohmann::json e{{"config", c.config.name()}};
@@ -42,13 +44,19 @@ nlohmann::json result_json(const TuneResult& r) {
 }
 
 void print_result(const TuneResult& r) {
-  fmt::print("{}x{}x{}: best {} ({:.4f} ms)\n", r.m, r.n, r.k, r.best.name(), r.best_ms);
+  fmt::print("{}x{}x{}: best {}, visiting order {} ({:.4f} ms)\n", r.m, r.n, r.k, r.best.name(),
+             r.best_order.name(), r.best_ms);
   for (const auto& c : r.candidates) {
     if (c.median_ms >= 0)
       fmt::print("  {:<42} {:.4f} ms{}\n", c.config.name(), c.median_ms,
                  c.config == r.best ? "  <- best" : "");
     else
       fmt::print("  {:<42} failed: {}\n", c.config.name(), c.error.substr(0, 160));
+  }
+  if (!r.orders.empty()) {
+    fmt::print("  visiting orders of {}:\n", r.best.name());
+    for (const auto& o : r.orders)
+      fmt::print("    {:<14} {:.4f} ms{}\n", o.order.name(), o.median_ms, o.order == r.best_order ? "  <- kept" : "");
   }
   fmt::print("  saved: {}\n", r.record_path);
 }

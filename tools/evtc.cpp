@@ -139,6 +139,16 @@ const CLI::Validator& config_value() {
   return v;
 }
 
+const CLI::Validator& visit_order_value() {
+  static const CLI::Validator v = CLI::Validator(
+      [](std::string& text) -> std::string {
+        if (VisitOrder::parse(text)) return {};
+        return fmt::format("'{}' is not a tile visiting order ({})", text, VisitOrder::forms());
+      },
+      "ORDER");
+  return v;
+}
+
 void GemmFlags::add_to(CLI::App* sub) {
   sub->add_option("--dtype", dtype, "A/B dtype, and default operand/output dtype")
       ->capture_default_str()

@@ -60,6 +60,29 @@ struct KernelConfig {
   bool operator==(const KernelConfig&) const = default;
 };
 
+// The order in which a persistent tile scheduler visits output tiles: a run-time argument of a
+// compiled kernel (evtc_gemm_args.raster and .swizzle in evtc/device/abi.h), so choosing one
+// needs no recompile. Tiles are visited in strips `swizzle` tiles wide (1, 2, 4 or 8) that run
+// along M or along N; CUTLASS's heuristic picks the direction from the tile grid. Kernels that
+// run the GEMM transposed (KernelConfig::swap_ab) visit the transposed problem's tiles. The
+// order changes which tiles run at once and so how much of A and B the L2 cache serves.
+struct VisitOrder {
+  enum class Raster : uint8_t { heuristic, along_m, along_n };
+  Raster raster = Raster::heuristic;
+  int swizzle = 1;
+
+  // "heuristic", "along_m", "along_n", with "_s<swizzle>" for strips wider than one tile:
+  // e.g. "along_n_s8".
+  std::string name() const;
+  // Parses name(); nullopt if it is not one.
+  static std::optional<VisitOrder> parse(const std::string& name);
+  // Every order the tuner tries: CUTLASS's choice, then both directions with each strip width.
+  static std::vector<VisitOrder> all();
+  // What names parse() takes, for messages.
+  static const char* forms();
+  bool operator==(const VisitOrder&) const = default;
+};
+
 // One operand or output of a kernel, in the order the kernel's C ABI tables use.
 struct OperandSlot {
   std::string name;

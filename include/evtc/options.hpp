@@ -22,6 +22,7 @@ struct OptionText {
   bool disable_fusion = false;
   bool wait_for_compile = true;                    // see CompileOptions::wait_for_compile
   std::optional<std::string> config;               // a KernelConfig name
+  std::optional<std::string> visit_order;          // a VisitOrder name (e.g. along_n_s8)
   std::optional<std::string> arch;                 // sm80, sm90, ... (evtc/arch.hpp); unset: the device's
   std::string operand_dtype = "bf16", output_dtype = "bf16";
 };

@@ -94,6 +94,10 @@ struct CompileOptions {
   // Kernel configuration for every problem; when unset, default_config picks one per
   // problem shape (each configuration compiles on first use).
   std::optional<KernelConfig> config;
+  // The tile scheduler's visiting order for every problem (no recompile: VisitOrder); when
+  // unset, each problem takes its configuration's measured order (the shipped table's or a
+  // tuned one) where there is one, else CUTLASS's heuristic.
+  std::optional<VisitOrder> visit_order;
   CastMode cast_mode = CastMode::eager;
   bool precise_math = false;
   // Never fuse: always run cuBLASLt + the plain epilogue (also EVTC_DISABLE=1).
@@ -125,6 +129,9 @@ struct ConfigChoice {
   enum class Source { fixed, tuned, nearest_tuned, table, heuristic } source = Source::heuristic;
   int64_t tuned_m = 0, tuned_n = 0, tuned_k = 0;  // the tuned (or table) shape it came from
   std::string table;                              // the table's file, for Source::table
+  // The tile visiting order the kernel runs with: CompileOptions::visit_order where given, else
+  // the order measured with this configuration at the tuned or table shape, else CUTLASS's.
+  VisitOrder order;
   std::string describe() const;  // e.g. "tuned for 4096x4096x4096", "table h100-bf16.json at 64x4096x4096", "heuristic default"
 };
 
@@ -134,7 +141,15 @@ using ProgressFn = std::function<void(const std::string& stage, int done, int to
 struct TuneResult {
   int64_t m = 0, n = 0, k = 0;
   KernelConfig best;
-  double best_ms = 0;
+  double best_ms = 0;  // with best_order
+  // The visiting order the best configuration ran fastest with (each order timed on it after
+  // the candidates were; one is kept over CUTLASS's only where it is at least 1 % faster).
+  VisitOrder best_order;
+  struct OrderTiming {
+    VisitOrder order;
+    double median_ms = -1;
+  };
+  std::vector<OrderTiming> orders;  // the best configuration's time with each order
   struct Candidate {
     KernelConfig config;
     double median_ms = -1;  // < 0 when it failed

@@ -208,6 +208,12 @@ class Kernel(_Compiled):
         this GPU) or ``"heuristic default"``."""
         return self._native.config_source(m, n, k)
 
+    def visit_order_for(self, m: int, n: int, k: int) -> str:
+        """The tile visiting order a problem of this size runs with (``"heuristic"`` is CUTLASS's
+        own choice): ``visit_order`` where given, else the one measured with
+        :meth:`config_for`'s configuration at the tuned or table shape."""
+        return self._native.visit_order_for(m, n, k)
+
     def fallback_reason(self, m: int, n: int, k: int) -> str:
         """Why a problem of this size would run unfused; empty when it would be fused."""
         return self._native.fallback_reason(m, n, k)
@@ -343,7 +349,8 @@ def compile(expr: str, *, a_dtype: DType = "bf16", b_dtype: DType = "bf16", a_la
             b_layout: str = "col", cast_mode: str = "eager", precise_math: bool = False,
             disable_fusion: bool = False, config: Optional[str] = None,
             operand_dtype: DType = "bf16", output_dtype: DType = "bf16", wait_for_compile: bool = True,
-            arch: Optional[str] = None, fp8_blockwise: bool = False) -> Kernel:
+            arch: Optional[str] = None, fp8_blockwise: bool = False,
+            visit_order: Optional[str] = None) -> Kernel:
     """Parses ``expr``, runs the pass pipeline and returns a :class:`Kernel`.
 
     Dtypes are names (``"bf16"``, ``"f8e4m3"``, ...) or torch dtypes (``torch.bfloat16``).
@@ -362,7 +369,12 @@ def compile(expr: str, *, a_dtype: DType = "bf16", b_dtype: DType = "bf16", a_la
     epilogue built for that architecture. ``fp8_blockwise=True``
     (fp8 A and B) builds the block-scaled GEMM of DeepSeek-V3's format: each call passes
     ``scale_a`` and ``scale_b`` (see :meth:`Kernel.__call__`), which the main loop applies per
-    128-wide K block, so the epilogue sees the scaled product. Errors
+    128-wide K block, so the epilogue sees the scaled product. ``visit_order`` fixes the order in
+    which the kernel's tile scheduler visits output tiles (``"heuristic"``, ``"along_m"`` or
+    ``"along_n"``, with ``"_s2"``, ``"_s4"`` or ``"_s8"`` for strips of that many tiles: e.g.
+    ``"along_n_s8"``); by default each problem takes the order measured with its configuration
+    (the shipped table's or a tuned one, see :meth:`Kernel.visit_order_for`). It is a run-time
+    argument of the compiled kernel: changing it compiles nothing. Errors
     in the expression raise :class:`evtc.ParseError`; bad option values :class:`evtc.UserError`
     (a ``ValueError``), options of the wrong type :class:`evtc.ArgumentTypeError` (a ``TypeError``).
     """
@@ -370,6 +382,7 @@ def compile(expr: str, *, a_dtype: DType = "bf16", b_dtype: DType = "bf16", a_la
                          flags={"precise_math": precise_math, "disable_fusion": disable_fusion,
                                 "wait_for_compile": wait_for_compile, "fp8_blockwise": fp8_blockwise},
                          config=config, arch=arch)
+    require_type(visit_order, (str, type(None)), "visit_order", "a visiting order name such as \"along_n_s8\" (a str) or None")
     o = _evtc.KernelOptions()
     o.a_dtype, o.b_dtype = dtype_name(a_dtype, "a_dtype"), dtype_name(b_dtype, "b_dtype")
     o.a_layout, o.b_layout = a_layout, b_layout
@@ -379,4 +392,5 @@ def compile(expr: str, *, a_dtype: DType = "bf16", b_dtype: DType = "bf16", a_la
     o.wait_for_compile = wait_for_compile
     o.arch = arch
     o.fp8_blockwise = fp8_blockwise
+    o.visit_order = visit_order
     return Kernel(expr, o)

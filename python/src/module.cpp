@@ -244,6 +244,7 @@ NB_MODULE(_evtc, m) {
       .def_rw("disable_fusion", &KernelOptions::disable_fusion)
       .def_rw("wait_for_compile", &KernelOptions::wait_for_compile)
       .def_rw("config", &KernelOptions::config, nb::arg().none())
+      .def_rw("visit_order", &KernelOptions::visit_order, nb::arg().none())
       .def_rw("operand_dtype", &KernelOptions::operand_dtype)
       .def_rw("output_dtype", &KernelOptions::output_dtype);
 
@@ -284,6 +285,9 @@ NB_MODULE(_evtc, m) {
            }, "m"_a, "n"_a, "k"_a)
       .def("config_source", [](const Kernel& k, int64_t m, int64_t n, int64_t kk) {
              return k.config_choice(m, n, kk).describe();
+           }, "m"_a, "n"_a, "k"_a)
+      .def("visit_order_for", [](const Kernel& k, int64_t m, int64_t n, int64_t kk) {
+             return k.config_choice(m, n, kk).order.name();
            }, "m"_a, "n"_a, "k"_a)
       .def("fallback_reason", &Kernel::fallback_reason, "m"_a, "n"_a, "k"_a)
       .def("in_library", &Kernel::in_library, "m"_a, "n"_a, "k"_a)

@@ -181,8 +181,12 @@ void PointerChecks::fail_null(const std::string& what) {
   throw UserError(fmt::format("{}: no data (null pointer)", what));
 }
 
-evtc_gemm_args BoundCall::abi(bool swap_ab) const {
+evtc_gemm_args BoundCall::abi(bool swap_ab, const VisitOrder& order) const {
   evtc_gemm_args a{};
+  a.raster = order.raster == VisitOrder::Raster::along_m   ? 1
+             : order.raster == VisitOrder::Raster::along_n ? 2
+                                                           : 0;
+  a.swizzle = order.swizzle;
   a.m = m;
   a.n = n;
   a.k = k;

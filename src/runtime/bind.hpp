@@ -61,8 +61,9 @@ struct BoundCall {
   // The ABI arguments; they point into this object's tables. `swap_ab`: a transposed kernel's
   // (KernelConfig::swap_ab), which computes Dᵀ = Bᵀ·Aᵀ: A and B, M and N and their leading
   // dimensions exchanged. C, D and the operand tables stay: the kernel reads the same memory
-  // in the other layout.
-  evtc_gemm_args abi(bool swap_ab = false) const;
+  // in the other layout. `order`: the tile scheduler's visiting order (of the kernel's own
+  // problem, the transposed one for a transposed kernel).
+  evtc_gemm_args abi(bool swap_ab = false, const VisitOrder& order = {}) const;
 };
 
 // The fp8 block-scale checks a dense and a grouped call share, with one wording: scales given

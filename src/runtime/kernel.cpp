@@ -181,7 +181,9 @@ std::shared_ptr<const LaunchPlan> Kernel::Impl::plan_for(const runtime::BoundCal
   plan->fallback_reason = fallback_reason(call.m, call.n, call.k);
   if (plan->fallback_reason.empty()) {
     try {
-      const KernelConfig config = choose_config(call.m, call.n, call.k).config;
+      const ConfigChoice choice = choose_config(call.m, call.n, call.k);
+      const KernelConfig& config = choice.config;
+      plan->order = choice.order;
       record(call.m, call.n, call.k, config);
       bool loaded = false;
       {
@@ -203,7 +205,7 @@ std::shared_ptr<const LaunchPlan> Kernel::Impl::plan_for(const runtime::BoundCal
   }
   if (plan->library) {
     // can_implement and the workspace size depend on the problem and its strides only.
-    const evtc_gemm_args abi = call.abi(plan->swap_ab);
+    const evtc_gemm_args abi = call.abi(plan->swap_ab, plan->order);
     char why[256] = {0};
     auto can = reinterpret_cast<evtc_can_implement_fn>(plan->library->symbol("evtc_can_implement"));
     if (can(&abi, why, sizeof why) != EVTC_OK) {
@@ -367,7 +369,7 @@ ExecutionPath Kernel::run(const Arguments& args, cudaStream_t stream) const {
     if (plan->compiling.valid() && capturing()) plan = im.plan_for(call, true);
     if (!plan->fallback_reason.empty()) call.reasons.push_back(plan->fallback_reason);
     if (plan->library) {
-      const evtc_gemm_args abi = call.abi(plan->swap_ab);
+      const evtc_gemm_args abi = call.abi(plan->swap_ab, plan->order);
       char why[256];
       why[0] = '\0';
       void* workspace = nullptr;

@@ -28,6 +28,7 @@ struct LaunchPlan {
   evtc_run_fn run = nullptr;
   size_t workspace_bytes = 0;
   bool swap_ab = false;  // the kernel computes the transposed problem (BoundCall::abi)
+  VisitOrder order;      // the tile scheduler's visiting order (ConfigChoice::order)
   // Valid while the shape runs unfused only because its fused kernel is still compiling
   // (CompileOptions::wait_for_compile off): the plan is made again once this is ready.
   std::shared_future<std::string> compiling;

@@ -46,6 +46,12 @@ CompileOptions compile_options(const OptionText& o) {
                                   "coop_128x256x64_c2x1_persistent)",
                                   *o.config));
   }
+  if (o.visit_order) {
+    c.visit_order = VisitOrder::parse(*o.visit_order);
+    if (!c.visit_order)
+      throw UserError(fmt::format("visit_order: '{}' is not a tile visiting order ({})", *o.visit_order,
+                                  VisitOrder::forms()));
+  }
   return c;
 }
 
@@ -53,6 +59,9 @@ GroupedOptions grouped_options(const OptionText& o) {
   const CompileOptions c = compile_options(o);
   if (c.gemm.a_layout != Layout::row_major)
     throw UserError("a_layout: a grouped kernel's token matrix x must be row-major ('row')");
+  if (c.visit_order)
+    throw UserError("visit_order: grouped kernels visit each group's tiles in CUTLASS's order; the option is for "
+                    "dense kernels");
   GroupedOptions g;
   g.gemm = c.gemm;
   g.config = c.config;
@@ -93,6 +102,7 @@ std::string option_text_json(const OptionText& o) {
                       {"operand_dtype", o.operand_dtype}, {"output_dtype", o.output_dtype}};
   j["config"] = o.config ? nlohmann::json(*o.config) : nlohmann::json(nullptr);
   j["arch"] = o.arch ? nlohmann::json(*o.arch) : nlohmann::json(nullptr);
+  j["visit_order"] = o.visit_order ? nlohmann::json(*o.visit_order) : nlohmann::json(nullptr);
   return j.dump();
 }
 
@@ -133,10 +143,15 @@ OptionText option_text_from_json(std::string_view text) {
       if (value.is_null()) o.config.reset();
       else if (value.is_string()) o.config = value.get<std::string>();
       else throw UserError(fmt::format("option config: expected a configuration name, got {}", value.dump()));
+    } else if (key == "visit_order") {
+      if (value.is_null()) o.visit_order.reset();
+      else if (value.is_string()) o.visit_order = value.get<std::string>();
+      else throw UserError(fmt::format("option visit_order: expected a visiting order such as \"along_n_s8\", got {}",
+                                       value.dump()));
     } else {
       throw UserError(fmt::format("unknown kernel option '{}' (known: a_dtype, b_dtype, a_layout, b_layout, "
-                                  "cast_mode, precise_math, fp8_blockwise, disable_fusion, wait_for_compile, config, arch, "
-                                  "operand_dtype, output_dtype)",
+                                  "cast_mode, precise_math, fp8_blockwise, disable_fusion, wait_for_compile, config, "
+                                  "visit_order, arch, operand_dtype, output_dtype)",
                                   key));
     }
   }

@@ -25,6 +25,34 @@ std::string KernelConfig::name() const {
                      precise_math ? "_precise" : "");
 }
 
+std::string VisitOrder::name() const {
+  const char* direction = raster == Raster::along_m   ? "along_m"
+                          : raster == Raster::along_n ? "along_n"
+                                                      : "heuristic";
+  return swizzle > 1 ? fmt::format("{}_s{}", direction, swizzle) : std::string(direction);
+}
+
+std::optional<VisitOrder> VisitOrder::parse(const std::string& name) {
+  static const std::regex form(R"((heuristic|along_m|along_n)(?:_s([248]))?)");
+  std::smatch m;
+  if (!std::regex_match(name, m, form)) return std::nullopt;
+  VisitOrder o;
+  o.raster = m[1] == "along_m" ? Raster::along_m : m[1] == "along_n" ? Raster::along_n : Raster::heuristic;
+  o.swizzle = m[2].matched ? std::stoi(m[2]) : 1;
+  return o;
+}
+
+const char* VisitOrder::forms() {
+  return "heuristic, along_m or along_n, optionally with a strip width _s2, _s4 or _s8: e.g. along_n_s8";
+}
+
+std::vector<VisitOrder> VisitOrder::all() {
+  std::vector<VisitOrder> out{VisitOrder{}};
+  for (Raster r : {Raster::along_m, Raster::along_n})
+    for (int s : {1, 2, 4, 8}) out.push_back({r, s});
+  return out;
+}
+
 KernelConfig KernelConfig::of(MainloopSchedule schedule, int tile_m, int tile_n, int cluster_m,
                               TileSchedulerKind scheduler) {
   KernelConfig c;

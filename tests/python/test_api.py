@@ -50,6 +50,12 @@ def test_config_and_fallback_reason():
     fixed = evtc.compile(W1, config="pingpong_128x128x64_c2x1_persistent")
     assert fixed.config_for(4096, 4096, 4096) == "pingpong_128x128x64_c2x1_persistent"
     assert "disabled" in evtc.compile(W1, disable_fusion=True).fallback_reason(4096, 4096, 4096)
+    # The visiting order: CUTLASS's without a GPU table or a tuned choice, else as given.
+    assert k.visit_order_for(4096, 4096, 4096) == "heuristic"
+    ordered = evtc.compile(W1, visit_order="along_n_s8")
+    assert ordered.visit_order_for(4096, 4096, 4096) == "along_n_s8"
+    assert ordered.visit_order_for(16, 4096, 4096) == "along_n_s8"
+    assert ordered.config_for(4096, 4096, 4096) == k.config_for(4096, 4096, 4096)  # same kernel
 
 
 def test_an_architecture_without_fused_kernels_is_named_in_the_reason(monkeypatch):
@@ -83,6 +89,7 @@ def test_parse_error_carries_location_and_the_cpp_message():
     ({"config": "big_tiles"}, "config: 'big_tiles' is not a kernel configuration name"),
     ({"operand_dtype": "int8"}, "operand_dtype: unknown dtype 'int8'"),
     ({"arch": "volta"}, "arch: 'volta' is not a GPU architecture"),
+    ({"visit_order": "along_k"}, "visit_order: 'along_k' is not a tile visiting order"),
     ({"fp8_blockwise": True}, r"fp8 block scales \(fp8_blockwise\): A is bf16 and B is bf16: block scales apply to fp8"),
     ({"fp8_blockwise": True, "a_dtype": "f8e4m3", "b_dtype": "f8e4m3",
       "config": "pingpong_128x192x128_c2x1_persistent"}, "multiples of its 128-wide scale blocks"),

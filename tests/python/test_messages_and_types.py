@@ -180,6 +180,7 @@ def test_options_of_the_wrong_type_are_argument_type_errors():
         (lambda: evtc.compile(expr, wait_for_compile=1), "wait_for_compile: expected True or False, got int 1"),
         (lambda: evtc.compile(expr, config=5), "config: expected a configuration name (a str) or None, got int 5"),
         (lambda: evtc.compile(expr, arch=90), 'arch: expected an architecture name such as "sm90" (a str) or None'),
+        (lambda: evtc.compile(expr, visit_order=8), 'visit_order: expected a visiting order name such as "along_n_s8"'),
         (lambda: evtc.explain(None), "expr: expected the expression's text (a str), got NoneType"),
         (lambda: evtc.explain(expr, passes="no"), "passes: expected True or False, got str 'no'"),
         (lambda: evtc.grouped(None), "expr: expected the expression's text (a str), got NoneType"),

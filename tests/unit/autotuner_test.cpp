@@ -2,6 +2,8 @@
 // the persisted record format, the store, nearest-shape lookup, and Kernel's choice of
 // configuration without a GPU.
 #include <gtest/gtest.h>
+
+#include <set>
 #include <unistd.h>
 
 #include <algorithm>
@@ -232,6 +234,51 @@ TEST(TuningRecord, RoundTripsThroughJson) {
   ASSERT_EQ(back.candidates.size(), 2u);
   EXPECT_LT(back.candidates[1].median_ms, 0);
   EXPECT_EQ(back.candidates[1].error, "did not compile: x");
+}
+
+TEST(TuningRecord, KeepsTheVisitingOrderAndReadsRecordsWithoutOne) {
+  TuningRecord r = record(1024, 3584, 4096, "coop_128x256x64_c1x1_persistent");
+  r.order = *VisitOrder::parse("along_n_s4");
+  r.orders = {{"heuristic", 0.3}, {"along_n_s4", 0.25}};
+  const TuningRecord back = TuningRecord::from_json(r.to_json());
+  EXPECT_EQ(back.order.name(), "along_n_s4");
+  ASSERT_EQ(back.orders.size(), 2u);
+  EXPECT_DOUBLE_EQ(back.orders[1].second, 0.25);
+  // A record written before orders were tuned ran with CUTLASS's order.
+  std::string text = record(1, 2, 3, "coop_128x256x64_c2x1_persistent").to_json();
+  const auto at = text.find("  \"order\": \"heuristic\",\n");
+  ASSERT_NE(at, std::string::npos) << text;
+  text.erase(at, std::string("  \"order\": \"heuristic\",\n").size());
+  EXPECT_EQ(TuningRecord::from_json(text).order, VisitOrder{});
+  text = r.to_json();
+  text.replace(text.find("\"along_n_s4\","), 13, "\"sideways\",");
+  EXPECT_THROW(TuningRecord::from_json(text), RuntimeError);
+}
+
+TEST(VisitOrder, NamesParseBackAndOthersAreRefused) {
+  const std::vector<VisitOrder> all = VisitOrder::all();
+  ASSERT_EQ(all.size(), 9u);
+  EXPECT_EQ(all[0], VisitOrder{});  // CUTLASS's own first: the tuner's baseline
+  std::set<std::string> names;
+  for (const VisitOrder& o : all) {
+    EXPECT_EQ(VisitOrder::parse(o.name()), o) << o.name();
+    names.insert(o.name());
+  }
+  EXPECT_EQ(names.size(), all.size());
+  EXPECT_EQ(VisitOrder{}.name(), "heuristic");
+  EXPECT_EQ((VisitOrder{VisitOrder::Raster::along_n, 8}).name(), "along_n_s8");
+  EXPECT_EQ(VisitOrder::parse("heuristic_s4")->swizzle, 4);
+  for (const char* bad : {"", "along_n_s1", "along_n_s16", "along_k", "along_m_8", "ALONG_M"})
+    EXPECT_FALSE(VisitOrder::parse(bad)) << bad;
+}
+
+TEST(KernelConfigChoice, AGivenVisitingOrderIsUsedForEveryShape) {
+  CompileOptions o;
+  o.visit_order = VisitOrder::parse("along_m_s2");
+  Kernel k(parse_expression(kBiasSilu), o);
+  EXPECT_EQ(k.config_choice(4096, 4096, 4096).order.name(), "along_m_s2");
+  EXPECT_EQ(k.config_choice(16, 4096, 4096).order.name(), "along_m_s2");
+  EXPECT_EQ(Kernel(parse_expression(kBiasSilu)).config_choice(4096, 4096, 4096).order, VisitOrder{});
 }
 
 TEST(TuningRecord, RejectsOtherFormatsAndUnknownConfigs) {

@@ -51,6 +51,35 @@ TEST(Options, ErrorsNameTheOption) {
   EXPECT_NE(message(R"({"wait_for_compile": 0})").find("option wait_for_compile: expected true or false"),
             std::string::npos);
   EXPECT_NE(message("{").find("kernel options are not JSON"), std::string::npos);
+  EXPECT_NE(message(R"({"visit_order": "diagonal"})")
+                .find("visit_order: 'diagonal' is not a tile visiting order (heuristic, along_m or along_n"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"visit_order": "along_n_s3"})").find("visit_order: 'along_n_s3'"), std::string::npos);
+  EXPECT_NE(message(R"({"visit_order": 8})").find("option visit_order: expected a visiting order"), std::string::npos);
+}
+
+TEST(Options, VisitOrderIsARunTimeChoiceOfDenseKernels) {
+  const CompileOptions c = compile_options(option_text_from_json(R"({"visit_order": "along_n_s8"})"));
+  ASSERT_TRUE(c.visit_order.has_value());
+  EXPECT_EQ(c.visit_order->raster, VisitOrder::Raster::along_n);
+  EXPECT_EQ(c.visit_order->swizzle, 8);
+  EXPECT_FALSE(compile_options(option_text_from_json(R"({"visit_order": null})")).visit_order.has_value());
+  // It round-trips through the JSON spelling the PyTorch ops' specs use.
+  OptionText o;
+  o.visit_order = "along_m_s2";
+  EXPECT_EQ(option_text_from_json(option_text_json(o)).visit_order, "along_m_s2");
+  // It does not decide the kernel's code, so it is not among the options that name a kernel.
+  EXPECT_FALSE(option_text(c.gemm, c.cast_mode, c.precise_math, c.config).visit_order.has_value());
+  o = OptionText{};
+  o.visit_order = "heuristic";
+  try {
+    grouped_options(o);
+    FAIL() << "a grouped kernel took a visiting order";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("visit_order: grouped kernels visit each group's tiles in CUTLASS's order"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Options, GroupedKernelsNeedRowMajorTokens) {

@@ -63,8 +63,23 @@ TEST(SelectionTable, ErrorsNameTheFileAndTheField) {
                 .find("entry 0: 'm' has the wrong type (string)"),
             std::string::npos);
   EXPECT_NE(error_of(R"({"format": 2})").find("format 2, expected 1"), std::string::npos);
+  EXPECT_NE(error_of(table_json(R"({"m": 16, "n": 4096, "k": 4096, "config": "coop_128x256x64_c2x1_persistent",
+                                    "order": "zigzag", "ms": 0.1, "cublas_ms": 0.1})"))
+                .find("entry 0: 'zigzag' is not a tile visiting order"),
+            std::string::npos);
   EXPECT_NE(error_of(table_json(entry(0, 4096, 4096, "coop_128x256x64_c2x1_persistent"))).find("positive"),
             std::string::npos);
+}
+
+TEST(SelectionTable, AnEntryCarriesItsVisitingOrder) {
+  const SelectionTable t = parse_table(
+      table_json(entry(16, 4096, 4096, "pingpong_64x32x128_c1x1_persistent") + "," +
+                 R"({"m": 8192, "n": 4096, "k": 4096, "config": "coop_128x256x64_c2x1_persistent",
+                     "order": "along_n_s8", "ms": 0.2, "cublas_ms": 0.2})"),
+      "t.json");
+  ASSERT_EQ(t.entries.size(), 2u);
+  EXPECT_EQ(t.entries[0].order, VisitOrder{});  // no "order": CUTLASS's
+  EXPECT_EQ(t.entries[1].order.name(), "along_n_s8");
 }
 
 TEST(SelectionTable, MatchesTheSameShapeElseTheNearestMeasuredM) {

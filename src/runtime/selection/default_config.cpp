@@ -69,6 +69,7 @@ std::optional<TableChoice> table_choice(const Graph& g, const GemmDesc& gemm) {
   if (const auto& other = found->entry->unswapped; other && usable(*other)) {
     TableEntry entry = *found->entry;
     entry.config = *other;
+    entry.order = VisitOrder{};  // measured with CUTLASS's order
     entry.ms = entry.unswapped_ms;
     return TableChoice{*other, entry, found->exact, table->file};
   }

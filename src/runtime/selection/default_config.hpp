@@ -24,7 +24,7 @@ bool reduces_over_m(const Graph& g);
 // and at least 3 main-loop stages beside the epilogue). nullopt otherwise.
 struct TableChoice {
   KernelConfig config;
-  TableEntry entry;
+  TableEntry entry;  // entry.order: the visiting order `config` is to run with
   bool exact = false;
   std::string table;  // its file name, e.g. "h100-bf16.json"
 };

@@ -61,6 +61,12 @@ SelectionTable parse_table(const std::string& json, const std::string& file) {
     const auto config = KernelConfig::parse(name);
     if (!config) throw RuntimeError(fmt::format("{}: '{}' is not a kernel configuration", at, name));
     e.config = *config;
+    if (entries[i].contains("order")) {
+      const std::string order = field<std::string>(entries[i], "order", at);
+      const auto parsed = VisitOrder::parse(order);
+      if (!parsed) throw RuntimeError(fmt::format("{}: '{}' is not a tile visiting order ({})", at, order, VisitOrder::forms()));
+      e.order = *parsed;
+    }
     e.ms = field<double>(entries[i], "ms", at);
     e.cublas_ms = field<double>(entries[i], "cublas_ms", at);
     if (entries[i].contains("unswapped_config")) {

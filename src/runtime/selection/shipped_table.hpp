@@ -18,6 +18,9 @@ namespace evtc::selection {
 struct TableEntry {
   int64_t m = 0, n = 0, k = 0;
   KernelConfig config;
+  // The tile visiting order `config` ran fastest with (its "order" field; CUTLASS's heuristic
+  // where the table names none): ms is its time with this order.
+  VisitOrder order;
   double ms = 0;         // the configuration's median time, D = acc
   double cublas_ms = 0;  // torch.mm's on the same operands, same run
   // Where `config` is transposed (swap-AB): the fastest untransposed configuration and its

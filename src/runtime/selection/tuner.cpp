@@ -23,6 +23,9 @@ namespace {
 
 size_t compile_jobs() { return size_t(jit::compile_slots()); }
 
+// How much faster than CUTLASS's own visiting order another order must run to be kept.
+constexpr double kOrderMargin = 0.01;
+
 
 
 size_t output_bytes(const OperandSlot& s, int64_t m, int64_t n) {
@@ -96,6 +99,7 @@ ConfigChoice Kernel::Impl::choose_config(int64_t m, int64_t n, int64_t k) const 
     // default_config's own first step is this table lookup: asking it directly keeps the entry.
     if (const auto t = selection::table_choice(graph, g)) {
       choice.config = t->config;
+      choice.order = t->entry.order;
       choice.source = ConfigChoice::Source::table;
       choice.tuned_m = t->entry.m;
       choice.tuned_n = t->entry.n;
@@ -114,6 +118,7 @@ ConfigChoice Kernel::Impl::choose_config(int64_t m, int64_t n, int64_t k) const 
       if (auto r = tuning::nearest(*records, m, n, k);
           r && tuning::prune_reason(r->best, graph, g).empty()) {
         choice.config = r->best;
+        choice.order = r->order;
         choice.source = r->m == m && r->n == n && r->k == k ? ConfigChoice::Source::tuned
                                                             : ConfigChoice::Source::nearest_tuned;
         choice.tuned_m = r->m;
@@ -123,6 +128,7 @@ ConfigChoice Kernel::Impl::choose_config(int64_t m, int64_t n, int64_t k) const 
       }
     }
   }
+  if (options.visit_order) choice.order = *options.visit_order;
   choice.config.precise_math = choice.config.precise_math || options.precise_math;
   if (is_fp8(options.gemm.a_dtype) || is_fp8(options.gemm.b_dtype))
     choice.config.fp8_fast_accum = choice.config.fp8_fast_accum || options.gemm.fp8_fast_accum;
@@ -194,6 +200,22 @@ TuneResult Kernel::Impl::tune(const runtime::BoundCall& call, cudaStream_t strea
   result.m = m;
   result.n = n;
   result.k = k;
+  auto timed = [&](const KernelConfig& config, const VisitOrder& order) {
+    auto lib = fused_library(config);
+    const evtc_gemm_args abi = scratch.abi(config.swap_ab, order);
+    char why[256] = {0};
+    if (reinterpret_cast<evtc_can_implement_fn>(lib->symbol("evtc_can_implement"))(&abi, why, sizeof why) != EVTC_OK)
+      throw RuntimeError(fmt::format("CUTLASS cannot implement it: {}", why));
+    const size_t ws_bytes = reinterpret_cast<evtc_workspace_size_fn>(lib->symbol("evtc_workspace_size"))(&abi);
+    runtime::DeviceBuffer workspace(ws_bytes);
+    auto run = reinterpret_cast<evtc_run_fn>(lib->symbol("evtc_run"));
+    return runtime::median_ms(
+        [&] {
+          if (run(&abi, workspace.get(), stream, why, sizeof why) != EVTC_OK)
+            throw RuntimeError(fmt::format("launch failed: {}", why));
+        },
+        stream, 5, 20);
+  };
   for (size_t i = 0; i < candidates.size(); ++i) {
     if (progress) progress("timing", int(i), int(candidates.size()));
     TuneResult::Candidate cand{candidates[i], -1, {}};
@@ -201,21 +223,7 @@ TuneResult Kernel::Impl::tune(const runtime::BoundCall& call, cudaStream_t strea
       cand.error = "did not compile: " + it->second.substr(0, 300);
     } else {
       try {
-        auto lib = fused_library(candidates[i]);
-        const evtc_gemm_args abi = scratch.abi(candidates[i].swap_ab);
-        char why[256] = {0};
-        if (reinterpret_cast<evtc_can_implement_fn>(lib->symbol("evtc_can_implement"))(&abi, why, sizeof why) != EVTC_OK)
-          throw RuntimeError(fmt::format("CUTLASS cannot implement it: {}", why));
-        const size_t ws_bytes =
-            reinterpret_cast<evtc_workspace_size_fn>(lib->symbol("evtc_workspace_size"))(&abi);
-        runtime::DeviceBuffer workspace(ws_bytes);
-        auto run = reinterpret_cast<evtc_run_fn>(lib->symbol("evtc_run"));
-        cand.median_ms = runtime::median_ms(
-            [&] {
-              if (run(&abi, workspace.get(), stream, why, sizeof why) != EVTC_OK)
-                throw RuntimeError(fmt::format("launch failed: {}", why));
-            },
-            stream, 5, 20);
+        cand.median_ms = timed(candidates[i], VisitOrder{});
       } catch (const Error& e) {
         cand.error = e.what();
       }
@@ -234,6 +242,33 @@ TuneResult Kernel::Impl::tune(const runtime::BoundCall& call, cudaStream_t strea
   }
   result.best = best->config;
   result.best_ms = best->median_ms;
+  // The visiting orders, on the best configuration only (run-time arguments: no compiles). The
+  // candidates were timed with CUTLASS's order, which is timed again here beside the others so
+  // that all orders are compared under the same conditions; another order is kept only where it
+  // is at least kOrderMargin faster (noise must not pick one).
+  if (best->config.schedule != MainloopSchedule::multistage) {
+    const std::vector<VisitOrder> orders = VisitOrder::all();
+    double heuristic_ms = -1;
+    for (size_t i = 0; i < orders.size(); ++i) {
+      if (progress) progress("timing visiting orders", int(i), int(orders.size()));
+      try {
+        const double ms = timed(result.best, orders[i]);
+        result.orders.push_back({orders[i], ms});
+        if (orders[i] == VisitOrder{}) heuristic_ms = ms;
+      } catch (const Error& e) {
+        log_debug("tuning {}x{}x{}: {} with order {}: {}", m, n, k, result.best.name(), orders[i].name(), e.what());
+      }
+    }
+    if (progress) progress("timing visiting orders", int(orders.size()), int(orders.size()));
+    if (heuristic_ms > 0) {
+      result.best_ms = heuristic_ms;
+      for (const auto& o : result.orders)
+        if (o.median_ms > 0 && o.median_ms < result.best_ms && o.median_ms < heuristic_ms * (1 - kOrderMargin)) {
+          result.best_order = o.order;
+          result.best_ms = o.median_ms;
+        }
+    }
+  }
   {
     std::lock_guard lock(mu);
     if (auto it = fused.find(result.best.name()); it != fused.end()) fused_path = it->second->path();
@@ -245,6 +280,8 @@ TuneResult Kernel::Impl::tune(const runtime::BoundCall& call, cudaStream_t strea
   record.k = k;
   record.best = result.best;
   record.best_ms = result.best_ms;
+  record.order = result.best_order;
+  for (const auto& o : result.orders) record.orders.emplace_back(o.order.name(), o.median_ms);
   record.identity = *id;
   record.tuned_at = tuning::utc_now();
   for (const auto& c : result.candidates)

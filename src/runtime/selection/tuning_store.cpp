@@ -55,6 +55,11 @@ std::string TuningRecord::to_json() const {
   j["k"] = k;
   j["config"] = best.name();
   j["median_ms"] = best_ms;
+  j["order"] = order.name();
+  if (!orders.empty()) {
+    j["orders"] = nlohmann::json::array();
+    for (const auto& [name, ms] : orders) j["orders"].push_back({{"order", name}, {"median_ms", ms}});
+  }
   j["graph_hash"] = identity.graph_hash;
   j["a"] = {{"dtype", dtype_name(identity.gemm.a_dtype)},
             {"layout", identity.gemm.a_layout == Layout::row_major ? "row" : "col"}};
@@ -96,6 +101,15 @@ TuningRecord TuningRecord::from_json(const std::string& text) {
     if (!cfg) throw RuntimeError(fmt::format("tuning record names an unknown config '{}'", name));
     r.best = *cfg;
     r.best_ms = j.at("median_ms").get<double>();
+    // Records written before orders were tuned ran with CUTLASS's heuristic order.
+    if (j.contains("order")) {
+      const std::string order = j.at("order").get<std::string>();
+      const auto parsed = VisitOrder::parse(order);
+      if (!parsed) throw RuntimeError(fmt::format("tuning record names an unknown visiting order '{}'", order));
+      r.order = *parsed;
+    }
+    for (const auto& e : j.value("orders", nlohmann::json::array()))
+      r.orders.emplace_back(e.at("order").get<std::string>(), e.at("median_ms").get<double>());
     r.identity.graph_hash = j.at("graph_hash").get<std::string>();
     r.identity.device_name = j.at("device").get<std::string>();
     r.identity.precise_math = j.value("precise_math", false);

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "evtc/gemm.hpp"
@@ -36,7 +37,9 @@ struct CandidateTiming {
 struct TuningRecord {
   int64_t m = 0, n = 0, k = 0;
   KernelConfig best;
-  double best_ms = 0;
+  double best_ms = 0;      // with `order`
+  VisitOrder order;        // the tile visiting order `best` runs with
+  std::vector<std::pair<std::string, double>> orders;  // best's median ms with each order tried
   std::vector<CandidateTiming> candidates;
   ProblemIdentity identity;
   std::string tuned_at;  // UTC, ISO 8601
