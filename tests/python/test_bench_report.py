@@ -108,3 +108,21 @@ def test_refined_sweeps_and_tables_take_each_shape_from_the_latest_sweep(tmp_pat
     table = json.loads(out.read_text())
     assert [(e["m"], e["config"]) for e in table["entries"]] == [(16, "e"), (32, "a")]
     assert table["sm_count"] == 132 and table["command"] == "old.json && new.json"
+
+
+def test_a_kept_visiting_order_must_beat_cutlass_s_by_the_margin_and_reaches_the_table():
+    g = load_gemm_shapes()
+    # 0.5 % faster than CUTLASS's heuristic order: noise, not kept; 2 % faster: kept.
+    assert g.best_order({"heuristic": 1.0, "along_n_s8": 0.995, "along_m": 1.1}) == ("heuristic", 1.0)
+    assert g.best_order({"heuristic": 1.0, "along_n_s8": 0.98, "along_m": 0.99}) == ("along_n_s8", 0.98)
+    result = {"m": 1024, "n": 3584, "k": 4096, "label": "x", "cublas_ms": 0.05, "best": "a", "best_ms": 0.050,
+              "candidates": {"a": 0.050, "b": 0.051}, "errors": {}}
+    # The orders' timing decides, with its own torch.mm time: b with along_m_s4 beats a's best.
+    g.apply_orders(result, {"cublas_ms": 0.048, "errors": {},
+                            "times": {"a": {"heuristic": 0.049, "along_n": 0.0488},
+                                      "b": {"heuristic": 0.050, "along_m_s4": 0.047}}})
+    assert (result["best"], result["best_order"], result["best_ms"]) == ("b", "along_m_s4", 0.047)
+    assert (result["runner_up"], result["runner_up_ms"], result["cublas_ms"]) == ("a", 0.049, 0.048)
+    entries = g.table_document([result, dict(result, m=2048, best_order="heuristic")], "NVIDIA H100 80GB HBM3",
+                               "cmd", "date", 132)["entries"]
+    assert entries[0]["order"] == "along_m_s4" and "order" not in entries[1]
