@@ -23,6 +23,19 @@ def _check(weight: Any, dim: Any, what: str) -> int:
     return dim % 2
 
 
+def interleave_pairs(gate: Any, up: Any, dim: int) -> Any:
+    """Gate and up tensors of the same shape interleaved along ``dim`` (gate's element j at 2j,
+    up's at 2j + 1), contiguous: the one spelling of the gated kernels' (gate, up) layout in
+    Python (weights here, and the FX pass's constant weights, biases and grouped weights).
+    The PyTorch op library's merged operands build the same layout at run time
+    (``interleave`` in python/src/torch_ops.cpp), and C++ code has ``evtc::interleave_gate_up``
+    (include/evtc/gated.hpp) for raw device memory."""
+    import torch
+
+    dim = dim % gate.dim()
+    return torch.stack((gate, up), dim=dim + 1).flatten(dim, dim + 1).contiguous()
+
+
 def interleave_gate_up(stacked: Any, dim: int = 0) -> Any:
     """Returns the gated kernels' weight layout of a stacked gate/up weight (a new tensor).
 
@@ -42,7 +55,7 @@ def interleave_gate_up(stacked: Any, dim: int = 0) -> Any:
         raise _evtc.UserError(f"the stacked weight has {features} features along dim {dim}: "
                          "gate and up need the same number (an even total)")
     gate, up = stacked.split(features // 2, dim=dim)
-    return torch.stack((gate, up), dim=dim + 1).flatten(dim, dim + 1).contiguous()
+    return interleave_pairs(gate, up, dim)
 
 
 def deinterleave_gate_up(interleaved: Any, dim: int = 0) -> Any:

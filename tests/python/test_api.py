@@ -196,6 +196,20 @@ def test_gated_value_with_row_vector_is_a_user_error():
         evtc.compile("out y = swiglu(acc) * b[n]")
 
 
+def test_interleave_pairs_puts_gate_j_at_2j_and_up_j_at_2j_plus_1_along_any_dimension():
+    torch = pytest.importorskip("torch")
+    from evtc._gated import interleave_pairs
+
+    g, u = torch.randn(3, 4, 5), torch.randn(3, 4, 5)
+    for dim in (0, 1, 2, -1):
+        out = interleave_pairs(g, u, dim)
+        d = dim % 3
+        assert out.is_contiguous() and out.shape[d] == 2 * g.shape[d]
+        assert torch.equal(out.narrow(d, 0, 1), g.narrow(d, 0, 1))
+        assert torch.equal(out.index_select(d, torch.arange(0, 2 * g.shape[d], 2)), g)
+        assert torch.equal(out.index_select(d, torch.arange(1, 2 * g.shape[d], 2)), u)
+
+
 def test_interleave_gate_up_round_trips():
     torch = pytest.importorskip("torch")
     w = torch.arange(24.0).reshape(6, 4)  # 2I = 6 Linear features of K = 4

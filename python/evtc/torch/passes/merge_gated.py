@@ -31,6 +31,7 @@ from typing import Optional
 import torch
 from torch import fx
 
+from ..._gated import interleave_pairs
 from .._chain import EVTC_DTYPES, Chain, MergedB, Refused, cast_to, concrete, same_shape, val
 from .._fusion import escaping, grow
 from .._gemm import GROUPED_MM, layout
@@ -442,13 +443,13 @@ def _constant_b(graph: fx.Graph, roots: Roots):
     i = next(_constant_count)
     with torch.no_grad():
         if roots.grouped:  # G × K × N/2 each -> G × N × K rows interleaved, viewed as G × K × N
-            w = torch.stack((bg.transpose(1, 2), bu.transpose(1, 2)), dim=2).flatten(1, 2).contiguous()
+            w = interleave_pairs(bg.transpose(1, 2), bu.transpose(1, 2), 1)
             node = constant(w, f"_evtc_merged_w{i}")
             with graph.inserting_after(node):
                 b = graph.call_function(aten.transpose.int, (node, 1, 2))
             b.meta["val"] = val(node).transpose(1, 2)
         else:  # K × N/2 each -> N × K rows interleaved, viewed as K × N
-            w = torch.stack((bg.t(), bu.t()), dim=1).flatten(0, 1).contiguous()
+            w = interleave_pairs(bg.t(), bu.t(), 0)
             node = constant(w, f"_evtc_merged_w{i}")
             with graph.inserting_after(node):
                 b = graph.call_function(aten.permute.default, (node, [1, 0]))
@@ -456,7 +457,7 @@ def _constant_b(graph: fx.Graph, roots: Roots):
         roots.made += [b, node]
         bias_node = None
         if biases is not None:
-            merged_bias = torch.stack(biases, dim=-1).flatten(-2, -1).contiguous()
+            merged_bias = interleave_pairs(biases[0], biases[1], -1)
             bias_node = constant(merged_bias, f"_evtc_merged_b{i}")
             roots.made.append(bias_node)
     return b, bias_node
