@@ -7,8 +7,7 @@
 #include <sstream>
 
 #include "cli.hpp"
-#include "jit/kernel_cache.hpp"
-#include "jit/toolchain.hpp"
+#include "evtc/jit.hpp"
 
 namespace fs = std::filesystem;
 

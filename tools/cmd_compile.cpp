@@ -5,7 +5,6 @@
 #include <chrono>
 #include <fstream>
 
-#include "backends/emit.hpp"
 #include "cli.hpp"
 #include "evtc/error.hpp"
 #include "evtc/expression.hpp"
@@ -43,9 +42,7 @@ Command add_compile_command(CLI::App& app) {
                                           not_fusable,
                                           a->fallback ? "" : " (--fallback compiles the unfused path's epilogue)"));
             if (!a->emit.empty()) {
-              write_output_file(a->emit,
-                                backend::emit_dense_kernel(kernel.graph(), kernel.options().gemm, kernel.config_for(0, 0, 0)).source,
-                                "--emit");
+              write_output_file(a->emit, kernel.source(), "--emit");
               fmt::print("wrote {}\n", a->emit);
               if (a->emit_only) return kExitOk;
             }

@@ -17,15 +17,13 @@
 #include <semaphore>
 #include <thread>
 
-#include "backends/cuda/fallback_emitter.hpp"
-#include "backends/emit.hpp"
 #include "cli.hpp"
+#include "evtc/jit.hpp"
 #include "evtc/error.hpp"
 #include "evtc/log.hpp"
 #include "evtc/expression.hpp"
 #include "evtc/ir_text.hpp"
 #include "evtc/reference.hpp"
-#include "jit/kernel_cache.hpp"
 #include "testing/harness.hpp"
 #include "testing/pass_check.hpp"
 #include "testing/random_epilogue.hpp"
@@ -138,12 +136,8 @@ int fuzz_cpu(const FuzzArgs& fa, const std::vector<Case>& cases, nlohmann::json&
         fmt::print("MISMATCH (passes) seed {} output {}: {}\n  {}\n", c.seed, check.output,
                    check.comparison.describe(), c.kernel.text());
       }
-      GemmDesc gemm = c.kernel.gemm;
-      if (check_legality(after, gemm).fusable()) {
+      if (testing::emit_sources(after, c.kernel.gemm, c.config.empty() ? KernelConfig{} : *KernelConfig::parse(c.config)))
         ++fusable;
-        (void)backend::emit_dense_kernel(after, gemm, c.config.empty() ? KernelConfig{} : *KernelConfig::parse(c.config));
-      }
-      (void)cuda::emit_fallback_kernel(after, make_signature(after));
     } catch (const Error& e) {
       ++errors;
       failed.push_back({{"kernel", index}, {"kernel_text", c.kernel.text()}, {"seed", c.seed},

@@ -12,7 +12,6 @@
 #include "evtc/expression.hpp"
 #include "evtc/reference.hpp"
 #include "evtc/runtime.hpp"
-#include "runtime/cublaslt_gemm.hpp"
 #include "testing/dispatch_timing.hpp"
 #include "testing/harness.hpp"
 
@@ -140,18 +139,7 @@ int run(const RunArgs& ra) {
     Kernel unfused(g, unfused_opts);
     const double unfused_ms = runtime::median_ms([&] { unfused.run(args, stream); }, stream);
     const DType d_dtype = kernel.signature().d_name.empty() ? DType::bf16 : kernel.signature().d_dtype;
-    runtime::DeviceBuffer d(size_t(ra.m) * ra.n * dtype_bytes(d_dtype));
-    const TensorRef& A = *args.a();
-    const TensorRef& B = *args.b();
-    const bool a_row = opts.gemm.a_layout == Layout::row_major;
-    const bool b_row = opts.gemm.b_layout == Layout::row_major;
-    const double cublas_ms = runtime::median_ms(
-        [&] {
-          runtime::cublaslt_matmul({A.data, A.dtype, a_row, a_row ? A.row_stride : A.col_stride},
-                                   {B.data, B.dtype, b_row, b_row ? B.row_stride : B.col_stride},
-                                   d.get(), d_dtype, ra.m, ra.n, ra.k, stream);
-        },
-        stream);
+    const double cublas_ms = runtime::cublas_gemm_ms(kernel, args, d_dtype, stream);
     const double tflops = 2.0 * ra.m * ra.n * ra.k / (fused_ms * 1e-3) / 1e12;
     fmt::print("bench: fused {:.4f} ms ({:.0f} TFLOP/s) | cuBLAS GEMM alone {:.4f} ms | unfused "
                "(cuBLASLt + epilogue) {:.4f} ms\n",

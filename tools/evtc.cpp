@@ -18,10 +18,10 @@
 #include <vector>
 
 #include "cli.hpp"
+#include "evtc/jit.hpp"
 #include "evtc/arch.hpp"
 #include "evtc/error.hpp"
 #include "evtc/log.hpp"
-#include "jit/process.hpp"
 
 namespace evtc::cli {
 

@@ -212,6 +212,9 @@ class Kernel {
   const CompileOptions& options() const;
   // Path of the compiled fused library (empty before compile()).
   std::string library_path() const;
+  // The CUDA source of the fused kernel for problems of m×n×k (with config_for's configuration;
+  // 0: unknown sizes), as it is compiled; generating it needs no GPU and compiles nothing.
+  std::string source(int64_t m = 0, int64_t n = 0, int64_t k = 0) const;
 
  private:
   struct Impl;

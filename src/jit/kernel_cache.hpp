@@ -14,6 +14,7 @@
 // a concurrent process never leaves a half entry: if another process finished the same key
 // first, its entry is kept and ours dropped.
 #pragma once
+#include "evtc/jit.hpp"
 #include "evtc/kernel_library.hpp"
 #include <chrono>
 #include <filesystem>
@@ -111,11 +112,6 @@ class MachineSlot {
 // EVTC_MACHINE_SLOT_DIR, default <temp>/evtc-compile-slots-<uid> (a local folder: the cap is per machine).
 std::string machine_slot_dir();
 
-// How many CUTLASS kernels compile at once in this process (nvcc processes, whichever thread
-// asks): EVTC_COMPILE_JOBS (0 to max_compile_slots; 0 or unset: the CPU count; anything else
-// is a UserError naming the range). Plain epilogues (a second each) are
-// not limited, so the unfused path never waits behind fused kernels.
-int compile_slots();
 // The most EVTC_COMPILE_JOBS accepts (each slot is a thread and a file in machine_slot_dir()).
 inline constexpr size_t max_compile_slots = 1024;
 // compile_slots' value, read from the environment now (compile_slots reads it once).
@@ -133,48 +129,5 @@ void write_file_atomically(const std::string& path, const std::string& text);
 
 // The cache key a request maps to (16 hex digits); needs nvcc (its version is part of it).
 std::string cache_key(const CompileRequest& request);
-std::string cache_dir();
-
-struct CacheStats {
-  size_t entries = 0;  // folders holding a kernel.so
-  size_t damaged = 0;  // of them, those whose kernel.so does not match entry.json
-  size_t bytes = 0;
-};
-CacheStats cache_stats();
-
-// One entry of the disk cache, as `evtc cache ls` shows it.
-struct CacheEntry {
-  std::string key, label, expression;
-  size_t bytes = 0;                          // every file of the entry
-  std::filesystem::file_time_type last_used;  // when a process last loaded it (or compiled it)
-  bool intact = true;                         // kernel.so matches entry.json
-};
-// Entries, least recently used first. cache_stats, cache_entries, prune_cache and clear_cache
-// throw RuntimeError naming the folder and the reason when the cache folder, or its kernels/
-// (for clear_cache also failed/ and tmp/), exists but is not a readable folder; a cache folder
-// that does not exist yet is an empty cache. A compile checks that every folder it writes
-// (the cache folder, tmp/, locks/, kernels/) is a writable folder before nvcc runs.
-std::vector<CacheEntry> cache_entries();
-struct PruneResult {
-  size_t removed = 0, bytes_freed = 0, failed = 0, kept = 0, kept_bytes = 0;
-  std::string first_error;
-};
-// Removes entries not used for `unused_for` (when given), then least recently used ones until
-// the cache holds at most `max_bytes` (when given). Removing an entry a process has loaded is
-// safe: its mapping stays valid, and the next process compiles it again.
-PruneResult prune_cache(std::optional<size_t> max_bytes, std::optional<std::chrono::seconds> unused_for);
-// EVTC_CACHE_SIZE_LIMIT (bytes, or with a K/M/G/T suffix of powers of 1024; 0: none), default 10G:
-// after each compile the cache is pruned to it, least recently used entries first.
-std::optional<size_t> cache_size_limit();
-// "10G", "512M", "123": bytes; throws UserError naming `what` on anything else.
-size_t parse_size(const std::string& text, const std::string& what);
-struct ClearResult {
-  size_t removed = 0;  // entries removed
-  size_t failed = 0;   // entries, failures or temporaries that could not be removed
-  std::string first_error;
-};
-// Removes every entry and kept failure, and the temporaries of compiles whose process is gone
-// (a compile in progress keeps its folder).
-ClearResult clear_cache();
 
 }  // namespace evtc::jit

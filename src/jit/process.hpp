@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "evtc/error.hpp"
+#include "evtc/jit.hpp"
 
 namespace evtc::jit {
 
@@ -26,19 +27,8 @@ void stop_process(pid_t pid);
 // (note_interrupt), stops the process and throws Interrupted.
 int wait_process(pid_t pid, const std::function<void(double)>& tick = {});
 
-// Interrupts, for a program that stops on SIGTERM/SIGINT by unwinding (the evtc command): its
-// signal handler calls note_interrupt (async-signal-safe) while compiles_in_progress() > 0;
-// waits for a compiler, a compile lock or a compile slot then throw Interrupted, so a compile's
-// lock and folder are removed and its compiler stopped on the way out.
-class Interrupted : public RuntimeError {
- public:
-  using RuntimeError::RuntimeError;
-};
-void note_interrupt(int sig);
-int interrupt_signal();  // the signal noted, or 0
+// Interrupts (Interrupted, note_interrupt, interrupt_signal, compiles_in_progress): evtc/jit.hpp.
 void throw_if_interrupted();
-// Compiles running in this process (CompileInProgress objects alive); async-signal-safe.
-int compiles_in_progress();
 struct CompileInProgress {
   CompileInProgress();
   ~CompileInProgress();

@@ -1,32 +1,11 @@
 // Where the tools and headers a kernel compile needs are, and their versions.
 #pragma once
+#include "evtc/jit.hpp"
 #include <string>
 #include <vector>
 
 namespace evtc::jit {
 
-struct Toolchain {
-  std::string nvcc;              // path of nvcc
-  std::string nvcc_version;      // "13.0.88"
-  std::string cutlass_include;   // folder holding cutlass/cutlass.h
-  std::string cutlass_version;   // "4.2.0"
-  std::string evtc_include;      // folder holding evtc/device/ops.cuh
-};
-
-// Finds nvcc (CUDACXX, CUDA_HOME/bin, PATH, the toolkit evtc was built with; 12.0 or newer),
-// the CUTLASS headers (EVTC_CUTLASS_DIR, CUTLASS_DIR, set_cutlass_dir's folder, <datadir>/evtc/cutlass
-// relative to the library, the build tree's, set_cutlass_fallback_dir's folder; refused unless
-// CUTLASS EVTC_CUTLASS_SERIES) and evtc's
-// device headers (EVTC_INCLUDE_DIR, include/ beside the library as in the Python package, the
-// install's include folder relative to the library, the build tree's). Throws RuntimeError saying
-// what to install or set. `need_cutlass` false skips CUTLASS (fallback kernels).
-const Toolchain& toolchain(bool need_cutlass = true);
-// The CUTLASS folder to use when EVTC_CUTLASS_DIR and CUTLASS_DIR are unset. Before the first
-// compile.
-void set_cutlass_dir(const std::string& dir);
-// The CUTLASS folder to use when no other is found (the Python package sets that of the
-// nvidia-cutlass package when it is installed). Before the first compile.
-void set_cutlass_fallback_dir(const std::string& dir);
 
 // The nvcc flags that decide a kernel's code (part of its cache key; without -I, -L and -o).
 // Needs no toolchain.

@@ -319,6 +319,10 @@ std::string Kernel::library_path() const {
   return impl_->fused_path;
 }
 
+std::string Kernel::source(int64_t m, int64_t n, int64_t k) const {
+  return backend::emit_dense_kernel(impl_->graph, impl_->options.gemm, config_for(m, n, k)).source;
+}
+
 void Kernel::compile(int64_t m, int64_t n, int64_t k) {
   if (const std::string why = impl_->fallback_reason(m, n, k); !why.empty())
     throw UserError("no fused kernel to compile for this epilogue: " + why);

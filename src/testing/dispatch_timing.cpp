@@ -80,4 +80,13 @@ DispatchTimes measure_dispatch(const Kernel& kernel, const Arguments& args, cuda
   return t;
 }
 
+double cublas_gemm_ms(const Kernel& kernel, const Arguments& args, DType d_dtype, cudaStream_t stream) {
+  PointerChecks checks;
+  const BoundCall call = bind_arguments(kernel.signature(), kernel.options().gemm, args, checks);
+  DeviceBuffer d(size_t(call.m) * call.n * dtype_bytes(d_dtype));
+  const MatrixOperand a{call.a, args.a()->dtype, call.a_layout == Layout::row_major, call.lda};
+  const MatrixOperand b{call.b, args.b()->dtype, call.b_layout == Layout::row_major, call.ldb};
+  return median_ms([&] { cublaslt_matmul(a, b, d.get(), d_dtype, call.m, call.n, call.k, stream); }, stream);
+}
+
 }  // namespace evtc::runtime

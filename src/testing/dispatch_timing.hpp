@@ -21,4 +21,9 @@ struct DispatchTimes {
 // and have its library loaded (one run() before).
 DispatchTimes measure_dispatch(const Kernel& kernel, const Arguments& args, cudaStream_t stream);
 
+// The GPU time (ms, runtime::median_ms) of cuBLASLt's GEMM of the problem `args` holds, A and B
+// as `kernel` binds them, into a scratch D of `d_dtype`: the library GEMM a fused kernel is
+// compared with (`evtc run --bench`).
+double cublas_gemm_ms(const Kernel& kernel, const Arguments& args, DType d_dtype, cudaStream_t stream);
+
 }  // namespace evtc::runtime

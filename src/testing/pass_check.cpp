@@ -4,7 +4,10 @@
 
 #include <cmath>
 
+#include "backends/cuda/fallback_emitter.hpp"
+#include "backends/emit.hpp"
 #include "evtc/error.hpp"
+#include "evtc/passes.hpp"
 
 namespace evtc::testing {
 
@@ -46,6 +49,13 @@ nlohmann::json failing_case_record(const CaseOrigin& origin, const PassCheck& ch
           {"max_rel", c.max_rel},
           {"outside_bound", c.mismatches},
           {"what", c.describe()}};
+}
+
+bool emit_sources(const Graph& after, const GemmDesc& gemm, const KernelConfig& config) {
+  const bool fusable = check_legality(after, gemm).fusable();
+  if (fusable) (void)backend::emit_dense_kernel(after, gemm, config);
+  (void)cuda::emit_fallback_kernel(after, make_signature(after));
+  return fusable;
 }
 
 }  // namespace evtc::testing

@@ -16,7 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "evtc/gemm.hpp"
 #include "evtc/graph.hpp"
+#include "evtc/kernel_config.hpp"
 #include "evtc/reference.hpp"
 
 namespace evtc::testing {
@@ -29,6 +31,11 @@ struct PassCheck {
 // Every output of `before` (the parsed graph) against the same output of `after` (it after the
 // pass pipeline), on `inputs`.
 std::vector<PassCheck> check_pipeline(const Graph& before, const Graph& after, const ReferenceInputs& inputs);
+
+// The sources a graph (after the passes) compiles to, generated without compiling them: the fused
+// kernel's with `config` where legality allows, and the unfused epilogue's; whatever the emitters
+// throw is thrown. Returns whether the graph is fusable for `gemm`.
+bool emit_sources(const Graph& after, const GemmDesc& gemm, const KernelConfig& config);
 
 // What identifies a failing case of a random run: its whole epilogue, the failing output's own
 // statement, the problem size, the inputs' seed and the `evtc run` options of its dtypes.

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <set>
+#include <tuple>
 #include <unistd.h>
 
 #include <algorithm>
@@ -341,6 +342,16 @@ TEST(TuneMode, NamesParseBack) {
   for (auto m : {TuneMode::off, TuneMode::first_call, TuneMode::ahead})
     EXPECT_EQ(parse_tune_mode(tune_mode_name(m)), m);
   EXPECT_FALSE(parse_tune_mode("always"));
+}
+
+TEST(KernelConfigChoice, TheSourceIsTheChosenConfigurationsKernel) {
+  Kernel k(parse_expression(kBiasSilu));
+  for (auto [m, n, kk] : {std::tuple<int64_t, int64_t, int64_t>{0, 0, 0}, {8192, 8192, 1024}, {16, 4096, 4096}}) {
+    const std::string source = k.source(m, n, kk);
+    EXPECT_NE(source.find("; kernel config " + k.config_for(m, n, kk).name() + "."), std::string::npos)
+        << m << "x" << n << "x" << kk;
+    EXPECT_NE(source.find("evtc_gemm_kernel"), std::string::npos);
+  }
 }
 
 TEST(KernelConfigChoice, FixedConfigsWinAndUnknownSizesTakeTheHeuristic) {
