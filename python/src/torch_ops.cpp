@@ -212,7 +212,9 @@ at::Tensor apply(const Recipe& r, at::TensorList sources, const std::string& wha
     if (v.op == "permute") t = t.permute(a);
     else if (v.op == "t") t = t.t();
     else if (v.op == "transpose" && a.size() == 2) t = t.transpose(a[0], a[1]);
-    else if (v.op == "slice" && a.size() == 4) t = t.slice(a[0], a[1], std::min(a[2], t.size(a[0] < 0 ? a[0] + t.dim() : a[0])), a[3]);
+    // Sizes as SymInts: the fake implementations read recipes on fake tensors with symbolic sizes.
+    else if (v.op == "slice" && a.size() == 4)
+      t = t.slice_symint(a[0], c10::SymInt(a[1]), c10::SymInt(a[2]).min(t.sym_size(a[0])), c10::SymInt(a[3]));
     else if (v.op == "view") t = t.view(a);
     else throw UserError(cat(what, ": unknown view step '", v.op, "' with ", a.size(), " arguments"));
   }
@@ -576,9 +578,19 @@ at::Tensor merged_b(const Plan& plan, at::TensorList sources, cudaStream_t strea
 }
 
 // The size of a merged op's N (twice a half's columns), from the recipes alone (no copy).
-int64_t merged_n(const Plan& plan, at::TensorList sources) {
+c10::SymInt merged_sym_n(const Plan& plan, at::TensorList sources) {
   if (!plan.merged_b) throw UserError("this spec describes no merged GEMM: call gemm_epilogue");
-  return 2 * apply(plan.merged_b->gate, sources, "merged B").size(-1);
+  return apply(plan.merged_b->gate, sources, "merged B").sym_size(-1) * 2;
+}
+
+int64_t merged_n(const Plan& plan, at::TensorList sources) {
+  return merged_sym_n(plan, sources).guard_int(__FILE__, __LINE__);
+}
+
+// The op _merged_n: the merged op's N for the fake implementations (python/evtc/torch/_op.py),
+// so that the recipes are read in one place; on fake tensors the size may be symbolic.
+c10::SymInt merged_n_op(c10::string_view spec, at::TensorList sources) {
+  return merged_sym_n(plan_for(std::string_view(spec.data(), spec.size())), sources);
 }
 
 std::vector<at::Tensor> gemm_epilogue_merged(c10::string_view spec, const at::Tensor& a, at::TensorList sources,
@@ -716,6 +728,7 @@ TORCH_LIBRARY(evtc, m) {
   m.def("_path_counts(str spec) -> int[]", &evtc::torch_ops::path_counts);
   m.def("_merged_cache_bytes() -> int", &evtc::torch_ops::merged_cache_bytes);
   m.def("_clear_merged_cache() -> int", &evtc::torch_ops::clear_merged_cache);
+  m.def("_merged_n(str spec, Tensor[] sources) -> SymInt", &evtc::torch_ops::merged_n_op);
 }
 
 TORCH_LIBRARY_IMPL(evtc, CUDA, m) {

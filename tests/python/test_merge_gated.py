@@ -168,3 +168,25 @@ def test_merged_fake_implementation_gives_the_output_shape():
         w = torch.empty(F_, K, device="cuda", dtype=BF16)
         (d,) = torch.ops.evtc.gemm_epilogue_merged(spec, a, [w, w], [])
     assert tuple(d.shape) == (M, F_)
+
+
+def test_merged_fake_implementation_reads_recipes_on_symbolic_sizes():
+    # One [gate; up] weight, halved by slices (a projection split in halves), traced with symbolic
+    # sizes: the op library's recipe reader gives N on fake tensors whose sizes are symbols.
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    halves = [{"source": 0, "views": [["slice", 0, 0, F_ // 2, 1], ["t"]]},
+              {"source": 0, "views": [["slice", 0, F_ // 2, 1 << 62, 1], ["t"]]}]
+    spec = evtc.torch.make_spec("h = acc\nout D: bf16 = silu(gate(h)) * up(h)\n", {}, [], ["D"],
+                                {"b": halves, "rows": {}})
+
+    def f(a, w):
+        (d,) = torch.ops.evtc.gemm_epilogue_merged(spec, a, [w], [])
+        return d
+
+    gm = make_fx(f, tracing_mode="symbolic")(torch.empty(M, K, dtype=BF16), torch.empty(F_, K, dtype=BF16))
+    (out,) = [n for n in gm.graph.nodes if n.op == "output"]
+    d = out.args[0][0].meta["val"] if isinstance(out.args[0], (list, tuple)) else out.args[0].meta["val"]
+    assert isinstance(d.shape[0], torch.SymInt) and isinstance(d.shape[1], torch.SymInt)
+    # N = the two halves' F_ features; the gated output has N / 2 columns.
+    assert d.shape[1].node.hint == F_ // 2 and d.shape[0].node.hint == M

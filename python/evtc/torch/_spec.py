@@ -42,25 +42,6 @@ def make_grouped_spec(expr: str, options: dict, operands: list[tuple[str, str]],
 
 # A merged op's recipes: {"b": [gate, up], "rows": {name: [gate, up]}}, each recipe
 # {"source": index into the op's source tensors, "views": [[op, int args...], ...]} with op one of
-# permute (dims), t, transpose (d0, d1), slice (dim, start, end, step), view (sizes).
-
-
-def apply_recipe(recipe: dict, sources: list):
-    """The tensor a recipe makes from the op's source tensors (the op library does the same in
-    C++; this runs on fake tensors for output shapes)."""
-    t = sources[recipe["source"]]
-    for op, *args in recipe["views"]:
-        if op == "permute":
-            t = t.permute(args)
-        elif op == "t":
-            t = t.t()
-        elif op == "transpose":
-            t = t.transpose(*args)
-        elif op == "slice":
-            dim, start, end, step = args
-            t = t[(slice(None),) * (dim % t.dim()) + (slice(start, min(end, t.shape[dim]), step),)]
-        elif op == "view":
-            t = t.view(args)
-        else:
-            raise ValueError(f"unknown view step {op!r} in a merged op's recipe")
-    return t
+# permute (dims), t, transpose (d0, d1), slice (dim, start, end, step), view (sizes). The op
+# library reads them (`apply` in python/src/torch_ops.cpp), also for the fake implementations
+# (torch.ops.evtc._merged_n).
