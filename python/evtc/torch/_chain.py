@@ -35,6 +35,12 @@ GEMM_OPERAND_DTYPES = tuple(t for t in _TENSOR_CORE_INPUTS if t.itemsize == 2)
 FP8_DTYPES = tuple(t for t in _TENSOR_CORE_INPUTS if t.itemsize == 1)
 
 
+def names_of(dtypes) -> str:
+    """The evtc names of torch dtypes, for messages: "bf16 or f16", "f16, bf16 or f8e4m3"."""
+    names = [EVTC_DTYPES[t] for t in dtypes]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
 class Refused(Exception):
     """The chain cannot be fused; the message says why."""
 

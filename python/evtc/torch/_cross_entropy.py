@@ -49,7 +49,7 @@ from torch import fx
 from torch._subclasses.fake_tensor import is_fake
 
 from . import _op, _spec
-from ._chain import EVTC_DTYPES, GEMM_OPERAND_DTYPES
+from ._chain import EVTC_DTYPES, GEMM_OPERAND_DTYPES, names_of
 
 _REDUCTIONS = ("mean", "sum", "none")
 log = logging.getLogger("evtc.torch")
@@ -102,7 +102,8 @@ def _check(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, fn: str 
     if target.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"{fn}: {target_name} must hold class indices (int64 or int32), got {target.dtype}")
     if h.dtype not in GEMM_OPERAND_DTYPES or weight.dtype != h.dtype:
-        raise TypeError(f"{fn}: h and weight must both be bfloat16 or float16, got {h.dtype} and {weight.dtype}")
+        allowed = " or ".join(str(t).removeprefix("torch.") for t in GEMM_OPERAND_DTYPES)
+        raise TypeError(f"{fn}: h and weight must both be {allowed}, got {h.dtype} and {weight.dtype}")
     if not (h.is_cuda and weight.is_cuda and target.is_cuda) or len({h.device, weight.device, target.device}) != 1:
         raise ValueError(f"{fn}: h, weight and {target_name} must be on one CUDA device, got {h.device}, "
                          f"{weight.device} and {target.device}")
@@ -431,7 +432,7 @@ def _refusal(kwargs: dict[str, Any], logits: fx.Node) -> Optional[str]:
     if x.dim() != 2:
         return f"{x.dim()}-d input (classes along dim 1 of a [tokens, vocab] input only)"
     if h.dtype not in GEMM_OPERAND_DTYPES or w.dtype != h.dtype:
-        return f"{h.dtype} x {w.dtype} LM head (bf16 or f16 only)"
+        return f"{h.dtype} x {w.dtype} LM head ({names_of(GEMM_OPERAND_DTYPES)} only)"
     if not h.is_cuda:
         return "not on a CUDA device"
     if t.dtype not in (torch.int64, torch.int32) or t.dim() != 1:

@@ -9,7 +9,7 @@ from torch import fx
 
 from .. import _evtc
 from ._chain import (EVTC_DTYPES, FP8_DTYPES, GEMM_OPERAND_DTYPES, Chain, Refused, arg_expr, cast_to, concrete, const,
-                     same_shape, val)
+                     names_of, same_shape, val)
 
 aten = torch.ops.aten
 
@@ -40,7 +40,8 @@ def _operands(gemm: fx.Node, fp8: bool) -> tuple[fx.Node, fx.Node, torch.Tensor,
         raise Refused("A and B must be 2-D tensors with metadata")
     allowed = FP8_DTYPES if fp8 else GEMM_OPERAND_DTYPES
     if ta.dtype not in allowed or tb.dtype != ta.dtype:
-        raise Refused(f"{ta.dtype} x {tb.dtype} GEMM: evtc kernels take bf16, f16 or fp8 (via _scaled_mm) operands")
+        raise Refused(f"{ta.dtype} x {tb.dtype} GEMM: evtc kernels take {names_of(GEMM_OPERAND_DTYPES)} operands, or "
+                      f"{names_of(FP8_DTYPES)} through _scaled_mm")
     if ta.device.type != "cuda":
         raise Refused(f"the GEMM runs on {ta.device}")
     return a, b, ta, tb
@@ -144,7 +145,8 @@ def _start_grouped(gemm: fx.Node) -> Chain:
     if bias is not None:
         raise Refused("_grouped_mm with bias")
     if tx.dtype not in GEMM_OPERAND_DTYPES or tw.dtype != tx.dtype:
-        raise Refused(f"{tx.dtype} x {tw.dtype} _grouped_mm: evtc's grouped kernels take bf16 or f16 operands")
+        raise Refused(f"{tx.dtype} x {tw.dtype} _grouped_mm: evtc's grouped kernels take {names_of(GEMM_OPERAND_DTYPES)} "
+                      "operands")
     if out.dtype not in EVTC_DTYPES:
         raise Refused(f"_grouped_mm with out_dtype {out_dtype}")
     if tx.device.type != "cuda":

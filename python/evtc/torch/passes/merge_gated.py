@@ -32,7 +32,8 @@ import torch
 from torch import fx
 
 from ..._gated import interleave_pairs
-from .._chain import EVTC_DTYPES, Chain, MergedB, Refused, cast_to, concrete, same_shape, val
+from .._chain import (EVTC_DTYPES, GEMM_OPERAND_DTYPES, Chain, MergedB, Refused, cast_to, concrete, names_of,
+                      same_shape, val)
 from .._fusion import escaping, grow
 from .._gemm import GROUPED_MM, layout
 from . import fuse_chains
@@ -257,8 +258,8 @@ def _start(graph: fx.Graph, roots: Roots, settings) -> Chain:
     first = min(roots.gemms, key=order.__getitem__)
     out = val(roots.gemms[0])
     ta, tg = val(roots.a), val(roots.b_gate)
-    if ta.dtype not in (torch.bfloat16, torch.float16) or tg.dtype != ta.dtype:
-        raise Refused(f"{ta.dtype} x {tg.dtype} GEMMs: gated kernels take bf16 or f16 operands")
+    if ta.dtype not in GEMM_OPERAND_DTYPES or tg.dtype != ta.dtype:
+        raise Refused(f"{ta.dtype} x {tg.dtype} GEMMs: gated kernels take {names_of(GEMM_OPERAND_DTYPES)} operands")
     if ta.device.type != "cuda":
         raise Refused(f"the GEMMs run on {ta.device}")
     for b in (roots.b_gate, roots.b_up):
