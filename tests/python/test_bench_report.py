@@ -126,3 +126,19 @@ def test_a_kept_visiting_order_must_beat_cutlass_s_by_the_margin_and_reaches_the
     entries = g.table_document([result, dict(result, m=2048, best_order="heuristic")], "NVIDIA H100 80GB HBM3",
                                "cmd", "date", 132)["entries"]
     assert entries[0]["order"] == "along_m_s4" and "order" not in entries[1]
+
+
+def test_matmul_heuristics_matches_evtc_candidates_by_tile_cluster_and_split():
+    sys.path.insert(0, str(ROOT / "bench"))
+    spec = importlib.util.spec_from_file_location("bench_matmul_heuristics", ROOT / "bench" / "matmul_heuristics.py")
+    h = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(h)
+    assert h.key_of_name("coop_128x256x64_c2x1_persistent") == (128, 256, 64, 2, 1, 1)
+    assert h.key_of_name("pingpong_64x128x64_c1x2_splitk3") == (64, 128, 64, 1, 2, 3)
+    assert h.key_of_name("coop_128x256x64_c1x1_streamk") is None  # no split-K factor to match
+    assert h.key_of_name("pingpong_64x16x128_c1x1_persistent_swap") is None
+    config = {"tile": [128, 256, 64], "cluster": [2, 1], "split_k": 0}
+    candidates = {"coop_128x256x64_c2x1_persistent": 1.2, "pingpong_128x256x64_c2x1_persistent": 1.1,
+                  "coop_128x256x64_c1x1_persistent": 1.0}
+    # Either schedule of the same tile, cluster and split-K (0 and 1 both mean none), fastest first.
+    assert h.measured(candidates, h.key_of_config(config)) == [1.1, 1.2]
