@@ -1,9 +1,9 @@
 // What one architecture's CUTLASS 3.x/4.x kernels are built with: the parts of the generated
 // translation unit that differ between sm_90a, sm_100a and sm_120a. The dense emitter
 // (cutlass3/emitter.cpp) writes everything else the same way for all of them; each
-// architecture's folder (sm90/, sm100/, sm120/) implements this interface, and targets.cpp
-// lists them. A new CUTLASS 3.x backend is a folder with its Target, a line in targets.cpp and
-// a row of the architecture table (evtc/arch.hpp).
+// architecture's folder (sm90/, sm100/, sm120/) implements this interface and registers it for
+// its backend number (TargetRegistration). A new CUTLASS 3.x backend is a folder with its Target
+// and a row of the architecture table (evtc/arch.hpp, src/target/arch.cpp) naming that number.
 #pragma once
 #include <string>
 
@@ -39,12 +39,15 @@ class Target {
   virtual std::string epilogue_warps() const;
 };
 
-// The Target of a CUTLASS 3.x backend (ArchFeatures::backend: 90, 100, 120).
+// The Target of a CUTLASS 3.x backend (ArchFeatures::backend: 90, 100, 120): the one registered
+// for that number.
 const Target& target_for(int backend);
 
-// The targets, each defined in its architecture's folder.
-const Target& sm90_target();
-const Target& sm100_target();
-const Target& sm120_target();
+// Registers `target` for `backend` when the library loads: each architecture's folder defines
+// one, `const TargetRegistration registered{90, target};` at namespace scope. A second
+// registration of a number fails at load time.
+struct TargetRegistration {
+  TargetRegistration(int backend, const Target& target);
+};
 
 }  // namespace evtc::cutlass3

@@ -2,6 +2,8 @@
 // schedules, epilogue descriptor and epilogue warps (the MMA's warp groups).
 #include <fmt/format.h>
 
+#include <map>
+
 #include "backends/cutlass3/target.hpp"
 #include "evtc/error.hpp"
 
@@ -29,14 +31,24 @@ std::string Target::epilogue_warps() const {
   return "decltype(cute::size(typename CollectiveMainloop::TiledMma{}))::value / 32";
 }
 
+namespace {
+
+// Function-local, so that registrations in other files (initialized in any order) find it built.
+std::map<int, const Target*>& registry() {
+  static std::map<int, const Target*> targets;
+  return targets;
+}
+
+}  // namespace
+
+TargetRegistration::TargetRegistration(int backend, const Target& target) {
+  if (!registry().emplace(backend, &target).second)
+    internal_fail(__FILE__, __LINE__, fmt::format("two CUTLASS 3.x targets registered for backend {}", backend));
+}
+
 const Target& target_for(int backend) {
-  switch (backend) {
-    case 90: return sm90_target();
-    case 100: return sm100_target();
-    case 120: return sm120_target();
-    default: break;
-  }
-  internal_fail(__FILE__, __LINE__, fmt::format("no CUTLASS 3.x target for backend {}", backend));
+  if (auto it = registry().find(backend); it != registry().end()) return *it->second;
+  internal_fail(__FILE__, __LINE__, fmt::format("no CUTLASS 3.x target registered for backend {}", backend));
 }
 
 }  // namespace evtc::cutlass3

@@ -38,11 +38,9 @@ class Sm100 final : public Target {
   std::string epilogue_warps() const override { return "CollectiveEpilogue::ThreadCount / 32"; }
 };
 
-}  // namespace
+const Sm100 target;
+const TargetRegistration registered{100, target};
 
-const Target& sm100_target() {
-  static const Sm100 target;
-  return target;
-}
+}  // namespace
 
 }  // namespace evtc::cutlass3

@@ -14,11 +14,9 @@ class Sm120 final : public Target {
   bool root_converts_to_d() const override { return true; }
 };
 
-}  // namespace
+const Sm120 target;
+const TargetRegistration registered{120, target};
 
-const Target& sm120_target() {
-  static const Sm120 target;
-  return target;
-}
+}  // namespace
 
 }  // namespace evtc::cutlass3

@@ -40,11 +40,9 @@ class Sm90 final : public Target {
   }
 };
 
-}  // namespace
+const Sm90 target;
+const TargetRegistration registered{90, target};
 
-const Target& sm90_target() {
-  static const Sm90 target;
-  return target;
-}
+}  // namespace
 
 }  // namespace evtc::cutlass3
