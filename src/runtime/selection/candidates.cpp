@@ -1,5 +1,7 @@
 #include "runtime/selection/candidates.hpp"
 
+#include "runtime/shared_memory_model.hpp"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -64,13 +66,6 @@ double wave_efficiency(const KernelConfig& c, const GemmDesc& given, const Devic
   const int64_t tn = ceil_div(ceil_div(size_or(g.n), c.tile_n), c.cluster_n) * c.cluster_n;
   const int64_t slots = ceil_div(tm * tn, tiles_per_wave(c, d)) * tiles_per_wave(c, d);
   return double(tile_count(c, g)) / double(slots);
-}
-
-// Main-loop stages that fit in shared memory beside the epilogue's buffers (CUTLASS's
-// StageCountAutoCarveout does the same subtraction; 32 KiB covers its epilogue tiles).
-int mainloop_stages(const KernelConfig& c, DType ab, const DeviceLimits& d) {
-  const int64_t per_stage = int64_t(c.tile_m + c.tile_n) * c.tile_k * dtype_bytes(ab);
-  return int((d.smem_bytes_per_block - 32 * 1024) / per_stage);
 }
 
 KernelConfig make_config(MainloopSchedule sched, TileSchedulerKind scheduler, int tm, int tn, int tk, int cm, int cn,
@@ -189,8 +184,10 @@ std::string prune_reason(const KernelConfig& c, const Graph& g, const GemmDesc& 
   if (int64_t(c.tile_m) * c.tile_n * copies / threads > 192)
     return fmt::format("{} accumulators per thread do not fit in registers",
                        int64_t(c.tile_m) * c.tile_n * copies / threads);
-  if (mainloop_stages(c, gemm.a_dtype, device) < 3)
-    return "fewer than 3 main-loop stages fit in shared memory";
+  // The shared-memory model every choice asks (runtime/shared_memory_model.hpp): what this
+  // epilogue stages per CTA with `c`, and the main-loop stages left beside it.
+  if (mainloop_stages(c, gemm, epilogue_smem_bytes(g, c)) < 3)
+    return "fewer than 3 main-loop stages fit in shared memory beside the epilogue's";
   if (c.swap_ab)
     if (std::string why = swap_ab_refusal(g, gemm); !why.empty()) return "no transposed kernel: " + why;
   const GemmDesc tiled = tiled_problem(c, gemm);

@@ -15,8 +15,7 @@ namespace evtc::tuning {
 
 // What candidate generation knows about the GPU.
 struct DeviceLimits {
-  int sm_count = 132;                    // H100 SXM
-  int smem_bytes_per_block = 227 * 1024;  // opt-in shared memory per block on sm90
+  int sm_count = 132;  // H100 SXM
 };
 
 // The candidate configurations for a problem, best-first by the heuristic score, at most
