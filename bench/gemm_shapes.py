@@ -974,17 +974,37 @@ def run_sweep(args, shapes: list[Shape]) -> int:
     doc = table_document(data["shapes"], data["gpu"], data["command"], data["date"], data.get("sm_count"))
     missing = len(timed) - len(doc["entries"]) + (len(shapes) - len(timed) if old_table is None else 0)
     if old_table is not None:
-        # The shapes timed here replace theirs in the old table; the others stay.
-        new = {(e["m"], e["n"], e["k"]): e for e in doc["entries"]}
-        doc["entries"] = sorted(list(new.values()) + [e for e in old_table["entries"]
-                                                      if (e["m"], e["n"], e["k"]) not in new],
-                                key=lambda e: (e["m"], e["n"], e["k"]))
-        doc["command"] = old_table.get("command", "") + " && " + doc["command"]
-        doc["measured"] = f"{old_table.get('measured', '')}; orders {doc['measured']}"
+        merge_tables(doc, old_table)
     write_table(args.table_out, doc)
     print(f"wrote {base}.json and {args.table_out} ({len(doc['entries'])} entries"
           + (f"; {missing} shape(s) without a timed candidate" if missing else "") + ")", flush=True)
     return 1 if missing else 0
+
+
+def keep_unswapped(entry: dict, before: dict) -> None:
+    """A transposed winner timed with --orders-from (only the old winner and runner-up ran, often
+    both transposed) keeps the untransposed configuration the old entry measured, which gated
+    epilogues take: the old entry's own, or its winner where that was untransposed."""
+    if "_swap" not in entry["config"] or "unswapped_config" in entry:
+        return
+    if "unswapped_config" in before:
+        entry["unswapped_config"], entry["unswapped_ms"] = before["unswapped_config"], before["unswapped_ms"]
+    elif "_swap" not in before["config"]:
+        entry["unswapped_config"], entry["unswapped_ms"] = before["config"], before["ms"]
+
+
+def merge_tables(doc: dict, old_table: dict) -> None:
+    """--orders-from: the shapes timed here replace theirs in the old table (keeping what only the
+    old entry measured, keep_unswapped); the others stay."""
+    before = {(e["m"], e["n"], e["k"]): e for e in old_table["entries"]}
+    new = {(e["m"], e["n"], e["k"]): e for e in doc["entries"]}
+    for key, entry in new.items():
+        if key in before:
+            keep_unswapped(entry, before[key])
+    doc["entries"] = sorted(list(new.values()) + [e for key, e in before.items() if key not in new],
+                            key=lambda e: (e["m"], e["n"], e["k"]))
+    doc["command"] = old_table.get("command", "") + " && " + doc["command"]
+    doc["measured"] = f"{old_table.get('measured', '')}; orders {doc['measured']}"
 
 
 def table_from_sweeps(paths: list[str], table_out: str) -> int:

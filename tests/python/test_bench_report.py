@@ -142,3 +142,21 @@ def test_matmul_heuristics_matches_evtc_candidates_by_tile_cluster_and_split():
                   "coop_128x256x64_c1x1_persistent": 1.0}
     # Either schedule of the same tile, cluster and split-K (0 and 1 both mean none), fastest first.
     assert h.measured(candidates, h.key_of_config(config)) == [1.1, 1.2]
+
+
+def test_orders_from_keeps_the_untransposed_configuration_the_old_table_measured():
+    g = load_gemm_shapes()
+    old = {"command": "a", "measured": "then", "entries": [
+        {"m": 16, "n": 4096, "k": 4096, "config": "pingpong_64x16x128_c1x1_persistent_swap", "ms": 1.0,
+         "unswapped_config": "pingpong_64x64x128_c1x1_persistent", "unswapped_ms": 1.2},
+        {"m": 32, "n": 4096, "k": 4096, "config": "pingpong_64x64x128_c1x1_persistent", "ms": 2.0},
+        {"m": 64, "n": 4096, "k": 4096, "config": "coop_128x256x64_c2x1_persistent", "ms": 3.0}]}
+    doc = {"command": "b", "measured": "now", "entries": [
+        {"m": 16, "n": 4096, "k": 4096, "config": "pingpong_64x16x256_c1x1_persistent_swap", "ms": 0.9},
+        {"m": 32, "n": 4096, "k": 4096, "config": "pingpong_64x16x128_c1x1_persistent_swap", "ms": 1.9}]}
+    g.merge_tables(doc, old)
+    by_m = {e["m"]: e for e in doc["entries"]}
+    assert (by_m[16]["unswapped_config"], by_m[16]["unswapped_ms"]) == ("pingpong_64x64x128_c1x1_persistent", 1.2)
+    # the old untransposed winner becomes the new transposed winner's fallback
+    assert (by_m[32]["unswapped_config"], by_m[32]["unswapped_ms"]) == ("pingpong_64x64x128_c1x1_persistent", 2.0)
+    assert by_m[64] == old["entries"][2] and doc["command"] == "a && b"

@@ -42,6 +42,10 @@ TEST(SelectionTable, EveryShippedTableParsesAndItsConfigurationsAreBuildable) {
       // A shipped choice is one the tuner could have made: legal, and not pruned for its shape.
       EXPECT_EQ(tuning::prune_reason(e.config, run_pipeline(parse_expression("out D: bf16 = acc")), g), "")
           << t.file << " " << e.m << "x" << e.n << "x" << e.k << " " << e.config.name();
+      // A transposed winner names the untransposed configuration gated epilogues take instead.
+      if (e.config.swap_ab)
+        EXPECT_TRUE(e.unswapped.has_value() && e.unswapped_ms > 0)
+            << t.file << " " << e.m << "x" << e.n << "x" << e.k << ": no unswapped_config";
     }
   }
 }
