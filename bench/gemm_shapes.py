@@ -795,8 +795,6 @@ def sweep_result(shape: Shape, default_config: str, medians: dict[str, float], e
     return r
 
 
-VISIT_ORDERS = ["heuristic"] + [f"{r}{s}" for r in ("along_m", "along_n") for s in ("", "_s2", "_s4", "_s8")]
-ORDER_MARGIN = 0.01  # another visiting order is kept only where it beats CUTLASS's by this much
 
 
 def time_orders(evtc, shape: Shape, names: list[str], problem: Problem, outputs: dict, ref, args,
@@ -808,7 +806,7 @@ def time_orders(evtc, shape: Shape, names: list[str], problem: Problem, outputs:
     variants = {"torch.mm": rotating(reference_caller(SETS["plain"], problem), rotation)}
     errors = {}
     for name in names:
-        for order in VISIT_ORDERS:
+        for order in evtc._evtc.visit_orders():  # the orders the tuner tries
             kernel = evtc.compile(PLAIN_EXPR, config=name, visit_order=order)
             if why := try_candidate(kernel, problem, outputs, ref):
                 errors[f"{name}@{order}"] = why
@@ -827,12 +825,14 @@ def time_orders(evtc, shape: Shape, names: list[str], problem: Problem, outputs:
 
 def best_order(times: dict[str, float]) -> tuple[str, float]:
     """The order to keep and its time: the fastest, where it beats CUTLASS's heuristic order by
-    ORDER_MARGIN; else the heuristic order (noise must not pick one)."""
+    the tuner's margin (VISIT_ORDER_MARGIN); else the heuristic order (noise must not pick one)."""
+    from evtc import _evtc
+
     base = times.get("heuristic")
     order, ms = min(times.items(), key=lambda item: item[1])
     if base is None:
         return order, ms
-    return (order, ms) if ms < base * (1 - ORDER_MARGIN) else ("heuristic", base)
+    return (order, ms) if ms < base * (1 - _evtc.VISIT_ORDER_MARGIN) else ("heuristic", base)
 
 
 def apply_orders(result: dict, orders: dict) -> None:

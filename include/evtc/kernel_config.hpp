@@ -80,6 +80,9 @@ struct VisitOrder {
   static std::vector<VisitOrder> all();
   // What names parse() takes, for messages.
   static const char* forms();
+  // How much faster than CUTLASS's own order (the fraction of its time) another order must run to
+  // be kept, by the tuner and by the table's sweep (bench/gemm_shapes.py): noise must not pick one.
+  static constexpr double keep_margin = 0.01;
   bool operator==(const VisitOrder&) const = default;
 };
 

@@ -392,6 +392,14 @@ NB_MODULE(_evtc, m) {
   });
   m.def("log_level_names", &log_level_names);
   m.def("dtype_names", &dtype_names);
+  // The tile visiting orders the tuner tries (CUTLASS's first) and the margin by which another is
+  // kept (evtc/kernel_config.hpp): the table's sweep, bench/gemm_shapes.py, uses the same.
+  m.def("visit_orders", [] {
+    std::vector<std::string> names;
+    for (const VisitOrder& o : VisitOrder::all()) names.push_back(o.name());
+    return names;
+  });
+  m.attr("VISIT_ORDER_MARGIN") = VisitOrder::keep_margin;
   // A and B of fused kernels (evtc/types.hpp): the FX pass's GEMM operand dtypes.
   m.def("tensor_core_input_dtypes", &tensor_core_input_names);
   m.def("torch_dtype_names", [] {

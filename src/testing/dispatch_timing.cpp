@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "evtc/device/abi.h"
@@ -51,6 +52,12 @@ struct LibraryEntry {
   ~LibraryEntry() { dlclose(handle); }
 };
 
+// A and B of a bound call as cuBLASLt's GEMM reads them.
+std::pair<MatrixOperand, MatrixOperand> cublas_operands(const BoundCall& call, const Arguments& args) {
+  return {MatrixOperand{call.a, args.a()->dtype, call.a_layout == Layout::row_major, call.lda},
+          MatrixOperand{call.b, args.b()->dtype, call.b_layout == Layout::row_major, call.ldb}};
+}
+
 }  // namespace
 
 DispatchTimes measure_dispatch(const Kernel& kernel, const Arguments& args, cudaStream_t stream) {
@@ -73,8 +80,7 @@ DispatchTimes measure_dispatch(const Kernel& kernel, const Arguments& args, cuda
       [&] { lib.run(&abi, rotating[turn++ % rotating.size()].get(), stream, why, sizeof why); }, stream);
 
   DeviceBuffer d(size_t(call.m) * call.n * 4);
-  const MatrixOperand a{call.a, args.a()->dtype, call.a_layout == Layout::row_major, call.lda};
-  const MatrixOperand b{call.b, args.b()->dtype, call.b_layout == Layout::row_major, call.ldb};
+  const auto [a, b] = cublas_operands(call, args);
   t.cublas_us = median_host_us(
       [&] { cublaslt_matmul(a, b, d.get(), DType::bf16, call.m, call.n, call.k, stream); }, stream);
   return t;
@@ -84,8 +90,7 @@ double cublas_gemm_ms(const Kernel& kernel, const Arguments& args, DType d_dtype
   PointerChecks checks;
   const BoundCall call = bind_arguments(kernel.signature(), kernel.options().gemm, args, checks);
   DeviceBuffer d(size_t(call.m) * call.n * dtype_bytes(d_dtype));
-  const MatrixOperand a{call.a, args.a()->dtype, call.a_layout == Layout::row_major, call.lda};
-  const MatrixOperand b{call.b, args.b()->dtype, call.b_layout == Layout::row_major, call.ldb};
+  const auto [a, b] = cublas_operands(call, args);
   return median_ms([&] { cublaslt_matmul(a, b, d.get(), d_dtype, call.m, call.n, call.k, stream); }, stream);
 }
 

@@ -70,29 +70,30 @@ TEST(Options, VisitOrderIsARunTimeChoiceOfDenseKernels) {
   EXPECT_EQ(option_text_from_json(option_text_json(o)).visit_order, "along_m_s2");
   // It does not decide the kernel's code, so it is not among the options that name a kernel.
   EXPECT_FALSE(option_text(c.gemm, c.cast_mode, c.precise_math, c.config).visit_order.has_value());
-  o = OptionText{};
-  o.visit_order = "heuristic";
-  try {
-    grouped_options(o);
-    FAIL() << "a grouped kernel took a visiting order";
-  } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("visit_order: grouped kernels visit each group's tiles in CUTLASS's order"),
-              std::string::npos)
-        << e.what();
-  }
 }
 
-TEST(Options, GroupedKernelsNeedRowMajorTokens) {
-  OptionText o;
-  o.a_layout = "col";
+// The UserError grouped_options raises for `o`; empty when it accepts them.
+std::string grouped_options_error(const OptionText& o) {
   try {
     grouped_options(o);
-    FAIL() << "a column-major x was accepted";
   } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("a_layout: a grouped kernel's token matrix x must be row-major"),
-              std::string::npos)
-        << e.what();
+    return e.what();
   }
+  return "";
+}
+
+TEST(Options, GroupedKernelsNeedRowMajorTokensAndCutlassOrder) {
+  OptionText o;
+  o.a_layout = "col";
+  EXPECT_NE(grouped_options_error(o).find("a_layout: a grouped kernel's token matrix x must be row-major"),
+            std::string::npos)
+      << "a column-major x: '" << grouped_options_error(o) << "'";
+  o = OptionText{};
+  o.visit_order = "heuristic";
+  EXPECT_NE(grouped_options_error(o).find("visit_order: grouped kernels visit each group's tiles in CUTLASS's order"),
+            std::string::npos)
+      << "a visiting order: '" << grouped_options_error(o) << "'";
+  EXPECT_EQ(grouped_options_error(OptionText{}), "");
 }
 
 }  // namespace

@@ -23,9 +23,6 @@ namespace {
 
 size_t compile_jobs() { return size_t(jit::compile_slots()); }
 
-// How much faster than CUTLASS's own visiting order another order must run to be kept.
-constexpr double kOrderMargin = 0.01;
-
 
 
 size_t output_bytes(const OperandSlot& s, int64_t m, int64_t n) {
@@ -245,7 +242,7 @@ TuneResult Kernel::Impl::tune(const runtime::BoundCall& call, cudaStream_t strea
   // The visiting orders, on the best configuration only (run-time arguments: no compiles). The
   // candidates were timed with CUTLASS's order, which is timed again here beside the others so
   // that all orders are compared under the same conditions; another order is kept only where it
-  // is at least kOrderMargin faster (noise must not pick one).
+  // is at least VisitOrder::keep_margin faster (noise must not pick one).
   if (best->config.schedule != MainloopSchedule::multistage) {
     const std::vector<VisitOrder> orders = VisitOrder::all();
     double heuristic_ms = -1;
@@ -263,7 +260,7 @@ TuneResult Kernel::Impl::tune(const runtime::BoundCall& call, cudaStream_t strea
     if (heuristic_ms > 0) {
       result.best_ms = heuristic_ms;
       for (const auto& o : result.orders)
-        if (o.median_ms > 0 && o.median_ms < result.best_ms && o.median_ms < heuristic_ms * (1 - kOrderMargin)) {
+        if (o.median_ms > 0 && o.median_ms < result.best_ms && o.median_ms < heuristic_ms * (1 - VisitOrder::keep_margin)) {
           result.best_order = o.order;
           result.best_ms = o.median_ms;
         }
