@@ -71,7 +71,8 @@ with its fastest order, where that order beats CUTLASS's by at least 1 % (else C
 must not pick one), and its table entry names the order ("order", omitted for CUTLASS's); the
 entry's times come from that timing. --orders-from TABLE.json times the orders of an existing
 table's configuration and runner-up only (no listing, no other compiles) and writes the table
-with the timed shapes' entries replaced.
+with the timed shapes' entries replaced; a transposed winner keeps the old entry's untransposed
+fallback where none was timed.
 
 --dry-run prints the shapes (and, sweeping, the candidate-listing command) and exits without
 importing torch or evtc.
