@@ -551,6 +551,11 @@ def run_row(row: dict, base: nn.Module, args) -> None:
         notes.append(f"no float64 reference ({type(e).__name__}: {str(e)[:200]})")
     variants = VARIANTS + (("control",) if args.control else ())
     models = {v: copy.deepcopy(base) for v in variants}
+    if args.merge_projections:  # what evtc's docs tell its users to do; the other variants stay as built
+        merged = evtc.torch.merge_projections(models["evtc"])
+        row["merged_projections"] = len(merged)
+        if merged:
+            notes.append(f"evtc: merge_projections made {len(merged)} gate/up pair(s) views of one buffer")
     # dynamic=False: shapes stay static, however many shapes one class has been compiled for.
     runs = {"eager": models["eager"],
             "compile": torch.compile(models["compile"], dynamic=False,
@@ -736,6 +741,9 @@ def parse_args():
                    help="also time each dense fused op of the row alone against torch.mm of its operands")
     p.add_argument("--freezing", action="store_true",
                    help="Inductor's freezing (weights as constants) for the no-grad rows, plain compile and evtc alike")
+    p.add_argument("--no-merge-projections", dest="merge_projections", action="store_false",
+                   help="leave the evtc variant's gate/up projections as built (by default "
+                        "evtc.torch.merge_projections makes each pair views of one buffer, as docs/python.md advises)")
     p.add_argument("--table", metavar="FILE.json", help="print the Markdown table of a results file and exit")
     args = p.parse_args()
     args.warmup, args.iters = (2, 5) if args.quick else (3, 20)
@@ -777,6 +785,8 @@ def precompile(args) -> float:
         for phase, mode in model_rows(name, args):
             try:
                 model = copy.deepcopy(base)
+                if args.merge_projections:
+                    evtc.torch.merge_projections(model)
                 run = torch.compile(model, backend="evtc", dynamic=False,
                                     **compile_kwargs(mode == "cudagraphs", args.evtc_options, True))
                 step = make_step(run, model, make_inputs(name, phase, base), phase, mode == "cudagraphs")
@@ -818,7 +828,7 @@ def main() -> None:
     data = {"gpu": gpu, "torch": torch.__version__, "transformers": transformers_version(),
             "date": now.isoformat(timespec="seconds"), "warmup": args.warmup,
             "timed": args.rounds * math.ceil(args.iters / args.rounds), "rounds": args.rounds, "evtc_options": args.evtc_options,
-            "freezing": args.freezing,
+            "freezing": args.freezing, "merge_projections": args.merge_projections,
             "rows": []}
 
     def add(row: dict) -> None:

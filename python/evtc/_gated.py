@@ -68,3 +68,21 @@ def deinterleave_gate_up(interleaved: Any, dim: int = 0) -> Any:
                               "(gate, up) pairs need an even number")
     pairs = interleaved.unflatten(dim, (-1, 2))
     return torch.cat((pairs.select(dim + 1, 0), pairs.select(dim + 1, 1)), dim=dim).contiguous()
+
+
+def interleaved_in_place(gate: Any, up: Any, dim: int) -> bool:
+    """Whether torch tensors ``gate`` and ``up`` are the even and odd entries along ``dim`` of
+    one buffer whose last dimension is contiguous, so that a gated kernel reads that buffer
+    itself (``evtc.torch.merge_projections`` makes a model's weights so). The stride rule is
+    C++'s ``evtc::interleaved_strides``, which the PyTorch ops apply at run time; works on fake
+    tensors too (their views share a storage as the real ones do)."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    if gate.dtype != up.dtype or gate.device != up.device or tuple(gate.shape) != tuple(up.shape):
+        return False
+    if any(not isinstance(v, int) for v in (*gate.shape, *gate.stride(), *up.stride())):
+        return False  # symbolic sizes or strides: no static answer
+    if StorageWeakRef(gate.untyped_storage()) != StorageWeakRef(up.untyped_storage()):
+        return False
+    return _evtc.interleaved_strides(list(gate.shape), list(gate.stride()), int(gate.storage_offset()),
+                                     list(up.stride()), int(up.storage_offset()), dim) is not None

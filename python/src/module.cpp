@@ -17,6 +17,7 @@
 
 #include "evtc/error.hpp"
 #include "evtc/expression.hpp"
+#include "evtc/gated.hpp"
 #include "evtc/grouped.hpp"
 #include "evtc/ir_text.hpp"
 #include "evtc/kernel_library.hpp"
@@ -329,6 +330,12 @@ NB_MODULE(_evtc, m) {
           return std::string(*l == Layout::row_major ? "row" : "col");
         },
         "rows"_a, "cols"_a, "row_stride"_a, "col_stride"_a);
+  m.def("interleaved_strides",
+        [](const std::vector<int64_t>& sizes, const std::vector<int64_t>& gate_strides, int64_t gate_offset,
+           const std::vector<int64_t>& up_strides, int64_t up_offset, int64_t dim) {
+          return interleaved_strides(sizes, gate_strides, gate_offset, up_strides, up_offset, dim);
+        },
+        "sizes"_a, "gate_strides"_a, "gate_offset"_a, "up_strides"_a, "up_offset"_a, "dim"_a);
   m.def("parse", [](const std::string& expr, const std::string& dtype) {
           return print(parse(expr, dtype, dtype));
         }, "expr"_a, "dtype"_a = "bf16");

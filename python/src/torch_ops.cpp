@@ -10,7 +10,9 @@
 //       the GEMM over B = the columns of two K × N/2 halves interleaved (gate j at 2j, up j at
 //       2j+1), for gated epilogues; the halves (and any (gate, up) row operands) are views of
 //       the source tensors (the graph's weights) that the spec's recipes describe, and the
-//       interleaved copy is cached per source tensors, rebuilt when their version counters move
+//       interleaved copy is cached per source tensors, rebuilt when their version counters move;
+//       halves that are the even and odd features of one buffer (evtc.torch.merge_projections)
+//       are read in place, with no copy
 //   grouped_gemm_epilogue(spec, x, w, offs, operands) -> y
 //   grouped_gemm_epilogue_merged(spec, x, sources, offs, operands) -> y
 //   _compile_only(delta) -> depth, _take_pending_compiles() -> ["M,N,K,spec"], _path_counts(spec) -> [fused, fallback]
@@ -24,6 +26,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <shared_mutex>
@@ -35,6 +38,7 @@
 
 #include "evtc/error.hpp"
 #include "evtc/expression.hpp"
+#include "evtc/gated.hpp"
 #include "evtc/grouped.hpp"
 #include "evtc/options.hpp"
 #include "evtc/passes.hpp"
@@ -465,6 +469,35 @@ MergedCache& merged_cache() {
 
 std::string operand_what(const std::string& name) { return cat("operand ", name); }
 
+// The gate and up halves of a merged operand as the op reads them: (G ×) N/2 × K for B
+// (`k_major`: the recipes' K × N/2, transposed), (G ×) N/2 for row operands.
+std::pair<at::Tensor, at::Tensor> merged_halves(const MergedPart& part, at::TensorList sources, bool k_major,
+                                                const std::string& what) {
+  at::Tensor g = apply(part.gate, sources, what), u = apply(part.up, sources, what);
+  if (g.sizes() != u.sizes())
+    throw UserError(cat(what, ": the gate and up halves have shapes ", g.sizes(), " and ", u.sizes()));
+  if (k_major) return {g.transpose(-2, -1), u.transpose(-2, -1)};
+  return {g, u};
+}
+
+// The merged operand without a copy, where its two halves already are the even and odd
+// features of one buffer (evtc.torch.merge_projections makes a model's weights so): a view of
+// that buffer, which in-place updates of the weights write and CUDA-graph replays read. None
+// when they are not (the rule: evtc::interleaved_strides).
+std::optional<at::Tensor> interleaved_view(const MergedPart& part, at::TensorList sources, bool k_major,
+                                           const std::string& what) {
+  auto [g, u] = merged_halves(part, sources, k_major, what);
+  if (!g.storage().is_alias_of(u.storage()) || g.dtype() != u.dtype()) return std::nullopt;
+  const int64_t dim = g.dim() - (k_major ? 2 : 1);
+  const std::optional<std::vector<int64_t>> strides =
+      interleaved_strides(g.sizes().vec(), g.strides().vec(), g.storage_offset(), u.strides().vec(),
+                          u.storage_offset(), dim);
+  if (!strides) return std::nullopt;
+  std::vector<int64_t> sizes = g.sizes().vec();
+  sizes[dim] *= 2;
+  return g.as_strided(sizes, *strides, g.storage_offset());
+}
+
 // The interleaved copy of a merged operand from the op's sources: row operands ((G ×) N/2
 // vectors) interleave along their last dimension; B halves ((G ×) K × N/2, `k_major`) are
 // transposed first and interleaved along their rows, so that the copy is (G ×) N × K with K
@@ -478,14 +511,9 @@ at::Tensor merged_part(const MergedPart& part, at::TensorList sources, bool k_ma
   const at::Tensor& us = sources[part.up.source];
   require_cuda(gs, what);
   require_cuda(us, what);
+  if (std::optional<at::Tensor> view = interleaved_view(part, sources, k_major, what)) return *view;
   return merged_cache().get(part.key, gs, us, [&] {
-    at::Tensor g = apply(part.gate, sources, what), u = apply(part.up, sources, what);
-    if (g.sizes() != u.sizes())
-      throw UserError(cat(what, ": the gate and up halves have shapes ", g.sizes(), " and ", u.sizes()));
-    if (k_major) {
-      g = g.transpose(-2, -1);
-      u = u.transpose(-2, -1);
-    }
+    auto [g, u] = merged_halves(part, sources, k_major, what);
     return interleave(g, u, g.dim() - (k_major ? 2 : 1)).contiguous();
   }, stream);
 }

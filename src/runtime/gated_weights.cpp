@@ -85,4 +85,26 @@ void interleave_gate_up_host(const void* stacked, void* interleaved, int64_t int
   }
 }
 
+std::optional<std::vector<int64_t>> interleaved_strides(std::span<const int64_t> sizes,
+                                                        std::span<const int64_t> gate_strides,
+                                                        int64_t gate_offset,
+                                                        std::span<const int64_t> up_strides,
+                                                        int64_t up_offset, int64_t dim) {
+  const auto rank = static_cast<int64_t>(sizes.size());
+  if (rank == 0 || gate_strides.size() != sizes.size() || up_strides.size() != sizes.size()) return std::nullopt;
+  if (dim < 0) dim += rank;
+  if (dim < 0 || dim >= rank) return std::nullopt;
+  for (int64_t i = 0; i < rank; ++i) {
+    if (sizes[i] <= 0) return std::nullopt;
+    if (sizes[i] > 1 && gate_strides[i] != up_strides[i]) return std::nullopt;
+  }
+  const int64_t step = up_offset - gate_offset;  // the merged stride along `dim`
+  if (step <= 0) return std::nullopt;
+  if (sizes[dim] > 1 && gate_strides[dim] != 2 * step) return std::nullopt;
+  std::vector<int64_t> strides(gate_strides.begin(), gate_strides.end());
+  strides[dim] = step;
+  if (sizes.back() > 1 && strides.back() != 1) return std::nullopt;
+  return strides;
+}
+
 }  // namespace evtc

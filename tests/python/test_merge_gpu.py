@@ -152,6 +152,49 @@ def test_cuda_graph_trees_replay_merged_gemms(options, freezing, merges):
         assert any("CUDA graphs" in why for r in reports for _, why in r.refused)
 
 
+def test_projections_merged_in_place_run_under_cuda_graphs_and_follow_updates():
+    """merge_projections: the merged GEMM reads the weights' own buffer (no copy), so it merges
+    under CUDA graphs without freezing, and replays see in-place updates of the weights."""
+    mlp = GatedMLP()
+    assert evtc.torch.merge_projections(mlp) == ["GatedMLP: gate + up"]
+    evtc.torch.clear_merged_weights()
+    compiled = torch.compile(mlp, backend="evtc", options={**MECHANICS, "triton.cudagraphs": True})
+    start = len(evtc.torch.reports)
+    with torch.no_grad():
+        for step in range(6):  # warm-up, recording, then replays; the weights change from step 3
+            if step >= 3:
+                mlp.gate.weight.mul_(0.5)
+                mlp.up.bias.add_(0.25)
+            x = randn(M, K)
+            torch.compiler.cudagraph_mark_step_begin()
+            got = compiled(x)
+            check(got.clone(), reference(mlp, x))
+    reports = new_reports(start)
+    assert merged_fusions(reports), "\n".join(r.summary() for r in reports)
+    assert evtc.torch.merged_weights_bytes() == 0  # no interleaved copy was made
+
+
+def test_merged_op_reads_interleaved_views_in_place():
+    recipe = [{"source": 0, "views": [["t"]]}, {"source": 1, "views": [["t"]]}]
+    spec = evtc.torch.make_spec("h = acc\nout D: bf16 = silu(gate(h)) * up(h)\n", {}, [], ["D"],
+                                {"b": recipe, "rows": {}})
+    x, buffer = randn(M, K), randn(2 * N, K, scale=K ** -0.5)
+    wg, wu = buffer[0::2], buffer[1::2]  # gate feature j at row 2j, up j at 2j + 1
+    evtc.torch.clear_merged_weights()
+    poison_allocator()
+    (d,) = GEMM_EPILOGUE_MERGED(spec, x, [wg, wu], [])
+    g = (x.double() @ wg.double().t()).to(torch.bfloat16).double()
+    u = (x.double() @ wu.double().t()).to(torch.bfloat16).double()
+    check(d, F.silu(g) * u)
+    assert evtc.torch.merged_weights_bytes() == 0
+    # Views of one buffer that are not its even and odd rows are copied, as separate tensors are.
+    (d,) = GEMM_EPILOGUE_MERGED(spec, x, [buffer[:N], buffer[N:]], [])
+    g = (x.double() @ buffer[:N].double().t()).to(torch.bfloat16).double()
+    u = (x.double() @ buffer[N:].double().t()).to(torch.bfloat16).double()
+    check(d, F.silu(g) * u)
+    assert evtc.torch.merged_weights_bytes() > 0
+
+
 def test_reduce_overhead_mode_through_the_registered_backend():
     def fn(x, w, b):
         return F.gelu(x @ w.t() + b, approximate="tanh")

@@ -243,3 +243,37 @@ TEST(GatedWeights, HostInterleavingOfStackedRowsAndColumns) {
                 .find("interleave_gate_up: the output is a null pointer"),
             std::string::npos);
 }
+
+// gate = merged[0::2], up = merged[1::2] of one buffer: the merged strides come back, for
+// Linear weights (rows interleaved), bias vectors and grouped weights (G x N x K).
+TEST(GatedWeights, InterleavedViewsOfOneBufferAreRecognised) {
+  using V = std::vector<int64_t>;
+  const auto strides = [](V sizes, V g, int64_t go, V u, int64_t uo, int64_t dim) {
+    return interleaved_strides(sizes, g, go, u, uo, dim);
+  };
+  // A (2I = 6, K = 5) buffer: gate rows 0, 2, 4 and up rows 1, 3, 5.
+  EXPECT_EQ(strides({3, 5}, {10, 1}, 0, {10, 1}, 5, 0), V({5, 1}));
+  EXPECT_EQ(strides({3, 5}, {10, 1}, 0, {10, 1}, 5, -2), V({5, 1}));
+  // Bias vectors [0::2] and [1::2], and the same views past a storage offset.
+  EXPECT_EQ(strides({4}, {2}, 0, {2}, 1, 0), V({1}));
+  EXPECT_EQ(strides({4}, {2}, 7, {2}, 8, -1), V({1}));
+  // Grouped: (G = 2, 2I = 4, K = 3) buffer, halves (2, 2, 3) with strides (12, 6, 1).
+  EXPECT_EQ(strides({2, 2, 3}, {12, 6, 1}, 0, {12, 6, 1}, 3, 1), V({12, 3, 1}));
+  // One feature each: any stride along dim, the step is the offset difference.
+  EXPECT_EQ(strides({1, 5}, {99, 1}, 0, {99, 1}, 5, 0), V({5, 1}));
+
+  // Not interleaved: stacked halves [gate; up] (up starts I rows later, gate's stride is K),
+  // up before gate, different strides, the wrong step, a dimension out of range.
+  EXPECT_FALSE(strides({3, 5}, {5, 1}, 0, {5, 1}, 15, 0));
+  EXPECT_FALSE(strides({3, 5}, {10, 1}, 5, {10, 1}, 0, 0));
+  EXPECT_FALSE(strides({3, 5}, {10, 1}, 0, {10, 2}, 5, 0));
+  EXPECT_FALSE(strides({3, 5}, {10, 1}, 0, {10, 1}, 4, 0));
+  EXPECT_FALSE(strides({3, 5}, {10, 1}, 0, {10, 1}, 5, 2));
+  EXPECT_FALSE(strides({3, 5}, {10, 1}, 0, {10, 1}, 5, -3));
+  EXPECT_FALSE(strides({3, 5}, {10, 1}, 0, {10, 1, 1}, 5, 0));
+  EXPECT_FALSE(strides({}, {}, 0, {}, 1, 0));
+  // Interleaved, but the merged tensor's last dimension is not contiguous: B would be read
+  // with a stride along K (every other element of a row), and vectors with a step of 2.
+  EXPECT_FALSE(strides({3, 5}, {20, 2}, 0, {20, 2}, 10, 0));
+  EXPECT_FALSE(strides({4}, {4}, 0, {4}, 2, 0));
+}

@@ -22,8 +22,11 @@ _check_torch_version()
 from ._cross_entropy import (fuse_linear_cross_entropy, linear_cross_entropy, linear_cross_entropy_and_logits,
                              token_logprobs)
 from ._backend import EVTC_OPTIONS, PostGradPass, backend, inductor_config
+from .passes.weight_grads import WeightGradLayoutPass
 from ._backend import _register as _register_backend
 from ._fx_pass import Fusion, FusionReport, fuse_gemm_epilogues, reports
+from ._projections import DEFAULT_PAIRS as MERGE_PAIRS
+from ._projections import merge_projections
 from ._op import (clear_merged_weights, compile_only, gemm_epilogue, grouped_gemm_epilogue, merged_weights_bytes,
                   path_counts, wait_for_compiles)
 from ._spec import make_grouped_spec, make_spec
@@ -32,9 +35,11 @@ _register_backend()
 
 __all__ = [
     "EVTC_OPTIONS",
+    "MERGE_PAIRS",
     "Fusion",
     "FusionReport",
     "PostGradPass",
+    "WeightGradLayoutPass",
     "backend",
     "clear_merged_weights",
     "compile_only",
@@ -47,6 +52,7 @@ __all__ = [
     "linear_cross_entropy_and_logits",
     "make_grouped_spec",
     "make_spec",
+    "merge_projections",
     "merged_weights_bytes",
     "path_counts",
     "reports",

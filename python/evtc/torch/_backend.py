@@ -25,6 +25,7 @@ from ._cross_entropy import OPTION_VALUES as LCE_OPTION_VALUES
 from ._cross_entropy import fuse_linear_cross_entropy
 from ._fx_pass import fuse_gemm_epilogues
 from .passes import Settings
+from .passes.weight_grads import WeightGradLayoutPass
 
 # evtc's options in torch.compile's ``options`` dict, with their defaults: the FX pass's
 # settings (evtc.torch.passes.Settings, where each is described) under the ``evtc.`` prefix;
@@ -78,10 +79,10 @@ def inductor_config(mode: Optional[str] = None, options: Optional[dict[str, Any]
     if unknown:
         raise RuntimeError(f"evtc backend: unknown option(s) {unknown}; evtc's options are {sorted(EVTC_OPTIONS)}")
     settings = {**EVTC_OPTIONS, **ours}
-    if "post_grad_custom_post_pass" in options:
-        raise RuntimeError("evtc backend: options sets post_grad_custom_post_pass, which is where evtc's own "
-                           "pass runs; use the inductor backend with evtc.torch.PostGradPass() and your pass "
-                           "composed instead")
+    for key, ours_cls in (("post_grad_custom_post_pass", "PostGradPass"), ("joint_custom_post_pass", "WeightGradLayoutPass")):
+        if key in options:
+            raise RuntimeError(f"evtc backend: options sets {key}, which is where evtc's own pass runs; use the "
+                               f"inductor backend with evtc.torch.{ours_cls}() and your pass composed instead")
     wrapper = torch._TorchCompileInductorWrapper(mode, options or None, dynamic=None)
     patches = dict(wrapper.config)
     for flag in ("evtc.merge_gated", "evtc.wait_for_compile"):
@@ -95,6 +96,7 @@ def inductor_config(mode: Optional[str] = None, options: Optional[dict[str, Any]
     chosen.pop("linear_cross_entropy")  # applied by backend() before Inductor: not the post-grad pass's
     chosen["profitability"] = bool(chosen["profitability"])
     patches["post_grad_custom_post_pass"] = PostGradPass(**chosen)
+    patches["joint_custom_post_pass"] = WeightGradLayoutPass()
     return patches
 
 

@@ -12,15 +12,19 @@ Forms (ATen graphs, as Inductor's post-grad graphs and make_fx write them):
 
 The merged GEMM computes h over B with gate and up columns interleaved (gate j at 2j, up j at
 2j+1), so gate(h) and up(h) of evtc's gated expressions are the two projections, and its
-epilogue is the consumers' chain: it writes only the M × N/2 result (and any half-width value
-the graph also needs, such as the pre-activations a training graph saves for backward).
+epilogue is the consumers' chain: it writes the M × N/2 result, and any half-width value the
+graph also needs as one more M × N/2 output: the gate and up pre-activations that a training
+graph saves for backward (which of them it saves and what backward recomputes is the
+partitioner's choice, made before this pass) are written by the same kernel.
 
 Where the interleaved B comes from:
 - constants (Inductor's freezing): it is built once here, as a new constant of the graph;
-- otherwise the op ``evtc::gemm_epilogue_merged`` takes the weights themselves and keeps an
-  interleaved copy, rebuilt when their version counters change (an optimizer step,
-  ``load_state_dict``, ``w.add_()``). Replays of a CUDA graph run no host code and would not
-  notice, so under CUDA graphs the merge needs constant weights (freezing).
+- otherwise the op ``evtc::gemm_epilogue_merged`` takes the weights themselves. Where they are
+  the even and odd features of one buffer (``evtc.torch.merge_projections``), it reads that
+  buffer in place. Else it keeps an interleaved copy, rebuilt when their version counters
+  change (an optimizer step, ``load_state_dict``, ``w.add_()``); replays of a CUDA graph run
+  no host code and would not notice, so under CUDA graphs the merge needs weights merged in
+  place or constant (freezing).
 """
 from __future__ import annotations
 
@@ -31,10 +35,10 @@ from typing import Optional
 import torch
 from torch import fx
 
-from ..._gated import interleave_pairs
+from ..._gated import interleave_pairs, interleaved_in_place
 from .._chain import (EVTC_DTYPES, GEMM_OPERAND_DTYPES, Chain, MergedB, Refused, cast_to, concrete, names_of,
                       same_shape, val)
-from .._fusion import escaping, grow
+from .._fusion import grow
 from .._gemm import GROUPED_MM, layout
 from . import fuse_chains
 
@@ -55,7 +59,7 @@ def run(graph: fx.Graph, settings, report) -> None:
             chain = _start(graph, roots, settings)
             grow(graph, chain)
             _check_meets(chain, roots)
-            _check_escapes(chain, roots)
+            _check_cuda_graphs(chain, roots)
             report.fused.append(fuse_chains.fuse(graph, chain, settings))
             _erase_dead_views(graph, [roots.b_gate, roots.b_up, *(roots.bias or ()), *roots.made])
         except Refused as why:
@@ -267,9 +271,6 @@ def _start(graph: fx.Graph, roots: Roots, settings) -> Chain:
             raise Refused(f"B operand {b.name} is computed in the graph, not a weight: interleaving it would "
                           "copy it at every call")
     constant = _constant_b(graph, roots)
-    if constant is None and torch._inductor.config.triton.cudagraphs:
-        raise Refused("under CUDA graphs the interleaved weights could not follow in-place weight updates "
-                      "between replays: merging needs frozen weights there (torch._inductor.config.freezing = True)")
     if roots.grouped:
         options = {"a_dtype": EVTC_DTYPES[ta.dtype], "b_dtype": EVTC_DTYPES[tg.dtype], "a_layout": "row",
                    "b_layout": "col"}
@@ -308,9 +309,23 @@ def _start(graph: fx.Graph, roots: Roots, settings) -> Chain:
     chain.define(roots.gate, "gate(h)")
     chain.define(roots.up, "up(h)")
     chain.half.update({roots.gate, roots.up})
+    chain.gemm_halves = [roots.gate, roots.up]
     for node in roots.members:
         chain.exprs.setdefault(node, "h")
     return chain
+
+
+def _in_place(roots: Roots) -> bool:
+    """Whether the op will read the weights (and biases) themselves, with no copy: the gate and
+    up halves are the even and odd features of one buffer (see evtc.torch.merge_projections),
+    as the traced values show. The op applies the same rule to the tensors of every call."""
+    bg, bu = val(roots.b_gate), val(roots.b_up)
+    if bg is None or bu is None or not interleaved_in_place(bg.transpose(-2, -1), bu.transpose(-2, -1), -2):
+        return False
+    if roots.bias is None:
+        return True
+    vg, vu = (val(b) for b in roots.bias)
+    return vg is not None and vu is not None and interleaved_in_place(vg, vu, -1)
 
 
 def _check_meets(chain: Chain, roots: Roots) -> None:
@@ -327,14 +342,13 @@ def _check_meets(chain: Chain, roots: Roots) -> None:
         raise Refused("the two halves are not combined by an epilogue op")
 
 
-def _check_escapes(chain: Chain, roots: Roots) -> None:
-    """The merged kernel writes the combined result: a half used outside the chain on its own
-    (the pre-activations a training graph saves for backward) keeps the GEMMs apart."""
-    for o in escaping(chain):
-        if chain.exprs[o] in (chain.exprs[roots.gate], chain.exprs[roots.up]):
-            raise Refused(f"{o.name}, the {'gate' if chain.exprs[o] == chain.exprs[roots.gate] else 'up'} "
-                          "projection's own output, is used outside the gated expression (e.g. saved for "
-                          "backward): the merged GEMM writes only the combined result")
+def _check_cuda_graphs(chain: Chain, roots: Roots) -> None:
+    """Under CUDA graphs the op must read the weights themselves: replays run no host code, so
+    an interleaved copy could not follow in-place weight updates."""
+    if chain.merged is not None and torch._inductor.config.triton.cudagraphs and not _in_place(roots):
+        raise Refused("under CUDA graphs an interleaved copy of the weights could not follow in-place weight "
+                      "updates between replays: merging needs the weights interleaved in place "
+                      "(evtc.torch.merge_projections(model)) or frozen (torch._inductor.config.freezing = True)")
 
 
 def _view_chain(node: fx.Node) -> tuple[fx.Node, list[fx.Node]]:

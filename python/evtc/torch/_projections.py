@@ -1,0 +1,122 @@
+"""merge_projections: a model's gate and up projections as views of one interleaved buffer.
+
+Gated kernels read B with gate feature j at row 2j and up feature j at row 2j + 1. Where a
+model keeps the two projections as separate tensors, evtc's merged GEMM otherwise reads an
+interleaved copy (rebuilt after every in-place update, and refused under CUDA graphs, whose
+replays could not rebuild it). ``merge_projections`` moves each pair's values into one buffer
+once and makes the two parameters its even and odd rows: the same Parameter objects, names,
+shapes and values, so ``state_dict``, ``load_state_dict``, optimizers (which update the views,
+and so the buffer, in place) and eager code keep working, and the merged GEMM reads the buffer
+itself.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Iterable, Optional, Sequence
+
+import torch
+from torch import nn
+
+from .. import _evtc
+from .._gated import interleave_pairs, interleaved_in_place
+
+log = logging.getLogger("evtc")
+
+DEFAULT_PAIRS = (("gate_proj", "up_proj"), ("w1", "w3"), ("gate", "up"))
+"""Attribute names of (gate, up) pairs that ``merge_projections`` looks for by default: the
+``transformers`` LLaMA/Mistral/Qwen/Gemma MLPs, Meta's and Mixtral's expert weights, and
+``gate``/``up``."""
+
+
+def _weights(module: nn.Module, name: str):
+    """(weight, bias or None) of attribute ``name``: an ``nn.Linear``'s, or a Parameter
+    itself (features along its second-to-last dimension, as in a Linear weight); None when
+    the attribute is neither."""
+    child = getattr(module, name, None)
+    if isinstance(child, nn.Linear):
+        return child.weight, child.bias
+    if isinstance(child, nn.Parameter):
+        return child, None
+    return None
+
+
+def _mismatch(gate, up) -> Optional[str]:
+    """Why two (weight, bias) pairs cannot be merged, or None."""
+    (gw, gb), (uw, ub) = gate, up
+    if gw.dim() < 2:
+        return f"the weights have {gw.dim()} dimension(s); projections have at least 2"
+    if tuple(gw.shape) != tuple(uw.shape):
+        return f"the weights have shapes {list(gw.shape)} and {list(uw.shape)}"
+    if gw.dtype != uw.dtype:
+        return f"the weights are {gw.dtype} and {uw.dtype}"
+    if gw.device != uw.device:
+        return f"the weights are on {gw.device} and {uw.device}"
+    if gw.layout != torch.strided or uw.layout != torch.strided:
+        return "a weight is not a dense (strided) tensor"
+    if (gb is None) != (ub is None):
+        return "one projection has a bias and the other has none"
+    if gb is not None and (tuple(gb.shape) != tuple(ub.shape) or gb.dtype != ub.dtype or gb.device != ub.device):
+        return f"the biases differ: {list(gb.shape)} {gb.dtype} and {list(ub.shape)} {ub.dtype}"
+    return None
+
+
+def _interleave_in_place(gate: torch.Tensor, up: torch.Tensor, dim: int) -> None:
+    """Moves ``gate`` and ``up`` (tensors or Parameters, kept as objects) into one new buffer
+    along ``dim``: gate's entry j at 2j and up's at 2j + 1."""
+    with torch.no_grad():
+        buffer = interleave_pairs(gate.detach(), up.detach(), dim)
+        d = dim % buffer.dim()
+        halves = buffer.unflatten(d, (-1, 2))
+        gate.data, up.data = halves.select(d + 1, 0), halves.select(d + 1, 1)
+    if not interleaved_in_place(gate, up, dim):  # the views are what the ops recognise
+        raise _evtc.InternalError("merge_projections made views that the merged GEMM does not read in place")
+
+
+def merge_projections(model: nn.Module, pairs: Optional[Sequence[Sequence[str]]] = None) -> list[str]:
+    """Makes each (gate, up) projection pair of ``model`` two views of one interleaved buffer,
+    so that evtc's merged gated GEMM reads the weights themselves: no per-call copy, and the
+    merge runs under CUDA graphs and in training, where weights change in place.
+
+    ``pairs`` lists (gate, up) attribute names to look for on every submodule; each is an
+    ``nn.Linear`` (weight, and bias if both have one) or a Parameter whose features run along
+    its second-to-last dimension (a Linear weight's layout, or stacked expert weights
+    ``(E, I, K)``). By default :data:`DEFAULT_PAIRS`: found pairs whose shapes, dtypes or
+    devices differ are skipped (logged). Named pairs must match: a pair that is found but
+    cannot be merged, or names found nowhere, raise :class:`evtc.UserError`.
+
+    The Parameter objects stay (optimizers made before keep working), with the same names,
+    shapes and values. Call it after moving the model to its device and dtype: ``.to()``,
+    ``copy.deepcopy`` and FSDP's sharding give each parameter its own storage again, after which
+    evtc merges by copying (correct, but without the benefits above). Returns the merged pairs,
+    as ``"path: gate + up"``; pairs merged already are listed again, unchanged.
+    """
+    explicit = pairs is not None
+    wanted = [tuple(p) for p in (pairs if explicit else DEFAULT_PAIRS)]
+    for p in wanted:
+        if len(p) != 2 or not all(isinstance(n, str) and n for n in p):
+            raise _evtc.ArgumentTypeError(f"pairs: each entry is two attribute names (gate, up), got {p!r}")
+    merged, found = [], set()
+    for path, module in model.named_modules():
+        for gate_name, up_name in wanted:
+            gate, up = _weights(module, gate_name), _weights(module, up_name)
+            if gate is None or up is None:
+                continue
+            found.add((gate_name, up_name))
+            where = f"{path or type(model).__name__}: {gate_name} + {up_name}"
+            why = _mismatch(gate, up)
+            if why is not None:
+                if explicit:
+                    raise _evtc.UserError(f"merge_projections: {where}: {why}")
+                log.debug("merge_projections: %s not merged: %s", where, why)
+                continue
+            (gw, gb), (uw, ub) = gate, up
+            if not interleaved_in_place(gw, uw, -2):
+                _interleave_in_place(gw, uw, -2)
+            if gb is not None and not interleaved_in_place(gb, ub, -1):
+                _interleave_in_place(gb, ub, -1)
+            merged.append(where)
+    if explicit and (missing := [p for p in wanted if p not in found]):
+        raise _evtc.UserError("merge_projections: no submodule has both of " +
+                              ", ".join(f"({g!r}, {u!r})" for g, u in missing))
+    log.info("merge_projections: %d pair(s) merged", len(merged))
+    return merged
