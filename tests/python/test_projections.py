@@ -66,7 +66,7 @@ def merged_model():
     torch.manual_seed(0)
     model = Model()
     before = copy.deepcopy(model)
-    names = evtc.torch.merge_projections(model)
+    names = evtc.torch.merge_projections(model) + evtc.torch.merge_projections(model, pairs=[("w1", "w3")])
     return model, before, names
 
 
@@ -76,7 +76,10 @@ def test_pairs_become_views_of_one_buffer_with_values_names_and_objects_kept():
     before = copy.deepcopy(model)
     params = dict(model.named_parameters())
     names = evtc.torch.merge_projections(model)
-    assert names == ["layers.0: gate_proj + up_proj", "layers.1: gate_proj + up_proj", "experts: w1 + w3"]
+    assert names == ["layers.0: gate_proj + up_proj", "layers.1: gate_proj + up_proj"]
+    assert not interleaved_in_place(model.experts.w1, model.experts.w3, -2)  # Parameters only when named
+    names += evtc.torch.merge_projections(model, pairs=[("w1", "w3")])
+    assert names[-1] == "experts: w1 + w3"
     after = dict(model.named_parameters())
     assert list(after) == list(params) and all(after[n] is params[n] for n in params)  # same objects
     for n, p in before.named_parameters():
@@ -95,7 +98,7 @@ def test_pairs_become_views_of_one_buffer_with_values_names_and_objects_kept():
 def test_merging_again_changes_nothing():
     model, _, names = merged_model()
     ptr = model.layers[0].gate_proj.weight.data_ptr()
-    assert evtc.torch.merge_projections(model) == names
+    assert evtc.torch.merge_projections(model) + evtc.torch.merge_projections(model, pairs=[("w1", "w3")]) == names
     assert model.layers[0].gate_proj.weight.data_ptr() == ptr
 
 
@@ -123,7 +126,7 @@ def test_adamw_steps_match_the_unmerged_model(foreach):
     torch.manual_seed(1)
     early = Model()
     opt_early = torch.optim.AdamW(early.parameters(), lr=1e-2, foreach=foreach)
-    evtc.torch.merge_projections(early)
+    evtc.torch.merge_projections(early, pairs=[("gate_proj", "up_proj"), ("w1", "w3")])
     reference = copy.deepcopy(early)  # deepcopy gives each parameter its own storage again
     assert not interleaved_in_place(reference.layers[0].gate_proj.weight, reference.layers[0].up_proj.weight, -2)
     opt_ref = torch.optim.AdamW(reference.parameters(), lr=1e-2, foreach=foreach)

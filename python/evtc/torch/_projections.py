@@ -24,18 +24,18 @@ log = logging.getLogger("evtc")
 
 DEFAULT_PAIRS = (("gate_proj", "up_proj"), ("w1", "w3"), ("gate", "up"))
 """Attribute names of (gate, up) pairs that ``merge_projections`` looks for by default: the
-``transformers`` LLaMA/Mistral/Qwen/Gemma MLPs, Meta's and Mixtral's expert weights, and
+``transformers`` LLaMA/Mistral/Qwen/Gemma MLPs, Meta's LLaMA and Mixtral's (``w1``/``w3``), and
 ``gate``/``up``."""
 
 
-def _weights(module: nn.Module, name: str):
-    """(weight, bias or None) of attribute ``name``: an ``nn.Linear``'s, or a Parameter
-    itself (features along its second-to-last dimension, as in a Linear weight); None when
-    the attribute is neither."""
+def _weights(module: nn.Module, name: str, parameters: bool):
+    """(weight, bias or None) of attribute ``name``: an ``nn.Linear``'s, or, with
+    ``parameters``, a Parameter itself (features along its second-to-last dimension, as in a
+    Linear weight); None otherwise."""
     child = getattr(module, name, None)
     if isinstance(child, nn.Linear):
         return child.weight, child.bias
-    if isinstance(child, nn.Parameter):
+    if parameters and isinstance(child, nn.Parameter):
         return child, None
     return None
 
@@ -77,12 +77,15 @@ def merge_projections(model: nn.Module, pairs: Optional[Sequence[Sequence[str]]]
     so that evtc's merged gated GEMM reads the weights themselves: no per-call copy, and the
     merge runs under CUDA graphs and in training, where weights change in place.
 
-    ``pairs`` lists (gate, up) attribute names to look for on every submodule; each is an
-    ``nn.Linear`` (weight, and bias if both have one) or a Parameter whose features run along
-    its second-to-last dimension (a Linear weight's layout, or stacked expert weights
-    ``(E, I, K)``). By default :data:`DEFAULT_PAIRS`: found pairs whose shapes, dtypes or
-    devices differ are skipped (logged). Named pairs must match: a pair that is found but
-    cannot be merged, or names found nowhere, raise :class:`evtc.UserError`.
+    ``pairs`` lists (gate, up) attribute names to look for on every submodule. By default
+    (:data:`DEFAULT_PAIRS`) each is an ``nn.Linear`` pair (weight, and bias if both have one),
+    and found pairs whose shapes, dtypes or devices differ are skipped (logged). Named pairs
+    may also be Parameters whose features run along their second-to-last dimension, such as
+    stacked expert weights ``(E, I, K)``: those merge grouped GEMMs in inference, but their
+    gradients in training come out strided and cost a copy per step (the joint-graph pass that
+    writes 2-D weight gradients row-major does not cover grouped GEMMs). Named pairs must
+    match: a pair that is found but cannot be merged, or names found nowhere, raise
+    :class:`evtc.UserError`.
 
     The Parameter objects stay (optimizers made before keep working), with the same names,
     shapes and values. Call it after moving the model to its device and dtype: ``.to()``,
@@ -98,7 +101,7 @@ def merge_projections(model: nn.Module, pairs: Optional[Sequence[Sequence[str]]]
     merged, found = [], set()
     for path, module in model.named_modules():
         for gate_name, up_name in wanted:
-            gate, up = _weights(module, gate_name), _weights(module, up_name)
+            gate, up = _weights(module, gate_name, explicit), _weights(module, up_name, explicit)
             if gate is None or up is None:
                 continue
             found.add((gate_name, up_name))
