@@ -101,9 +101,6 @@ class Chain:
     gemm_dtype: Optional[torch.dtype] = None
     # The GEMMs a merged chain replaces (with a runtime-interleaved B, or a constant one).
     merged_from: list[fx.Node] = field(default_factory=list)
-    # The gate and up halves of a merged chain's h: unfused, the separate GEMMs write them (or
-    # they are views of the one GEMM's result), so an output of one costs the fusion nothing.
-    gemm_halves: list[fx.Node] = field(default_factory=list)
     values: int = 0  # value names defined so far (v0, v1, ...)
     roots: int = 0  # nodes the chain started with (before grow took in consumers)
 

@@ -12,10 +12,8 @@ Forms (ATen graphs, as Inductor's post-grad graphs and make_fx write them):
 
 The merged GEMM computes h over B with gate and up columns interleaved (gate j at 2j, up j at
 2j+1), so gate(h) and up(h) of evtc's gated expressions are the two projections, and its
-epilogue is the consumers' chain: it writes the M × N/2 result, and any half-width value the
-graph also needs as one more M × N/2 output: the gate and up pre-activations that a training
-graph saves for backward (which of them it saves and what backward recomputes is the
-partitioner's choice, made before this pass) are written by the same kernel.
+epilogue is the consumers' chain: it writes only the M × N/2 result. Where a training graph
+saves the gate or up pre-activation for backward the GEMMs stay apart (see _check_escapes).
 
 Where the interleaved B comes from:
 - constants (Inductor's freezing): it is built once here, as a new constant of the graph;
@@ -38,7 +36,7 @@ from torch import fx
 from ..._gated import interleave_pairs, interleaved_in_place
 from .._chain import (EVTC_DTYPES, GEMM_OPERAND_DTYPES, Chain, MergedB, Refused, cast_to, concrete, names_of,
                       same_shape, val)
-from .._fusion import grow
+from .._fusion import escaping, grow
 from .._gemm import GROUPED_MM, layout
 from . import fuse_chains
 
@@ -59,6 +57,7 @@ def run(graph: fx.Graph, settings, report) -> None:
             chain = _start(graph, roots, settings)
             grow(graph, chain)
             _check_meets(chain, roots)
+            _check_escapes(chain, roots)
             _check_cuda_graphs(chain, roots)
             report.fused.append(fuse_chains.fuse(graph, chain, settings))
             _erase_dead_views(graph, [roots.b_gate, roots.b_up, *(roots.bias or ()), *roots.made])
@@ -309,7 +308,6 @@ def _start(graph: fx.Graph, roots: Roots, settings) -> Chain:
     chain.define(roots.gate, "gate(h)")
     chain.define(roots.up, "up(h)")
     chain.half.update({roots.gate, roots.up})
-    chain.gemm_halves = [roots.gate, roots.up]
     for node in roots.members:
         chain.exprs.setdefault(node, "h")
     return chain
@@ -340,6 +338,19 @@ def _check_meets(chain: Chain, roots: Roots) -> None:
             up_side.add(n)
     if not (gate_side & up_side):
         raise Refused("the two halves are not combined by an epilogue op")
+
+
+def _check_escapes(chain: Chain, roots: Roots) -> None:
+    """A half used outside the chain on its own (the pre-activations a training graph saves for
+    backward) keeps the GEMMs apart. The merged kernel can write them as more M × N/2 outputs,
+    but on an H100 that measured slower than the two GEMMs and Inductor's kernel: with it,
+    bench/models.py's transformers LLaMA training step ran 0.93x plain compile (control
+    0.98x), and the LLaMA MLP's 0.92x with every chain fused. So it is not made."""
+    for o in escaping(chain):
+        if chain.exprs[o] in (chain.exprs[roots.gate], chain.exprs[roots.up]):
+            raise Refused(f"{o.name}, the {'gate' if chain.exprs[o] == chain.exprs[roots.gate] else 'up'} "
+                          "projection's own output, is used outside the gated expression (e.g. saved for "
+                          "backward): a merged kernel writing it too measured slower than the separate GEMMs")
 
 
 def _check_cuda_graphs(chain: Chain, roots: Roots) -> None:

@@ -85,8 +85,7 @@ def unfused_path(chain: Chain, outs: list[fx.Node]) -> UnfusedPath:
         return UnfusedPath()
     path = UnfusedPath(saved_bytes=float(intermediate_bytes(chain)))
     own_kernel = False
-    # cuBLAS writes the GEMM's own result either way (a merged chain's: each half of h)
-    seen = {root, *(chain.exprs[n] for n in chain.gemm_halves)}
+    seen = {root}  # cuBLAS writes the GEMM's own result either way
     for o in outs:
         if chain.exprs[o] in seen:
             continue  # one output for values that differ only by a view
