@@ -14,6 +14,11 @@ from evtc import _evtc  # noqa: E402
 from test_fx_pass import BF16, trace  # noqa: E402
 
 
+# Without a GPU the cost model prices an H200 (4.3 TB/s, no shipped table for it here); on a
+# GPU machine it prices that device, whose numbers and table differ.
+DEFAULT_DEVICE = not torch.cuda.is_available()
+
+
 def decide(fn, *inputs):
     gm = trace(fn, *inputs)
     return evtc.torch.fuse_gemm_epilogues(gm.graph, compile=False)
@@ -25,7 +30,8 @@ def test_a_large_epilogue_is_fused_with_its_estimate():
     (f,) = report.fused
     e = f.estimate
     assert e["fused_us"] < e["cublas_us"] + e["epilogue_us"]
-    assert e["saved_bytes"] == 2 * 8192 * 4096 * 2 and e["basis"] == "model"
+    assert e["saved_bytes"] == 2 * 8192 * 4096 * 2
+    assert e["basis"] == "model" or (not DEFAULT_DEVICE and e["basis"].startswith("table "))
     assert "us fused vs" in report.summary()
 
 
@@ -85,7 +91,8 @@ def test_a_residual_read_by_a_norm_and_kept_saves_one_pass_and_no_kernel():
     report = decide(block, ((8192, 4096), BF16), ((4096, 4096), BF16), ((8192, 4096), BF16))
     assert not report.fused
     ((_, why),) = report.refused
-    assert "+ 15.6 us unfused" in why and "inside the kernel of" in why
+    assert "inside the kernel of" in why
+    assert ("+ 15.6 us unfused" if DEFAULT_DEVICE else "us unfused") in why
 
 
 def test_an_epilogue_read_by_one_kernel_inductor_makes_is_not_fused():
