@@ -243,3 +243,45 @@ def test_weight_grad_pass_gradients_equal_autograds():
     torch.compile(mlp, backend="evtc")(x).square().sum().backward()
     for (n, p), (_, q) in zip(mlp.named_parameters(), ref.named_parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-5, msg=n)
+
+
+@pytest.fixture
+def process_group(tmp_path):
+    """A one-process gloo group on the CPU."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_ddp_keeps_the_views_and_trains_like_the_unmerged_model(process_group):
+    torch.manual_seed(0)
+    model = Mlp()
+    before = copy.deepcopy(model)
+    evtc.torch.merge_projections(model)
+    ddp = nn.parallel.DistributedDataParallel(model)
+    opt, opt_before = (torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (ddp, before))
+    for _ in range(3):
+        x = torch.randn(5, HIDDEN)
+        for m, o in ((ddp, opt), (before, opt_before)):
+            o.zero_grad()
+            m(x).square().sum().backward()
+            o.step()
+    assert interleaved_in_place(model.gate_proj.weight, model.up_proj.weight, -2)
+    for (n, p), (_, q) in zip(model.named_parameters(), before.named_parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7, msg=n)
+
+
+def test_fsdp2_sharded_weights_are_refused_with_the_reason(process_group):
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:
+        pytest.skip("FSDP2 (fully_shard) is not available")
+    model = Mlp()
+    fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
+    with pytest.raises(evtc.UserError, match="are DTensors .FSDP2 or tensor parallelism."):
+        evtc.torch.merge_projections(model)

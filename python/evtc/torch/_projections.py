@@ -40,6 +40,15 @@ def _weights(module: nn.Module, name: str, parameters: bool):
     return None
 
 
+def _is_sharded(t: torch.Tensor) -> bool:
+    """A DTensor (FSDP2's and tensor parallelism's parameters)."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a build without torch.distributed
+        return False
+    return isinstance(t, DTensor)
+
+
 def _mismatch(gate, up) -> Optional[str]:
     """Why two (weight, bias) pairs cannot be merged, or None."""
     (gw, gb), (uw, ub) = gate, up
@@ -88,10 +97,13 @@ def merge_projections(model: nn.Module, pairs: Optional[Sequence[Sequence[str]]]
     :class:`evtc.UserError`.
 
     The Parameter objects stay (optimizers made before keep working), with the same names,
-    shapes and values. Call it after moving the model to its device and dtype: ``.to()``,
-    ``copy.deepcopy`` and FSDP's sharding give each parameter its own storage again, after which
-    evtc merges by copying (correct, but without the benefits above). Returns the merged pairs,
-    as ``"path: gate + up"``; pairs merged already are listed again, unchanged.
+    shapes and values; DistributedDataParallel keeps the views. Call it after moving the model to
+    its device and dtype: ``.to()`` and ``copy.deepcopy`` give each parameter its own storage
+    again, after which evtc merges by copying (correct, but without the benefits above). FSDP2
+    (``fully_shard``) refuses non-contiguous parameters, and its sharded DTensor parameters
+    cannot be views of one buffer: a model sharded so raises :class:`evtc.UserError` here.
+    Returns the merged pairs, as ``"path: gate + up"``; pairs merged already are listed again,
+    unchanged.
     """
     explicit = pairs is not None
     wanted = [tuple(p) for p in (pairs if explicit else DEFAULT_PAIRS)]
@@ -113,6 +125,11 @@ def merge_projections(model: nn.Module, pairs: Optional[Sequence[Sequence[str]]]
                 log.debug("merge_projections: %s not merged: %s", where, why)
                 continue
             (gw, gb), (uw, ub) = gate, up
+            if _is_sharded(gw) or _is_sharded(uw):
+                raise _evtc.UserError(
+                    f"merge_projections: {where}: the weights are DTensors (FSDP2 or tensor parallelism), which "
+                    "keep each parameter contiguous in its own shards and cannot be views of one buffer; leave "
+                    "them as they are (the merged GEMM then reads an interleaved copy)")
             if not interleaved_in_place(gw, uw, -2):
                 _interleave_in_place(gw, uw, -2)
             if gb is not None and not interleaved_in_place(gb, ub, -1):
