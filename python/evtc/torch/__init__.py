@@ -11,7 +11,8 @@ activations, clamps, casts, reshapes, broadcast operands, gated slices) becomes 
 running a CUTLASS kernel, where the cost model expects that to be faster than cuBLAS plus
 Inductor's kernels. Chains it does not fuse stay as they are; ``EVTC_LOG=debug`` (or
 ``TORCH_LOGS="+evtc"``) logs what was fused, with the cost model's numbers, and why the rest was
-not.
+not. ``merge_projections(model)`` makes gate/up linear pairs views of one interleaved buffer,
+which the merged GEMM then reads in place (no copy, and merged under CUDA graphs too).
 """
 from __future__ import annotations
 
