@@ -285,3 +285,29 @@ def test_fsdp2_sharded_weights_are_refused_with_the_reason(process_group):
     fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
     with pytest.raises(evtc.UserError, match="are DTensors .FSDP2 or tensor parallelism."):
         evtc.torch.merge_projections(model)
+
+
+def test_tied_or_identical_weights_are_left_alone_with_the_reason():
+    # Moving a weight tied to another tensor into a new buffer would untie them: nothing lost.
+    model = Mlp()
+    tied = nn.Linear(HIDDEN, FFN, bias=False)
+    tied.weight = model.gate_proj.weight  # the same Parameter under another module
+    holder = nn.ModuleDict({"mlp": model, "tied": tied})
+    assert evtc.torch.merge_projections(holder) == ["mlp: gate_proj + up_proj"]  # one object, two names: fine
+    assert tied.weight is model.gate_proj.weight
+
+    other = Mlp()
+    alias = nn.Module()
+    alias.register_buffer("view", other.up_proj.weight.detach()[:2])  # another tensor on up's storage
+    holder = nn.ModuleDict({"mlp": other, "alias": alias})
+    assert evtc.torch.merge_projections(holder) == []
+    with pytest.raises(evtc.UserError, match=r"mlp: gate_proj \+ up_proj: a weight shares its storage with "
+                                             r"alias.view \(tied weights\)"):
+        evtc.torch.merge_projections(holder, pairs=[("gate_proj", "up_proj")])
+    assert not interleaved_in_place(other.gate_proj.weight, other.up_proj.weight, -2)
+
+    same = nn.Module()
+    same.gate = nn.Linear(HIDDEN, FFN, bias=False)
+    same.up = same.gate
+    with pytest.raises(evtc.UserError, match="the gate and up weights are the same tensor"):
+        evtc.torch.merge_projections(same, pairs=[("gate", "up")])

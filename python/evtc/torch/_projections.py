@@ -69,6 +69,36 @@ def _mismatch(gate, up) -> Optional[str]:
     return None
 
 
+def _storage_owners(model: nn.Module) -> dict:
+    """Every parameter and buffer of ``model`` (by name, duplicates included) per storage."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    owners: dict = {}
+    for name, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+        if t.layout == torch.strided and not _is_sharded(t):
+            owners.setdefault(StorageWeakRef(t.untyped_storage()), []).append((name, t))
+    return owners
+
+
+def _shared(gate, up, owners: dict) -> Optional[str]:
+    """Why the pair cannot move to a buffer of its own without losing something: a tensor of it
+    that shares its storage with another parameter or buffer (tied weights, which moving one
+    of them would untie), or gate and up being one tensor. None where nothing is shared, and
+    for a pair merged already (its tensors share one buffer, with each other only)."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    (gw, gb), (uw, ub) = gate, up
+    if gw is uw:
+        return "the gate and up weights are the same tensor"
+    ours = [t for t in (gw, gb, uw, ub) if t is not None]
+    for t in ours:
+        for name, other in owners.get(StorageWeakRef(t.untyped_storage()), []):
+            if not any(other is o for o in ours):
+                return (f"a weight shares its storage with {name} (tied weights): moving it to a new buffer "
+                        "would untie them")
+    return None
+
+
 def _interleave_in_place(gate: torch.Tensor, up: torch.Tensor, dim: int) -> None:
     """Moves ``gate`` and ``up`` (tensors or Parameters, kept as objects) into one new buffer
     along ``dim``: gate's entry j at 2j and up's at 2j + 1."""
@@ -111,6 +141,7 @@ def merge_projections(model: nn.Module, pairs: Optional[Sequence[Sequence[str]]]
         if len(p) != 2 or not all(isinstance(n, str) and n for n in p):
             raise _evtc.ArgumentTypeError(f"pairs: each entry is two attribute names (gate, up), got {p!r}")
     merged, found = [], set()
+    owners = _storage_owners(model)
     for path, module in model.named_modules():
         for gate_name, up_name in wanted:
             gate, up = _weights(module, gate_name, explicit), _weights(module, up_name, explicit)
@@ -118,7 +149,7 @@ def merge_projections(model: nn.Module, pairs: Optional[Sequence[Sequence[str]]]
                 continue
             found.add((gate_name, up_name))
             where = f"{path or type(model).__name__}: {gate_name} + {up_name}"
-            why = _mismatch(gate, up)
+            why = _mismatch(gate, up) or _shared(gate, up, owners)
             if why is not None:
                 if explicit:
                     raise _evtc.UserError(f"merge_projections: {where}: {why}")
