@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Whole models: torch.compile with evtc against plain torch.compile and eager PyTorch (bf16, one GPU).
 
-    python3 bench/models.py [--out bench/results] [--models llama,gpt2,moe,llama_mlp,hf_llama,hf_gpt2,hf_mixtral]
+    python3 bench/models.py [--out bench/results] [--models llama,gpt2,moe,llama_mlp,hf_llama,hf_qwen,hf_gpt2,hf_mixtral]
                             [--phases prefill,decode,train] [--modes default,cudagraphs] [--quick] [--json-only]
                             [--evtc-options '{"evtc.profitability": false}']
     python3 bench/models.py --table bench/results/STAMP-h200-models.json      # only print the Markdown table
@@ -60,7 +60,7 @@ CACHE_LEN = 1023  # decode: KV-cache positions before the new token
 LAYER_MODELS = ("llama", "gpt2", "moe", "llama_mlp")
 # An LM head and its cross-entropy (hidden 4096, 8192 tokens), vocab 32,000 and 128,256: training only.
 LOSS_MODELS = {"lm_head_32k": 32000, "lm_head_128k": 128256}
-HF_MODELS = ("hf_llama", "hf_gpt2", "hf_mixtral")
+HF_MODELS = ("hf_llama", "hf_qwen", "hf_gpt2", "hf_mixtral")
 PHASES = ("prefill", "decode", "train")
 MODES = ("default", "cudagraphs")
 VARIANTS = ("eager", "compile", "evtc")
@@ -248,6 +248,10 @@ def build_hf(name: str) -> nn.Module:
                  intermediate_size=5632, vocab_size=32000, max_position_embeddings=2048)
     if name == "hf_llama":
         cls, config = transformers.LlamaForCausalLM, transformers.LlamaConfig(**llama, attn_implementation="sdpa")
+    elif name == "hf_qwen":
+        # Qwen2's decoder: biased q/k/v, grouped-query attention (16 query heads, 2 key/value heads)
+        cls, config = transformers.Qwen2ForCausalLM, transformers.Qwen2Config(
+            **{**llama, "num_key_value_heads": 2}, attn_implementation="sdpa")
     elif name == "hf_gpt2":
         cls, config = transformers.GPT2LMHeadModel, transformers.GPT2Config(
             n_layer=2, n_embd=1600, n_head=25, vocab_size=50257, n_positions=1024, resid_pdrop=0.0,
