@@ -217,11 +217,12 @@ def weight_grad_strides(model, backend):
     return seen
 
 
-def test_compiled_backward_writes_merged_weight_gradients_row_major():
+@pytest.mark.parametrize("bias", [False, True])
+def test_compiled_backward_writes_merged_weight_gradients_row_major(bias):
     # Autograd's mm backward gives a strided weight view its gradient column-major, which
     # accumulation then copies; evtc's joint-graph pass has the GEMM write it row-major.
     torch.manual_seed(0)
-    mlp = Mlp()
+    mlp = Mlp(bias=bias)
     evtc.torch.merge_projections(mlp)
     eager = weight_grad_strides(mlp, None)
     assert eager["gate_proj.weight"] == (1, FFN)  # what the pass is for
