@@ -511,7 +511,9 @@ at::Tensor merged_part(const MergedPart& part, at::TensorList sources, bool k_ma
   const at::Tensor& us = sources[part.up.source];
   require_cuda(gs, what);
   require_cuda(us, what);
-  if (std::optional<at::Tensor> view = interleaved_view(part, sources, k_major, what)) return *view;
+  // Views of one buffer share their sources' storage: only then is the in-place check worth its views.
+  if (gs.storage().is_alias_of(us.storage()))
+    if (std::optional<at::Tensor> view = interleaved_view(part, sources, k_major, what)) return *view;
   return merged_cache().get(part.key, gs, us, [&] {
     auto [g, u] = merged_halves(part, sources, k_major, what);
     return interleave(g, u, g.dim() - (k_major ? 2 : 1)).contiguous();
