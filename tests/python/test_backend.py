@@ -48,6 +48,9 @@ def test_unknown_options_are_refused_by_name():
         inductor_config(None, {"not_an_option": 1})
     with pytest.raises(RuntimeError, match="post_grad_custom_post_pass"):
         inductor_config(None, {"post_grad_custom_post_pass": None})
+    with pytest.raises(RuntimeError, match=r"options sets joint_custom_post_pass, which is where evtc's own pass "
+                                           r"runs; use the inductor backend with evtc.torch.WeightGradLayoutPass\(\)"):
+        inductor_config(None, {"joint_custom_post_pass": None})
 
 
 def test_pass_settings_change_its_cache_key():

@@ -79,7 +79,8 @@ def inductor_config(mode: Optional[str] = None, options: Optional[dict[str, Any]
     if unknown:
         raise RuntimeError(f"evtc backend: unknown option(s) {unknown}; evtc's options are {sorted(EVTC_OPTIONS)}")
     settings = {**EVTC_OPTIONS, **ours}
-    for key, ours_cls in (("post_grad_custom_post_pass", "PostGradPass"), ("joint_custom_post_pass", "WeightGradLayoutPass")):
+    for key, ours_cls in (("post_grad_custom_post_pass", "PostGradPass"),
+                          ("joint_custom_post_pass", "WeightGradLayoutPass")):
         if key in options:
             raise RuntimeError(f"evtc backend: options sets {key}, which is where evtc's own pass runs; use the "
                                f"inductor backend with evtc.torch.{ours_cls}() and your pass composed instead")

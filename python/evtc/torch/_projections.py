@@ -12,7 +12,7 @@ itself.
 from __future__ import annotations
 
 import logging
-from typing import Iterable, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 from torch import nn

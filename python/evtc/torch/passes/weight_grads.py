@@ -32,12 +32,10 @@ def _transposed_mm(node) -> bool:
     """Whether ``node`` is ``permute(mm(a, b), [1, 0])`` (or ``t``)."""
     if not isinstance(node, fx.Node) or node.op != "call_function":
         return False
-    if node.target is aten.permute.default:
-        ok = list(node.args[1]) == [1, 0]
-    else:
-        ok = node.target is aten.t.default
+    if not (node.target is aten.t.default or (node.target is aten.permute.default and list(node.args[1]) == [1, 0])):
+        return False
     source = node.args[0]
-    return ok and isinstance(source, fx.Node) and source.op == "call_function" and source.target is aten.mm.default
+    return isinstance(source, fx.Node) and source.op == "call_function" and source.target is aten.mm.default
 
 
 def _wants_rows(param: fx.Node, grad: fx.Node) -> bool:
