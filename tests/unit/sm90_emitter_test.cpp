@@ -670,6 +670,25 @@ TEST(Sm90Emitter, IncludesOnlyTheSm90PartsOfCutlass) {
             std::string::npos);
 }
 
+// CUTLASS's wgmma selector offers the widths that are not multiples of 64 or 96 only with
+// CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED; without it a 112-wide tile runs as seven 16-wide wgmmas
+// (twice the time on an H100). The define comes before the first CUTLASS include, and only where
+// the tile needs it (other kernels' sources, and so their cache keys, stay as they were).
+TEST(Sm90Emitter, TileWidthsOutsideCutlasssDefaultWgmmasEnableTheExtendedShapes) {
+  const std::string define = "#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED 1";
+  for (int width : {48, 80, 112, 144, 160, 208, 224, 240}) {
+    KernelConfig c = KernelConfig::of(MainloopSchedule::pingpong, 128, width);
+    const std::string s = emit("out D: bf16 = acc", {}, c).source;
+    const size_t at = s.find(define);
+    ASSERT_NE(at, std::string::npos) << width;
+    EXPECT_LT(at, s.find("#include <cutlass/")) << width;
+  }
+  for (int width : {16, 32, 64, 96, 128, 192, 256}) {
+    KernelConfig c = KernelConfig::of(MainloopSchedule::pingpong, 64, width);
+    EXPECT_EQ(emit("out D: bf16 = acc", {}, c).source.find(define), std::string::npos) << width;
+  }
+}
+
 // Every functor the emitters name exists in the device headers, with the right arity: a
 // missing one would only show when nvcc compiles a kernel that uses the op.
 TEST(Sm90Emitter, EveryFunctorIsDefinedInTheDeviceHeaders) {

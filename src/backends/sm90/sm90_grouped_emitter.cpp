@@ -1,6 +1,7 @@
 #include "backends/sm90/sm90_grouped_emitter.hpp"
 
 #include "backends/host_code.hpp"
+#include "backends/sm90/wgmma_shapes.hpp"
 
 #include <fmt/format.h>
 
@@ -118,6 +119,7 @@ backend::EmittedKernel emit_grouped_kernel(const Graph& g, const GemmDesc& gemm,
       fmt::format("kernel config {}; weights {}", cfg.name(),
                   gemm.b_layout == Layout::col_major ? "G x N x K (K-major)" : "G x K x N (N-major)"));
   if (cfg.precise_math) s += "#define EVTC_PRECISE_MATH 1\n";
+  s += sm90::extended_wgmma_widths_define(cfg.tile_n);
   s += R"(
 #include <cutlass/cutlass.h>
 #include <cute/tensor.hpp>

@@ -1,6 +1,7 @@
 // sm_90a (Hopper): CUTLASS 3.x TMA warp-specialized kernels with wgmma, cooperative or
 // ping-pong, fp8 with two-level accumulation, fast accumulation or block scales.
 #include "backends/cutlass3/target.hpp"
+#include "backends/sm90/wgmma_shapes.hpp"
 
 namespace evtc::cutlass3 {
 
@@ -13,7 +14,8 @@ class Sm90 final : public Target {
   // architecture's builders, main loops and kernels, which nvcc then parses for nothing. The
   // host code calls the kernel's static functions directly instead of the adapter.
   std::string cutlass_includes(const GemmDesc& gemm, const KernelConfig& c) const override {
-    std::string s = R"(
+    std::string s = sm90::extended_wgmma_widths_define(c.tile_n);
+    s += R"(
 #include <cutlass/cutlass.h>
 #include <cute/tensor.hpp>
 #include <cutlass/device_kernel.h>
