@@ -60,7 +60,8 @@ compile, to run fused or to match is skipped with its error). Writes the whole s
      epilogues without a transposed kernel take)
 
 --refine OLD_SWEEP.json [...] (after the candidate space grew): times only the candidates the
-earlier sweeps did not try, plus their --refine-top (3) fastest there, again in the same run;
+earlier sweeps did not try, plus their --refine-top (3) fastest there, again in the same run
+(--retime REGEX: candidates whose name matches count as not tried, after their kernels changed);
 --table-from OLD.json NEW.json then merges (later files replace a shape's result).
 
 Visiting orders (--orders-top N, default 2): after the candidates, each shape's N fastest are
@@ -725,18 +726,30 @@ def shape_results(sweeps: list[dict]) -> dict[tuple[int, int, int], dict]:
     return {(r["m"], r["n"], r["k"]): r for data in sweeps for r in data["shapes"]}
 
 
-def refine_candidates(candidates: dict[Shape, list[str]], paths: list[str], top: int) -> dict[Shape, list[str]]:
+def refine_candidates(candidates: dict[Shape, list[str]], paths: list[str], top: int,
+                      retime: Optional[re.Pattern] = None) -> dict[Shape, list[str]]:
     """After the candidate space grew: of each shape's candidates, those the earlier sweeps at
-    `paths` did not try, and the `top` fastest they timed (timed again, in the same run, so the
-    new ones are compared with the old winners on equal terms)."""
-    before = shape_results(read_sweeps(paths))
+    `paths` did not try, and the `top` fastest the latest of them to time the shape measured
+    (timed again, in the same run, so the new ones are compared with the old winners on equal
+    terms). Candidates whose name `retime`
+    matches count as not tried (their kernels changed since)."""
+    sweeps = read_sweeps(paths)
+    before = shape_results(sweeps)
+    # What any of the sweeps tried (a refining sweep records only what it timed again).
+    tried_anywhere: dict[tuple[int, int, int], set[str]] = {}
+    for data in sweeps:
+        for r in data["shapes"]:
+            tried_anywhere.setdefault((r["m"], r["n"], r["k"]), set()).update(r.get("candidates", {}),
+                                                                              r.get("errors", {}))
     out = {}
     for shape, names in candidates.items():
         r = before.get((shape.m, shape.n, shape.k))
         if r is None:
             out[shape] = names
             continue
-        tried = set(r.get("candidates", {})) | set(r.get("errors", {}))
+        tried = tried_anywhere[(shape.m, shape.n, shape.k)]
+        if retime is not None:
+            tried = {name for name in tried if not retime.search(name)}
         fastest = [name for name, _ in rank(r.get("candidates", {}))[:top]]
         out[shape] = [n for n in names if n not in tried] + [n for n in fastest if n in names]
     log(f"refining {', '.join(paths)}: {sum(map(len, out.values()))} of "
@@ -951,7 +964,7 @@ def run_sweep(args, shapes: list[Shape]) -> int:
     else:
         candidates, list_errors = all_candidates(args.evtc, shapes)
     if args.refine:
-        candidates = refine_candidates(candidates, args.refine, args.refine_top)
+        candidates = refine_candidates(candidates, args.refine, args.refine_top, args.retime)
     kernels, compile_errors = compile_candidates(evtc, candidates)
     data = run_metadata(torch, evtc, args, "sweep")
     data.update({"epilogue": PLAIN_EXPR, "error_bound": ERROR_BOUND, "compile_errors": compile_errors,
@@ -1175,6 +1188,13 @@ def parse_ints(text: str) -> list[int]:
     return values
 
 
+def parse_regex(text: str) -> re.Pattern:
+    try:
+        return re.compile(text)
+    except re.error as e:
+        raise argparse.ArgumentTypeError(f"not a regular expression: {text!r} ({e})") from None
+
+
 def parse_shapes(text: str) -> list[tuple[int, int, int]]:
     shapes = []
     for item in (s.strip() for s in text.split(",") if s.strip()):
@@ -1218,6 +1238,9 @@ def parse_args(argv: Optional[list[str]] = None):
     sweep.add_argument("--table-out", metavar="FILE", help="where the selection table is written")
     sweep.add_argument("--refine", nargs="+", metavar="SWEEP.json",
                        help="time only the candidates these earlier sweeps did not try, and their fastest there")
+    sweep.add_argument("--retime", type=parse_regex, default=None, metavar="REGEX",
+                       help="with --refine: candidates whose name matches are timed again as if new "
+                            "(their kernels changed since the earlier sweeps)")
     sweep.add_argument("--refine-top", type=int, default=3, metavar="N",
                        help="with --refine: how many of the earlier fastest candidates to time again (default 3)")
     sweep.add_argument("--orders-top", type=int, default=2, metavar="N",
@@ -1246,6 +1269,8 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
             p.error("--orders-from times a table's configurations; --refine lists candidates: give one")
         if args.orders_top < 0:
             p.error("--orders-top must be 0 or more")
+        if args.retime and not args.refine:
+            p.error("--retime belongs to --refine (it says which earlier timings to repeat)")
     elif args.orders_from:
         p.error("--orders-from belongs to --sweep")
     elif args.table_from:

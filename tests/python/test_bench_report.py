@@ -101,8 +101,12 @@ def test_refined_sweeps_and_tables_take_each_shape_from_the_latest_sweep(tmp_pat
     listed = {shape16: ["a", "b", "c", "d", "e", "f", "broken"], shape64: ["a", "z"]}
     # one earlier sweep: the untried (e, f) and its two fastest (a, b); a shape it lacks keeps all
     assert g.refine_candidates(listed, [old], 2) == {shape16: ["e", "f", "a", "b"], shape64: ["a", "z"]}
-    # two: M = 16 as the later one measured it (e, a and broken tried there; its fastest e, a)
-    assert g.refine_candidates(listed, [old, new], 2)[shape16] == ["b", "c", "d", "f", "e", "a"]
+    # two: what either tried (a to e and broken), and the later one's fastest (e, a)
+    assert g.refine_candidates(listed, [old, new], 2)[shape16] == ["f", "e", "a"]
+    # --retime: tried candidates whose kernels changed (c, d) are timed again as if new
+    import re
+    assert g.refine_candidates(listed, [old], 2, re.compile("^[cd]$")) == {shape16: ["c", "d", "e", "f", "a", "b"],
+                                                                             shape64: ["a", "z"]}
     out = tmp_path / "table.json"
     assert g.table_from_sweeps([old, new], str(out)) == 0
     table = json.loads(out.read_text())
