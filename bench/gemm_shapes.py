@@ -61,7 +61,9 @@ compile, to run fused or to match is skipped with its error). Writes the whole s
 
 --refine OLD_SWEEP.json [...] (after the candidate space grew): times only the candidates the
 earlier sweeps did not try, plus their --refine-top (3) fastest there, again in the same run
-(--retime REGEX: candidates whose name matches count as not tried, after their kernels changed);
+(--retime REGEX: candidates whose name matches count as not tried, after their kernels changed;
+--table-base TABLE.json: the table written is TABLE.json with the timed shapes' entries replaced,
+a transposed winner keeping the old untransposed fallback unless this sweep timed a faster one);
 --table-from OLD.json NEW.json then merges (later files replace a shape's result).
 
 Visiting orders (--orders-top N, default 2): after the candidates, each shape's N fastest are
@@ -963,6 +965,9 @@ def run_sweep(args, shapes: list[Shape]) -> int:
         list_errors = {s: f"not in {args.orders_from}" for s in shapes if s not in candidates}
     else:
         candidates, list_errors = all_candidates(args.evtc, shapes)
+        if args.table_base:
+            with open(args.table_base) as f:
+                old_table = json.load(f)
     if args.refine:
         candidates = refine_candidates(candidates, args.refine, args.refine_top, args.retime)
     kernels, compile_errors = compile_candidates(evtc, candidates)
@@ -988,7 +993,7 @@ def run_sweep(args, shapes: list[Shape]) -> int:
     doc = table_document(data["shapes"], data["gpu"], data["command"], data["date"], data.get("sm_count"))
     missing = len(timed) - len(doc["entries"]) + (len(shapes) - len(timed) if old_table is None else 0)
     if old_table is not None:
-        merge_tables(doc, old_table)
+        merge_tables(doc, old_table, "orders" if args.orders_from else "refined")
     write_table(args.table_out, doc)
     print(f"wrote {base}.json and {args.table_out} ({len(doc['entries'])} entries"
           + (f"; {missing} shape(s) without a timed candidate" if missing else "") + ")", flush=True)
@@ -997,19 +1002,25 @@ def run_sweep(args, shapes: list[Shape]) -> int:
 
 def keep_unswapped(entry: dict, before: dict) -> None:
     """A transposed winner timed with --orders-from (only the old winner and runner-up ran, often
-    both transposed) keeps the untransposed configuration the old entry measured, which gated
-    epilogues take: the old entry's own, or its winner where that was untransposed."""
-    if "_swap" not in entry["config"] or "unswapped_config" in entry:
+    both transposed) or with --refine (a subset of the candidates) keeps the untransposed
+    configuration the old entry measured, which gated epilogues take: the old entry's own, or its
+    winner where that was untransposed, unless this sweep timed a faster one."""
+    if "_swap" not in entry["config"]:
         return
     if "unswapped_config" in before:
-        entry["unswapped_config"], entry["unswapped_ms"] = before["unswapped_config"], before["unswapped_ms"]
+        old = (before["unswapped_config"], before["unswapped_ms"])
     elif "_swap" not in before["config"]:
-        entry["unswapped_config"], entry["unswapped_ms"] = before["config"], before["ms"]
+        old = (before["config"], before["ms"])
+    else:
+        return
+    if "unswapped_config" not in entry or entry["unswapped_ms"] > old[1]:
+        entry["unswapped_config"], entry["unswapped_ms"] = old
 
 
-def merge_tables(doc: dict, old_table: dict) -> None:
-    """--orders-from: the shapes timed here replace theirs in the old table (keeping what only the
-    old entry measured, keep_unswapped); the others stay."""
+def merge_tables(doc: dict, old_table: dict, what: str) -> None:
+    """--orders-from and --table-base: the shapes timed here replace theirs in the old table
+    (keeping what only the old entry measured, keep_unswapped); the others stay. `what` names
+    this sweep in the table's `measured`."""
     before = {(e["m"], e["n"], e["k"]): e for e in old_table["entries"]}
     new = {(e["m"], e["n"], e["k"]): e for e in doc["entries"]}
     for key, entry in new.items():
@@ -1018,7 +1029,7 @@ def merge_tables(doc: dict, old_table: dict) -> None:
     doc["entries"] = sorted(list(new.values()) + [e for key, e in before.items() if key not in new],
                             key=lambda e: (e["m"], e["n"], e["k"]))
     doc["command"] = old_table.get("command", "") + " && " + doc["command"]
-    doc["measured"] = f"{old_table.get('measured', '')}; orders {doc['measured']}"
+    doc["measured"] = f"{old_table.get('measured', '')}; {what} {doc['measured']}"
 
 
 def table_from_sweeps(paths: list[str], table_out: str) -> int:
@@ -1241,6 +1252,9 @@ def parse_args(argv: Optional[list[str]] = None):
     sweep.add_argument("--retime", type=parse_regex, default=None, metavar="REGEX",
                        help="with --refine: candidates whose name matches are timed again as if new "
                             "(their kernels changed since the earlier sweeps)")
+    sweep.add_argument("--table-base", metavar="TABLE.json",
+                       help="with --refine: write TABLE.json with the shapes timed here replaced "
+                            "(an untransposed fallback it measured faster is kept)")
     sweep.add_argument("--refine-top", type=int, default=3, metavar="N",
                        help="with --refine: how many of the earlier fastest candidates to time again (default 3)")
     sweep.add_argument("--orders-top", type=int, default=2, metavar="N",
@@ -1269,6 +1283,8 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
             p.error("--orders-from times a table's configurations; --refine lists candidates: give one")
         if args.orders_top < 0:
             p.error("--orders-top must be 0 or more")
+        if args.table_base and not args.refine:
+            p.error("--table-base belongs to --refine (--orders-from merges into its own table)")
         if args.retime and not args.refine:
             p.error("--retime belongs to --refine (it says which earlier timings to repeat)")
     elif args.orders_from:

@@ -45,6 +45,9 @@ cases=(
   # 96-column tile and a gated output.
   "decode_48col_cluster_n|--layout-b c --config pingpong_64x48x128_c1x2_persistent|h = acc + bias[n]; out P: bf16 = h + r[m,n]; out y: bf16 = swiglu(h); out rs = row_sum(h)"
   "split_k_gated|--layout-b c --config coop_128x96x64_c1x1_splitk4|out D: bf16 = gelu(acc * s[m] + bias[n]); out y: bf16 = swiglu(acc)"
+  # A width fitted to the grid (112 columns: one wgmma of CUTLASS's extended widths, 16-column
+  # epilogue subtiles) with a gated output and a row reduction.
+  "fitted_112_gated|--layout-b c --config pingpong_128x112x64_c2x1_persistent|h = acc + bias[n]; out y: bf16 = swiglu(h); out rs = row_sum(h)"
   # Swap-AB: the transposed problem's kernel, with C and D column-major, [n]/[m] vectors and the
   # row/column reductions exchanged (the row logsumexp becomes a column one), an [m,n] operand and an extra output in the other layout,
   # and m and n exchanged (an i64 [n] vector becomes a column broadcast).

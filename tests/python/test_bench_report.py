@@ -158,9 +158,30 @@ def test_orders_from_keeps_the_untransposed_configuration_the_old_table_measured
     doc = {"command": "b", "measured": "now", "entries": [
         {"m": 16, "n": 4096, "k": 4096, "config": "pingpong_64x16x256_c1x1_persistent_swap", "ms": 0.9},
         {"m": 32, "n": 4096, "k": 4096, "config": "pingpong_64x16x128_c1x1_persistent_swap", "ms": 1.9}]}
-    g.merge_tables(doc, old)
+    g.merge_tables(doc, old, "orders")
     by_m = {e["m"]: e for e in doc["entries"]}
     assert (by_m[16]["unswapped_config"], by_m[16]["unswapped_ms"]) == ("pingpong_64x64x128_c1x1_persistent", 1.2)
     # the old untransposed winner becomes the new transposed winner's fallback
     assert (by_m[32]["unswapped_config"], by_m[32]["unswapped_ms"]) == ("pingpong_64x64x128_c1x1_persistent", 2.0)
-    assert by_m[64] == old["entries"][2] and doc["command"] == "a && b"
+    assert by_m[64] == old["entries"][2] and doc["command"] == "a && b" and doc["measured"] == "then; orders now"
+
+
+def test_a_refining_sweep_keeps_the_faster_untransposed_fallback():
+    g = load_gemm_shapes()
+    old = {"command": "a", "measured": "then", "entries": [
+        {"m": 16, "n": 4096, "k": 4096, "config": "pingpong_64x16x128_c1x1_persistent_swap", "ms": 1.0,
+         "unswapped_config": "pingpong_64x64x128_c1x1_persistent", "unswapped_ms": 1.2},
+        {"m": 32, "n": 4096, "k": 4096, "config": "pingpong_64x16x128_c1x1_persistent_swap", "ms": 1.0,
+         "unswapped_config": "pingpong_64x64x128_c1x1_persistent", "unswapped_ms": 1.2}]}
+    doc = {"command": "b", "measured": "now", "entries": [
+        # the refining sweep timed a slower untransposed candidate: the old fallback stays
+        {"m": 16, "n": 4096, "k": 4096, "config": "pingpong_64x16x128_c1x1_persistent_swap", "ms": 0.9,
+         "unswapped_config": "pingpong_64x80x128_c1x1_persistent", "unswapped_ms": 1.5},
+        # and a faster one: it replaces the old fallback
+        {"m": 32, "n": 4096, "k": 4096, "config": "pingpong_64x16x128_c1x1_persistent_swap", "ms": 0.9,
+         "unswapped_config": "pingpong_64x112x128_c1x1_persistent", "unswapped_ms": 1.1}]}
+    g.merge_tables(doc, old, "refined")
+    by_m = {e["m"]: e for e in doc["entries"]}
+    assert (by_m[16]["unswapped_config"], by_m[16]["unswapped_ms"]) == ("pingpong_64x64x128_c1x1_persistent", 1.2)
+    assert (by_m[32]["unswapped_config"], by_m[32]["unswapped_ms"]) == ("pingpong_64x112x128_c1x1_persistent", 1.1)
+    assert doc["measured"] == "then; refined now"
