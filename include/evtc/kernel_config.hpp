@@ -147,6 +147,16 @@ KernelConfig default_config_for_shape(const Graph& g, const GemmDesc& gemm);
 // scale blocks and no fast accumulation; a promotion interval (fp8_promotion_k) needs fp8's
 // two-level accumulation.
 std::string config_refusal(const KernelConfig& c, const GemmDesc& gemm);
+
+// Why the epilogue `g` cannot run with configuration `c` ("" if it can), beside config_refusal:
+//  - reductions need a persistent tile scheduler (evtc combines one partial per output tile and
+//    warp; stream-K and split-K finish a tile in whichever CTA adds its last K part);
+//  - a reduction over the kernel's M (a column reduction; a row one in a transposed kernel)
+//    needs epilogue subtiles of at least 32 columns where a tile has 128 or more rows: CUTLASS's
+//    epilogue takes 16-column subtiles for widths that are odd multiples of 16 (80, 112, 144, ...),
+//    and its row reduction then fails nvcc's static assertions (ping-pong 128×112, cooperative
+//    256×144; ping-pong 64×48 and 64×16 compile).
+std::string epilogue_config_refusal(const Graph& g, const KernelConfig& c);
 // Why `c` cannot hold this epilogue: the [m,n] tensors it stages in shared memory leave fewer
 // than two main-loop stages (CUTLASS's kernels do not compile then). Empty when it can.
 std::string shared_memory_refusal(const Graph& g, const GemmDesc& gemm, const KernelConfig& c);

@@ -276,15 +276,7 @@ Kernel::Kernel(const Graph& graph, const CompileOptions& given) : impl_(std::mak
         throw UserError(fmt::format("configuration {} computes the GEMM transposed (swap-AB), which this epilogue "
                                     "cannot take: {}",
                                     options.config->name(), why));
-    // evtc's reductions combine one partial result per output tile and warp; stream-K and split-K
-    // finish a tile in whichever CTA adds its last K part, so they are not combined that way.
-    if (options.config->scheduler == TileSchedulerKind::stream_k)
-      for (const Node& n : graph.nodes())
-        if (n.kind == NodeKind::store && graph.node(n.inputs[0]).kind == NodeKind::reduce)
-          throw UserError(fmt::format("configuration {} splits the K loop of output tiles (stream-K or split-K), "
-                                      "which an epilogue with reductions ('{}') cannot take; use a persistent "
-                                      "configuration",
-                                      options.config->name(), n.name));
+    if (std::string why = epilogue_config_refusal(graph, *options.config); !why.empty()) throw UserError(why);
   }
   for (auto [name, t] : {std::pair{'A', options.gemm.a_dtype}, std::pair{'B', options.gemm.b_dtype}})
     if (is_integer(t))

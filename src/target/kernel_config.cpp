@@ -143,6 +143,26 @@ std::optional<KernelConfig> KernelConfig::parse(const std::string& name) {
 }
 
 
+std::string epilogue_config_refusal(const Graph& g, const KernelConfig& c) {
+  // Every reduction feeds an output (a store) that names it.
+  for (const Node& store : g.nodes()) {
+    if (store.kind != NodeKind::store || store.inputs.empty()) continue;
+    const Node& r = g.node(store.inputs[0]);
+    if (r.kind != NodeKind::reduce) continue;
+    if (c.scheduler == TileSchedulerKind::stream_k)
+      return fmt::format("configuration {} splits the K loop of output tiles (stream-K or split-K), which an "
+                         "epilogue with reductions ('{}') cannot take; use a persistent configuration",
+                         c.name(), store.name);
+    const bool over_kernel_m = c.swap_ab ? r.axis == ReduceAxis::row : r.axis == ReduceAxis::col;
+    if (over_kernel_m && c.tile_m >= 128 && c.tile_n % 32 != 0)
+      return fmt::format("configuration {} has {}-column tiles, which CUTLASS's epilogue works through in "
+                         "16-column subtiles; its reduction over M ('{}') needs subtiles of at least 32 columns "
+                         "with tiles of {} rows (use a width that is a multiple of 32, or 64-row tiles)",
+                         c.name(), c.tile_n, store.name, c.tile_m);
+  }
+  return "";
+}
+
 std::string config_refusal(const KernelConfig& c, const GemmDesc& gemm) {
   // What the target architecture's kernels have (evtc/arch.hpp).
   const ArchFeatures& f = backend_features(gemm.sm, gemm.a_dtype);

@@ -172,6 +172,29 @@ TEST(TuningPruning, SplitKOnlyWhereTheTilesLeaveMultiprocessorsIdle) {
             std::string::npos);
 }
 
+// A reduction over M with 16-column epilogue subtiles (widths that are odd multiples of 16) in
+// tiles of 128 or more rows fails CUTLASS's static assertions (nvcc: ping-pong 128x112 and
+// cooperative 256x144 with a column sum); the rule lives in epilogue_config_refusal, which the
+// pruning and an explicit configuration both ask.
+TEST(TuningPruning, ColumnReductionsNeedThirtyTwoColumnEpilogueSubtilesInTallTiles) {
+  const Graph col = lowered("out D: bf16 = acc; out cs = col_sum(acc)");
+  const Graph row = lowered("out D: bf16 = acc; out rs = row_sum(acc)");
+  const std::string why = epilogue_config_refusal(col, config("pingpong_128x112x64_c1x1_persistent"));
+  EXPECT_NE(why.find("112-column tiles"), std::string::npos) << why;
+  EXPECT_NE(why.find("'cs'"), std::string::npos) << why;
+  EXPECT_NE(epilogue_config_refusal(col, config("coop_256x144x64_c1x1_persistent")), "");
+  EXPECT_EQ(epilogue_config_refusal(row, config("coop_256x144x64_c1x1_persistent")), "");   // compiles
+  EXPECT_EQ(epilogue_config_refusal(col, config("pingpong_64x48x128_c1x1_persistent")), "");  // compiles
+  EXPECT_EQ(epilogue_config_refusal(col, config("pingpong_128x128x64_c1x1_persistent")), "");
+  // Transposed, the row sum is the kernel's reduction over M (64-row tiles there: allowed).
+  EXPECT_EQ(epilogue_config_refusal(row, config("pingpong_64x16x128_c1x1_persistent_swap")), "");
+  EXPECT_NE(prune_reason(config("pingpong_128x112x64_c1x1_persistent"), col, problem(1024, 3584, 4096)), "");
+  EXPECT_NE(epilogue_config_refusal(col, config("coop_128x128x64_c1x1_streamk")).find("stream-K"), std::string::npos);
+  // No candidate of a column-reducing epilogue is one of them.
+  for (const auto& c : candidate_configs(col, problem(1024, 3584, 4096)))
+    EXPECT_EQ(epilogue_config_refusal(col, c), "") << c.name();
+}
+
 TEST(TuningPruning, NamesWhyAConfigurationIsDropped) {
   const Graph g = lowered(kBiasSilu);
   const GemmDesc big = problem(8192, 8192, 8192);

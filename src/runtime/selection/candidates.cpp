@@ -199,6 +199,7 @@ std::string prune_reason(const KernelConfig& c, const Graph& g, const GemmDesc& 
   if (padding_beyond_the_shortest_tile(c, gemm) < 0.5) return "more than half of the tile grid is padding";
   if (has_reduction(g) && c.scheduler != TileSchedulerKind::persistent)
     return "reductions run with persistent kernels only";
+  if (std::string why = epilogue_config_refusal(g, c); !why.empty()) return why;
   if (c.splits > 1) {
     // Split-K pays where the tiles alone leave multiprocessors idle, with K long enough that
     // every part keeps several K tiles.
