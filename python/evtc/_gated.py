@@ -25,15 +25,16 @@ def _check(weight: Any, dim: Any, what: str) -> int:
 
 def interleave_pairs(gate: Any, up: Any, dim: int) -> Any:
     """Gate and up tensors of the same shape interleaved along ``dim`` (gate's element j at 2j,
-    up's at 2j + 1), contiguous: the one spelling of the gated kernels' (gate, up) layout in
-    Python (weights here, and the FX pass's constant weights, biases and grouped weights).
-    The PyTorch op library's merged operands build the same layout at run time
-    (``interleave`` in python/src/torch_ops.cpp), and C++ code has ``evtc::interleave_gate_up``
-    (include/evtc/gated.hpp) for raw device memory."""
+    up's at 2j + 1), contiguous: the gated kernels' (gate, up) layout, for weights here and the
+    FX pass's constant weights, biases and grouped weights. It is the PyTorch op library's
+    ``evtc::interleave_pairs`` op (python/src/torch_ops.cpp), the function its merged operators
+    build their operands with at run time, so the layout is written once; C++ code has
+    ``evtc::interleave_gate_up`` (include/evtc/gated.hpp) for raw device memory."""
     import torch
 
-    dim = dim % gate.dim()
-    return torch.stack((gate, up), dim=dim + 1).flatten(dim, dim + 1).contiguous()
+    from .torch import _op  # noqa: F401  (loads the op library)
+
+    return torch.ops.evtc.interleave_pairs(gate, up, dim)
 
 
 def interleave_gate_up(stacked: Any, dim: int = 0) -> Any:

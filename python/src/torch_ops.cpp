@@ -15,6 +15,7 @@
 //       are read in place, with no copy
 //   grouped_gemm_epilogue(spec, x, w, offs, operands) -> y
 //   grouped_gemm_epilogue_merged(spec, x, sources, offs, operands) -> y
+//   interleave_pairs(gate, up, dim) -> the (gate, up) layout above, contiguous (any device)
 //   _compile_only(delta) -> depth, _take_pending_compiles() -> ["M,N,K,spec"], _path_counts(spec) -> [fused, fallback]
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -386,6 +387,16 @@ struct MergedCopy {
 // Interleaves `gate` and `up` along dimension `dim` (element j of gate at 2j, of up at 2j+1).
 at::Tensor interleave(const at::Tensor& gate, const at::Tensor& up, int64_t dim) {
   return at::stack({gate, up}, dim + 1).flatten(dim, dim + 1);
+}
+
+// The op interleave_pairs(gate, up, dim): the same layout, contiguous, for Python (the FX pass's
+// constant weights and biases, merge_projections' buffers, evtc.interleave_gate_up), so that the
+// gated kernels' (gate, up) layout is spelled once. Composite: it runs on any device and on fake
+// tensors.
+at::Tensor interleave_pairs(const at::Tensor& gate, const at::Tensor& up, int64_t dim) {
+  TORCH_CHECK(gate.sizes() == up.sizes(), "interleave_pairs: gate has shape ", gate.sizes(), " and up ",
+              up.sizes(), "; they must be the same");
+  return interleave(gate, up, c10::maybe_wrap_dim(dim, gate.dim())).contiguous();
 }
 
 void cuda_ok(cudaError_t e, const char* what) {
@@ -760,6 +771,11 @@ TORCH_LIBRARY(evtc, m) {
   m.def("_merged_cache_bytes() -> int", &evtc::torch_ops::merged_cache_bytes);
   m.def("_clear_merged_cache() -> int", &evtc::torch_ops::clear_merged_cache);
   m.def("_merged_n(str spec, Tensor[] sources) -> SymInt", &evtc::torch_ops::merged_n_op);
+  m.def("interleave_pairs(Tensor gate, Tensor up, int dim) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(evtc, CompositeImplicitAutograd, m) {
+  m.impl("interleave_pairs", &evtc::torch_ops::interleave_pairs);
 }
 
 TORCH_LIBRARY_IMPL(evtc, CUDA, m) {

@@ -208,6 +208,13 @@ def test_interleave_pairs_puts_gate_j_at_2j_and_up_j_at_2j_plus_1_along_any_dime
         assert torch.equal(out.narrow(d, 0, 1), g.narrow(d, 0, 1))
         assert torch.equal(out.index_select(d, torch.arange(0, 2 * g.shape[d], 2)), g)
         assert torch.equal(out.index_select(d, torch.arange(1, 2 * g.shape[d], 2)), u)
+    # It is the op library's op (one spelling of the layout): fake tensors take it, and halves of
+    # different shapes are refused with both shapes named.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        assert torch.ops.evtc.interleave_pairs(torch.empty(4, 6), torch.empty(4, 6), 0).shape == (8, 6)
+    with pytest.raises(RuntimeError, match=r"gate has shape \[3, 4, 5\] and up \[3, 4, 4\]"):
+        interleave_pairs(g, u[..., :4], 1)
 
 
 def test_interleave_gate_up_round_trips():
