@@ -96,6 +96,22 @@ void choose_sizes(Case& c, std::mt19937_64& rng) {
     c.m = m_aligned ? 8 * pick(1, 8) : pick(1, 64);
     const bool fp8 = c.kernel.kind == KernelKind::fp8;
     c.config = fmt::format("pingpong_64x{}x{}_c1x1_persistent_swap", pick(0, 1) ? 32 : 16, fp8 ? 256 : 128);
+  } else if (c.kernel.kind != KernelKind::fp8 && pick(0, 3) == 0) {
+    // A quarter of the other 16-bit cases run a tile whose width is an odd multiple of 16, as the
+    // selection tables pick for grids the usual widths fill badly: one wgmma of CUTLASS's
+    // extended widths and 16-column epilogue subtiles. Where the epilogue cannot take one (a
+    // column reduction in a tall tile, or too much shared memory) the case keeps the default.
+    static const char* const kFitted[] = {"pingpong_128x80x64_c1x1_persistent", "pingpong_128x112x64_c2x1_persistent",
+                                          "coop_256x144x64_c1x1_persistent", "pingpong_64x176x64_c1x1_persistent"};
+    const KernelConfig fitted = *KernelConfig::parse(kFitted[pick(0, 3)]);
+    PipelineOptions popts;
+    popts.gemm = c.kernel.gemm;
+    try {
+      const Graph g = run_pipeline(parse_expression(c.kernel.text(), parse_options_for(c.kernel)), popts);
+      if (epilogue_config_refusal(g, fitted).empty() && shared_memory_refusal(g, c.kernel.gemm, fitted).empty())
+        c.config = fitted.name();
+    } catch (const Error&) {  // the case reports its own error when it runs
+    }
   }
 }
 
