@@ -6,13 +6,13 @@ namespace evtc::sm90 {
 
 // Hopper's wgmma computes 64×N×16 for every N from 8 to 256 in steps of 8, but CUTLASS's
 // instruction selector (cute::SM90::GMMA::ss_op_selector) offers only N = 256, 192, 128, 96, 64,
-// 32, 16 and 8 unless CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED is defined. A tile whose width is a
-// multiple of none of 64 and 96 (48, 80, 112, 144, 160, 208, 224, ...) then runs as 16- or 32-column
-// wgmmas, each of which reads the whole A tile from shared memory again. Measured on an H100 at
-// 1024×3584×4096 (Nsight Compute): ping-pong 128×112 issued 4.2× the instructions of 128×128 and
-// took 108 µs against 54. The define gives such tiles one wgmma of the tile's width; tiles the
-// default widths already cover get the same instruction either way, so their source keeps
-// without it.
+// 32, 16 and 8 unless CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED is defined. A tile whose width is
+// none of those nor a multiple of 64 or 96 (48, 80, 112, 144, 160, 208, 224, ...) then runs as 16-
+// or 32-column wgmmas, each of which reads the whole A tile from shared memory again. Measured on
+// an H100 at 1024×3584×4096 (Nsight Compute): ping-pong 128×112 issued 4.2× the instructions of
+// 128×128 and took 108 µs against 54. The define gives such tiles one wgmma of the tile's width.
+// Tiles whose width the default instructions already cover get the same instruction either way,
+// so their sources (and cache keys) stay without it.
 inline bool needs_extended_wgmma_widths(int tile_n) {
   // The selector takes the widest instruction whose N divides the tile's width.
   auto widest = [tile_n](bool extended) {
