@@ -733,8 +733,8 @@ def refine_candidates(candidates: dict[Shape, list[str]], paths: list[str], top:
     """After the candidate space grew: of each shape's candidates, those the earlier sweeps at
     `paths` did not try, and the `top` fastest the latest of them to time the shape measured
     (timed again, in the same run, so the new ones are compared with the old winners on equal
-    terms). Candidates whose name `retime`
-    matches count as not tried (their kernels changed since)."""
+    terms). Candidates whose name `retime` matches count as not tried (their kernels changed
+    since)."""
     sweeps = read_sweeps(paths)
     before = shape_results(sweeps)
     # What any of the sweeps tried (a refining sweep records only what it timed again).

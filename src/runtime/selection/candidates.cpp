@@ -12,12 +12,6 @@
 namespace evtc::tuning {
 namespace {
 
-bool has_reduction(const Graph& g) {
-  for (const Node& n : g.nodes())
-    if (n.kind == NodeKind::reduce) return true;
-  return false;
-}
-
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
@@ -197,8 +191,7 @@ std::string prune_reason(const KernelConfig& c, const Graph& g, const GemmDesc& 
     return fmt::format("cluster {}x{} is wider than the {}x{} tile grid", c.cluster_m, c.cluster_n,
                        tiles_m, tiles_n);
   if (padding_beyond_the_shortest_tile(c, gemm) < 0.5) return "more than half of the tile grid is padding";
-  if (has_reduction(g) && c.scheduler != TileSchedulerKind::persistent)
-    return "reductions run with persistent kernels only";
+  // Reductions: persistent kernels only, and 32-column epilogue subtiles for column ones.
   if (std::string why = epilogue_config_refusal(g, c); !why.empty()) return why;
   if (c.splits > 1) {
     // Split-K pays where the tiles alone leave multiprocessors idle, with K long enough that
