@@ -3,7 +3,10 @@ README table it writes (no GPU needed; the plot is skipped without matplotlib)."
 import importlib.util
 import json
 import pathlib
+import re
 import sys
+
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -104,7 +107,6 @@ def test_refined_sweeps_and_tables_take_each_shape_from_the_latest_sweep(tmp_pat
     # two: what either tried (a to e and broken), and the later one's fastest (e, a)
     assert g.refine_candidates(listed, [old, new], 2)[shape16] == ["f", "e", "a"]
     # --retime: tried candidates whose kernels changed (c, d) are timed again as if new
-    import re
     assert g.refine_candidates(listed, [old], 2, re.compile("^[cd]$")) == {shape16: ["c", "d", "e", "f", "a", "b"],
                                                                              shape64: ["a", "z"]}
     out = tmp_path / "table.json"
@@ -185,3 +187,18 @@ def test_a_refining_sweep_keeps_the_faster_untransposed_fallback():
     assert (by_m[16]["unswapped_config"], by_m[16]["unswapped_ms"]) == ("pingpong_64x64x128_c1x1_persistent", 1.2)
     assert (by_m[32]["unswapped_config"], by_m[32]["unswapped_ms"]) == ("pingpong_64x112x128_c1x1_persistent", 1.1)
     assert doc["measured"] == "then; refined now"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--sweep", "--evtc", "x", "--table-out", "t.json", "--retime", "x112x"],
+     "--retime belongs to --refine .it says which earlier timings to repeat."),
+    (["--sweep", "--evtc", "x", "--table-out", "t.json", "--table-base", "old.json"],
+     "--table-base belongs to --refine .--orders-from merges into its own table."),
+    (["--sweep", "--evtc", "x", "--table-out", "t.json", "--refine", "a.json", "--retime", "("],
+     "argument --retime: not a regular expression: '\\(' "),
+])
+def test_sweep_options_that_need_refine_or_a_regex_say_so(argv, message, capsys):
+    g = load_gemm_shapes()
+    with pytest.raises(SystemExit):
+        g.parse_args(argv)
+    assert re.search(message, capsys.readouterr().err)
