@@ -66,6 +66,11 @@ earlier sweeps did not try, plus their --refine-top (3) fastest there, again in 
 a transposed winner keeping the old untransposed fallback unless this sweep timed a faster one);
 --table-from OLD.json NEW.json then merges (later files replace a shape's result).
 
+--seed-from SWEEP.json [...] (a GPU class without a table of its own, with as many
+multiprocessors as one that has one: the H200 after the H100): times only each shape's
+--seed-top (4) fastest candidates there, plus the fastest untransposed one where a transposed
+candidate is among them; the table is this GPU's, from these timings alone.
+
 Visiting orders (--orders-top N, default 2): after the candidates, each shape's N fastest are
 timed again with every tile visiting order (CUTLASS's heuristic; along M and along N in strips of
 1, 2, 4 and 8 tiles), interleaved with torch.mm in one more timing: the order is a run-time
@@ -759,6 +764,30 @@ def refine_candidates(candidates: dict[Shape, list[str]], paths: list[str], top:
     return out
 
 
+def seeded_candidates(candidates: dict[Shape, list[str]], paths: list[str], top: int) -> dict[Shape, list[str]]:
+    """For a GPU of another class with the same multiprocessors (an H200 after an H100): of each
+    shape's candidates, only the `top` fastest that the sweeps at `paths` measured (a shape's
+    result from the latest sweep that timed it), and, where a transposed one is among them, the
+    fastest untransposed one too (the fallback of gated epilogues). Candidates the listing no
+    longer offers are dropped; a shape the sweeps did not measure keeps all of its candidates."""
+    before = shape_results(read_sweeps(paths))
+    out = {}
+    for shape, names in candidates.items():
+        r = before.get((shape.m, shape.n, shape.k))
+        if r is None or not r.get("candidates"):
+            out[shape] = names
+            continue
+        offered = set(names)
+        ranked = [name for name, _ in rank(r["candidates"]) if name in offered]
+        chosen = ranked[:top]
+        if any("_swap" in name for name in chosen):
+            chosen += [name for name in ranked if "_swap" not in name and name not in chosen][:1]
+        out[shape] = chosen
+    log(f"seeded from {', '.join(paths)}: {sum(map(len, out.values()))} of "
+        f"{sum(map(len, candidates.values()))} candidates, {len({n for v in out.values() for n in v})} kernels")
+    return out
+
+
 def compile_candidates(evtc, candidates: dict[Shape, list[str]]) -> tuple[dict, dict[str, str]]:
     """One kernel per distinct candidate, compiled once, all in parallel; the kernels and the
     errors (of building or compiling) by configuration name."""
@@ -970,6 +999,8 @@ def run_sweep(args, shapes: list[Shape]) -> int:
                 old_table = json.load(f)
     if args.refine:
         candidates = refine_candidates(candidates, args.refine, args.refine_top, args.retime)
+    if args.seed_from:
+        candidates = seeded_candidates(candidates, args.seed_from, args.seed_top)
     kernels, compile_errors = compile_candidates(evtc, candidates)
     data = run_metadata(torch, evtc, args, "sweep")
     data.update({"epilogue": PLAIN_EXPR, "error_bound": ERROR_BOUND, "compile_errors": compile_errors,
@@ -1257,6 +1288,11 @@ def parse_args(argv: Optional[list[str]] = None):
                             "(an untransposed fallback it measured faster is kept)")
     sweep.add_argument("--refine-top", type=int, default=3, metavar="N",
                        help="with --refine: how many of the earlier fastest candidates to time again (default 3)")
+    sweep.add_argument("--seed-from", nargs="+", metavar="SWEEP.json",
+                       help="time only each shape's --seed-top fastest candidates of these sweeps (made on "
+                            "another GPU class with as many multiprocessors), plus the fastest untransposed one")
+    sweep.add_argument("--seed-top", type=int, default=4, metavar="N",
+                       help="with --seed-from: how many of the earlier fastest candidates to time (default 4)")
     sweep.add_argument("--orders-top", type=int, default=2, metavar="N",
                        help="time the N fastest candidates of each shape again with every tile visiting order "
                             "(default 2; 0: CUTLASS's order only)")
@@ -1287,8 +1323,12 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
             p.error("--table-base belongs to --refine (--orders-from merges into its own table)")
         if args.retime and not args.refine:
             p.error("--retime belongs to --refine (it says which earlier timings to repeat)")
-    elif args.orders_from:
-        p.error("--orders-from belongs to --sweep")
+        if args.seed_from and (args.refine or args.orders_from):
+            p.error("--seed-from picks the candidates itself: give it without --refine and --orders-from")
+        if args.seed_top < 1:
+            p.error("--seed-top must be 1 or more")
+    elif args.orders_from or args.seed_from:
+        p.error(f"{'--orders-from' if args.orders_from else '--seed-from'} belongs to --sweep")
     elif args.table_from:
         if not args.table_out:
             p.error("--table-from needs --table-out FILE")

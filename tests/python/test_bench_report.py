@@ -116,6 +116,29 @@ def test_refined_sweeps_and_tables_take_each_shape_from_the_latest_sweep(tmp_pat
     assert table["sm_count"] == 132 and table["command"] == "old.json && new.json"
 
 
+def test_a_seeded_sweep_times_another_gpu_s_fastest_candidates_that_are_still_offered(tmp_path):
+    g = load_gemm_shapes()
+
+    def sweep(path, shapes):
+        write(path, {"mode": "sweep", "gpu": "NVIDIA H100 80GB HBM3", "date": "2026-01-01", "shapes": shapes})
+        return str(path)
+
+    def result(m, candidates):
+        return {"m": m, "n": 4096, "k": 4096, "label": "x", "candidates": candidates, "errors": {}}
+
+    seed = sweep(tmp_path / "h100.json", [
+        result(16, {"p_swap": 1.0, "q_swap": 1.1, "r": 1.3, "s": 1.2, "t": 1.4}),
+        result(1024, {"a": 2.0, "b": 1.0, "gone": 0.5, "c": 3.0})])
+    s16, s1024, s64 = (g.Shape("M", "L", m, 4096, 4096) for m in (16, 1024, 64))
+    listed = {s16: ["t", "s", "r", "q_swap", "p_swap", "new"], s1024: ["a", "b", "c", "d"], s64: ["x", "y"]}
+    picked = g.seeded_candidates(listed, [seed], 2)
+    # the two fastest there; both transposed, so the fastest untransposed one (s) too
+    assert picked[s16] == ["p_swap", "q_swap", "s"]
+    # a candidate no longer offered is skipped; a shape not measured there keeps all of its own
+    assert picked[s1024] == ["b", "a"] and picked[s64] == ["x", "y"]
+    assert g.seeded_candidates(listed, [seed], 1)[s1024] == ["b"]
+
+
 def test_a_kept_visiting_order_must_beat_cutlass_s_by_the_margin_and_reaches_the_table():
     g = load_gemm_shapes()
     # 0.5 % faster than CUTLASS's heuristic order: noise, not kept; 2 % faster: kept.
@@ -196,6 +219,11 @@ def test_a_refining_sweep_keeps_the_faster_untransposed_fallback():
      "--table-base belongs to --refine .--orders-from merges into its own table."),
     (["--sweep", "--evtc", "x", "--table-out", "t.json", "--refine", "a.json", "--retime", "("],
      "argument --retime: not a regular expression: '\\(' "),
+    (["--sweep", "--evtc", "x", "--table-out", "t.json", "--refine", "a.json", "--seed-from", "b.json"],
+     "--seed-from picks the candidates itself: give it without --refine and --orders-from"),
+    (["--sweep", "--evtc", "x", "--table-out", "t.json", "--seed-from", "b.json", "--seed-top", "0"],
+     "--seed-top must be 1 or more"),
+    (["--seed-from", "b.json"], "--seed-from belongs to --sweep"),
 ])
 def test_sweep_options_that_need_refine_or_a_regex_say_so(argv, message, capsys):
     g = load_gemm_shapes()
