@@ -284,9 +284,9 @@ def build(name: str) -> nn.Module:
     return model.to(DTYPE).eval()
 
 
-def make_inputs(name: str, phase: str, model: nn.Module) -> tuple:
+def make_inputs(name: str, phase: str, model: nn.Module, seed: int = SEED + 1) -> tuple:
     """The phase's inputs, from a fixed seed; the same tensors serve every variant."""
-    gen = torch.Generator("cuda").manual_seed(SEED + 1)
+    gen = torch.Generator("cuda").manual_seed(seed)
     if name in HF_MODELS:
         shape = (64, 1) if phase == "decode" else (8, 1024)
         return (torch.randint(0, model.lm.config.vocab_size, shape, generator=gen, device="cuda"),)

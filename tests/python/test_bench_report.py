@@ -230,3 +230,40 @@ def test_sweep_options_that_need_refine_or_a_regex_say_so(argv, message, capsys)
     with pytest.raises(SystemExit):
         g.parse_args(argv)
     assert re.search(message, capsys.readouterr().err)
+
+
+def load_train_steps():
+    pytest.importorskip("torch")
+    sys.path.insert(0, str(ROOT / "bench"))  # its sibling modules models and result_files
+    spec = importlib.util.spec_from_file_location("bench_train_steps", ROOT / "bench" / "train_steps.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_train_steps_judges_evtc_by_the_spread_of_the_two_plain_variants():
+    t = load_train_steps()
+    compile_ = [2.0, 1.5, 1.25]
+    losses = {"compile": compile_, "control": list(compile_), "eager": [2.0, 1.51, 1.24],
+              "evtc": [2.0, 1.505, 1.255]}
+    verdict = t.judge(losses)
+    assert verdict["spread"] == pytest.approx(0.01) and verdict["within_spread"]
+    assert verdict["max_deviation"]["evtc"] == pytest.approx(0.005)
+    # Further from plain compile than eager is: outside; a NaN loss is the worst deviation.
+    assert not t.judge({**losses, "evtc": [2.0, 1.5, 1.27]})["within_spread"]
+    assert t.judge({**losses, "evtc": [2.0, float("nan"), 1.25]})["max_deviation"]["evtc"] == float("inf")
+    row = {"model": "llama_mlp", "mode": "default", "losses": losses, "fused": 2, "gemms": 8, **verdict}
+    table = t.markdown_table({"gpu": "G", "torch": "2", "date": "d", "steps": 3, "lr": 1e-4, "rows": [row]})
+    assert "| llama_mlp | default | 2 | 1.25 | 0.005 | 0.01 | 0 | yes | 2 / 8 |" in table
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--steps", "0"], "--steps must be 1 or more"),
+    (["--lr", "0"], "--lr must be positive"),
+    (["--models", "llama,bert"], "unknown \\['bert'\\]; choose from"),
+])
+def test_train_steps_option_errors(argv, message, capsys):
+    t = load_train_steps()
+    with pytest.raises(SystemExit):
+        t.parse_args(argv)
+    assert re.search(message, capsys.readouterr().err)
