@@ -100,7 +100,8 @@ def test_one_set_of_settings_for_the_pass_the_backend_and_the_fx_entry_point():
 
     names = {f.name for f in dataclasses.fields(Settings)}
     # The pass's settings, and the rewrite the backend makes before Inductor.
-    assert set(EVTC_OPTIONS) == {f"evtc.{n}" for n in names - {"compile"}} | {"evtc.linear_cross_entropy"}
+    assert set(EVTC_OPTIONS) == {f"evtc.{n}" for n in names - {"compile"}} | {"evtc.linear_cross_entropy",
+                                                                             "evtc.token_logprobs"}
     defaults = Settings()
     assert inductor_config(None, {})["post_grad_custom_post_pass"].settings == defaults
     assert PostGradPass().settings == defaults

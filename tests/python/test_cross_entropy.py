@@ -214,3 +214,78 @@ def test_the_option_is_checked():
     for value in (True, False, "save_logits", "recompute"):
         evtc.torch.inductor_config(options={"evtc.linear_cross_entropy": value})
     assert evtc.torch.EVTC_OPTIONS["evtc.linear_cross_entropy"] is True
+
+
+# --- log-probabilities of chosen tokens ---------------------------------------------------------
+
+def logprobs_rewrite(fn, *args, caplog):
+    gm = graph_of(fn, *args)
+    with caplog.at_level(logging.DEBUG, logger="evtc.torch"):
+        count = evtc.torch.fuse_token_logprobs(gm)
+    return count, gm, " ".join(r.getMessage() for r in caplog.records)
+
+
+def cpu_token_logprobs(h, w, tokens):
+    """token_logprobs' definition, on the CPU (the real one needs a GPU)."""
+    return torch.log_softmax((h @ w.T).float(), -1).gather(-1, tokens[:, None])[:, 0]
+
+
+@pytest.mark.parametrize("fn", [
+    # TRL's selective_log_softmax over a causal LM's logits, the last position dropped
+    lambda h, w, t: F.linear(h, w)[:, :-1, :].float().log_softmax(-1).gather(-1, t[:, 1:].unsqueeze(-1)).squeeze(-1),
+    # torch.gather, log_softmax's own upcast, no row indexing
+    lambda h, w, t: torch.gather(F.log_softmax(F.linear(h, w), dim=-1, dtype=torch.float32), 2, t[..., None])[..., 0],
+    # 16-bit log-probabilities (no upcast), the last position only
+    lambda h, w, t: torch.log_softmax(F.linear(h, w)[:, -1], -1).gather(-1, t[:, -1:]),
+])
+def test_chosen_token_log_probabilities_run_as_token_logprobs(fn, caplog, monkeypatch):
+    from evtc.torch import _cross_entropy as ce
+
+    # On a CPU every rewrite is refused for the device; the graph surgery is what is tested, and
+    # the rewritten graph runs with token_logprobs' definition in its place.
+    monkeypatch.setattr(ce, "_token_refusal", lambda linear, index: None)
+    monkeypatch.setattr(ce, "token_logprobs", cpu_token_logprobs)
+    h, w, t = torch.randn(2, 5, 16, dtype=torch.bfloat16), torch.randn(32, 16, dtype=torch.bfloat16), \
+        torch.randint(0, 32, (2, 5))
+    with torch.no_grad():
+        expected = fn(h, w, t)
+        count, gm, log = logprobs_rewrite(fn, h, w, t, caplog=caplog)
+        assert count == 1
+        targets = [n.target for n in gm.graph.nodes]
+        assert cpu_token_logprobs in targets and torch._C._nn.linear not in targets
+        assert not any(n.op == "call_method" and n.target in ("log_softmax", "gather") for n in gm.graph.nodes)
+        got = gm(h, w, t)
+    got = got[0] if isinstance(got, (tuple, list)) else got
+    assert got.shape == expected.shape and got.dtype == expected.dtype
+    torch.testing.assert_close(got.float(), expected.float(), rtol=2e-2, atol=2e-2)
+    assert "no [tokens, vocab] logits" in log
+
+
+@pytest.mark.parametrize("fn, reason", [
+    (lambda h, w, t: torch.log_softmax(F.linear(h, w, torch.ones(32, dtype=h.dtype)), -1).gather(-1, t[..., None]),
+     "the LM head has a bias"),
+    (lambda h, w, t: torch.log_softmax(F.linear(h, w).float(), -1).gather(-1, t[..., None]),
+     "not on a CUDA device"),
+    (lambda h, w, t: (lambda lp: (lp.gather(-1, t[..., None]), lp.amax(-1)))(
+        torch.log_softmax(F.linear(h, w).float(), -1)),
+     "the logits or their log-probabilities are used elsewhere too"),
+])
+def test_chosen_token_rewrites_that_cannot_apply_say_why(fn, reason, caplog):
+    with torch.no_grad():
+        count, gm, log = logprobs_rewrite(fn, H, W, T, caplog=caplog)
+    assert count == 0 and reason in log
+    assert any(n.op == "call_function" and n.target is torch._C._nn.linear for n in gm.graph.nodes)
+
+
+def test_chosen_token_log_probabilities_that_need_gradients_are_left_alone(caplog):
+    h = H.clone().requires_grad_()
+    count, _, log = logprobs_rewrite(
+        lambda h, w, t: torch.log_softmax(F.linear(h, w).float(), -1).gather(-1, t[..., None]), h, W, T, caplog=caplog)
+    assert count == 0 and "need gradients" in log
+
+
+def test_the_token_logprobs_option_is_checked():
+    assert evtc.torch.EVTC_OPTIONS["evtc.token_logprobs"] is True
+    with pytest.raises(RuntimeError, match="evtc.token_logprobs='no' .expected True or False"):
+        evtc.torch.inductor_config(options={"evtc.token_logprobs": "no"})
+    evtc.torch.inductor_config(options={"evtc.token_logprobs": False})

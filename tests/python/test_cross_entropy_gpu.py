@@ -223,3 +223,32 @@ def test_only_the_weights_gradient_when_h_needs_none(save_logits):
         grads.append(wg.grad.double())
     ours, ref, base = grads
     assert rel(ours, ref) <= 2 * rel(base, ref) + 1e-6
+
+
+class Scorer(nn.Module):
+    """An RL scorer: each position's log-probability of the next token under an LM head."""
+
+    def __init__(self, hidden, vocab):
+        super().__init__()
+        self.lm_head = nn.Linear(hidden, vocab, bias=False, device="cuda", dtype=torch.bfloat16)
+
+    def forward(self, x, tokens):
+        logits = self.lm_head(x)[:, :-1, :].float()
+        return logits.log_softmax(-1).gather(-1, tokens[:, 1:].unsqueeze(-1)).squeeze(-1)
+
+
+def test_torch_compile_runs_chosen_token_log_probabilities_without_the_logits():
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    model = Scorer(264, 1000)
+    x = torch.randn(2, 151, 264, device="cuda", dtype=torch.bfloat16)
+    tokens = torch.randint(0, 1000, (2, 151), device="cuda")
+    forward = _specs(torch.bfloat16)[0]
+    before = _op.path_counts(forward)["fused"]
+    with torch.no_grad():
+        got = torch.compile(model, backend="evtc", dynamic=False)(x, tokens)
+        base = model(x, tokens)
+    assert _op.path_counts(forward)["fused"] > before, "the rewrite did not run evtc's kernel"
+    want = model.double()(x.double(), tokens)
+    assert got.shape == (2, 150) and got.dtype == torch.float32
+    assert rel(got.double(), want) < max(1e-3, 2 * rel(base.double(), want))

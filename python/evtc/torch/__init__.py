@@ -20,8 +20,8 @@ from ._version_check import check_torch_version as _check_torch_version
 
 _check_torch_version()
 
-from ._cross_entropy import (fuse_linear_cross_entropy, linear_cross_entropy, linear_cross_entropy_and_logits,
-                             token_logprobs)
+from ._cross_entropy import (fuse_linear_cross_entropy, fuse_token_logprobs, linear_cross_entropy,
+                             linear_cross_entropy_and_logits, token_logprobs)
 from ._backend import EVTC_OPTIONS, PostGradPass, backend, inductor_config
 from .passes.weight_grads import WeightGradLayoutPass
 from ._backend import _register as _register_backend
@@ -46,6 +46,7 @@ __all__ = [
     "compile_only",
     "fuse_gemm_epilogues",
     "fuse_linear_cross_entropy",
+    "fuse_token_logprobs",
     "gemm_epilogue",
     "grouped_gemm_epilogue",
     "inductor_config",

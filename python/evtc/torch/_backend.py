@@ -22,7 +22,7 @@ import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from ._cross_entropy import OPTION_VALUES as LCE_OPTION_VALUES
-from ._cross_entropy import fuse_linear_cross_entropy
+from ._cross_entropy import fuse_linear_cross_entropy, fuse_token_logprobs
 from ._fx_pass import fuse_gemm_epilogues
 from .passes import Settings
 from .passes.weight_grads import WeightGradLayoutPass
@@ -35,6 +35,11 @@ EVTC_OPTIONS = {f"evtc.{f.name}": f.default for f in dataclasses.fields(Settings
 # autograd traces the graph (evtc/torch/_cross_entropy.py): True (the logits saved or recomputed
 # by their size), "save_logits", "recompute", or False (no rewrite).
 EVTC_OPTIONS["evtc.linear_cross_entropy"] = True
+# Rewrite an LM head's log-probabilities of chosen tokens (log_softmax, then gather) into
+# evtc.torch.token_logprobs where no gradient is needed: True or False.
+EVTC_OPTIONS["evtc.token_logprobs"] = True
+# The options applied by backend() before Inductor traces the graph, not by the post-grad pass.
+_REWRITE_OPTIONS = ("linear_cross_entropy", "token_logprobs")
 
 
 class PostGradPass(CustomGraphPass):
@@ -86,7 +91,7 @@ def inductor_config(mode: Optional[str] = None, options: Optional[dict[str, Any]
                                f"inductor backend with evtc.torch.{ours_cls}() and your pass composed instead")
     wrapper = torch._TorchCompileInductorWrapper(mode, options or None, dynamic=None)
     patches = dict(wrapper.config)
-    for flag in ("evtc.merge_gated", "evtc.wait_for_compile"):
+    for flag in ("evtc.merge_gated", "evtc.wait_for_compile", "evtc.token_logprobs"):
         if not isinstance(settings[flag], bool):
             raise RuntimeError(f"evtc backend: {flag}={settings[flag]!r} (expected True or False)")
     lce = settings["evtc.linear_cross_entropy"]
@@ -94,7 +99,8 @@ def inductor_config(mode: Optional[str] = None, options: Optional[dict[str, Any]
         raise RuntimeError(f"evtc backend: evtc.linear_cross_entropy={lce!r} (expected one of "
                            f"{', '.join(repr(v) for v in [*LCE_OPTION_VALUES, False])})")
     chosen = {key.removeprefix("evtc."): value for key, value in settings.items()}
-    chosen.pop("linear_cross_entropy")  # applied by backend() before Inductor: not the post-grad pass's
+    for key in _REWRITE_OPTIONS:  # applied by backend() before Inductor: not the post-grad pass's
+        chosen.pop(key)
     chosen["profitability"] = bool(chosen["profitability"])
     patches["post_grad_custom_post_pass"] = PostGradPass(**chosen)
     patches["joint_custom_post_pass"] = WeightGradLayoutPass()
@@ -119,6 +125,8 @@ def backend(gm: torch.fx.GraphModule, example_inputs, *, mode: Optional[str] = N
     lce = (options or {}).get("evtc.linear_cross_entropy", EVTC_OPTIONS["evtc.linear_cross_entropy"])
     if lce is not False:
         fuse_linear_cross_entropy(gm, save_logits=LCE_OPTION_VALUES[lce])
+    if (options or {}).get("evtc.token_logprobs", EVTC_OPTIONS["evtc.token_logprobs"]):
+        fuse_token_logprobs(gm)
     # As compile_fx's config_patches (what torch.compile's own Inductor backend does): they
     # apply around the whole compile, so that decisions compile_fx makes before its inner
     # compiles (freezing's constant inlining among them) see them, and to the inner compiles,

@@ -519,3 +519,154 @@ def fuse_linear_cross_entropy(gm: fx.GraphModule, save_logits: Optional[bool] = 
         gm.graph.lint()
         gm.recompile()
     return rewritten
+
+
+# --- log-probabilities of chosen tokens ---------------------------------------------------------
+
+_LOG_SOFTMAX_FUNCTIONS = {torch.log_softmax, F.log_softmax}
+_GATHERS = {torch.gather}
+
+
+def _last_dim(dim: Any, ndim: int) -> bool:
+    return isinstance(dim, int) and dim in (-1, ndim - 1)
+
+
+def _log_softmax_over_last(node: fx.Node) -> Optional[bool]:
+    """For a log_softmax node: whether it upcasts to float32 (``dtype=torch.float32``); None where
+    ``node`` is not a log_softmax over the last dimension with nothing else."""
+    if node.op == "call_method" and node.target == "log_softmax":
+        args, kwargs = list(node.args[1:]), dict(node.kwargs)
+    elif node.op == "call_function" and node.target in _LOG_SOFTMAX_FUNCTIONS:
+        args, kwargs = list(node.args[1:]), dict(node.kwargs)
+    else:
+        return None
+    names = ("dim", "_stacklevel", "dtype") if node.target is F.log_softmax else ("dim", "dtype")
+    for name, value in zip(names, args):
+        kwargs.setdefault(name, value)
+    kwargs.pop("_stacklevel", None)
+    x = _example(node.args[0])
+    if x is None or set(kwargs) - {"dim", "dtype"} or not _last_dim(kwargs.get("dim"), x.dim()):
+        return None
+    dtype = kwargs.get("dtype")
+    if dtype not in (None, torch.float32):
+        return None
+    return dtype is torch.float32
+
+
+def _gather_over_last(node: fx.Node) -> Optional[fx.Node]:
+    """For ``x.gather(-1, index)`` / ``torch.gather(x, -1, index)`` with one index per row (index
+    of shape x.shape[:-1] + (1,)): the index node; else None."""
+    if node.op == "call_method" and node.target == "gather":
+        params = ("dim", "index")
+    elif node.op == "call_function" and node.target in _GATHERS:
+        params = ("dim", "index")
+    else:
+        return None
+    kwargs = dict(node.kwargs)
+    for name, value in zip(params, node.args[1:]):
+        kwargs.setdefault(name, value)
+    if set(kwargs) - {"dim", "index"} or kwargs.get("sparse_grad", False):
+        return None
+    x, index = _example(node.args[0]), kwargs.get("index")
+    idx = _example(index)
+    if x is None or idx is None or not _last_dim(kwargs.get("dim"), x.dim()):
+        return None
+    if tuple(idx.shape) != tuple(x.shape[:-1]) + (1,):
+        return None
+    return index
+
+
+def _leading_getitem(node: fx.Node) -> bool:
+    """``x[...]`` indexing the leading dimensions only (slices and integers, not the last one):
+    the same indexing of the linear's input gives these rows' logits."""
+    if node.op != "call_function" or node.target is not operator.getitem:
+        return False
+    x, index = _example(node.args[0]), node.args[1]
+    if x is None:
+        return False
+    items = index if isinstance(index, tuple) else (index,)
+    if any(i is Ellipsis or i is None or not isinstance(i, (slice, int)) for i in items):
+        return False
+    if any(isinstance(i, slice) and any(isinstance(v, fx.Node) for v in (i.start, i.stop, i.step)) for i in items):
+        return False
+    if len(items) < x.dim():
+        return True
+    return len(items) == x.dim() and items[-1] == slice(None)
+
+
+def fuse_token_logprobs(gm: fx.GraphModule) -> int:
+    """Rewrites ``log_softmax(F.linear(h, W)[rows].float(), -1).gather(-1, index)`` (the
+    row indexing and the cast optional, in either order; ``dtype=torch.float32`` as the cast)
+    in a Dynamo graph into :func:`token_logprobs` on ``h[rows]`` (one GEMM writing each row's
+    logsumexp, the chosen token's logit a dot product): no [tokens, vocab] tensor. It applies
+    where no gradient is needed (inference: sampling, scoring) and the logits and their
+    log-probabilities are used by nothing else. Returns how many it rewrote; ``EVTC_LOG=debug``
+    says why others were left alone."""
+    rewritten = 0
+    for gather in list(gm.graph.nodes):
+        index = _gather_over_last(gather) if gather.op in ("call_method", "call_function") else None
+        if index is None:
+            continue
+        lsm = gather.args[0]
+        upcast = _log_softmax_over_last(lsm) if isinstance(lsm, fx.Node) else None
+        if upcast is None:
+            continue
+        chain, x = [], lsm.args[0]
+        while isinstance(x, fx.Node) and (_is_float_cast(x) or _leading_getitem(x)):
+            chain.append(x)
+            x = x.args[0]
+        if not (isinstance(x, fx.Node) and x.op == "call_function" and x.target in _LINEARS):
+            continue
+        why = None
+        if any(len(n.users) != 1 for n in [x, *chain, lsm]):
+            why = "the logits or their log-probabilities are used elsewhere too"
+        elif (out := _example(gather)) is not None and out.requires_grad:
+            why = "the log-probabilities need gradients (training keeps the unfused ops and their logits)"
+        else:
+            why = _token_refusal(x, index)
+        if why:
+            log.debug(f"log-probabilities of chosen tokens over an LM head left unfused: {why}")
+            continue
+        h, w = x.args[0], x.args[1]
+        rows = [n for n in reversed(chain) if _leading_getitem(n)]
+        with gm.graph.inserting_before(gather):
+            for g in rows:  # the same rows of h: logits[rows] = linear(h[rows])
+                h = gm.graph.call_function(operator.getitem, (h, g.args[1]))
+            hidden = _example(x.args[0]).shape[-1]
+            flat = gm.graph.call_method("reshape", (h, -1, hidden))
+            tokens = gm.graph.call_method("reshape", (index, -1))
+            picked = gm.graph.call_function(token_logprobs, (flat, w, tokens))
+            shape = gm.graph.call_method("size", (index,))
+            result = gm.graph.call_method("view", (picked, shape))
+            dtype = _example(gather).dtype
+            if dtype != torch.float32:
+                result = gm.graph.call_method("to", (result, dtype))
+        result.meta.update(gather.meta)
+        gather.replace_all_uses_with(result)
+        for n in [gather, lsm, *chain, x]:
+            gm.graph.erase_node(n)
+        rewritten += 1
+        log.debug(f"LM head + log_softmax + gather fused: token_logprobs ({tuple(_example(index).shape[:-1])} "
+                  f"rows, vocab {_example(w).shape[0]}): no [tokens, vocab] logits")
+    if rewritten:
+        gm.graph.lint()
+        gm.recompile()
+    return rewritten
+
+
+def _token_refusal(linear: fx.Node, index: fx.Node) -> Optional[str]:
+    """Why the LM head and its chosen tokens cannot run as token_logprobs (None: they can)."""
+    if len(linear.args) < 2 or (len(linear.args) > 2 and linear.args[2] is not None) or linear.kwargs.get("bias") is not None:
+        return "the LM head has a bias"
+    h, w, t = _example(linear.args[0]), _example(linear.args[1]), _example(index)
+    if h is None or w is None or t is None:
+        return "shapes unknown"
+    if w.dim() != 2:
+        return f"a {w.dim()}-d weight"
+    if h.dtype not in GEMM_OPERAND_DTYPES or w.dtype != h.dtype:
+        return f"{h.dtype} x {w.dtype} LM head ({names_of(GEMM_OPERAND_DTYPES)} only)"
+    if not h.is_cuda:
+        return "not on a CUDA device"
+    if t.dtype not in (torch.int64, torch.int32):
+        return f"{t.dtype} token indices (int64 or int32 only)"
+    return None
