@@ -277,11 +277,20 @@ def test_chosen_token_rewrites_that_cannot_apply_say_why(fn, reason, caplog):
     assert any(n.op == "call_function" and n.target is torch._C._nn.linear for n in gm.graph.nodes)
 
 
-def test_chosen_token_log_probabilities_that_need_gradients_are_left_alone(caplog):
-    h = H.clone().requires_grad_()
-    count, _, log = logprobs_rewrite(
-        lambda h, w, t: torch.log_softmax(F.linear(h, w).float(), -1).gather(-1, t[..., None]), h, W, T, caplog=caplog)
+def test_chosen_token_log_probabilities_that_need_gradients_are_left_alone(caplog, monkeypatch):
+    from evtc.torch import _cross_entropy as ce
+
+    monkeypatch.setattr(ce, "_token_refusal", lambda linear, index: None)
+    head = torch.nn.Linear(16, 32, bias=False).bfloat16()  # a parameter: it needs gradients
+
+    def score(h, t):
+        return head(h).float().log_softmax(-1).gather(-1, t[..., None])
+
+    count, _, log = logprobs_rewrite(score, H, T, caplog=caplog)
     assert count == 0 and "need gradients" in log
+    with torch.no_grad():  # scoring: the same head, no gradients
+        count, _, _ = logprobs_rewrite(score, H, T, caplog=caplog)
+    assert count == 1
 
 
 def test_the_token_logprobs_option_is_checked():
