@@ -1080,6 +1080,53 @@ def table_from_sweeps(paths: list[str], table_out: str) -> int:
     return 0
 
 
+def retime_entries(table: dict, runs: list[dict]) -> int:
+    """Replaces each entry's `ms` and `cublas_ms` with a compare run's medians (a later run's
+    first) where that run timed the entry's configuration with its visiting order at the entry's
+    shape (the plain set, the row not failed). Returns how many entries changed.
+
+    A sweep's winner time is the least of many noisy timings (every candidate, then every
+    visiting order of the fastest): under the GPU's power limit the same kernel's medians spread
+    by several per cent between rounds, so the least of them runs low, while torch.mm's is one
+    timing. A compare run times the winner alone against torch.mm in interleaved rounds: the
+    times the cost model is anchored to should be those."""
+    timed = {}
+    for data in runs:
+        for r in data["rows"]:
+            if r.get("set") == "plain" and not r.get("failed") and r.get("evtc_ms") and r.get("ref_ms"):
+                timed[(r["m"], r["n"], r["k"])] = r
+    changed = 0
+    for e in table["entries"]:
+        r = timed.get((e["m"], e["n"], e["k"]))
+        if r is None or r.get("config") != e["config"] or r.get("visit_order", "heuristic") != e.get("order", "heuristic"):
+            continue
+        e["ms"], e["cublas_ms"] = r["evtc_ms"], r["ref_ms"]
+        changed += 1
+    return changed
+
+
+def table_times_from(paths: list[str], table_base: str, table_out: str) -> int:
+    """--table-times-from: the base table with its entries' times from compare runs of its GPU."""
+    with open(table_base) as f:
+        table = json.load(f)
+    runs = []
+    for path in paths:
+        with open(path) as f:
+            data = json.load(f)
+        if data.get("mode") == "sweep" or "rows" not in data:
+            sys.exit(f"{path} is not a compare results file")
+        if gpu_slug(data["gpu"]) != table["gpu_class"]:
+            sys.exit(f"{path} was measured on {data['gpu']}, the table is for {table['gpu_class']}")
+        runs.append(data)
+    changed = retime_entries(table, runs)
+    table["measured"] = f"{table.get('measured', '')}; times of {changed} entries from compare runs " + \
+        ", ".join(data["date"] for data in runs)
+    table["command"] = table.get("command", "") + " && " + command_line()
+    write_table(table_out, table)
+    print(f"wrote {table_out}: {changed} of {len(table['entries'])} entries retimed from {len(paths)} compare run(s)")
+    return 0
+
+
 # --- results ----------------------------------------------------------------------------------
 
 def run_metadata(torch, evtc, args, mode: str) -> dict:
@@ -1274,6 +1321,9 @@ def parse_args(argv: Optional[list[str]] = None):
     p.add_argument("--table-from", nargs="+", metavar="SWEEP.json",
                    help="write --table-out from sweep results files (a later file's shape replaces an "
                         "earlier one's) and exit: for a sweep run in parts (--m, --shapes)")
+    p.add_argument("--table-times-from", nargs="+", metavar="COMPARE.json",
+                   help="write --table-out: --table-base with each entry's times replaced by these compare "
+                        "runs' medians of the same configuration and order at its shape, and exit")
     sweep = p.add_argument_group("sweep mode")
     sweep.add_argument("--sweep", action="store_true", help="time every tuning candidate of each shape (plain, bf16)")
     sweep.add_argument("--evtc", metavar="PATH", help="the evtc command-line tool (lists the candidates)")
@@ -1321,6 +1371,8 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
             p.error("--orders-top must be 0 or more")
         if args.table_base and not args.refine:
             p.error("--table-base belongs to --refine (--orders-from merges into its own table)")
+        if args.table_times_from:
+            p.error("--table-times-from reads compare runs: give it without --sweep")
         if args.retime and not args.refine:
             p.error("--retime belongs to --refine (it says which earlier timings to repeat)")
         if args.seed_from and (args.refine or args.orders_from):
@@ -1332,6 +1384,9 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
     elif args.table_from:
         if not args.table_out:
             p.error("--table-from needs --table-out FILE")
+    elif args.table_times_from:
+        if not args.table_base or not args.table_out:
+            p.error("--table-times-from needs --table-base TABLE.json and --table-out FILE")
     elif args.evtc or args.table_out:
         p.error("--evtc and --table-out belong to --sweep")
     args.sets = ["plain"] if args.sweep else args.sets or ["plain"]
@@ -1379,6 +1434,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
     if args.table_from:
         return table_from_sweeps(args.table_from, args.table_out)
+    if args.table_times_from:
+        return table_times_from(args.table_times_from, args.table_base, args.table_out)
     plan = {name: plan_shapes(args, SETS[name]) for name in args.sets}
     if args.dry_run:
         print_plan(args, plan)

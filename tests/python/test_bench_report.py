@@ -139,6 +139,38 @@ def test_a_seeded_sweep_times_another_gpu_s_fastest_candidates_that_are_still_of
     assert g.seeded_candidates(listed, [seed], 1)[s1024] == ["b"]
 
 
+def test_table_times_come_from_a_compare_run_of_the_same_kernel(tmp_path, capsys):
+    g = load_gemm_shapes()
+    table = {"format": 1, "gpu": "NVIDIA H100 80GB HBM3", "gpu_class": "h100", "dtype": "bf16", "measured": "then",
+             "command": "sweep", "entries": [
+                 {"m": 16, "n": 64, "k": 64, "config": "a", "ms": 1.0, "cublas_ms": 1.1},
+                 {"m": 32, "n": 64, "k": 64, "config": "b", "ms": 1.0, "cublas_ms": 1.1, "order": "along_n"},
+                 {"m": 64, "n": 64, "k": 64, "config": "c", "ms": 1.0, "cublas_ms": 1.1},
+                 {"m": 128, "n": 64, "k": 64, "config": "d", "ms": 1.0, "cublas_ms": 1.1}]}
+
+    def row(m, config, order="heuristic", **kw):
+        return {"set": "plain", "m": m, "n": 64, "k": 64, "config": config, "visit_order": order,
+                "evtc_ms": 1.2, "ref_ms": 1.15, **kw}
+
+    compare = {"mode": "compare", "gpu": "NVIDIA H100 80GB HBM3", "date": "now", "rows": [
+        row(16, "a"),                                # retimed
+        row(32, "b"),                                # timed with another visiting order: kept
+        row(64, "other"),                            # another configuration: kept
+        row(128, "d", failed=True),                  # a failed row: kept
+        {**row(16, "a"), "set": "silu", "evtc_ms": 9.0}]}  # another epilogue: ignored
+    base, run, out = tmp_path / "table.json", tmp_path / "compare.json", tmp_path / "out.json"
+    write(base, table)
+    write(run, compare)
+    assert g.main(["--table-times-from", str(run), "--table-base", str(base), "--table-out", str(out)]) == 0
+    entries = {e["m"]: e for e in json.loads(out.read_text())["entries"]}
+    assert (entries[16]["ms"], entries[16]["cublas_ms"]) == (1.2, 1.15)
+    assert all((entries[m]["ms"], entries[m]["cublas_ms"]) == (1.0, 1.1) for m in (32, 64, 128))
+    assert "times of 1 entries from compare runs now" in json.loads(out.read_text())["measured"]
+    write(run, {**compare, "gpu": "NVIDIA H200"})
+    with pytest.raises(SystemExit, match="was measured on NVIDIA H200, the table is for h100"):
+        g.main(["--table-times-from", str(run), "--table-base", str(base), "--table-out", str(out)])
+
+
 def test_a_kept_visiting_order_must_beat_cutlass_s_by_the_margin_and_reaches_the_table():
     g = load_gemm_shapes()
     # 0.5 % faster than CUTLASS's heuristic order: noise, not kept; 2 % faster: kept.
@@ -224,6 +256,10 @@ def test_a_refining_sweep_keeps_the_faster_untransposed_fallback():
     (["--sweep", "--evtc", "x", "--table-out", "t.json", "--seed-from", "b.json", "--seed-top", "0"],
      "--seed-top must be 1 or more"),
     (["--seed-from", "b.json"], "--seed-from belongs to --sweep"),
+    (["--table-times-from", "c.json", "--table-out", "t.json"],
+     "--table-times-from needs --table-base TABLE.json and --table-out FILE"),
+    (["--sweep", "--evtc", "x", "--table-out", "t.json", "--table-times-from", "c.json"],
+     "--table-times-from reads compare runs: give it without --sweep"),
 ])
 def test_sweep_options_that_need_refine_or_a_regex_say_so(argv, message, capsys):
     g = load_gemm_shapes()
