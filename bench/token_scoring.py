@@ -24,7 +24,8 @@ import torch
 import torch.nn as nn
 
 import evtc.torch
-from models import time_interleaved, write_json  # bench/models.py's interleaved rounds
+from lm_head_loss import rel  # bench/lm_head_loss.py's relative L2 error
+from models import release_memory, time_interleaved, write_json  # bench/models.py's interleaved rounds
 from result_files import result_base
 
 VARIANTS = ("compile", "evtc")
@@ -53,11 +54,6 @@ def peak_call_bytes(call) -> int:
     peak = torch.cuda.max_memory_allocated() - base
     del out
     return peak
-
-
-def rel(x, ref) -> float:
-    x, ref = x.double(), ref.double()
-    return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
 def run_vocab(vocab: int, args) -> dict:
@@ -92,19 +88,17 @@ def run_vocab(vocab: int, args) -> dict:
     row["time_ratio"] = times["evtc"] / times["compile"]
     row["time_ratio_rounds"] = [m["evtc"] / m["compile"] for m in per_round]
     row["peak_ratio"] = row["evtc_peak_gib"] / row["compile_peak_gib"]
+    del runs, calls
+    release_memory()
+    # The float64 reference: the model itself, converted (nothing else needs it now).
     try:
-        ref_model = Scorer(args.hidden, vocab).to("cuda", torch.float64)
-        ref_model.load_state_dict({k: t.double() for k, t in model.state_dict().items()})
         with torch.no_grad():
-            ref = ref_model(h.double(), tokens)
-        for v in VARIANTS:
-            row[f"{v}_error"] = rel(results[v], ref)
-        del ref_model, ref
+            ref = model.double()(h.double(), tokens)
+        row.update({f"{v}_error": rel(results[v], ref) for v in VARIANTS})
     except torch.OutOfMemoryError:
         row["notes"].append("no float64 reference (out of memory)")
-    del runs, calls, results, model
-    gc.collect()
-    torch.cuda.empty_cache()
+    del results, model
+    release_memory()
     torch._dynamo.reset()
     return row
 

@@ -422,21 +422,32 @@ def _refusal(kwargs: dict[str, Any], logits: fx.Node) -> Optional[str]:
         return f"reduction={kwargs.get('reduction')!r}"
     if not isinstance(kwargs.get("ignore_index", -100), int):
         return "an ignore_index that is not a Python int"
-    lin = logits
-    if len(lin.args) < 2 or (len(lin.args) > 2 and lin.args[2] is not None) or lin.kwargs.get("bias") is not None:
-        return "the LM head has a bias"
-    h, w, t = _example(lin.args[0]), _example(lin.args[1]), _example(kwargs["target"])
-    x = _example(kwargs["input"])
-    if h is None or w is None or t is None or x is None:
+    t, x = _example(kwargs["target"]), _example(kwargs["input"])
+    if t is None or x is None:
         return "shapes unknown"
     if x.dim() != 2:
         return f"{x.dim()}-d input (classes along dim 1 of a [tokens, vocab] input only)"
+    if why := _head_refusal(logits):
+        return why
+    if t.dtype not in (torch.int64, torch.int32) or t.dim() != 1:
+        return "targets that are not one class index per row"
+    return None
+
+
+def _head_refusal(linear: fx.Node) -> Optional[str]:
+    """Why an LM head ``F.linear(h, W)`` cannot be evtc's GEMM (None: it can): a bias, a dtype
+    that evtc's kernels do not take, another device than CUDA."""
+    if len(linear.args) < 2 or (len(linear.args) > 2 and linear.args[2] is not None) or linear.kwargs.get("bias") is not None:
+        return "the LM head has a bias"
+    h, w = _example(linear.args[0]), _example(linear.args[1])
+    if h is None or w is None:
+        return "shapes unknown"
+    if w.dim() != 2:
+        return f"a {w.dim()}-d weight"
     if h.dtype not in GEMM_OPERAND_DTYPES or w.dtype != h.dtype:
         return f"{h.dtype} x {w.dtype} LM head ({names_of(GEMM_OPERAND_DTYPES)} only)"
     if not h.is_cuda:
         return "not on a CUDA device"
-    if t.dtype not in (torch.int64, torch.int32) or t.dim() != 1:
-        return "targets that are not one class index per row"
     return None
 
 
@@ -656,17 +667,11 @@ def fuse_token_logprobs(gm: fx.GraphModule) -> int:
 
 def _token_refusal(linear: fx.Node, index: fx.Node) -> Optional[str]:
     """Why the LM head and its chosen tokens cannot run as token_logprobs (None: they can)."""
-    if len(linear.args) < 2 or (len(linear.args) > 2 and linear.args[2] is not None) or linear.kwargs.get("bias") is not None:
-        return "the LM head has a bias"
-    h, w, t = _example(linear.args[0]), _example(linear.args[1]), _example(index)
-    if h is None or w is None or t is None:
+    if why := _head_refusal(linear):
+        return why
+    t = _example(index)
+    if t is None:
         return "shapes unknown"
-    if w.dim() != 2:
-        return f"a {w.dim()}-d weight"
-    if h.dtype not in GEMM_OPERAND_DTYPES or w.dtype != h.dtype:
-        return f"{h.dtype} x {w.dtype} LM head ({names_of(GEMM_OPERAND_DTYPES)} only)"
-    if not h.is_cuda:
-        return "not on a CUDA device"
     if t.dtype not in (torch.int64, torch.int32):
         return f"{t.dtype} token indices (int64 or int32 only)"
     return None
