@@ -37,7 +37,10 @@ matrix is copied until the copies exceed 256 MB (--rotate-mb; at most 64 copies)
 rotate through the copies, evtc's and the reference's alike, so that every call reads its
 weights from DRAM, not from the 50 MB L2. Each batch of timed calls is queued behind a GPU
 sleep so that the host stays ahead of the GPU and the events time the kernels, not Python's
-launch cost (--no-backlog times with the host in the loop).
+launch cost (--no-backlog times with the host in the loop). --alternate times the variants call
+by call in turn within one batch per round instead (evtc, reference, evtc, ...), so that both
+run at the same clock and power state: under the power limit a batch of one kernel's calls
+can otherwise run at another clock than the next batch's.
 
 Writes <out>/<stamp>-<gpu>-gemm-shapes.json (after every row) and .png (evtc time over the
 reference's per shape, grouped by M; skipped without matplotlib), then prints a Markdown table
@@ -415,10 +418,11 @@ class Timer:
     back to back, not the launch cost of Python code. A batch whose sleep ran out before the
     host finished is timed again with a longer sleep."""
 
-    def __init__(self, backlog: bool):
+    def __init__(self, backlog: bool, alternate: bool = False):
         import torch
 
         self.torch = torch
+        self.alternate = alternate
         self.backlog = backlog and hasattr(torch.cuda, "_sleep")
         if backlog and not self.backlog:
             print("warning: torch.cuda._sleep is missing: timing without a backlog", file=sys.stderr)
@@ -449,21 +453,40 @@ class Timer:
         return result
 
     def _batch(self, call: Callable, count: int) -> tuple[list[float], bool]:
+        times, starved = self._turns({"call": call}, count)
+        return times["call"], starved
+
+    def _turns(self, calls: dict[str, Callable], count: int) -> tuple[dict[str, list[float]], bool]:
+        """One batch: `count` turns, each calling every one of `calls` once in order, with a pair
+        of events around each call; the times by call, and whether the host fell behind."""
         torch = self.torch
-        pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(count)]
+        pairs = {name: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                        for _ in range(count)] for name in calls}
         ready = None
         if self.backlog:
-            torch.cuda._sleep(int(self.cycles_per_ms * self.host_ms_per_call * count) + 1)
+            torch.cuda._sleep(int(self.cycles_per_ms * self.host_ms_per_call * count * len(calls)) + 1)
             ready = torch.cuda.Event()
             ready.record()
-        for start, end in pairs:
-            start.record()
-            call()
-            end.record()
+        for i in range(count):
+            for name, call in calls.items():
+                start, end = pairs[name][i]
+                start.record()
+                call()
+                end.record()
         # The sleep over before the last call was queued: the GPU may have waited for the host.
         starved = ready is not None and ready.query()
         torch.cuda.synchronize()
-        return [start.elapsed_time(end) for start, end in pairs], starved
+        return {name: [start.elapsed_time(end) for start, end in p] for name, p in pairs.items()}, starved
+
+    def alternating(self, calls: dict[str, Callable], count: int) -> dict[str, list[float]]:
+        """`count` calls of each of `calls` in turn, in one batch (as times(), one call at a time)."""
+        for _ in range(3):
+            result, starved = self._turns(calls, count)
+            if not starved:
+                return result
+            self.host_ms_per_call = min(2 * self.host_ms_per_call, 2.0)
+        self.starved += 1
+        return result
 
     def warm_up(self, variants: dict[str, Callable], ms: float) -> None:
         """Calls every variant in turn for about `ms` milliseconds (at least 4 times each), so
@@ -481,13 +504,26 @@ class Timer:
     def interleaved(self, variants: dict[str, Callable], rounds: int, count: int):
         """Median ms per call of each variant over all rounds, each round's medians, and the
         errors of variants that raised (dropped from later rounds). Each round times `count`
-        calls of every variant back to back; the order of the variants rotates each round."""
+        calls of every variant back to back; the order of the variants rotates each round.
+        Alternating (--alternate), a round is one batch that calls the variants in turn, so that
+        every variant runs at the clock and power state of the others; a round in which a call
+        raises is timed again variant by variant, which finds the one that fails."""
         names, samples, per_round, errors = list(variants), {v: [] for v in variants}, [], {}
         for r in range(rounds):
             medians = {}
-            for v in names[r % len(names):] + names[:r % len(names)]:
-                if v in errors:
+            order = [v for v in names[r % len(names):] + names[:r % len(names)] if v not in errors]
+            if self.alternate and len(order) > 1:
+                try:
+                    times = self.alternating({v: variants[v] for v in order}, count)
+                except Exception:  # the variant that raises is found below, one at a time
+                    times = None
+                if times is not None:
+                    for v, t in times.items():
+                        samples[v] += t
+                        medians[v] = statistics.median(t)
+                    per_round.append(medians)
                     continue
+            for v in order:
                 try:
                     t = self.times(variants[v], count)
                 except Exception as e:  # recorded; the other variants go on
@@ -648,7 +684,7 @@ def run_compare(args, plan: dict[str, list[Shape]]) -> int:
     data.update({"sets": {name: {"expr": SETS[name].expr, "reference": SETS[name].reference} for name in plan},
                  "error_bound": ERROR_BOUND, "compile_errors": compile_errors, "rows": []})
     base = result_base(args.out, data["gpu"], "gemm-shapes")
-    timer = Timer(not args.no_backlog)
+    timer = Timer(not args.no_backlog, args.alternate)
     total, done = sum(len(s) for s in plan.values()), 0
     for name, shapes in plan.items():
         for shape in shapes:
@@ -1007,7 +1043,7 @@ def run_sweep(args, shapes: list[Shape]) -> int:
                  "listing_errors": {s.mnk: e for s, e in list_errors.items()}, "shapes": []})
     base = result_base(args.out, data["gpu"], "gemm-sweep")
     default_kernel = evtc.compile(PLAIN_EXPR)
-    timer = Timer(not args.no_backlog)
+    timer = Timer(not args.no_backlog, args.alternate)
     timed = [s for s in shapes if s in candidates]
     for i, shape in enumerate(timed, 1):
         try:
@@ -1138,7 +1174,8 @@ def run_metadata(torch, evtc, args, mode: str) -> dict:
             "cuda": torch.version.cuda, "evtc": getattr(evtc, "__version__", None),
             "date": now.isoformat(timespec="seconds"), "command": command_line(), "env": env,
             "rounds": args.rounds, "calls": args.calls, "warmup_ms": args.warmup_ms,
-            "rotate_mb": args.rotate_mb, "backlog": not args.no_backlog, "seed": args.seed}
+            "rotate_mb": args.rotate_mb, "backlog": not args.no_backlog, "alternate": args.alternate,
+            "seed": args.seed}
 
 
 def write_json(data: dict, path: str) -> None:
@@ -1315,6 +1352,9 @@ def parse_args(argv: Optional[list[str]] = None):
                    help="time without queueing calls behind a GPU sleep (host launch cost included)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent / "results"))
+    p.add_argument("--alternate", action="store_true",
+                   help="time the variants call by call in turn within each round's batch, rather than each "
+                        "variant's calls in a batch of its own: all then run at the same clock and power state")
     p.add_argument("--dry-run", action="store_true", help="print the shapes and exit (imports neither torch nor evtc)")
     p.add_argument("--table", metavar="FILE.json",
                    help="print the Markdown table and summary of a results file and exit")

@@ -303,3 +303,46 @@ def test_train_steps_option_errors(argv, message, capsys):
     with pytest.raises(SystemExit):
         t.parse_args(argv)
     assert re.search(message, capsys.readouterr().err)
+
+
+def test_alternating_rounds_call_the_variants_in_turn_and_find_one_that_raises(monkeypatch):
+    g = load_gemm_shapes()
+    clock = [0.0]
+
+    class FakeEvent:
+        def __init__(self, **_):
+            self.t = None
+
+        def record(self):
+            clock[0] += 1.0
+            self.t = clock[0]
+
+        def elapsed_time(self, end):
+            return end.t - self.t
+
+    class Cuda:
+        Event = FakeEvent
+
+        @staticmethod
+        def synchronize():
+            pass
+
+    fake = type("torch", (), {"cuda": Cuda})
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    timer = g.Timer(backlog=False, alternate=True)
+    calls = []
+
+    def variant(name, cost=0.0, fails=False):
+        def call():
+            if fails:
+                raise RuntimeError(f"{name} failed")
+            calls.append(name)
+            clock[0] += cost
+        return call
+
+    medians, rounds, errors = timer.interleaved({"a": variant("a", 2.0), "b": variant("b", 4.0)}, 2, 3)
+    assert calls == ["a", "b"] * 3 + ["b", "a"] * 3  # in turn; the order rotates each round
+    assert medians == {"a": 3.0, "b": 5.0} and len(rounds) == 2 and not errors
+    calls.clear()
+    medians, _, errors = timer.interleaved({"a": variant("a"), "x": variant("x", fails=True)}, 2, 2)
+    assert set(errors) == {"x"} and "x failed" in errors["x"] and set(medians) == {"a"}
