@@ -11,7 +11,8 @@ namespace evtc {
 struct FusionEstimate {
   int64_t m = 0, n = 0, k = 0;
   double cublas_us = 0;    // the GEMM alone as the unfused path runs it: cuBLAS, or torch._grouped_mm for a grouped GEMM
-  double epilogue_us = 0;  // the unfused epilogue kernel(s) fusion removes (0: there are none)
+  double epilogue_us = 0;  // the unfused epilogue kernel(s) fusion removes (0: there are none;
+                           // negative: fusion writes more than it removes)
   double fused_us = 0;     // evtc's fused kernel
   double saved_bytes = 0;  // device-memory traffic fusion removes
   std::string config;      // the kernel configuration the fused kernel runs with
@@ -20,7 +21,9 @@ struct FusionEstimate {
   // Fused is faster than cuBLAS + the epilogue by more than the model's margin (3 %, and at
   // least 0.5 us): a fusion that does not pay is not made.
   bool profitable() const;
-  std::string describe() const;  // "12.1 us fused vs 11.0 + 3.2 us unfused (model, coop_...)"
+  // "12.1 us fused vs 11.0 + 3.2 us unfused (model, coop_...)"; "... vs 11.0 - 3.2 us unfused"
+  // and why where epilogue_us is negative.
+  std::string describe() const;
 };
 
 // The work an unfused path does that fusion removes, as the front end sees it: the bytes of

@@ -2,6 +2,7 @@
 // the table measured on the H200 (bench/results/20261124-0334-h200-default-configs.json: these
 // picks were 1.00-1.02x the best of every candidate there), and the fusion cost model's verdicts.
 #include <gtest/gtest.h>
+#include <fmt/format.h>
 
 #include "evtc/expression.hpp"
 #include "evtc/grouped.hpp"
@@ -97,6 +98,22 @@ TEST(CostModel, LargeEpiloguesPayAndNothingToSaveDoesNot) {
   EXPECT_FALSE(views.profitable()) << views.describe();
   EXPECT_EQ(views.epilogue_us, 0.0);
   EXPECT_NE(views.describe().find("unfused (model"), std::string::npos);
+}
+
+TEST(CostModel, AFusionThatWritesMoreThanItSavesSaysSo) {
+  // Training's dSwiGLU: the fused kernel writes both halves' gradients, which Inductor computes
+  // inside the kernel that reads them, so fusion adds traffic: the description subtracts it.
+  const Kernel kernel(parse_expression(kBiasSilu));
+  UnfusedWork more;
+  more.saved_bytes = -2.0 * 8192 * 4096 * 2;
+  const FusionEstimate e = kernel.estimate(8192, 4096, 4096, more);
+  EXPECT_LT(e.epilogue_us, 0.0);
+  EXPECT_FALSE(e.profitable()) << e.describe();
+  const std::string text = e.describe();
+  EXPECT_NE(text.find(fmt::format("{:.1f} - {:.1f} us unfused", e.cublas_us, -e.epilogue_us)), std::string::npos) << text;
+  EXPECT_NE(text.find("the fused kernel writes values the unfused path computes inside another kernel"),
+            std::string::npos) << text;
+  EXPECT_EQ(text.find("+ -"), std::string::npos) << text;
 }
 
 TEST(CostModel, SmallTilesAndWideEpiloguesCostTheirTime) {

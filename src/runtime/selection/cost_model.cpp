@@ -171,6 +171,12 @@ bool FusionEstimate::profitable() const {
 }
 
 std::string FusionEstimate::describe() const {
+  // Negative where the fused kernel writes values the unfused path never stores (a consumer's
+  // kernel computes them): what fusion adds is taken off the unfused side.
+  if (epilogue_us < 0)
+    return fmt::format("{:.1f} us fused vs {:.1f} - {:.1f} us unfused ({}, {}; the fused kernel writes values the "
+                       "unfused path computes inside another kernel)",
+                       fused_us, cublas_us, -epilogue_us, basis, config);
   return fmt::format("{:.1f} us fused vs {:.1f} + {:.1f} us unfused ({}, {})", fused_us, cublas_us, epilogue_us,
                      basis, config);
 }
