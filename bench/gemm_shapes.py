@@ -442,19 +442,8 @@ class Timer:
         return cycles / start.elapsed_time(end)
 
     def times(self, call: Callable, count: int) -> list[float]:
-        """`count` calls' times in ms. A batch the host could not keep ahead of is timed again
-        (at most twice) with a longer backlog; `starved` counts batches kept all the same."""
-        for _ in range(3):
-            result, starved = self._batch(call, count)
-            if not starved:
-                return result
-            self.host_ms_per_call = min(2 * self.host_ms_per_call, 2.0)
-        self.starved += 1
-        return result
-
-    def _batch(self, call: Callable, count: int) -> tuple[list[float], bool]:
-        times, starved = self._turns({"call": call}, count)
-        return times["call"], starved
+        """`count` calls' times in ms, in one batch."""
+        return self.alternating({"call": call}, count)["call"]
 
     def _turns(self, calls: dict[str, Callable], count: int) -> tuple[dict[str, list[float]], bool]:
         """One batch: `count` turns, each calling every one of `calls` once in order, with a pair
@@ -479,7 +468,9 @@ class Timer:
         return {name: [start.elapsed_time(end) for start, end in p] for name, p in pairs.items()}, starved
 
     def alternating(self, calls: dict[str, Callable], count: int) -> dict[str, list[float]]:
-        """`count` calls of each of `calls` in turn, in one batch (as times(), one call at a time)."""
+        """`count` calls of each of `calls` in turn, in one batch, their times in ms by call. A
+        batch the host could not keep ahead of is timed again (at most twice) with a longer
+        backlog; `starved` counts batches kept all the same."""
         for _ in range(3):
             result, starved = self._turns(calls, count)
             if not starved:
