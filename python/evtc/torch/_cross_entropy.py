@@ -535,24 +535,26 @@ def fuse_linear_cross_entropy(gm: fx.GraphModule, save_logits: Optional[bool] = 
 # --- log-probabilities of chosen tokens ---------------------------------------------------------
 
 _LOG_SOFTMAX_FUNCTIONS = {torch.log_softmax, F.log_softmax}
-_GATHERS = {torch.gather}
 
 
 def _last_dim(dim: Any, ndim: int) -> bool:
     return isinstance(dim, int) and dim in (-1, ndim - 1)
 
 
+def _calls(node: fx.Node, method: str, functions: set) -> bool:
+    """``node`` is ``x.method(...)`` or one of ``functions`` called on x."""
+    return (node.op == "call_method" and node.target == method) or \
+        (node.op == "call_function" and node.target in functions)
+
+
 def _log_softmax_over_last(node: fx.Node) -> Optional[bool]:
     """For a log_softmax node: whether it upcasts to float32 (``dtype=torch.float32``); None where
     ``node`` is not a log_softmax over the last dimension with nothing else."""
-    if node.op == "call_method" and node.target == "log_softmax":
-        args, kwargs = list(node.args[1:]), dict(node.kwargs)
-    elif node.op == "call_function" and node.target in _LOG_SOFTMAX_FUNCTIONS:
-        args, kwargs = list(node.args[1:]), dict(node.kwargs)
-    else:
+    if not _calls(node, "log_softmax", _LOG_SOFTMAX_FUNCTIONS):
         return None
+    kwargs = dict(node.kwargs)
     names = ("dim", "_stacklevel", "dtype") if node.target is F.log_softmax else ("dim", "dtype")
-    for name, value in zip(names, args):
+    for name, value in zip(names, node.args[1:]):
         kwargs.setdefault(name, value)
     kwargs.pop("_stacklevel", None)
     x = _example(node.args[0])
@@ -567,14 +569,10 @@ def _log_softmax_over_last(node: fx.Node) -> Optional[bool]:
 def _gather_over_last(node: fx.Node) -> Optional[fx.Node]:
     """For ``x.gather(-1, index)`` / ``torch.gather(x, -1, index)`` with one index per row (index
     of shape x.shape[:-1] + (1,)): the index node; else None."""
-    if node.op == "call_method" and node.target == "gather":
-        params = ("dim", "index")
-    elif node.op == "call_function" and node.target in _GATHERS:
-        params = ("dim", "index")
-    else:
+    if not _calls(node, "gather", {torch.gather}):
         return None
     kwargs = dict(node.kwargs)
-    for name, value in zip(params, node.args[1:]):
+    for name, value in zip(("dim", "index"), node.args[1:]):
         kwargs.setdefault(name, value)
     if set(kwargs) - {"dim", "index"} or kwargs.get("sparse_grad", False):
         return None
@@ -615,7 +613,7 @@ def fuse_token_logprobs(gm: fx.GraphModule) -> int:
     says why others were left alone."""
     rewritten = 0
     for gather in list(gm.graph.nodes):
-        index = _gather_over_last(gather) if gather.op in ("call_method", "call_function") else None
+        index = _gather_over_last(gather)
         if index is None:
             continue
         lsm = gather.args[0]
