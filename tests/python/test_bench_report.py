@@ -346,3 +346,15 @@ def test_alternating_rounds_call_the_variants_in_turn_and_find_one_that_raises(m
     calls.clear()
     medians, _, errors = timer.interleaved({"a": variant("a"), "x": variant("x", fails=True)}, 2, 2)
     assert set(errors) == {"x"} and "x failed" in errors["x"] and set(medians) == {"a"}
+
+
+def test_token_scoring_refuses_a_token_count_that_is_not_whole_sequences(monkeypatch, capsys):
+    pytest.importorskip("torch")
+    sys.path.insert(0, str(ROOT / "bench"))
+    spec = importlib.util.spec_from_file_location("bench_token_scoring", ROOT / "bench" / "token_scoring.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(sys, "argv", ["token_scoring.py", "--tokens", "1000"])
+    with pytest.raises(SystemExit):
+        module.main()
+    assert "--tokens must be a positive multiple of 1024" in capsys.readouterr().err
