@@ -68,6 +68,21 @@ VARIANTS = ("eager", "compile", "evtc")
 TARGETS = {("llama", "prefill"): 1.05, ("llama_mlp", "prefill"): 1.10, ("moe", "prefill"): 1.10}
 
 
+# Stacked expert weights (Parameters [E, I, K]) that evtc.torch.merge_projections merges only when
+# named, as docs/python.md advises for inference: in training their gradients would come out
+# strided and cost a copy per step, so the training rows leave them as built.
+EXPERT_PAIRS = {"moe": [("w1", "w3")]}
+
+
+def merge_projections(model: nn.Module, name: str, phase: str) -> list[str]:
+    """What evtc's docs tell a user to do before compiling ``model`` for ``phase``: its gate/up
+    Linear pairs, and, outside training, its stacked expert pairs, made views of one buffer."""
+    merged = evtc.torch.merge_projections(model)
+    if phase != "train" and name in EXPERT_PAIRS:
+        merged += evtc.torch.merge_projections(model, pairs=EXPERT_PAIRS[name])
+    return merged
+
+
 def wide(dtype: torch.dtype) -> torch.dtype:
     """float32 for bf16 (where LLaMA's RMSNorm, the router and the loss compute); float64 stays
     float64, so the reference is float64 throughout."""
@@ -556,7 +571,7 @@ def run_row(row: dict, base: nn.Module, args) -> None:
     variants = VARIANTS + (("control",) if args.control else ())
     models = {v: copy.deepcopy(base) for v in variants}
     if args.merge_projections:  # what evtc's docs tell its users to do; the other variants stay as built
-        merged = evtc.torch.merge_projections(models["evtc"])
+        merged = merge_projections(models["evtc"], row["model"], phase)
         row["merged_projections"] = len(merged)
         if merged:
             notes.append(f"evtc: merge_projections made {len(merged)} gate/up pair(s) views of one buffer")
@@ -790,7 +805,7 @@ def precompile(args) -> float:
             try:
                 model = copy.deepcopy(base)
                 if args.merge_projections:
-                    evtc.torch.merge_projections(model)
+                    merge_projections(model, name, phase)
                 run = torch.compile(model, backend="evtc", dynamic=False,
                                     **compile_kwargs(mode == "cudagraphs", args.evtc_options, True))
                 step = make_step(run, model, make_inputs(name, phase, base), phase, mode == "cudagraphs")

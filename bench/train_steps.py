@@ -85,7 +85,7 @@ def train(name: str, mode: str, args) -> dict:
     base = models.build(name)  # eval mode, as bench/models.py's training rows: no dropout to tell apart
     copies = {v: copy.deepcopy(base) for v in VARIANTS}
     del base
-    merged = evtc.torch.merge_projections(copies["evtc"])
+    merged = models.merge_projections(copies["evtc"], name, "train")
     row["merged_projections"] = len(merged)
     cudagraphs = mode == "cudagraphs"
     runs = {"eager": copies["eager"]}
