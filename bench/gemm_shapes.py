@@ -671,6 +671,12 @@ def run_compare(args, plan: dict[str, list[Shape]]) -> int:
             set_errors[name] = f"{type(e).__name__}: {str(e)[:2000]}"
             log(f"{name}: {set_errors[name]}")
     compile_errors = wait_with_progress(jobs, "default kernels")
+    if args.compile_only:
+        for job, error in sorted(compile_errors.items()):
+            print(f"{job}: {error}", file=sys.stderr)
+        print(f"compiled {len(jobs) - len(compile_errors)} of {len(jobs)} kernel(s) into evtc's cache"
+              + (f"; {len(set_errors)} set(s) failed" if set_errors else ""), flush=True)
+        return 1 if compile_errors or set_errors else 0
     data = run_metadata(torch, evtc, args, "compare")
     data.update({"sets": {name: {"expr": SETS[name].expr, "reference": SETS[name].reference} for name in plan},
                  "error_bound": ERROR_BOUND, "compile_errors": compile_errors, "rows": []})
@@ -1347,6 +1353,9 @@ def parse_args(argv: Optional[list[str]] = None):
                    help="time the variants call by call in turn within each round's batch, rather than each "
                         "variant's calls in a batch of its own: all then run at the same clock and power state")
     p.add_argument("--dry-run", action="store_true", help="print the shapes and exit (imports neither torch nor evtc)")
+    p.add_argument("--compile-only", action="store_true",
+                   help="compile the kernels the comparison runs (into evtc's kernel cache) and exit without "
+                        "timing: e.g. in the background while another run times")
     p.add_argument("--table", metavar="FILE.json",
                    help="print the Markdown table and summary of a results file and exit")
     p.add_argument("--table-from", nargs="+", metavar="SWEEP.json",
@@ -1391,6 +1400,8 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
         p.error("--shapes replaces the grid: give it without --off-grid or --m")
     if args.off_grid and args.m:
         p.error("--m restricts the grid; --off-grid has its own M values")
+    if args.compile_only and (args.sweep or args.table_from or args.table_times_from or args.table):
+        p.error("--compile-only belongs to the comparison (the sweep compiles its own candidates)")
     if args.sweep:
         if not args.evtc or not args.table_out:
             p.error("--sweep needs --evtc PATH and --table-out FILE")

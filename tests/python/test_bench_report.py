@@ -260,6 +260,8 @@ def test_a_refining_sweep_keeps_the_faster_untransposed_fallback():
      "--table-times-from needs --table-base TABLE.json and --table-out FILE"),
     (["--sweep", "--evtc", "x", "--table-out", "t.json", "--table-times-from", "c.json"],
      "--table-times-from reads compare runs: give it without --sweep"),
+    (["--sweep", "--evtc", "x", "--table-out", "t.json", "--compile-only"],
+     "--compile-only belongs to the comparison .the sweep compiles its own candidates."),
 ])
 def test_sweep_options_that_need_refine_or_a_regex_say_so(argv, message, capsys):
     g = load_gemm_shapes()
