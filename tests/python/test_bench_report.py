@@ -279,6 +279,27 @@ def load_train_steps():
     return module
 
 
+def test_models_merge_stacked_expert_weights_outside_training_only():
+    import torch
+
+    models = load_train_steps().models
+
+    def moe():
+        torch.manual_seed(0)
+        return models.MoE(hidden=64, experts=2, top_k=1, ffn=32)
+
+    def shared(m):
+        return m.w1.untyped_storage().data_ptr() == m.w3.untyped_storage().data_ptr()
+
+    inference, before = moe(), moe()
+    assert models.merge_projections(inference, "moe", "prefill") == ["MoE: w1 + w3"]
+    assert shared(inference)
+    assert torch.equal(inference.w1, before.w1) and torch.equal(inference.w3, before.w3)
+    training = moe()
+    assert models.merge_projections(training, "moe", "train") == []
+    assert not shared(training)
+
+
 def test_train_steps_judges_evtc_by_the_spread_of_the_two_plain_variants():
     t = load_train_steps()
     compile_ = [2.0, 1.5, 1.25]

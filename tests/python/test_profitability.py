@@ -14,8 +14,8 @@ from evtc import _evtc  # noqa: E402
 from test_fx_pass import BF16, trace  # noqa: E402
 
 
-# Without a GPU the cost model prices an H200 (4.3 TB/s, no shipped table for it here); on a
-# GPU machine it prices that device, whose numbers and table differ.
+# Without a GPU the cost model prices an H200 (4.3 TB/s) by its model alone: tables apply only to
+# a device that is present. On a GPU machine it prices that device, whose numbers and table differ.
 DEFAULT_DEVICE = not torch.cuda.is_available()
 
 

@@ -119,11 +119,17 @@ TEST(SelectionTable, GpuClassesAndDtypes) {
   if (const SelectionTable* t = table_for("h100", DType::bf16)) {
     EXPECT_EQ(table_for("h100", DType::f16), t);
     // A class without a table of its own borrows one measured on as many multiprocessors.
-    if (!table_for("h200", DType::bf16, 0)) {
-      EXPECT_EQ(table_for("h200", DType::bf16, t->sm_count), t);
-      EXPECT_EQ(table_for("h200", DType::bf16, t->sm_count - 18), nullptr);
-    }
+    const SelectionTable* borrowed = table_for("a class without a table", DType::bf16, t->sm_count);
+    ASSERT_NE(borrowed, nullptr);
+    EXPECT_EQ(borrowed->sm_count, t->sm_count);
+    EXPECT_EQ(table_for("a class without a table", DType::bf16, t->sm_count - 18), nullptr);
   }
+  // A class with its own table takes it, whatever other tables share its multiprocessor count.
+  for (const char* cls : {"h100", "h200"})
+    if (const SelectionTable* t = table_for(cls, DType::bf16, 0)) {
+      EXPECT_EQ(t->gpu_class, cls);
+      EXPECT_EQ(table_for(cls, DType::bf16, t->sm_count), t);
+    }
 }
 
 TEST(SelectionTable, NoTableWithoutAGpuOrForOtherEpilogues) {
