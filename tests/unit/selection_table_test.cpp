@@ -86,6 +86,36 @@ TEST(SelectionTable, AnEntryCarriesItsVisitingOrder) {
   EXPECT_EQ(t.entries[1].order.name(), "along_n_s8");
 }
 
+TEST(SelectionTable, AnOrderMeasuredElsewhereKeepsOnlyStripsThatAddNoTiles) {
+  auto gemm = [](int64_t m, int64_t n, int64_t k) {
+    GemmDesc g;
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    return g;
+  };
+  const auto order = *VisitOrder::parse("along_n_s8");
+  // Measured at 8192x6144 (32 x 32 tiles of 256x192): strips of 8 clusters add nothing there.
+  const auto wide = *KernelConfig::parse("coop_256x192x64_c2x1_persistent");
+  EXPECT_EQ(tuning::visited_tiles(wide, order, gemm(8192, 6144, 4096)), 32 * 32);
+  EXPECT_EQ(tuning::order_for_problem(wide, order, gemm(8192, 6144, 4096)), order);
+  // At M = 6000 (24 x 32 tiles) CUTLASS would round the 24 up to 32: strips of 4 add none.
+  EXPECT_EQ(tuning::visited_tiles(wide, order, gemm(6000, 6144, 5120)), 32 * 32);
+  EXPECT_EQ(tuning::visited_tiles(wide, VisitOrder{}, gemm(6000, 6144, 5120)), 24 * 32);
+  EXPECT_EQ(tuning::order_for_problem(wide, order, gemm(6000, 6144, 5120)).name(), "along_n_s4");
+  // 3000x5120 in 128x256 tiles (24 x 20) with 2x1 clusters: 32 x 24 with strips of 8, none added with 4.
+  const auto tall = *KernelConfig::parse("coop_128x256x64_c2x1_persistent");
+  EXPECT_EQ(tuning::visited_tiles(tall, order, gemm(3000, 5120, 14336)), 32 * 24);
+  EXPECT_EQ(tuning::order_for_problem(tall, order, gemm(3000, 5120, 14336)).name(), "along_n_s4");
+  // Odd tile counts keep no strip wider than one cluster; the direction stays.
+  EXPECT_EQ(tuning::order_for_problem(tall, order, gemm(2900, 4864, 4096)).name(), "along_n");
+  // A transposed kernel's tiles are the transposed problem's (M along the tile's columns), and
+  // CUTLASS narrows the strips of a grid two tiles wide to 2 itself: nothing to narrow.
+  const auto swapped = *KernelConfig::parse("pingpong_64x32x128_c1x1_persistent_swap");
+  EXPECT_EQ(tuning::visited_tiles(swapped, order, gemm(48, 4608, 3584)), 72 * 2);
+  EXPECT_EQ(tuning::order_for_problem(swapped, order, gemm(48, 4608, 3584)), order);
+}
+
 TEST(SelectionTable, MatchesTheSameShapeElseTheNearestMeasuredM) {
   const SelectionTable t = parse_table(
       table_json(entry(16, 4096, 4096, "pingpong_64x32x128_c1x1_persistent") + "," +
