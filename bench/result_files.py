@@ -15,10 +15,17 @@ def gpu_slug(device_name: str) -> str:
 
 def result_base(out_dir: str, device_name: str, kind: str) -> str:
     """The path, without extension, of a result of `kind` measured now on `device_name` (the
-    folder is created)."""
+    folder is created). A run of the same kind already written there in the same minute keeps
+    its files: this one's name takes a suffix, -2, -3, ..."""
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M")
     os.makedirs(out_dir, exist_ok=True)
-    return os.path.join(out_dir, f"{stamp}-{gpu_slug(device_name)}-{kind}")
+    name = f"{stamp}-{gpu_slug(device_name)}-{kind}"
+    taken = {f.split(".", 1)[0] for f in os.listdir(out_dir)}
+    base, n = name, 1
+    while base in taken:
+        n += 1
+        base = f"{name}-{n}"
+    return os.path.join(out_dir, base)
 
 
 def write_do_bench_results(out_dir: str, device_name: str, kind: str, rounds: int, shapes: list, torch_version: str) -> str:

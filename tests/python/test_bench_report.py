@@ -381,3 +381,25 @@ def test_token_scoring_refuses_a_token_count_that_is_not_whole_sequences(monkeyp
     with pytest.raises(SystemExit):
         module.main()
     assert "--tokens must be a positive multiple of 1024" in capsys.readouterr().err
+
+
+def test_a_second_result_of_the_same_kind_in_the_same_minute_keeps_the_first(tmp_path, monkeypatch):
+    sys.path.insert(0, str(ROOT / "bench"))
+    import datetime
+
+    import result_files
+
+    class Frozen(datetime.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return cls(2026, 11, 28, 12, 12, tzinfo=tz)
+
+    monkeypatch.setattr(result_files.datetime, "datetime", Frozen)
+    first = result_files.result_base(str(tmp_path), "NVIDIA H200", "gemm-shapes")
+    assert first == str(tmp_path / "20261128-1212-h200-gemm-shapes")
+    (tmp_path / "20261128-1212-h200-gemm-shapes.json").write_text("{}")
+    second = result_files.result_base(str(tmp_path), "NVIDIA H200", "gemm-shapes")
+    assert second == first + "-2"
+    (tmp_path / "20261128-1212-h200-gemm-shapes-2.png").write_bytes(b"")
+    assert result_files.result_base(str(tmp_path), "NVIDIA H200", "gemm-shapes") == first + "-3"
+    assert result_files.result_base(str(tmp_path), "NVIDIA H200", "models") == str(tmp_path / "20261128-1212-h200-models")
