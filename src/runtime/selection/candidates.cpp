@@ -32,12 +32,14 @@ int64_t tile_count(const KernelConfig& c, const GemmDesc& given) {
 int64_t visited_tiles(const KernelConfig& c, const VisitOrder& order, const GemmDesc& given) {
   const GemmDesc gemm = tiled_problem(c, given);
   const int64_t tiles_m = ceil_div(size_or(gemm.m), c.tile_m), tiles_n = ceil_div(size_or(gemm.n), c.tile_n);
-  // CUTLASS's get_log_swizzle_size: 8 where both counts reach 6, 4 where they reach 3, 2 at 2.
+  // CUTLASS's get_log_swizzle_size: the widest strip, up to the order's, whose least tile count
+  // the shorter side reaches.
+  constexpr struct { int swizzle; int64_t least_tiles; } kStrips[] = {{8, 6}, {4, 3}, {2, 2}};
   const int64_t shorter = std::min(tiles_m, tiles_n);
   int swizzle = 1;
-  for (const int s : {8, 4, 2})
-    if (order.swizzle >= s && shorter >= (s == 8 ? 6 : s == 4 ? 3 : 2)) {
-      swizzle = s;
+  for (const auto& s : kStrips)
+    if (order.swizzle >= s.swizzle && shorter >= s.least_tiles) {
+      swizzle = s.swizzle;
       break;
     }
   auto round_up = [](int64_t v, int64_t to) { return ceil_div(v, to) * to; };

@@ -97,8 +97,7 @@ ConfigChoice Kernel::Impl::choose_config(int64_t m, int64_t n, int64_t k) const 
     // default_config's own first step is this table lookup: asking it directly keeps the entry.
     if (const auto t = selection::table_choice(graph, g)) {
       choice.config = t->config;
-      // An order measured at another shape keeps only strips that add no tiles here.
-      choice.order = t->exact ? t->entry.order : tuning::order_for_problem(t->config, t->entry.order, g);
+      choice.order = t->entry.order;
       choice.source = ConfigChoice::Source::table;
       choice.tuned_m = t->entry.m;
       choice.tuned_n = t->entry.n;
@@ -116,16 +115,20 @@ ConfigChoice Kernel::Impl::choose_config(int64_t m, int64_t n, int64_t k) const 
       // The nearest tuned shape's choice, when it suits this shape too.
       if (auto r = tuning::nearest(*records, m, n, k);
           r && tuning::prune_reason(r->best, graph, g).empty()) {
-        const bool exact = r->m == m && r->n == n && r->k == k;
         choice.config = r->best;
-        choice.order = exact ? r->order : tuning::order_for_problem(r->best, r->order, g);
-        choice.source = exact ? ConfigChoice::Source::tuned : ConfigChoice::Source::nearest_tuned;
+        choice.order = r->order;
+        choice.source = r->m == m && r->n == n && r->k == k ? ConfigChoice::Source::tuned
+                                                            : ConfigChoice::Source::nearest_tuned;
         choice.tuned_m = r->m;
         choice.tuned_n = r->n;
         choice.tuned_k = r->k;
         choice.table.clear();
       }
     }
+    // An order measured at another shape (a table's nearest entry, the nearest tuned shape)
+    // keeps only strips that add no tiles here; a shape's own measurement keeps its order.
+    if (choice.tuned_m != m || choice.tuned_n != n || choice.tuned_k != k)
+      choice.order = tuning::order_for_problem(choice.config, choice.order, g);
   }
   if (options.visit_order) choice.order = *options.visit_order;
   choice.config.precise_math = choice.config.precise_math || options.precise_math;
