@@ -204,7 +204,14 @@ def log(text: str) -> None:
 
 
 def command_line() -> str:
-    return "python3 bench/gemm_shapes.py " + shlex.join(sys.argv[1:])
+    """This run's command, with paths inside the working directory made relative to it: the
+    command is recorded in selection tables, which the library embeds, and an installed library
+    must not name the tree it was built from (the install check)."""
+    here = os.getcwd()
+
+    def relative(arg: str) -> str:
+        return os.path.relpath(arg, here) if os.path.isabs(arg) and arg.startswith(here + os.sep) else arg
+    return "python3 bench/gemm_shapes.py " + shlex.join(relative(a) for a in sys.argv[1:])
 
 
 # --- shapes -----------------------------------------------------------------------------------

@@ -403,3 +403,11 @@ def test_a_second_result_of_the_same_kind_in_the_same_minute_keeps_the_first(tmp
     (tmp_path / "20261128-1212-h200-gemm-shapes-2.png").write_bytes(b"")
     assert result_files.result_base(str(tmp_path), "NVIDIA H200", "gemm-shapes") == first + "-3"
     assert result_files.result_base(str(tmp_path), "NVIDIA H200", "models") == str(tmp_path / "20261128-1212-h200-models")
+
+
+def test_the_recorded_command_names_no_path_of_the_working_tree(monkeypatch, tmp_path):
+    g = load_gemm_shapes()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["gemm_shapes.py", "--sweep", "--evtc", str(tmp_path / "build" / "evtc"),
+                                      "--table-out", "/elsewhere/t.json"])
+    assert g.command_line() == "python3 bench/gemm_shapes.py --sweep --evtc build/evtc --table-out /elsewhere/t.json"
