@@ -72,7 +72,10 @@ a transposed winner keeping the old untransposed fallback unless this sweep time
 --seed-from SWEEP.json [...] (a GPU class without a table of its own, with as many
 multiprocessors as one that has one: the H200 after the H100): times only each shape's
 --seed-top (4) fastest candidates there, plus the fastest untransposed one where a transposed
-candidate is among them; the table is this GPU's, from these timings alone.
+candidate is among them; the table is this GPU's, from these timings alone. With
+--seed-neighbours N, a shape the sweeps did not measure (--off-grid) takes the candidates so
+picked of the N measured shapes nearest in N and K at the measured M values below and above its
+M: what a nearest-shape rule could choose there, timed at the shape itself.
 
 Visiting orders (--orders-top N, default 2): after the candidates, each shape's N fastest are
 timed again with every tile visiting order (CUTLASS's heuristic; along M and along N in strips of
@@ -149,6 +152,22 @@ OFF_GRID = (
     ("Gemma-2 2B", "down", 5000, 2304, 9216),
     ("Mistral-Nemo 12B", "qkv merged", 6000, 6144, 5120),
     ("Mistral-Nemo 12B", "gate/up merged", 12000, 28672, 5120),
+    # Added after the rule for shapes between the table's was drawn from the ones above, to
+    # check it on shapes it was not drawn from.
+    ("Mistral-Nemo 12B", "o", 12, 5120, 4096),
+    ("Phi-3 mini", "o", 40, 3072, 3072),
+    ("LLaMA-3.2 1B", "gate/up merged", 56, 16384, 2048),
+    ("LLaMA-3.2 3B", "gate/up merged", 96, 16384, 3072),
+    ("LLaMA-3.2 1B", "qkv merged", 160, 3072, 2048),
+    ("Phi-3 medium", "gate/up merged", 300, 35840, 5120),
+    ("Phi-3 medium", "down", 512, 5120, 17920),
+    ("Gemma-2 2B", "qkv merged", 1200, 4096, 2304),
+    ("Falcon 7B", "mlp down", 2500, 4544, 18176),
+    ("Qwen2.5 32B", "qkv merged", 2560, 7168, 5120),
+    ("Phi-3 medium", "qkv merged", 3500, 7680, 5120),
+    ("Qwen2.5 14B", "o", 7000, 5120, 5120),
+    ("Phi-3 mini", "gate/up merged", 10000, 16384, 3072),
+    ("LLaMA-3.2 3B", "down", 20000, 3072, 8192),
 )
 
 PLAIN_EXPR = "out D: bf16 = acc"
@@ -804,24 +823,49 @@ def refine_candidates(candidates: dict[Shape, list[str]], paths: list[str], top:
     return out
 
 
-def seeded_candidates(candidates: dict[Shape, list[str]], paths: list[str], top: int) -> dict[Shape, list[str]]:
+def neighbour_results(before: dict[tuple[int, int, int], dict], shape: Shape, count: int) -> list[dict]:
+    """The measured shapes around an unmeasured one: of the measured M values nearest below and
+    above its M (one where it lies outside them), the `count` shapes of each nearest in N and K
+    (log scale), nearest first."""
+    measured = sorted({m for (m, _, _), r in before.items() if r.get("candidates")})
+    below = [m for m in measured if m <= shape.m][-1:]
+    above = [m for m in measured if m >= shape.m][:1]
+    out = []
+    for m in dict.fromkeys(below + above):
+        same_m = [r for (rm, _, _), r in before.items() if rm == m and r.get("candidates")]
+        same_m.sort(key=lambda r: abs(math.log2(r["n"] / shape.n)) + abs(math.log2(r["k"] / shape.k)))
+        out += same_m[:count]
+    return out
+
+
+def seeded_candidates(candidates: dict[Shape, list[str]], paths: list[str], top: int,
+                      neighbours: int = 0) -> dict[Shape, list[str]]:
     """For a GPU of another class with the same multiprocessors (an H200 after an H100): of each
     shape's candidates, only the `top` fastest that the sweeps at `paths` measured (a shape's
     result from the latest sweep that timed it), and, where a transposed one is among them, the
     fastest untransposed one too (the fallback of gated epilogues). Candidates the listing no
-    longer offers are dropped; a shape the sweeps did not measure keeps all of its candidates."""
+    longer offers are dropped. A shape the sweeps did not measure keeps all of its candidates,
+    or with `neighbours` > 0 takes those of its neighbours (neighbour_results) this way: what a
+    nearest-shape rule could pick there, timed at the shape itself."""
     before = shape_results(read_sweeps(paths))
     out = {}
     for shape, names in candidates.items():
         r = before.get((shape.m, shape.n, shape.k))
-        if r is None or not r.get("candidates"):
+        if r is not None and r.get("candidates"):
+            sources = [r]
+        elif neighbours > 0:
+            sources = neighbour_results(before, shape, neighbours)
+        else:
             out[shape] = names
             continue
         offered = set(names)
-        ranked = [name for name, _ in rank(r["candidates"]) if name in offered]
-        chosen = ranked[:top]
-        if any("_swap" in name for name in chosen):
-            chosen += [name for name in ranked if "_swap" not in name and name not in chosen][:1]
+        chosen = []
+        for source in sources:
+            ranked = [name for name, _ in rank(source["candidates"]) if name in offered]
+            picked = ranked[:top]
+            if any("_swap" in name for name in picked):
+                picked += [name for name in ranked if "_swap" not in name and name not in picked][:1]
+            chosen += [name for name in picked if name not in chosen]
         out[shape] = chosen
     log(f"seeded from {', '.join(paths)}: {sum(map(len, out.values()))} of "
         f"{sum(map(len, candidates.values()))} candidates, {len({n for v in out.values() for n in v})} kernels")
@@ -1040,7 +1084,7 @@ def run_sweep(args, shapes: list[Shape]) -> int:
     if args.refine:
         candidates = refine_candidates(candidates, args.refine, args.refine_top, args.retime)
     if args.seed_from:
-        candidates = seeded_candidates(candidates, args.seed_from, args.seed_top)
+        candidates = seeded_candidates(candidates, args.seed_from, args.seed_top, args.seed_neighbours)
     kernels, compile_errors = compile_candidates(evtc, candidates)
     data = run_metadata(torch, evtc, args, "sweep")
     data.update({"epilogue": PLAIN_EXPR, "error_bound": ERROR_BOUND, "compile_errors": compile_errors,
@@ -1390,6 +1434,10 @@ def parse_args(argv: Optional[list[str]] = None):
                             "another GPU class with as many multiprocessors), plus the fastest untransposed one")
     sweep.add_argument("--seed-top", type=int, default=4, metavar="N",
                        help="with --seed-from: how many of the earlier fastest candidates to time (default 4)")
+    sweep.add_argument("--seed-neighbours", type=int, default=0, metavar="N",
+                       help="with --seed-from: a shape the sweeps did not measure takes the candidates of the N "
+                            "measured shapes nearest in N and K at each of the measured M values around its M "
+                            "(default 0: all of its own)")
     sweep.add_argument("--orders-top", type=int, default=2, metavar="N",
                        help="time the N fastest candidates of each shape again with every tile visiting order "
                             "(default 2; 0: CUTLASS's order only)")
@@ -1428,6 +1476,10 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
             p.error("--seed-from picks the candidates itself: give it without --refine and --orders-from")
         if args.seed_top < 1:
             p.error("--seed-top must be 1 or more")
+        if args.seed_neighbours < 0:
+            p.error("--seed-neighbours must be 0 or more")
+        if args.seed_neighbours and not args.seed_from:
+            p.error("--seed-neighbours belongs to --seed-from (it says whose candidates an unmeasured shape takes)")
     elif args.orders_from or args.seed_from:
         p.error(f"{'--orders-from' if args.orders_from else '--seed-from'} belongs to --sweep")
     elif args.table_from:

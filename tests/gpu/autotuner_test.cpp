@@ -105,6 +105,7 @@ TEST_F(AutotunerTest, TimesOnScratchPersistsAndRunsCorrectly) {
   const ConfigChoice near = again.config_choice(m, n, 1040);
   EXPECT_EQ(near.source, ConfigChoice::Source::nearest_tuned);
   EXPECT_EQ(near.tuned_k, kk);
+  EXPECT_EQ(near.order, VisitOrder{}) << "an order measured at another shape is not borrowed";
   // Tuning off ignores it.
   Kernel off(g, options(TuneMode::off));
   EXPECT_EQ(off.config_choice(m, n, kk).source, ConfigChoice::Source::heuristic);

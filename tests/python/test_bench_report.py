@@ -137,6 +137,11 @@ def test_a_seeded_sweep_times_another_gpu_s_fastest_candidates_that_are_still_of
     # a candidate no longer offered is skipped; a shape not measured there keeps all of its own
     assert picked[s1024] == ["b", "a"] and picked[s64] == ["x", "y"]
     assert g.seeded_candidates(listed, [seed], 1)[s1024] == ["b"]
+    # with neighbours: the unmeasured M = 64 takes the candidates of M = 16, then of M = 1024
+    # (the nearest in N and K at each), those the listing offers
+    listed[s64] = ["t", "s", "q_swap", "p_swap", "b", "a", "c"]
+    assert g.seeded_candidates(listed, [seed], 1, neighbours=1)[s64] == ["p_swap", "s", "b"]
+    assert g.seeded_candidates(listed, [seed], 1)[s64] == listed[s64]
 
 
 def test_table_times_come_from_a_compare_run_of_the_same_kernel(tmp_path, capsys):

@@ -86,36 +86,6 @@ TEST(SelectionTable, AnEntryCarriesItsVisitingOrder) {
   EXPECT_EQ(t.entries[1].order.name(), "along_n_s8");
 }
 
-TEST(SelectionTable, AnOrderMeasuredElsewhereKeepsOnlyStripsThatAddNoTiles) {
-  auto gemm = [](int64_t m, int64_t n, int64_t k) {
-    GemmDesc g;
-    g.m = m;
-    g.n = n;
-    g.k = k;
-    return g;
-  };
-  const auto order = *VisitOrder::parse("along_n_s8");
-  // Measured at 8192x6144 (32 x 32 tiles of 256x192): strips of 8 clusters add nothing there.
-  const auto wide = *KernelConfig::parse("coop_256x192x64_c2x1_persistent");
-  EXPECT_EQ(tuning::visited_tiles(wide, order, gemm(8192, 6144, 4096)), 32 * 32);
-  EXPECT_EQ(tuning::order_for_problem(wide, order, gemm(8192, 6144, 4096)), order);
-  // At M = 6000 (24 x 32 tiles) CUTLASS would round the 24 up to 32: strips of 4 add none.
-  EXPECT_EQ(tuning::visited_tiles(wide, order, gemm(6000, 6144, 5120)), 32 * 32);
-  EXPECT_EQ(tuning::visited_tiles(wide, VisitOrder{}, gemm(6000, 6144, 5120)), 24 * 32);
-  EXPECT_EQ(tuning::order_for_problem(wide, order, gemm(6000, 6144, 5120)).name(), "along_n_s4");
-  // 3000x5120 in 128x256 tiles (24 x 20) with 2x1 clusters: 32 x 24 with strips of 8, none added with 4.
-  const auto tall = *KernelConfig::parse("coop_128x256x64_c2x1_persistent");
-  EXPECT_EQ(tuning::visited_tiles(tall, order, gemm(3000, 5120, 14336)), 32 * 24);
-  EXPECT_EQ(tuning::order_for_problem(tall, order, gemm(3000, 5120, 14336)).name(), "along_n_s4");
-  // Odd tile counts keep no strip wider than one cluster; the direction stays.
-  EXPECT_EQ(tuning::order_for_problem(tall, order, gemm(2900, 4864, 4096)).name(), "along_n");
-  // A transposed kernel's tiles are the transposed problem's (M along the tile's columns), and
-  // CUTLASS narrows the strips of a grid two tiles wide to 2 itself: nothing to narrow.
-  const auto swapped = *KernelConfig::parse("pingpong_64x32x128_c1x1_persistent_swap");
-  EXPECT_EQ(tuning::visited_tiles(swapped, order, gemm(48, 4608, 3584)), 72 * 2);
-  EXPECT_EQ(tuning::order_for_problem(swapped, order, gemm(48, 4608, 3584)), order);
-}
-
 TEST(SelectionTable, MatchesTheSameShapeElseTheNearestMeasuredM) {
   const SelectionTable t = parse_table(
       table_json(entry(16, 4096, 4096, "pingpong_64x32x128_c1x1_persistent") + "," +
@@ -138,6 +108,24 @@ TEST(SelectionTable, MatchesTheSameShapeElseTheNearestMeasuredM) {
   EXPECT_EQ(config_of(48, 22016, 4096), "pingpong_64x64x128_c1x1_persistent");
   EXPECT_EQ(config_of(6000, 5120, 4096), "coop_128x256x64_c2x1_persistent");
   EXPECT_EQ(config_of(0, 4096, 4096), "none");
+}
+
+TEST(SelectionTable, NearestEntriesAreComparedAtTheProblemsRowTiles) {
+  // M = 256's nearest entry runs 128-row tiles in 2x1 clusters: two row tiles there, three at
+  // M = 384, which the clusters round up to four (a third more tiles, and waves to match). The
+  // next nearest entry's unclustered 192-column tiles fill the GPU as well at 384 as at its own
+  // shape. Measured on the H200: 1.72x cuBLAS for the first at 384x16384x3072, 0.99x for the
+  // second (bench/results/20261128-1433-h200-gemm-sweep-off-grid-picks.json).
+  const SelectionTable t = parse_table(
+      table_json(entry(256, 16384, 3072, "pingpong_128x160x64_c2x1_persistent") + "," +
+                 entry(256, 28672, 4096, "pingpong_128x192x64_c1x1_persistent")),
+      "t.json");
+  auto config_of = [&](int64_t m, int64_t n, int64_t k) { return match(t, m, n, k, 132)->entry->config.name(); };
+  EXPECT_EQ(config_of(384, 16384, 3072), "pingpong_128x192x64_c1x1_persistent");
+  // At M = 200 the clusters hold both row tiles, as at 256: the nearest entry carries over.
+  EXPECT_EQ(config_of(200, 16384, 3072), "pingpong_128x160x64_c2x1_persistent");
+  // The last row tile's padding is the problem's, whatever the tile: M = 250 is not penalised.
+  EXPECT_EQ(config_of(250, 16384, 3072), "pingpong_128x160x64_c2x1_persistent");
 }
 
 TEST(SelectionTable, GpuClassesAndDtypes) {

@@ -29,29 +29,6 @@ int64_t tile_count(const KernelConfig& c, const GemmDesc& given) {
   return ceil_div(size_or(gemm.m), c.tile_m) * ceil_div(size_or(gemm.n), c.tile_n);
 }
 
-int64_t visited_tiles(const KernelConfig& c, const VisitOrder& order, const GemmDesc& given) {
-  const GemmDesc gemm = tiled_problem(c, given);
-  const int64_t tiles_m = ceil_div(size_or(gemm.m), c.tile_m), tiles_n = ceil_div(size_or(gemm.n), c.tile_n);
-  // CUTLASS's get_log_swizzle_size: the widest strip, up to the order's, whose least tile count
-  // the shorter side reaches.
-  constexpr struct { int swizzle; int64_t least_tiles; } kStrips[] = {{8, 6}, {4, 3}, {2, 2}};
-  const int64_t shorter = std::min(tiles_m, tiles_n);
-  int swizzle = 1;
-  for (const auto& s : kStrips)
-    if (order.swizzle >= s.swizzle && shorter >= s.least_tiles) {
-      swizzle = s.swizzle;
-      break;
-    }
-  auto round_up = [](int64_t v, int64_t to) { return ceil_div(v, to) * to; };
-  return round_up(tiles_m, int64_t(swizzle) * c.cluster_m) * round_up(tiles_n, int64_t(swizzle) * c.cluster_n);
-}
-
-VisitOrder order_for_problem(const KernelConfig& c, VisitOrder order, const GemmDesc& gemm) {
-  const int64_t plain = visited_tiles(c, VisitOrder{}, gemm);
-  while (order.swizzle > 1 && visited_tiles(c, order, gemm) > plain) order.swizzle /= 2;
-  return order;
-}
-
 namespace {
 
 // Fraction of the padded tile grid that lies inside the problem.

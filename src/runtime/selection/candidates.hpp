@@ -54,14 +54,4 @@ GemmDesc tiled_problem(const KernelConfig& c, const GemmDesc& gemm);
 // Output tiles (CTAs' worth of work) of a problem.
 int64_t tile_count(const KernelConfig& c, const GemmDesc& gemm);
 
-// The tiles CUTLASS's persistent and stream-K schedulers visit with `order`: both tile counts
-// rounded up to whole strips of `swizzle` clusters (the strip narrowed as CUTLASS narrows it for
-// small grids). The tiles beyond the problem still run their main loops, on zeros.
-int64_t visited_tiles(const KernelConfig& c, const VisitOrder& order, const GemmDesc& gemm);
-// An order measured at another problem, for this one: its strips narrowed until it visits no
-// more tiles than CUTLASS's own order (strips of one cluster) would. A strip of 8 measured at
-// 8192x6144 (32 x 32 tiles of 256x192) visits 32 x 32 tiles at M = 6000 (24 x 32): a third more
-// work (1.49x cuBLAS's time on the H200, bench/results/20261128-1207-h200-gemm-shapes-off-grid.json).
-VisitOrder order_for_problem(const KernelConfig& c, VisitOrder order, const GemmDesc& gemm);
-
 }  // namespace evtc::tuning

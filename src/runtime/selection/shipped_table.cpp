@@ -134,10 +134,24 @@ std::optional<TableMatch> match(const SelectionTable& table, int64_t m, int64_t 
   near.resize(std::min<size_t>(near.size(), 4));
   // A configuration measured at a nearby shape carries over as long as its tile grid fills the
   // GPU about as well here as there: the nearest entry whose grid efficiency here is at least
-  // 85 % of its own, else the one that keeps the most of it.
+  // 85 % of its own, else the one that keeps the most of it. Both are taken with M rounded up
+  // to whole tiles of the configuration's rows (its tile_n where transposed): the padding of
+  // the last row tile is the problem's whatever the tile, but the count of row tiles is the
+  // configuration's. A 2×1 cluster rounds an odd count up (three 128-row tiles at M = 384 run as
+  // four), and the waves follow the count. Measured on the H200 at 28 shapes outside the table
+  // (bench/results/20261128-1433-h200-gemm-sweep-off-grid-picks.json): compared at the entry's
+  // own M instead, the rule kept 2×1 clusters that took 1.72× cuBLAS at 384×16384×3072 and
+  // 2.18× at 300×35840×5120, where this takes 1.03× and 1.27×; over the 25 shapes whose picks
+  // were all timed, 1.116× → 1.069× (docs/backend.md, "Shapes outside the table").
   tuning::DeviceLimits device;
   if (sm_count > 0) device.sm_count = sm_count;
+  auto whole_row_tiles = [](const KernelConfig& c, GemmDesc g) {
+    const int64_t rows = c.swap_ab ? c.tile_n : c.tile_m;
+    g.m = (g.m + rows - 1) / rows * rows;
+    return g;
+  };
   GemmDesc here;
+  here.m = m;
   here.n = n;
   here.k = k;
   const TableEntry* best = nullptr;
@@ -147,12 +161,9 @@ std::optional<TableMatch> match(const SelectionTable& table, int64_t m, int64_t 
     there.m = e->m;
     there.n = e->n;
     there.k = e->k;
-    const double own = tuning::grid_efficiency(e->config, there, device);
-    // Compared at the entry's M: the bucket's rows pad every candidate alike.
-    GemmDesc across = there;
-    across.n = n;
-    across.k = k;
-    const double kept = own > 0 ? tuning::grid_efficiency(e->config, across, device) / own : 0;
+    const double own = tuning::grid_efficiency(e->config, whole_row_tiles(e->config, there), device);
+    const double kept =
+        own > 0 ? tuning::grid_efficiency(e->config, whole_row_tiles(e->config, here), device) / own : 0;
     if (kept >= 0.85) return TableMatch{e, false};
     if (kept > best_kept) {
       best = e;

@@ -62,7 +62,8 @@ const SelectionTable* table_for(const std::string& gpu_class, DType ab, int sm_c
 // Where a shape's configuration comes from in a table: the entry of the same shape, or of the
 // nearest measured M (log scale; between two, the larger, whose tiles hold it) and, among
 // that M's four entries nearest in N and K, the nearest whose configuration's tile grid fills
-// the GPU here at least 85 % as well as at its own shape (else the one that keeps the most).
+// the GPU here (this M, N and K, M in whole row tiles) at least 85 % as well as at its own
+// shape (else the one that keeps the most).
 struct TableMatch {
   const TableEntry* entry = nullptr;
   bool exact = false;

@@ -125,10 +125,12 @@ ConfigChoice Kernel::Impl::choose_config(int64_t m, int64_t n, int64_t k) const 
         choice.table.clear();
       }
     }
-    // An order measured at another shape (a table's nearest entry, the nearest tuned shape)
-    // keeps only strips that add no tiles here; a shape's own measurement keeps its order.
-    if (choice.tuned_m != m || choice.tuned_n != n || choice.tuned_k != k)
-      choice.order = tuning::order_for_problem(choice.config, choice.order, g);
+    // A visiting order is kept at the shape it was measured at only: borrowed by another shape
+    // (a table's nearest entry, the nearest tuned shape) it runs CUTLASS's own. Of five shapes
+    // outside the H200 table whose nearest entries name an order, each ran as fast or faster with
+    // CUTLASS's (1.419 -> 1.193x cuBLAS at 160x3072x2048, 1.057 -> 1.026x at 7000x5120x5120;
+    // docs/backend.md, "Shapes outside the table").
+    if (choice.tuned_m != m || choice.tuned_n != n || choice.tuned_k != k) choice.order = VisitOrder{};
   }
   if (options.visit_order) choice.order = *options.visit_order;
   choice.config.precise_math = choice.config.precise_math || options.precise_math;
