@@ -141,8 +141,8 @@ std::optional<TableMatch> match(const SelectionTable& table, int64_t m, int64_t 
   // four), and the waves follow the count. Measured on the H200 at 28 shapes outside the table
   // (bench/results/20261128-1433-h200-gemm-sweep-off-grid-picks.json): compared at the entry's
   // own M instead, the rule kept 2×1 clusters that took 1.72× cuBLAS at 384×16384×3072 and
-  // 2.18× at 300×35840×5120, where this takes 1.03× and 1.27×; over the 25 shapes whose picks
-  // were all timed, 1.116× → 1.069× (docs/backend.md, "Shapes outside the table").
+  // 2.18× at 300×35840×5120, where this takes 1.03× and 1.27×; over the 27 shapes whose old and
+  // new picks were both timed, 1.165× → 1.098× (docs/backend.md, "Shapes outside the table").
   tuning::DeviceLimits device;
   if (sm_count > 0) device.sm_count = sm_count;
   auto whole_row_tiles = [](const KernelConfig& c, GemmDesc g) {
