@@ -154,11 +154,21 @@ std::string epilogue_config_refusal(const Graph& g, const KernelConfig& c) {
                          "epilogue with reductions ('{}') cannot take; use a persistent configuration",
                          c.name(), store.name);
     const bool over_kernel_m = c.swap_ab ? r.axis == ReduceAxis::row : r.axis == ReduceAxis::col;
-    if (over_kernel_m && c.tile_m >= 128 && c.tile_n % 32 != 0)
-      return fmt::format("configuration {} has {}-column tiles, which CUTLASS's epilogue works through in "
-                         "16-column subtiles; its reduction over M ('{}') needs subtiles of at least 32 columns "
-                         "with tiles of {} rows (use a width that is a multiple of 32, or 64-row tiles)",
-                         c.name(), c.tile_n, store.name, c.tile_m);
+    // nvcc: CUTLASS's reduction over M fails its layout divisibility assertions on 16-column
+    // subtiles with tiles of 128 rows or more (ping-pong 128x112, cooperative 256x144), and in
+    // transposed 64-row kernels wider than 80 columns (64x96 and 64x112 with a row_sum; 64x16
+    // and 64x80 compile, as do untransposed 64x256 tiles with column sums).
+    if (over_kernel_m && ((c.tile_m >= 128 && c.tile_n % 32 != 0) || (c.swap_ab && c.tile_n > 80)))
+      return c.swap_ab
+                 ? fmt::format("configuration {} is a transposed kernel {} columns wide; its reduction over N "
+                               "('{}', over the transposed kernel's M) does not compile in CUTLASS's epilogue "
+                               "wider than 80 columns (use a narrower transposed tile or an untransposed one)",
+                               c.name(), c.tile_n, store.name)
+                 : fmt::format("configuration {} has {}-column tiles, which CUTLASS's epilogue works through in "
+                               "16-column subtiles; its reduction over M ('{}') needs subtiles of at least 32 "
+                               "columns with tiles of {} rows (use a width that is a multiple of 32, or 64-row "
+                               "tiles)",
+                               c.name(), c.tile_n, store.name, c.tile_m);
   }
   return "";
 }

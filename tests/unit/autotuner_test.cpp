@@ -132,6 +132,25 @@ TEST(TuningCandidates, DecodeProblemsGetNarrowTilesAndSplitK) {
   }
 }
 
+TEST(TuningCandidates, BetweenSixtyFourAndOneHundredTwentyEightRowsOneTransposedTileHoldsM) {
+  const Graph plain = lowered("out D: bf16 = acc");
+  auto transposed = [](const std::vector<KernelConfig>& cands) {
+    std::vector<std::string> out;
+    for (const auto& c : cands)
+      if (c.swap_ab) out.push_back(c.name());
+    return out;
+  };
+  // 80 rows: one 64x80 transposed tile streams the weights once (two 64-row tiles would twice).
+  EXPECT_EQ(transposed(candidate_configs(plain, problem(80, 5120, 3072), {}, 0)),
+            std::vector<std::string>{"pingpong_64x80x128_c1x1_persistent_swap"});
+  EXPECT_EQ(transposed(candidate_configs(plain, problem(100, 3072, 8192), {}, 0)),
+            std::vector<std::string>{"pingpong_64x112x128_c1x1_persistent_swap"});
+  EXPECT_TRUE(transposed(candidate_configs(plain, problem(200, 7168, 5120), {}, 0)).empty());
+  // A row sum (over the transposed kernel's M) compiles at 80 columns, not at 112: pruned there.
+  const Graph row = lowered("out D: bf16 = acc; out rs = row_sum(acc)");
+  EXPECT_EQ(transposed(candidate_configs(row, problem(80, 5120, 3072), {}, 0)).size(), 1u);
+  EXPECT_TRUE(transposed(candidate_configs(row, problem(100, 3072, 8192), {}, 0)).empty());
+}
 
 TEST(TuningCandidates, WidthsFittedToWholeWaves) {
   const Graph g = lowered("out D: bf16 = acc");
@@ -173,8 +192,9 @@ TEST(TuningPruning, SplitKOnlyWhereTheTilesLeaveMultiprocessorsIdle) {
 }
 
 // A reduction over M with 16-column epilogue subtiles (widths that are odd multiples of 16) in
-// tiles of 128 or more rows fails CUTLASS's static assertions (nvcc: ping-pong 128x112 and
-// cooperative 256x144 with a column sum); the rule lives in epilogue_config_refusal, which the
+// tiles of 128 or more rows fails CUTLASS's static assertions, and so does one in transposed
+// kernels wider than 80 columns (nvcc: ping-pong 128x112 and cooperative 256x144 with a column
+// sum, transposed 64x96 and 64x112 with a row sum); the rule lives in epilogue_config_refusal, which the
 // pruning and an explicit configuration both ask.
 TEST(TuningPruning, ColumnReductionsNeedThirtyTwoColumnEpilogueSubtilesInTallTiles) {
   const Graph col = lowered("out D: bf16 = acc; out cs = col_sum(acc)");
@@ -186,8 +206,17 @@ TEST(TuningPruning, ColumnReductionsNeedThirtyTwoColumnEpilogueSubtilesInTallTil
   EXPECT_EQ(epilogue_config_refusal(row, config("coop_256x144x64_c1x1_persistent")), "");   // compiles
   EXPECT_EQ(epilogue_config_refusal(col, config("pingpong_64x48x128_c1x1_persistent")), "");  // compiles
   EXPECT_EQ(epilogue_config_refusal(col, config("pingpong_128x128x64_c1x1_persistent")), "");
-  // Transposed, the row sum is the kernel's reduction over M (64-row tiles there: allowed).
+  // Transposed, the row sum is the kernel's reduction over M: 16 and 80 columns compile, 96 and
+  // 112 do not (nvcc).
   EXPECT_EQ(epilogue_config_refusal(row, config("pingpong_64x16x128_c1x1_persistent_swap")), "");
+  EXPECT_EQ(epilogue_config_refusal(row, config("pingpong_64x80x128_c1x1_persistent_swap")), "");
+  for (const char* wide : {"pingpong_64x96x128_c1x1_persistent_swap", "pingpong_64x112x128_c1x1_persistent_swap"}) {
+    const std::string swapped = epilogue_config_refusal(row, config(wide));
+    EXPECT_NE(swapped.find("its reduction over N ('rs', over the transposed kernel's M)"), std::string::npos)
+        << swapped;
+    EXPECT_EQ(epilogue_config_refusal(col, config(wide)), "");  // over the transposed kernel's N
+  }
+  EXPECT_EQ(epilogue_config_refusal(col, config("pingpong_64x256x64_c2x1_persistent")), "");  // W7's default
   EXPECT_NE(prune_reason(config("pingpong_128x112x64_c1x1_persistent"), col, problem(1024, 3584, 4096)), "");
   EXPECT_NE(epilogue_config_refusal(col, config("coop_128x128x64_c1x1_streamk")).find("stream-K"), std::string::npos);
   // No candidate of a column-reducing epilogue is one of them.

@@ -144,6 +144,17 @@ std::vector<KernelConfig> whole_space(const GemmDesc& gemm, const DeviceLimits& 
   // stream-K. B' (the activations) is small, so each stage is mostly weights. fp8 takes K
   // tiles of 128 only: with 256, CUTLASS's two-level fp8 ping-pong kernel refuses the problem
   // (can_implement, measured on an H100 at 16×1008×2048).
+  // Between 64 and 128 rows, one transposed tile that holds all of M (the next multiple of 16
+  // columns; epilogue_config_refusal prunes widths a reduction cannot take): the weights are
+  // streamed once, as at M <= 64, where 64-row tiles or a transposed 64-column one stream them
+  // once per row tile (at 80x5120x3072 on the H200 the best of 35 candidates without it took
+  // 1.21x cuBLAS's time; bench/results/20261128-1434-h200-gemm-sweep-mid-m.json).
+  if (const int64_t m = size_or(gemm.m); m > 64 && m <= 128) {
+    const int tn = int(ceil_div(m, 16) * 16);
+    KernelConfig c = make_config(MainloopSchedule::pingpong, TileSchedulerKind::persistent, 64, tn, 128, 1, 1, 1, gemm);
+    c.swap_ab = true;
+    out.push_back(c);
+  }
   if (size_or(gemm.m) <= 64) {
     for (int tn : {16, 32, 64}) {
       for (int tk : fp8 ? std::vector<int>{128} : std::vector<int>{128, 256}) {
