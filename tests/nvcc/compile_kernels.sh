@@ -54,16 +54,18 @@ cases=(
   "swap_ab_decode|--layout-b c --config pingpong_64x16x128_c1x1_persistent_swap|input q[n]: i64; h = acc * s[m] + bias[n]; out D: bf16 = silu(h) + C * (m != q[n]) + n; out P: f32 = h + r[m,n]; out rs = row_sum(h); out cm = col_max(h); out ls = row_logsumexp(h)"
   "w3_fp8|--dtype f8e4m3 --layout-b c|input sa[m]: f32; input sb[n]: f32; out D: bf16 = acc * sa[m] * sb[n]"
   "w3_fp8_blockwise|--dtype f8e4m3 --layout-b c --fp8-blockwise --fallback|input bias[n]: bf16; out D: bf16 = gelu(acc + bias[n])"
-  # The sm_80 backend (CUTLASS 2.x, docs/backend.md "Target architecture"): W1 and W2 in one, with C, a DAG
-  # and an extra output; gated outputs and every reduction axis on sm_89's 99 KiB; W7 on sm_86.
+  # The sm_80 backend (CUTLASS 2.x, docs/backend.md "Target architecture"): W1 and W2 in one,
+  # with C, a DAG and an extra output; gated outputs and every reduction axis on sm_89's 99 KiB;
+  # W7 on sm_86.
   "sm80_w1_w2_dag_c|--arch sm80 --dtype f16|input C: f16; f = acc * alpha + C + bias[n]; out D: f16 = silu(f) * gate[m,n] * (f != C); out P: f32 = f"
   "sm89_gated_reductions|--arch sm89|h = acc + bias[n]; out y: bf16 = swiglu(h); out r = row_sum(h); out c: bf16 = col_amax(h); out t = sum(h); out l = row_logsumexp(h)"
   "sm86_w7|--arch sm86 --config ms_64x128x64_s4|f = acc + bias[n]; out loss = sum((C - 1) * f + log(clamp(sigmoid(f), 1e-3, 0.999)))"
   # The compile-checked Blackwell backends: W1, W2 (with an extra output, on the two-SM MMA), W3,
   # W7 (no D: the sink epilogue) and a gated kernel with every reduction axis (two-SM MMA) for
   # sm_100a; W3 and an fp8 gated kernel with a row reduction and W7's loss (no D) for sm_120a (its
-  # kernels multiply fp8 only); W1, W7 (with W2's [m,n] operand) and a gated kernel for sm_120 through the sm_80 backend
-  # (16-bit GEMMs there). The indices and integer vectors ride in the gated kernels of both.
+  # kernels multiply fp8 only); W1, W7 (with W2's [m,n] operand) and a gated kernel for sm_120
+  # through the sm_80 backend (16-bit GEMMs there). The indices and integer vectors ride in the
+  # gated kernels of both.
   "sm100_w1|--arch sm100|out D: bf16 = silu(acc + bias[n])"
   "sm100_w2_extra_output_2sm|--arch sm100 --config coop_256x128x64_c2x1_persistent|out D: bf16 = acc * gate[m,n]; out P: f32 = relu(acc) * s[m]"
   "sm100_w7|--arch sm100|f = acc + bias[n]; out loss = sum((C - 1) * f + log(clamp(sigmoid(f), 1e-3, 0.999)))"

@@ -194,8 +194,8 @@ TEST(TuningPruning, SplitKOnlyWhereTheTilesLeaveMultiprocessorsIdle) {
 // A reduction over M with 16-column epilogue subtiles (widths that are odd multiples of 16) in
 // tiles of 128 or more rows fails CUTLASS's static assertions, and so does one in transposed
 // kernels wider than 80 columns (nvcc: ping-pong 128x112 and cooperative 256x144 with a column
-// sum, transposed 64x96 and 64x112 with a row sum); the rule lives in epilogue_config_refusal, which the
-// pruning and an explicit configuration both ask.
+// sum, transposed 64x96 and 64x112 with a row sum); the rule lives in epilogue_config_refusal,
+// which the pruning and an explicit configuration both ask.
 TEST(TuningPruning, ColumnReductionsNeedThirtyTwoColumnEpilogueSubtilesInTallTiles) {
   const Graph col = lowered("out D: bf16 = acc; out cs = col_sum(acc)");
   const Graph row = lowered("out D: bf16 = acc; out rs = row_sum(acc)");

@@ -29,6 +29,12 @@ int64_t tile_count(const KernelConfig& c, const GemmDesc& given) {
   return ceil_div(size_or(gemm.m), c.tile_m) * ceil_div(size_or(gemm.n), c.tile_n);
 }
 
+GemmDesc whole_row_tiles(const KernelConfig& c, GemmDesc gemm) {
+  const int64_t rows = c.swap_ab ? c.tile_n : c.tile_m;
+  gemm.m = ceil_div(gemm.m, rows) * rows;
+  return gemm;
+}
+
 namespace {
 
 // Fraction of the padded tile grid that lies inside the problem.

@@ -53,5 +53,8 @@ int64_t size_or(int64_t v);
 GemmDesc tiled_problem(const KernelConfig& c, const GemmDesc& gemm);
 // Output tiles (CTAs' worth of work) of a problem.
 int64_t tile_count(const KernelConfig& c, const GemmDesc& gemm);
+// The problem with M rounded up to whole row tiles of the configuration (of tile_n columns where
+// it is transposed): the same tile grid, without the last row tile's padding.
+GemmDesc whole_row_tiles(const KernelConfig& c, GemmDesc gemm);
 
 }  // namespace evtc::tuning

@@ -145,11 +145,6 @@ std::optional<TableMatch> match(const SelectionTable& table, int64_t m, int64_t 
   // new picks were both timed, 1.165× → 1.098× (docs/backend.md, "Shapes outside the table").
   tuning::DeviceLimits device;
   if (sm_count > 0) device.sm_count = sm_count;
-  auto whole_row_tiles = [](const KernelConfig& c, GemmDesc g) {
-    const int64_t rows = c.swap_ab ? c.tile_n : c.tile_m;
-    g.m = (g.m + rows - 1) / rows * rows;
-    return g;
-  };
   GemmDesc here;
   here.m = m;
   here.n = n;
@@ -161,9 +156,9 @@ std::optional<TableMatch> match(const SelectionTable& table, int64_t m, int64_t 
     there.m = e->m;
     there.n = e->n;
     there.k = e->k;
-    const double own = tuning::grid_efficiency(e->config, whole_row_tiles(e->config, there), device);
+    const double own = tuning::grid_efficiency(e->config, tuning::whole_row_tiles(e->config, there), device);
     const double kept =
-        own > 0 ? tuning::grid_efficiency(e->config, whole_row_tiles(e->config, here), device) / own : 0;
+        own > 0 ? tuning::grid_efficiency(e->config, tuning::whole_row_tiles(e->config, here), device) / own : 0;
     if (kept >= 0.85) return TableMatch{e, false};
     if (kept > best_kept) {
       best = e;
