@@ -88,6 +88,10 @@ table's configuration and runner-up only (no listing, no other compiles) and wri
 with the timed shapes' entries replaced; a transposed winner keeps the old entry's untransposed
 fallback where none was timed.
 
+--configs NAME[,NAME...] times the named configurations at every shape instead of the listed
+candidates (besides evtc's default configuration, which every sweep times): for example a
+selection rule's old and new picks, at shapes where only one of them is a candidate.
+
 --dry-run prints the shapes (and, sweeping, the candidate-listing command) and exits without
 importing torch or evtc.
 """
@@ -1076,6 +1080,9 @@ def run_sweep(args, shapes: list[Shape]) -> int:
         candidates = {s: [c for c in (entries[(s.m, s.n, s.k)]["config"], entries[(s.m, s.n, s.k)].get("runner_up")) if c]
                       for s in shapes if (s.m, s.n, s.k) in entries}
         list_errors = {s: f"not in {args.orders_from}" for s in shapes if s not in candidates}
+    elif args.configs:
+        # Named configurations at every shape, listed by nobody: e.g. a rule's old and new picks.
+        candidates, list_errors = {s: list(args.configs) for s in shapes}, {}
     else:
         candidates, list_errors = all_candidates(args.evtc, shapes)
         if args.table_base:
@@ -1369,6 +1376,16 @@ def parse_regex(text: str) -> re.Pattern:
         raise argparse.ArgumentTypeError(f"not a regular expression: {text!r} ({e})") from None
 
 
+def parse_configs(text: str) -> list[str]:
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [n for n in names if not CONFIG_NAME.fullmatch(n)]
+    if not names or bad:
+        raise argparse.ArgumentTypeError(
+            f"not a configuration name: {', '.join(bad) or repr(text)} (names look like "
+            "pingpong_64x80x128_c1x1_persistent_swap; `evtc tune ... --list-candidates` lists them)")
+    return list(dict.fromkeys(names))
+
+
 def parse_shapes(text: str) -> list[tuple[int, int, int]]:
     shapes = []
     for item in (s.strip() for s in text.split(",") if s.strip()):
@@ -1438,6 +1455,9 @@ def parse_args(argv: Optional[list[str]] = None):
                        help="with --seed-from: a shape the sweeps did not measure takes the candidates of the N "
                             "measured shapes nearest in N and K at each of the measured M values around its M "
                             "(default 0: all of its own)")
+    sweep.add_argument("--configs", type=parse_configs, default=None, metavar="NAME[,NAME...]",
+                       help="instead of listing candidates: time these configurations at every shape, besides "
+                            "evtc's default (e.g. a selection rule's old and new picks)")
     sweep.add_argument("--orders-top", type=int, default=2, metavar="N",
                        help="time the N fastest candidates of each shape again with every tile visiting order "
                             "(default 2; 0: CUTLASS's order only)")
@@ -1470,6 +1490,9 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
             p.error("--table-base belongs to --refine (--orders-from merges into its own table)")
         if args.table_times_from:
             p.error("--table-times-from reads compare runs: give it without --sweep")
+        if args.configs and (args.orders_from or args.refine or args.seed_from):
+            p.error("--configs names the configurations itself: give it without --refine, --seed-from and "
+                    "--orders-from")
         if args.retime and not args.refine:
             p.error("--retime belongs to --refine (it says which earlier timings to repeat)")
         if args.seed_from and (args.refine or args.orders_from):
@@ -1480,8 +1503,9 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
             p.error("--seed-neighbours must be 0 or more")
         if args.seed_neighbours and not args.seed_from:
             p.error("--seed-neighbours belongs to --seed-from (it says whose candidates an unmeasured shape takes)")
-    elif args.orders_from or args.seed_from:
-        p.error(f"{'--orders-from' if args.orders_from else '--seed-from'} belongs to --sweep")
+    elif args.orders_from or args.seed_from or args.configs:
+        given = "--orders-from" if args.orders_from else "--seed-from" if args.seed_from else "--configs"
+        p.error(f"{given} belongs to --sweep")
     elif args.table_from:
         if not args.table_out:
             p.error("--table-from needs --table-out FILE")

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <future>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -42,7 +43,20 @@ struct FuzzArgs {
   int shrink_rounds = 4;   // batches of smaller candidates tried per isolated mismatch
   bool cpu = false, print = false, integers = false, compile_only = false;
   std::string json;
+  std::string shard;  // "K/N": kernels K, K+N, K+2N, ... of the run
 };
+
+// --shard K/N, checked: {K, N}. A run split into shards 0/N .. N-1/N (on as many GPUs) checks
+// the same kernels as the whole run, each once.
+std::pair<int, int> parse_shard(const std::string& text) {
+  int k = -1, n = 0;
+  char slash = 0, extra = 0;
+  const int got = std::sscanf(text.c_str(), "%d%c%d%c", &k, &slash, &n, &extra);
+  if (got != 3 || slash != '/' || n < 1 || k < 0 || k >= n)
+    throw UserError(fmt::format("--shard {}: expected K/N with 0 <= K < N, e.g. 0/4 for the first of four shards",
+                                text));
+  return {k, n};
+}
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
@@ -56,6 +70,7 @@ ParseOptions parse_options_for(const RandomKernel& k) {
 }
 
 struct Case {
+  size_t index = 0;  // the kernel's number in the whole run (the same in every shard)
   RandomKernel kernel;
   int64_t m = 0, n = 0, k = 0;
   uint64_t seed = 0;
@@ -130,8 +145,8 @@ int fuzz_cpu(const FuzzArgs& fa, const std::vector<Case>& cases, nlohmann::json&
   const auto t0 = std::chrono::steady_clock::now();
   size_t graphs = 0, outputs = 0, fusable = 0, errors = 0;
   nlohmann::json mismatches = nlohmann::json::array(), failed = nlohmann::json::array();
-  for (size_t index = 0; index < cases.size(); ++index) {
-    const Case& c = cases[index];
+  for (const Case& c : cases) {
+    const size_t index = c.index;
     try {
       const Graph g = parse_expression(c.kernel.text(), parse_options_for(c.kernel));
       PipelineOptions popts;
@@ -335,6 +350,10 @@ int fuzz_gpu(const FuzzArgs& fa, const std::vector<Case>& cases, nlohmann::json&
   const size_t compile_failures = compiled.compile_failures, skipped = compiled.skipped;
   const double compile_s = compiled.seconds;
   const ProgressFn progress = progress_printer("evtc fuzz");
+  fmt::print("fuzz: {} kernels compiled or found in the cache in {:.0f} s ({} compile failures, {} skipped); running "
+             "them\n",
+             gpu.size() - compiled.compile_failures - compiled.skipped, compile_s, compiled.compile_failures,
+             compiled.skipped);
 
   const auto t_run = std::chrono::steady_clock::now();
   size_t expressions = 0, fused_checks = 0, unfused_checks = 0, fused_expressions = 0, boundary = 0, exact = 0;
@@ -348,18 +367,18 @@ int fuzz_gpu(const FuzzArgs& fa, const std::vector<Case>& cases, nlohmann::json&
       size_t index = 0;
       for (size_t o = 0; o < c.kernel.outputs.size(); ++o)
         if (c.kernel.outputs[o].name == output) index = o;
-      fmt::print("MISMATCH kernel {} ({}), {} path, output {}: {}\n  {}\n", i, kernel_kind_name(c.kernel.kind), path,
+      fmt::print("MISMATCH kernel {} ({}), {} path, output {}: {}\n  {}\n", c.index, kernel_kind_name(c.kernel.kind), path,
                  output, what, run_line(c, index));
-      mismatches.push_back({{"kernel", i}, {"path", path}, {"output", output}, {"what", what},
+      mismatches.push_back({{"kernel", c.index}, {"path", path}, {"output", output}, {"what", what},
                             {"run", run_line(c, index)}, {"kernel_text", c.kernel.text()}});
       if (path == "fused" && output != "(path)") to_isolate.emplace_back(&c, index);
     };
     if (g.skipped) continue;
     if (!g.compile_error.empty()) {
       const std::string first = g.compile_error.substr(0, 600);
-      fmt::print("COMPILE FAILURE kernel {} ({}): {}\n  kernel: {}\n", i, kernel_kind_name(c.kernel.kind), first,
+      fmt::print("COMPILE FAILURE kernel {} ({}): {}\n  kernel: {}\n", c.index, kernel_kind_name(c.kernel.kind), first,
                  c.kernel.text());
-      compile_errors.push_back({{"kernel", i}, {"what", first}, {"kernel_text", c.kernel.text()},
+      compile_errors.push_back({{"kernel", c.index}, {"what", first}, {"kernel_text", c.kernel.text()},
                                 {"sizes", {c.m, c.n, c.k}}, {"options", c.kernel.cli_options()}});
       continue;
     }
@@ -467,6 +486,9 @@ Command add_fuzz_command(CLI::App& app) {
   sub->add_flag("--integers", fa->integers,
                 "Integer-valued inputs and only ops exact on integers: results must match the reference bit for bit");
   sub->add_option("--json", fa->json, "Write the report as JSON to this file");
+  sub->add_option("--shard", fa->shard,
+                  "K/N: check only kernels K, K+N, K+2N, ... of the run (0 <= K < N). Shards 0/N to N-1/N of one "
+                  "seed and count, run on as many GPUs, together check what the whole run checks");
   return {sub, [fa] {
             if (fa->min_outputs > fa->max_outputs)
               throw UserError(fmt::format("--min-outputs {} is more than --max-outputs {}", fa->min_outputs,
@@ -477,18 +499,22 @@ Command add_fuzz_command(CLI::App& app) {
             go.max_outputs = fa->max_outputs;
             go.max_depth = fa->max_depth;
             go.integers = fa->integers;
+            const auto [shard, shards] = fa->shard.empty() ? std::pair{0, 1} : parse_shard(fa->shard);
             testing::EpilogueGenerator gen(fa->seed, go);
             std::mt19937_64 rng(fa->seed ^ 0x9e3779b97f4a7c15ull);
             std::vector<Case> cases;
             int expressions = 0;
+            size_t generated = 0;
             while (expressions < fa->count) {
+              // Every kernel of the run is generated, in one order, whichever shard keeps it.
               Case c;
+              c.index = generated++;
               c.kernel = gen.next();
               c.seed = rng();
               c.integers = fa->integers;
               choose_sizes(c, rng);
               expressions += int(c.kernel.outputs.size());
-              cases.push_back(std::move(c));
+              if (int(c.index % size_t(shards)) == shard) cases.push_back(std::move(c));
             }
             if (fa->print) {
               for (const Case& c : cases) {
@@ -503,8 +529,16 @@ Command add_fuzz_command(CLI::App& app) {
               }
               return kExitOk;
             }
+            // A line at a time: a run stopped part-way (a time limit, Ctrl-C) keeps every mismatch
+            // it printed, even with its output in a file.
+            std::setvbuf(stdout, nullptr, _IOLBF, 0);
             nlohmann::json report = {{"seed", fa->seed}, {"count", fa->count}, {"kernels", cases.size()},
                                      {"integers", fa->integers}};
+            if (shards > 1) {
+              report["shard"] = fmt::format("{}/{}", shard, shards);
+              report["run_kernels"] = generated;
+              fmt::print("fuzz: shard {}/{}: {} of the run's {} kernels\n", shard, shards, cases.size(), generated);
+            }
             const int rc = fa->cpu            ? fuzz_cpu(*fa, cases, report)
                            : fa->compile_only ? fuzz_compile_only(*fa, cases, report)
                                               : fuzz_gpu(*fa, cases, report);

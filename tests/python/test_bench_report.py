@@ -261,6 +261,12 @@ def test_a_refining_sweep_keeps_the_faster_untransposed_fallback():
     (["--sweep", "--evtc", "x", "--table-out", "t.json", "--seed-from", "b.json", "--seed-top", "0"],
      "--seed-top must be 1 or more"),
     (["--seed-from", "b.json"], "--seed-from belongs to --sweep"),
+    (["--configs", "coop_128x128x64_c1x1_persistent"], "--configs belongs to --sweep"),
+    (["--sweep", "--evtc", "x", "--table-out", "t.json", "--configs", "coop_128x128x64_c1x1_persistent,128x64"],
+     "argument --configs: not a configuration name: 128x64 "),
+    (["--sweep", "--evtc", "x", "--table-out", "t.json", "--configs", "coop_128x128x64_c1x1_persistent",
+      "--refine", "a.json"],
+     "--configs names the configurations itself: give it without --refine, --seed-from and --orders-from"),
     (["--table-times-from", "c.json", "--table-out", "t.json"],
      "--table-times-from needs --table-base TABLE.json and --table-out FILE"),
     (["--sweep", "--evtc", "x", "--table-out", "t.json", "--table-times-from", "c.json"],
@@ -416,3 +422,12 @@ def test_the_recorded_command_names_no_path_of_the_working_tree(monkeypatch, tmp
     monkeypatch.setattr(sys, "argv", ["gemm_shapes.py", "--sweep", "--evtc", str(tmp_path / "build" / "evtc"),
                                       "--table-out", "/elsewhere/t.json"])
     assert g.command_line() == "python3 bench/gemm_shapes.py --sweep --evtc build/evtc --table-out /elsewhere/t.json"
+
+
+
+def test_configs_are_deduplicated_in_order():
+    g = load_gemm_shapes()
+    args = g.parse_args(["--sweep", "--evtc", "x", "--table-out", "t.json", "--configs",
+                         "pingpong_64x80x128_c1x1_persistent_swap, pingpong_64x64x128_c1x1_persistent_swap,"
+                         "pingpong_64x80x128_c1x1_persistent_swap"])
+    assert args.configs == ["pingpong_64x80x128_c1x1_persistent_swap", "pingpong_64x64x128_c1x1_persistent_swap"]

@@ -64,6 +64,46 @@ TEST(CliBackend, FuzzCompileOnlyNeedsNoGpuAndReportsFailures) {
   EXPECT_NE(both.output.find("--cpu excludes --compile-only"), std::string::npos) << both.output;
 }
 
+// --shard K/N keeps kernels K, K+N, ... of the whole run, with the same epilogues, sizes and seeds:
+// the shards of one seed and count together are the run, each kernel once.
+TEST(CliBackend, FuzzShardsSplitTheRunsKernels) {
+  auto headers = [](const std::string& out) {
+    std::vector<std::string> lines;
+    size_t at = 0;
+    while ((at = out.find("\n# ", at)) != std::string::npos) {
+      const size_t end = out.find('\n', at + 1);
+      lines.push_back(out.substr(at + 1, end - at - 1));
+      at = end;
+    }
+    return lines;
+  };
+  const auto whole = run_cli("fuzz --print --count 60 --seed 7");
+  ASSERT_EQ(whole.exit_code, 0) << whole.output;
+  const std::vector<std::string> all = headers("\n" + whole.output);
+  ASSERT_GE(all.size(), 9u) << whole.output;
+  std::vector<std::string> joined(all.size());
+  for (int k = 0; k < 3; ++k) {
+    const auto part = run_cli(fmt::format("fuzz --print --count 60 --seed 7 --shard {}/3", k));
+    ASSERT_EQ(part.exit_code, 0) << part.output;
+    const std::vector<std::string> mine = headers("\n" + part.output);
+    ASSERT_EQ(mine.size(), (all.size() - k + 2) / 3) << part.output;
+    for (size_t i = 0; i < mine.size(); ++i) joined[k + 3 * i] = mine[i];
+  }
+  EXPECT_EQ(joined, all);
+  const auto cpu = run_cli("fuzz --cpu --count 60 --seed 7 --shard 2/3");
+  EXPECT_EQ(cpu.exit_code, 0) << cpu.output;
+  EXPECT_NE(cpu.output.find(fmt::format("fuzz: shard 2/3: {} of the run's {} kernels", (all.size() + 0) / 3,
+                                        all.size())),
+            std::string::npos)
+      << cpu.output;
+  for (const char* bad : {"3/3", "1/0", "-1/2", "2", "1/2x"}) {
+    const auto r = run_cli(fmt::format("fuzz --cpu --count 10 --shard {}", bad));
+    EXPECT_NE(r.exit_code, 0) << bad;
+    EXPECT_NE(r.output.find(fmt::format("--shard {}: expected K/N with 0 <= K < N", bad)), std::string::npos)
+        << r.output;
+  }
+}
+
 TEST(CliBackend, MissingCutlassSaysWhatToSet) {
   const auto r = run_cli("compile 'out D = relu(acc)'",
                          "EVTC_CUTLASS_DIR=/nonexistent/cutlass EVTC_CACHE_DIR=/tmp/evtc-cli-test-cache");

@@ -128,6 +128,39 @@ TEST(SelectionTable, NearestEntriesAreComparedAtTheProblemsRowTiles) {
   EXPECT_EQ(config_of(250, 16384, 3072), "pingpong_128x160x64_c2x1_persistent");
 }
 
+TEST(SelectionTable, ABorrowedTransposedTileWidensToOneTileAcrossM) {
+  auto gemm = [](int64_t m, int64_t n, int64_t k) {
+    GemmDesc g;
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    return g;
+  };
+  auto widened = [&](const std::string& config, int64_t m, int64_t n, int64_t k) {
+    const auto c = one_token_tile(*KernelConfig::parse(config), gemm(m, n, k), {132});
+    return c ? c->name() : std::string("kept");
+  };
+  // The M = 64 entry's 64x64 transposed tile takes two tiles across 80 rows: 160 tiles, two
+  // waves, B read twice. Widened to 80 columns: 80 tiles, one wave.
+  EXPECT_EQ(widened("pingpong_64x64x128_c1x1_persistent_swap", 80, 5120, 3072),
+            "pingpong_64x80x128_c1x1_persistent_swap");
+  // Two tiles across M that fit one wave (96 tiles) run side by side: kept.
+  EXPECT_EQ(widened("pingpong_64x32x128_c1x1_persistent_swap", 40, 3072, 3072), "kept");
+  // Rounded up to 16 columns, and clusters and K tile kept.
+  EXPECT_EQ(widened("pingpong_64x16x256_c2x1_persistent_swap", 20, 8192, 4096),
+            "pingpong_64x32x256_c2x1_persistent_swap");
+  // One tile across M already, an untransposed tile, or M beyond the widest transposed tile.
+  EXPECT_EQ(widened("pingpong_64x64x128_c1x1_persistent_swap", 56, 16384, 2048), "kept");
+  EXPECT_EQ(widened("pingpong_64x64x128_c1x1_persistent", 80, 16384, 2048), "kept");
+  EXPECT_EQ(widened("pingpong_64x64x128_c1x1_persistent_swap", 130, 16384, 2048), "kept");
+  // Every widened tile is one evtc builds (KernelConfig::parse checks it).
+  for (int m = 17; m <= 128; ++m)
+    for (const char* config : {"pingpong_64x16x256_c1x1_persistent_swap", "pingpong_64x32x128_c1x1_persistent_swap",
+                               "pingpong_64x64x128_c1x2_persistent_swap"})
+      if (const auto c = one_token_tile(*KernelConfig::parse(config), gemm(m, 65536, 4096), {132}))
+        EXPECT_TRUE(KernelConfig::parse(c->name()).has_value()) << c->name();
+}
+
 TEST(SelectionTable, GpuClassesAndDtypes) {
   EXPECT_EQ(gpu_class_of("NVIDIA H100 80GB HBM3"), "h100");
   EXPECT_EQ(gpu_class_of("NVIDIA H200"), "h200");

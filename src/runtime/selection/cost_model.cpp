@@ -193,7 +193,9 @@ void anchor_to_table(FusionEstimate& e, const selection::TableChoice& t, const G
   there.m = t.entry.m;
   there.n = t.entry.n;
   there.k = t.entry.k;
-  const FusionEstimate plain = estimate_for(t.config, there, double(there.m) * there.n * 2, 0, UnfusedWork{});
+  // The entry's own configuration, which its times measured (the choice may adapt it to here).
+  const FusionEstimate plain =
+      estimate_for(t.entry.config, there, double(there.m) * there.n * 2, 0, UnfusedWork{});
   e.fused_us *= t.entry.ms * 1e3 / plain.fused_us;
   e.cublas_us *= t.entry.cublas_ms * 1e3 / plain.cublas_us;
   e.basis = fmt::format("table {} at {}x{}x{}", t.table, t.entry.m, t.entry.n, t.entry.k);

@@ -44,6 +44,21 @@ bool reduces_over_m(const Graph& g) {
   return false;
 }
 
+std::optional<KernelConfig> one_token_tile(const KernelConfig& c, const GemmDesc& gemm,
+                                           const tuning::DeviceLimits& device) {
+  // Measured on the H200 at 80×5120×3072: the M = 64 entry's 64×64 transposed tile runs 160
+  // tiles at 1.855× cuBLAS, 64×80 runs 80 at 1.039× (bench/results/20261128-1742-h200-gemm-sweep.json).
+  // Where the two tiles across M fit one wave they run side by side and share B in L2:
+  // 40×3072×3072 keeps the M = 32 entry's 64×32 tile (96 tiles, 0.921×).
+  constexpr int64_t kWidest = 128;  // the widest transposed tile the candidates offer
+  if (!c.swap_ab || gemm.m <= c.tile_n) return std::nullopt;
+  const int64_t width = (gemm.m + 15) / 16 * 16;
+  if (width > kWidest || tuning::tile_count(c, gemm) <= device.sm_count) return std::nullopt;
+  KernelConfig wide = c;
+  wide.tile_n = int(width);
+  return wide;
+}
+
 std::optional<TableChoice> table_choice(const Graph& g, const GemmDesc& gemm) {
   // Tables are measured on GPUs whose kernels are verified there, and apply on such a GPU only.
   if (!backend_features(gemm.sm, gemm.a_dtype).verified || gemm.m <= 0 || gemm.n <= 0 || gemm.k <= 0)
@@ -63,7 +78,15 @@ std::optional<TableChoice> table_choice(const Graph& g, const GemmDesc& gemm) {
   auto usable = [&](const KernelConfig& c) {
     return tuning::prune_reason(c, g, gemm, device).empty();  // at least 3 main-loop stages included
   };
-  if (usable(found->entry->config)) return TableChoice{found->entry->config, *found->entry, found->exact, table->file};
+  if (usable(found->entry->config)) {
+    TableChoice choice{found->entry->config, *found->entry, found->exact, table->file};
+    if (const auto wide = found->exact ? std::nullopt : one_token_tile(choice.config, gemm, device);
+        wide && usable(*wide)) {
+      choice.config = *wide;
+      choice.entry.order = VisitOrder{};  // the entry's order was measured on its own tile grid
+    }
+    return choice;
+  }
   // A transposed entry for an epilogue without a transposed kernel (a gated one): the fastest
   // untransposed configuration measured at that shape.
   if (const auto& other = found->entry->unswapped; other && usable(*other)) {

@@ -7,6 +7,7 @@
 #include "evtc/gemm.hpp"
 #include "evtc/graph.hpp"
 #include "evtc/kernel_config.hpp"
+#include "runtime/selection/candidates.hpp"
 #include "runtime/selection/shipped_table.hpp"
 
 namespace evtc::selection {
@@ -29,5 +30,14 @@ struct TableChoice {
   std::string table;  // its file name, e.g. "h100-bf16.json"
 };
 std::optional<TableChoice> table_choice(const Graph& g, const GemmDesc& gemm);
+
+// A transposed configuration borrowed from a smaller M, whose tiles (tile_n of M's rows each)
+// take two or more across this problem's M in more tiles than one wave holds: the same
+// configuration with tile_n widened to M rounded up to 16 (at most 128), so that each slice of
+// N is one tile and B streams once. At such M the kernel is bound by reading B, and a second
+// wave of tiles reads it again. nullopt where the configuration needs no widening (or M is
+// wider than any transposed tile). table_choice applies it to entries of other shapes.
+std::optional<KernelConfig> one_token_tile(const KernelConfig& c, const GemmDesc& gemm,
+                                           const tuning::DeviceLimits& device = {});
 
 }  // namespace evtc::selection
