@@ -46,16 +46,26 @@ struct FuzzArgs {
   std::string shard;  // "K/N": kernels K, K+N, K+2N, ... of the run
 };
 
-// --shard K/N, checked: {K, N}. A run split into shards 0/N .. N-1/N (on as many GPUs) checks
-// the same kernels as the whole run, each once.
-std::pair<int, int> parse_shard(const std::string& text) {
+// --shard K/N: {K, N}, or nullopt where the text is not a shard (0 <= K < N). A run split into
+// shards 0/N .. N-1/N (on as many GPUs) checks the same kernels as the whole run, each once.
+std::optional<std::pair<int, int>> parse_shard(const std::string& text) {
   int k = -1, n = 0;
   char slash = 0, extra = 0;
   const int got = std::sscanf(text.c_str(), "%d%c%d%c", &k, &slash, &n, &extra);
-  if (got != 3 || slash != '/' || n < 1 || k < 0 || k >= n)
-    throw UserError(fmt::format("--shard {}: expected K/N with 0 <= K < N, e.g. 0/4 for the first of four shards",
-                                text));
-  return {k, n};
+  if (got != 3 || slash != '/' || n < 1 || k < 0 || k >= n || text.find_first_of("+- ") != std::string::npos)
+    return std::nullopt;
+  return std::pair{k, n};
+}
+
+const CLI::Validator& shard_value() {
+  static const CLI::Validator v = CLI::Validator(
+      [](std::string& text) -> std::string {
+        return parse_shard(text) ? std::string()
+                                 : fmt::format("'{}' is not a shard K/N with 0 <= K < N (e.g. 0/4, the first of four)",
+                                               text);
+      },
+      "K/N");
+  return v;
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
@@ -367,8 +377,8 @@ int fuzz_gpu(const FuzzArgs& fa, const std::vector<Case>& cases, nlohmann::json&
       size_t index = 0;
       for (size_t o = 0; o < c.kernel.outputs.size(); ++o)
         if (c.kernel.outputs[o].name == output) index = o;
-      fmt::print("MISMATCH kernel {} ({}), {} path, output {}: {}\n  {}\n", c.index, kernel_kind_name(c.kernel.kind), path,
-                 output, what, run_line(c, index));
+      fmt::print("MISMATCH kernel {} ({}), {} path, output {}: {}\n  {}\n", c.index, kernel_kind_name(c.kernel.kind),
+                 path, output, what, run_line(c, index));
       mismatches.push_back({{"kernel", c.index}, {"path", path}, {"output", output}, {"what", what},
                             {"run", run_line(c, index)}, {"kernel_text", c.kernel.text()}});
       if (path == "fused" && output != "(path)") to_isolate.emplace_back(&c, index);
@@ -376,8 +386,8 @@ int fuzz_gpu(const FuzzArgs& fa, const std::vector<Case>& cases, nlohmann::json&
     if (g.skipped) continue;
     if (!g.compile_error.empty()) {
       const std::string first = g.compile_error.substr(0, 600);
-      fmt::print("COMPILE FAILURE kernel {} ({}): {}\n  kernel: {}\n", c.index, kernel_kind_name(c.kernel.kind), first,
-                 c.kernel.text());
+      fmt::print("COMPILE FAILURE kernel {} ({}): {}\n  kernel: {}\n", c.index, kernel_kind_name(c.kernel.kind),
+                 first, c.kernel.text());
       compile_errors.push_back({{"kernel", c.index}, {"what", first}, {"kernel_text", c.kernel.text()},
                                 {"sizes", {c.m, c.n, c.k}}, {"options", c.kernel.cli_options()}});
       continue;
@@ -488,7 +498,8 @@ Command add_fuzz_command(CLI::App& app) {
   sub->add_option("--json", fa->json, "Write the report as JSON to this file");
   sub->add_option("--shard", fa->shard,
                   "K/N: check only kernels K, K+N, K+2N, ... of the run (0 <= K < N). Shards 0/N to N-1/N of one "
-                  "seed and count, run on as many GPUs, together check what the whole run checks");
+                  "seed and count, run on as many GPUs, together check what the whole run checks")
+      ->check(shard_value());
   return {sub, [fa] {
             if (fa->min_outputs > fa->max_outputs)
               throw UserError(fmt::format("--min-outputs {} is more than --max-outputs {}", fa->min_outputs,
@@ -499,7 +510,7 @@ Command add_fuzz_command(CLI::App& app) {
             go.max_outputs = fa->max_outputs;
             go.max_depth = fa->max_depth;
             go.integers = fa->integers;
-            const auto [shard, shards] = fa->shard.empty() ? std::pair{0, 1} : parse_shard(fa->shard);
+            const auto [shard, shards] = fa->shard.empty() ? std::pair{0, 1} : *parse_shard(fa->shard);
             testing::EpilogueGenerator gen(fa->seed, go);
             std::mt19937_64 rng(fa->seed ^ 0x9e3779b97f4a7c15ull);
             std::vector<Case> cases;

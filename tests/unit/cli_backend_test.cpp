@@ -96,10 +96,11 @@ TEST(CliBackend, FuzzShardsSplitTheRunsKernels) {
                                         all.size())),
             std::string::npos)
       << cpu.output;
-  for (const char* bad : {"3/3", "1/0", "-1/2", "2", "1/2x"}) {
+  for (const char* bad : {"3/3", "1/0", "-1/2", "2", "1/2x", "+1/2"}) {
     const auto r = run_cli(fmt::format("fuzz --cpu --count 10 --shard {}", bad));
-    EXPECT_NE(r.exit_code, 0) << bad;
-    EXPECT_NE(r.output.find(fmt::format("--shard {}: expected K/N with 0 <= K < N", bad)), std::string::npos)
+    EXPECT_EQ(r.exit_code, 2) << bad << ": " << r.output;
+    EXPECT_NE(r.output.find(fmt::format("'{}' is not a shard K/N with 0 <= K < N (e.g. 0/4, the first of four)", bad)),
+              std::string::npos)
         << r.output;
   }
 }

@@ -47,7 +47,9 @@ bool reduces_over_m(const Graph& g) {
 std::optional<KernelConfig> one_token_tile(const KernelConfig& c, const GemmDesc& gemm,
                                            const tuning::DeviceLimits& device) {
   // Measured on the H200 at 80×5120×3072: the M = 64 entry's 64×64 transposed tile runs 160
-  // tiles at 1.855× cuBLAS, 64×80 runs 80 at 1.039× (bench/results/20261128-1742-h200-gemm-sweep.json).
+  // tiles at 1.855× cuBLAS, 64×80 runs 80 at 1.039×
+  // (bench/results/20261128-1742-h200-gemm-sweep-mid-m-transposed.json; the old and new picks
+  // at six shapes: 20261128-1759-h200-gemm-sweep-widened-transposed.json).
   // Where the two tiles across M fit one wave they run side by side and share B in L2:
   // 40×3072×3072 keeps the M = 32 entry's 64×32 tile (96 tiles, 0.921×).
   constexpr int64_t kWidest = 128;  // the widest transposed tile the candidates offer
