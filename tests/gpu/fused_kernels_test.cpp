@@ -93,9 +93,11 @@ TEST(FusedConfigs, TransposedKernelsOfDecodeProblems) {
 
 TEST(FusedConfigs, DefaultConfigurationsOfLinearLayersFromPrefillToDecode) {
   // On an H100 or H200 these come from the shipped table (exact and nearest shapes); elsewhere
-  // from the rules.
+  // from the rules. 80×5200×3000 and 40×8200×4000 borrow transposed entries of M = 64 and 32
+  // whose tiles the H200's table lookup widens to one tile across M (64×80 and 64×48).
   const std::tuple<int, int, int> shapes[] = {{16, 4096, 4096}, {48, 5000, 3000}, {64, 28672, 4096},
-                                               {256, 4608, 3584}, {1000, 6000, 2000}, {4096, 4096, 4096}};
+                                               {256, 4608, 3584}, {1000, 6000, 2000}, {4096, 4096, 4096},
+                                               {80, 5200, 3000}, {40, 8200, 4000}};
   {
     std::vector<std::jthread> compiles;  // each shape's configuration, all at once
     for (const auto& [m, n, k] : shapes) compiles.emplace_back([&, m, n, k] { kernel("w1_linear").compile(m, n, k); });
