@@ -9,10 +9,13 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "evtc/expression.hpp"
 #include "evtc/reference.hpp"
 #include "evtc/runtime.hpp"
+#include "runtime/selection/tuning_store.hpp"
 #include "testing/harness.hpp"
 
 using namespace evtc;
@@ -109,6 +112,27 @@ TEST_F(AutotunerTest, TimesOnScratchPersistsAndRunsCorrectly) {
   // Tuning off ignores it.
   Kernel off(g, options(TuneMode::off));
   EXPECT_EQ(off.config_choice(m, n, kk).source, ConfigChoice::Source::heuristic);
+
+  // A transposed choice tuned at a smaller M (a record of this epilogue and GPU, written as the
+  // tuner writes them), borrowed by M = 80, where its 64-column tiles would take two across M in
+  // 160 tiles, more than one wave: widened to one tile across M, as a table entry's is.
+  std::stringstream text;
+  text << std::ifstream(r.record_path).rdbuf();
+  tuning::TuningRecord decode = tuning::TuningRecord::from_json(text.str());
+  decode.m = 64;
+  decode.n = 5120;
+  decode.k = 3072;
+  decode.best = *KernelConfig::parse("pingpong_64x64x128_c1x1_persistent_swap");
+  decode.order = VisitOrder{};
+  decode.identity.gemm = options(TuneMode::ahead).gemm;  // the record keeps the graph and device; these are the Kernel's
+  tuning::TuningStore(cache_.string(), decode.identity).save(decode);
+  Kernel later(g, options(TuneMode::ahead));
+  const ConfigChoice wide = later.config_choice(80, 5120, 3072);
+  EXPECT_EQ(wide.source, ConfigChoice::Source::nearest_tuned);
+  EXPECT_EQ(wide.tuned_m, 64);
+  EXPECT_EQ(wide.config.name(), "pingpong_64x80x128_c1x1_persistent_swap");
+  // At its own shape it stays as tuned.
+  EXPECT_EQ(later.config_choice(64, 5120, 3072).config.name(), "pingpong_64x64x128_c1x1_persistent_swap");
 }
 
 TEST_F(AutotunerTest, EveryVisitingOrderGivesTheSameResults) {

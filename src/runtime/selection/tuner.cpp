@@ -123,6 +123,15 @@ ConfigChoice Kernel::Impl::choose_config(int64_t m, int64_t n, int64_t k) const 
         choice.tuned_n = r->n;
         choice.tuned_k = r->k;
         choice.table.clear();
+        // A transposed tile borrowed from a smaller M widens to one tile across this M, as a
+        // table entry's does (selection::one_token_tile).
+        if (choice.source == ConfigChoice::Source::nearest_tuned) {
+          tuning::DeviceLimits limits;
+          if (const auto dev = current_device(); dev && dev->sm_count > 0) limits.sm_count = dev->sm_count;
+          if (const auto wide = selection::one_token_tile(choice.config, g, limits);
+              wide && tuning::prune_reason(*wide, graph, g, limits).empty())
+            choice.config = *wide;
+        }
       }
     }
     // A visiting order is kept at the shape it was measured at only: borrowed by another shape
