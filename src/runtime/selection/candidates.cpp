@@ -35,6 +35,12 @@ GemmDesc whole_row_tiles(const KernelConfig& c, GemmDesc gemm) {
   return gemm;
 }
 
+std::optional<int> transposed_width_holding(int64_t m) {
+  constexpr int64_t kWidest = 128;
+  if (m <= 0 || m > kWidest) return std::nullopt;
+  return int(ceil_div(m, 16) * 16);
+}
+
 namespace {
 
 // Fraction of the padded tile grid that lies inside the problem.
@@ -155,9 +161,8 @@ std::vector<KernelConfig> whole_space(const GemmDesc& gemm, const DeviceLimits& 
   // streamed once, as at M <= 64, where 64-row tiles or a transposed 64-column one stream them
   // once per row tile (at 80x5120x3072 on the H200 the best of 35 candidates without it took
   // 1.21x cuBLAS's time; bench/results/20261128-1434-h200-gemm-sweep-mid-m.json).
-  if (const int64_t m = size_or(gemm.m); m > 64 && m <= 128) {
-    const int tn = int(ceil_div(m, 16) * 16);
-    KernelConfig c = make_config(MainloopSchedule::pingpong, TileSchedulerKind::persistent, 64, tn, 128, 1, 1, 1, gemm);
+  if (const auto tn = transposed_width_holding(size_or(gemm.m)); tn && size_or(gemm.m) > 64) {
+    KernelConfig c = make_config(MainloopSchedule::pingpong, TileSchedulerKind::persistent, 64, *tn, 128, 1, 1, 1, gemm);
     c.swap_ab = true;
     out.push_back(c);
   }

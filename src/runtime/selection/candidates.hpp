@@ -56,5 +56,8 @@ int64_t tile_count(const KernelConfig& c, const GemmDesc& gemm);
 // The problem with M rounded up to whole row tiles of the configuration (of tile_n columns where
 // it is transposed): the same tile grid, without the last row tile's padding.
 GemmDesc whole_row_tiles(const KernelConfig& c, GemmDesc gemm);
+// The columns of a transposed (swap-AB) tile that holds all of M's rows in one tile: M rounded
+// up to a multiple of 16; nullopt above the widest such tile the candidates offer (128).
+std::optional<int> transposed_width_holding(int64_t m);
 
 }  // namespace evtc::tuning

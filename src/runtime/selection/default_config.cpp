@@ -44,6 +44,12 @@ bool reduces_over_m(const Graph& g) {
   return false;
 }
 
+tuning::DeviceLimits current_device_limits() {
+  tuning::DeviceLimits limits;
+  if (const auto dev = current_device(); dev && dev->sm_count > 0) limits.sm_count = dev->sm_count;
+  return limits;
+}
+
 std::optional<KernelConfig> one_token_tile(const KernelConfig& c, const GemmDesc& gemm,
                                            const tuning::DeviceLimits& device) {
   // Measured on the H200 at 80×5120×3072: the M = 64 entry's 64×64 transposed tile runs 160
@@ -52,12 +58,11 @@ std::optional<KernelConfig> one_token_tile(const KernelConfig& c, const GemmDesc
   // at six shapes: 20261128-1759-h200-gemm-sweep-widened-transposed.json).
   // Where the two tiles across M fit one wave they run side by side and share B in L2:
   // 40×3072×3072 keeps the M = 32 entry's 64×32 tile (96 tiles, 0.921×).
-  constexpr int64_t kWidest = 128;  // the widest transposed tile the candidates offer
   if (!c.swap_ab || gemm.m <= c.tile_n) return std::nullopt;
-  const int64_t width = (gemm.m + 15) / 16 * 16;
-  if (width > kWidest || tuning::tile_count(c, gemm) <= device.sm_count) return std::nullopt;
+  const auto width = tuning::transposed_width_holding(gemm.m);
+  if (!width || tuning::tile_count(c, gemm) <= device.sm_count) return std::nullopt;
   KernelConfig wide = c;
-  wide.tile_n = int(width);
+  wide.tile_n = *width;
   return wide;
 }
 
@@ -222,8 +227,7 @@ KernelConfig default_config_for_shape(const Graph& g, const GemmDesc& gemm) {
     return c;
   }
   if (gemm.m <= 0 || gemm.n <= 0) return c;  // size unknown: the large-problem default
-  tuning::DeviceLimits device;
-  if (const auto dev = current_device(); dev && dev->sm_count > 0) device.sm_count = dev->sm_count;
+  const tuning::DeviceLimits device = selection::current_device_limits();
   // Reductions keep the tiles they were measured with (the one-wave tiles were measured on
   // elementwise and gated epilogues); column and whole-matrix ones the cooperative schedule.
   if (!reduces)

@@ -40,4 +40,8 @@ std::optional<TableChoice> table_choice(const Graph& g, const GemmDesc& gemm);
 std::optional<KernelConfig> one_token_tile(const KernelConfig& c, const GemmDesc& gemm,
                                            const tuning::DeviceLimits& device = {});
 
+// The current GPU's limits for candidate generation and pruning (its multiprocessors; the
+// defaults where no GPU answers).
+tuning::DeviceLimits current_device_limits();
+
 }  // namespace evtc::selection

@@ -126,8 +126,7 @@ ConfigChoice Kernel::Impl::choose_config(int64_t m, int64_t n, int64_t k) const 
         // A transposed tile borrowed from a smaller M widens to one tile across this M, as a
         // table entry's does (selection::one_token_tile).
         if (choice.source == ConfigChoice::Source::nearest_tuned) {
-          tuning::DeviceLimits limits;
-          if (const auto dev = current_device(); dev && dev->sm_count > 0) limits.sm_count = dev->sm_count;
+          const tuning::DeviceLimits limits = selection::current_device_limits();
           if (const auto wide = selection::one_token_tile(choice.config, g, limits);
               wide && tuning::prune_reason(*wide, graph, g, limits).empty())
             choice.config = *wide;
@@ -352,8 +351,7 @@ std::vector<KernelConfig> Kernel::tuning_candidates(int64_t m, int64_t n, int64_
   g.m = m;
   g.n = n;
   g.k = k;
-  tuning::DeviceLimits limits;
-  if (const auto dev = current_device(); dev && dev->sm_count > 0) limits.sm_count = dev->sm_count;
+  const tuning::DeviceLimits limits = selection::current_device_limits();
   auto out = tuning::candidate_configs(impl_->graph, g, limits, impl_->tune_max_candidates);
   for (auto& c : out) c.precise_math = c.precise_math || impl_->options.precise_math;
   return out;
