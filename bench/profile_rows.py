@@ -31,6 +31,12 @@ ROWS = {
            ("sa", "sb")),
     "W3gelu": ("input sa[m]: f32\ninput sb[n]: f32\ninput bias[n]: bf16\n"
                "out D: bf16 = gelu(acc * sa[m] * sb[n] + bias[n])", 4096, 4096, 4096, ("sa", "sb", "bias")),
+    # Plain GEMMs between the selection tables' M values (docs/backend.md, "Shapes outside the
+    # table"), where no configuration evtc has reaches cuBLAS: what cuBLAS's kernel is there.
+    "midM-100": ("out D: bf16 = acc", 100, 3072, 8192, ()),
+    "midM-200": ("out D: bf16 = acc", 200, 7168, 5120, ()),
+    "midM-300": ("out D: bf16 = acc", 300, 35840, 5120, ()),
+    "midM-88": ("out D: bf16 = acc", 88, 11008, 4096, ()),
 }
 # Grouped rows (W6): (expression, groups, rows per group, N, K); the reference is torch._grouped_mm.
 GROUPED_ROWS = {

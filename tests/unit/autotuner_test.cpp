@@ -132,7 +132,7 @@ TEST(TuningCandidates, DecodeProblemsGetNarrowTilesAndSplitK) {
   }
 }
 
-TEST(TuningCandidates, BetweenSixtyFourAndOneHundredTwentyEightRowsOneTransposedTileHoldsM) {
+TEST(TuningCandidates, BetweenSixtyFourAnd384RowsTransposedTilesHoldOrSplitM) {
   const Graph plain = lowered("out D: bf16 = acc");
   auto transposed = [](const std::vector<KernelConfig>& cands) {
     std::vector<std::string> out;
@@ -140,16 +140,52 @@ TEST(TuningCandidates, BetweenSixtyFourAndOneHundredTwentyEightRowsOneTransposed
       if (c.swap_ab) out.push_back(c.name());
     return out;
   };
-  // 80 rows: one 64x80 transposed tile streams the weights once (two 64-row tiles would twice).
-  EXPECT_EQ(transposed(candidate_configs(plain, problem(80, 5120, 3072), {}, 0)),
-            std::vector<std::string>{"pingpong_64x80x128_c1x1_persistent_swap"});
-  EXPECT_EQ(transposed(candidate_configs(plain, problem(100, 3072, 8192), {}, 0)),
-            std::vector<std::string>{"pingpong_64x112x128_c1x1_persistent_swap"});
-  EXPECT_TRUE(transposed(candidate_configs(plain, problem(200, 7168, 5120), {}, 0)).empty());
-  // A row sum (over the transposed kernel's M) compiles at 80 columns, not at 112: pruned there.
+  auto has = [](const std::vector<std::string>& names, const std::string& name) {
+    return std::find(names.begin(), names.end(), name) != names.end();
+  };
+  // 80 rows: one 64x80 transposed tile streams the weights once (two 64-row tiles would twice);
+  // cooperative 128-row transposed tiles hold M in one tile or split it into two to four.
+  const auto at80 = transposed(candidate_configs(plain, problem(80, 5120, 3072), {}, 0));
+  for (const char* name : {"pingpong_64x80x128_c1x1_persistent_swap", "pingpong_64x80x128_c4x1_persistent_swap",
+                           "coop_128x80x64_c1x1_persistent_swap", "coop_128x80x64_c4x1_persistent_swap",
+                           "coop_128x48x64_c1x1_persistent_swap", "coop_128x32x64_c1x1_persistent_swap"})
+    EXPECT_TRUE(has(at80, name)) << name;
+  const auto at100 = transposed(candidate_configs(plain, problem(100, 3072, 8192), {}, 0));
+  EXPECT_TRUE(has(at100, "pingpong_64x112x128_c1x1_persistent_swap"));
+  EXPECT_TRUE(has(at100, "coop_128x112x64_c1x1_persistent_swap"));
+  // 200 rows: two tiles of 112 (cuBLAS's own kernel there takes two of 104), and 300: two of 160.
+  EXPECT_TRUE(has(transposed(candidate_configs(plain, problem(200, 7168, 5120), {}, 0)),
+                  "coop_128x112x64_c1x1_persistent_swap"));
+  EXPECT_TRUE(has(transposed(candidate_configs(plain, problem(300, 35840, 5120), {}, 0)),
+                  "coop_128x160x64_c4x1_persistent_swap"));
+  // Decode sizes keep their own transposed set, and 385 rows and more none.
+  EXPECT_FALSE(has(transposed(candidate_configs(plain, problem(64, 5120, 3072), {}, 0)),
+                   "coop_128x64x64_c4x1_persistent_swap"));
+  EXPECT_TRUE(transposed(candidate_configs(plain, problem(400, 16384, 4096), {}, 0)).empty());
+  // A row sum (over the transposed kernel's M) compiles at 80 columns, not at 112: wider
+  // transposed tiles are pruned.
   const Graph row = lowered("out D: bf16 = acc; out rs = row_sum(acc)");
-  EXPECT_EQ(transposed(candidate_configs(row, problem(80, 5120, 3072), {}, 0)).size(), 1u);
-  EXPECT_TRUE(transposed(candidate_configs(row, problem(100, 3072, 8192), {}, 0)).empty());
+  for (int64_t m : {80, 100, 200}) {
+    const auto cands = candidate_configs(row, problem(m, 5120, 3072), {}, 0);
+    for (const auto& c : cands)
+      if (c.swap_ab) EXPECT_LE(c.tile_n, 80) << c.name() << " at M = " << m;
+  }
+}
+
+TEST(TuningCandidates, TransposedGridsCountTheirOwnTiles) {
+  // A transposed tile runs N in its rows: 300x35840 in 128x112 transposed tiles is 280 x 3 =
+  // 840 tiles, seven waves of 132 holding 924 (not 3 x 320 = 960, M and N exchanged twice).
+  KernelConfig c = KernelConfig::of(MainloopSchedule::cooperative, 128, 112, 1);
+  c.swap_ab = true;
+  const GemmDesc g = problem(300, 35840, 5120);
+  EXPECT_EQ(tile_count(c, g), 840);
+  EXPECT_NEAR(grid_efficiency(c, g, {}), 840.0 / 924.0 * (300.0 / 336.0), 1e-9);
+  for (int64_t m : {65, 100, 200, 300})
+    for (int64_t n : {3000, 11008, 35840}) {
+      const double e = grid_efficiency(c, problem(m, n, 4096), {});
+      EXPECT_GT(e, 0.0);
+      EXPECT_LE(e, 1.0) << m << "x" << n;
+    }
 }
 
 TEST(TuningCandidates, WidthsFittedToWholeWaves) {

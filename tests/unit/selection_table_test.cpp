@@ -161,6 +161,49 @@ TEST(SelectionTable, ABorrowedTransposedTileWidensToOneTileAcrossM) {
         EXPECT_TRUE(KernelConfig::parse(c->name()).has_value()) << c->name();
 }
 
+TEST(SelectionTable, AShapeBetweenTheTablesMValuesSplitsMIntoTransposedCooperativeTiles) {
+  auto pick = [](int64_t m, int64_t n) {
+    GemmDesc g;
+    g.m = m;
+    g.n = n;
+    g.k = 4096;
+    const auto c = mid_m_transposed_tile(g, {132});
+    return c ? c->name() : std::string("none");
+  };
+  // One tile of M rounded up to 16 columns up to 160 rows, then two (cuBLAS's own choice at
+  // 200x7168: two of 104), or three at 300x35840 (560 tiles of 160 fill 0.85 of five waves, 840
+  // of 112 0.91 of seven).
+  EXPECT_EQ(pick(88, 11008), "coop_128x96x64_c1x1_persistent_swap");
+  EXPECT_EQ(pick(96, 16384), "coop_128x96x64_c1x1_persistent_swap");
+  EXPECT_EQ(pick(200, 7168), "coop_128x112x64_c1x1_persistent_swap");
+  EXPECT_EQ(pick(300, 35840), "coop_128x112x64_c1x1_persistent_swap");
+  // One tile more across M where the grid fills its waves better: 280x22016 (172 x 2 tiles, 1.3
+  // waves of 264 -> 172 x 3 in two) and 240x11008.
+  EXPECT_EQ(pick(280, 22016), "coop_128x96x64_c1x1_persistent_swap");
+  EXPECT_EQ(pick(240, 11008), "coop_128x80x64_c1x1_persistent_swap");
+  EXPECT_EQ(pick(176, 28672), "coop_128x96x64_c1x1_persistent_swap");
+  // Fewer tiles than half a wave (short N): the entry's configuration.
+  EXPECT_EQ(pick(100, 3072), "none");
+  EXPECT_EQ(pick(72, 8192), "none");
+  // Decode sizes, whole 64-row tiles, and M beyond the rule's range.
+  EXPECT_EQ(pick(64, 16384), "none");
+  EXPECT_EQ(pick(192, 16384), "none");
+  EXPECT_EQ(pick(330, 16384), "none");
+  // Every tile it picks is one evtc builds, and it is among the tuning candidates.
+  const Graph plain = parse_expression("out D: bf16 = acc");
+  for (int64_t m = 65; m <= 320; ++m) {
+    GemmDesc g;
+    g.m = m;
+    g.n = 65536;
+    g.k = 4096;
+    if (const auto c = mid_m_transposed_tile(g, {132})) {
+      EXPECT_TRUE(KernelConfig::parse(c->name()).has_value()) << c->name();
+      const auto candidates = tuning::candidate_configs(plain, g, {132}, 0);
+      EXPECT_NE(std::find(candidates.begin(), candidates.end(), *c), candidates.end()) << c->name();
+    }
+  }
+}
+
 TEST(SelectionTable, GpuClassesAndDtypes) {
   EXPECT_EQ(gpu_class_of("NVIDIA H100 80GB HBM3"), "h100");
   EXPECT_EQ(gpu_class_of("NVIDIA H200"), "h200");

@@ -41,6 +41,13 @@ std::optional<int> transposed_width_holding(int64_t m) {
   return int(ceil_div(m, 16) * 16);
 }
 
+std::optional<int> transposed_width_splitting(int64_t m, int tiles) {
+  if (m <= 0 || tiles < 1) return std::nullopt;
+  const int64_t width = ceil_div(ceil_div(m, tiles), 16) * 16;
+  if (width > 256) return std::nullopt;
+  return int(width);
+}
+
 namespace {
 
 // Fraction of the padded tile grid that lies inside the problem.
@@ -71,7 +78,7 @@ double wave_efficiency(const KernelConfig& c, const GemmDesc& given, const Devic
   const int64_t tm = ceil_div(ceil_div(size_or(g.m), c.tile_m), c.cluster_m) * c.cluster_m;
   const int64_t tn = ceil_div(ceil_div(size_or(g.n), c.tile_n), c.cluster_n) * c.cluster_n;
   const int64_t slots = ceil_div(tm * tn, tiles_per_wave(c, d)) * tiles_per_wave(c, d);
-  return double(tile_count(c, g)) / double(slots);
+  return double(tile_count(c, given)) / double(slots);
 }
 
 KernelConfig make_config(MainloopSchedule sched, TileSchedulerKind scheduler, int tm, int tn, int tk, int cm, int cn,
@@ -135,6 +142,29 @@ std::vector<KernelConfig> whole_space(const GemmDesc& gemm, const DeviceLimits& 
         if (std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
       }
     }
+  }
+  // Between 64 and 384 rows: the transposed problem in cooperative 128-row tiles (N in their
+  // rows), M split into one to four tiles of M / t columns rounded up to 16, alone or in 4x1
+  // clusters (the activations' tile multicast along N); and 64-row ping-pong transposed tiles
+  // holding M in one or two tiles, in 4x1 clusters. cuBLAS runs such tiles there (Nsight
+  // Compute on the H200: transposed 128x88 in 4x1 clusters at 88x11008x4096, 128x104 in 4x2
+  // at 200x7168x5120, 64x104 with split-K at 100x3072x8192;
+  // bench/results/20261128-2109-h200-ncu-mid-m.csv), and 64- and 128-row tiles pad such an M
+  // to whole tiles (bench/results/20261128-2123-h200-gemm-sweep-mid-m-transposed-coop.json:
+  // 1.003x cuBLAS at 88x11008x4096, 1.010x at 96x16384x3072, 1.051x at 200x7168x5120).
+  if (const int64_t m = size_or(gemm.m); m > 64 && m <= 384 && !fp8) {
+    auto add = [&](KernelConfig c) {
+      c.swap_ab = true;
+      if (std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
+    };
+    for (int tiles = 1; tiles <= 4; ++tiles)
+      if (const auto w = transposed_width_splitting(m, tiles))
+        for (int cluster : {1, 4})
+          add(make_config(MainloopSchedule::cooperative, TileSchedulerKind::persistent, 128, *w, tile_k, cluster, 1, 1,
+                          gemm));
+    for (int tiles = 1; tiles <= 2; ++tiles)
+      if (const auto w = transposed_width_splitting(m, tiles); w && *w <= 192)
+        add(make_config(MainloopSchedule::pingpong, TileSchedulerKind::persistent, 64, *w, 128, 4, 1, 1, gemm));
   }
   if (!small_grid(gemm, device)) return out;
   // Small grids: 64-row ping-pong tiles narrow enough that every multiprocessor gets a tile,

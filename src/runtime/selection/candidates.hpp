@@ -59,5 +59,8 @@ GemmDesc whole_row_tiles(const KernelConfig& c, GemmDesc gemm);
 // The columns of a transposed (swap-AB) tile that holds all of M's rows in one tile: M rounded
 // up to a multiple of 16; nullopt above the widest such tile the candidates offer (128).
 std::optional<int> transposed_width_holding(int64_t m);
+// The columns of each of `tiles` transposed tiles that split M's rows between them: M / tiles
+// rounded up, then up to a multiple of 16; nullopt above 256 (the widest wgmma).
+std::optional<int> transposed_width_splitting(int64_t m, int tiles);
 
 }  // namespace evtc::tuning

@@ -66,6 +66,38 @@ std::optional<KernelConfig> one_token_tile(const KernelConfig& c, const GemmDesc
   return wide;
 }
 
+std::optional<KernelConfig> mid_m_transposed_tile(const GemmDesc& gemm, const tuning::DeviceLimits& device) {
+  // Measured on the H200 against the picks before, each pair in one run (bench/results/20261128-
+  // 2123-h200-gemm-sweep-mid-m-transposed-coop.json, -2132-...-mid-m-validation.json and
+  // -2142-...-mid-m-one-tile-more.json): 96x16384x3072 1.231 -> 1.010x cuBLAS (one tile of 96),
+  // 88x11008x4096 1.302 -> 1.041x (one of 96), 200x7168x5120 1.218 -> 1.051x (two of 112),
+  // 216x6144x4096 1.099 -> 1.018x (two of 112), 176x28672x4096 1.281 -> 1.166x (two of 96),
+  // 280x22016x4096 2.136 -> 1.038x (three of 96; two of 144 leave a part wave: 1.100x),
+  // 240x11008x4096 1.147 -> 1.048x (three of 80), 136x18432x2304 1.418 -> 1.199x (two of 80),
+  // 300x35840x5120 1.274 -> 1.171x (three of 112; four of 80 took 1.112x). 112x14336x4096 took
+  // 1.040x against 1.038x. Where N is short (100x3072x8192: 24 such tiles) every cooperative
+  // transposed tile was slower than the entry's: the rule stands aside below half a wave.
+  // Whole 64-row tiles pad nothing (the tables' own M = 128 and 256 entries reach 0.86-1.08x
+  // with them), so a multiple of 64 keeps the entry's.
+  if (gemm.m <= 64 || gemm.m > 320 || gemm.m % 64 == 0 || gemm.n <= 0) return std::nullopt;
+  auto tile = [&](int tiles) -> std::optional<KernelConfig> {
+    const auto width = tuning::transposed_width_splitting(gemm.m, tiles);
+    if (!width) return std::nullopt;
+    KernelConfig c = KernelConfig::of(MainloopSchedule::cooperative, 128, *width, 1);
+    c.swap_ab = true;
+    return c;
+  };
+  const int first = int((gemm.m + 159) / 160);  // at most 160 columns a tile
+  auto best = tile(first);
+  if (!best || 2 * tuning::tile_count(*best, gemm) < device.sm_count) return std::nullopt;
+  // One tile more across M where its grid fills the waves better (240x11008: two tiles of 128
+  // make 172 tiles, 1.3 waves; three of 80 make 258, 1.95).
+  if (const auto more = tile(first + 1);
+      more && tuning::grid_efficiency(*more, gemm, device) > tuning::grid_efficiency(*best, gemm, device) + 1e-9)
+    best = more;
+  return best;
+}
+
 std::optional<TableChoice> table_choice(const Graph& g, const GemmDesc& gemm) {
   // Tables are measured on GPUs whose kernels are verified there, and apply on such a GPU only.
   if (!backend_features(gemm.sm, gemm.a_dtype).verified || gemm.m <= 0 || gemm.n <= 0 || gemm.k <= 0)
@@ -87,9 +119,13 @@ std::optional<TableChoice> table_choice(const Graph& g, const GemmDesc& gemm) {
   };
   if (usable(found->entry->config)) {
     TableChoice choice{found->entry->config, *found->entry, found->exact, table->file};
-    if (const auto wide = found->exact ? std::nullopt : one_token_tile(choice.config, gemm, device);
-        wide && usable(*wide)) {
-      choice.config = *wide;
+    if (found->exact) return choice;
+    // A shape between the table's: M split into transposed cooperative tiles, else a borrowed
+    // transposed tile widened to one tile across M.
+    auto adapted = mid_m_transposed_tile(gemm, device);
+    if (!adapted || !usable(*adapted)) adapted = one_token_tile(choice.config, gemm, device);
+    if (adapted && usable(*adapted)) {
+      choice.config = *adapted;
       choice.entry.order = VisitOrder{};  // the entry's order was measured on its own tile grid
     }
     return choice;

@@ -40,6 +40,17 @@ std::optional<TableChoice> table_choice(const Graph& g, const GemmDesc& gemm);
 std::optional<KernelConfig> one_token_tile(const KernelConfig& c, const GemmDesc& gemm,
                                            const tuning::DeviceLimits& device = {});
 
+// A shape without an entry of its own whose M lies between 64 and 320 rows and is not a
+// multiple of 64: the transposed problem in cooperative 128-row tiles (128 of N each, two warp
+// groups of 64), M split into t = ceil(M / 160) tiles of M / t rows rounded up to 16 columns
+// (tuning::transposed_width_splitting), or into t + 1 where that grid fills its waves better
+// (grid_efficiency), no cluster, where the t tiles (ceil(N / 128) * t) fill at least half of
+// the multiprocessors. The tables' entries at M = 64, 128 and 256 pad such an
+// M to whole 64- or 128-row tiles (or, transposed, take two 64-row tiles across N per
+// multiprocessor) and stream B once per row tile. nullopt elsewhere. table_choice applies it
+// before one_token_tile.
+std::optional<KernelConfig> mid_m_transposed_tile(const GemmDesc& gemm, const tuning::DeviceLimits& device = {});
+
 // The current GPU's limits for candidate generation and pruning (its multiprocessors; the
 // defaults where no GPU answers).
 tuning::DeviceLimits current_device_limits();
