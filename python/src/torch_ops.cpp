@@ -119,6 +119,11 @@ TensorRef operand_ref(const at::Tensor& t, LoadClass expected, int64_t m, int64_
   const DType dt = evtc_dtype(t, what);
   // Leading dimensions flatten into M (a view where their strides nest, else a copy).
   at::Tensor t2 = t.dim() <= 2 ? t : t.reshape({-1, t.size(-1)});
+  // A column vector traced as [M, 1] (or [..., 1]) can reach the op as [M] (seen in the
+  // backward graphs of bench/models.py's llama and hf_llama training rows with every fusion
+  // made: the op was given [4096] and [8192]). The values are the same, one per row: read them
+  // as the column traced. A 1-D tensor is otherwise never a column, so nothing else changes.
+  if (expected == LoadClass::col_vec && t2.dim() == 1 && t2.size(0) == m && m != 1) t2 = t2.unsqueeze(1);
   const int64_t full[2] = {m, n};
   const OperandPlacement p = place_operand({t2.sizes().data(), t2.sizes().size()},
                                            {t2.strides().data(), t2.strides().size()}, full);

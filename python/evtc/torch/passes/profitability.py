@@ -107,9 +107,18 @@ def unfused_path(chain: Chain, outs: list[fx.Node]) -> UnfusedPath:
 
 
 def decide(chain: Chain, kernel, outs: list[fx.Node], settings) -> dict:
-    """The estimate's numbers, or Refused when the fusion does not pay."""
+    """The estimate's numbers, or Refused when the fusion does not pay. With profitability off
+    (``evtc.profitability=False``) every legal fusion is made, and the numbers are still reported
+    (what the model expected of a fusion it would have refused)."""
     if not settings.profitability:
-        return {}
+        try:
+            return _estimate(chain, kernel, outs, settings)
+        except Exception:  # what the model cannot price is made all the same
+            return {}
+    return _estimate(chain, kernel, outs, settings)
+
+
+def _estimate(chain: Chain, kernel, outs: list[fx.Node], settings) -> dict:
     path = unfused_path(chain, outs)
     m, n, k = problem_size(chain)
     work = _evtc.UnfusedWork()
@@ -125,6 +134,6 @@ def decide(chain: Chain, kernel, outs: list[fx.Node], settings) -> dict:
     if path.folded_into:
         numbers["folded_into"] = path.folded_into
         folded = f"; unfused, Inductor computes the epilogue inside the kernel of {', '.join(path.folded_into)}"
-    if not e.profitable:
+    if settings.profitability and not e.profitable:
         raise Refused(f"not profitable at {m}x{n}x{k}: {e.describe()}{folded}")
     return numbers
