@@ -170,25 +170,31 @@ TEST(SelectionTable, AShapeBetweenTheTablesMValuesSplitsMIntoTransposedCooperati
     const auto c = mid_m_transposed_tile(g, {132});
     return c ? c->name() : std::string("none");
   };
-  // One tile of M rounded up to 16 columns up to 160 rows, then two (cuBLAS's own choice at
-  // 200x7168: two of 104), or three at 300x35840 (560 tiles of 160 fill 0.85 of five waves, 840
-  // of 112 0.91 of seven).
-  EXPECT_EQ(pick(88, 11008), "coop_128x96x64_c1x1_persistent_swap");
-  EXPECT_EQ(pick(96, 16384), "coop_128x96x64_c1x1_persistent_swap");
-  EXPECT_EQ(pick(200, 7168), "coop_128x112x64_c1x1_persistent_swap");
-  EXPECT_EQ(pick(300, 35840), "coop_128x112x64_c1x1_persistent_swap");
-  // One tile more across M where the grid fills its waves better: 280x22016 (172 x 2 tiles, 1.3
-  // waves of 264 -> 172 x 3 in two) and 240x11008.
-  EXPECT_EQ(pick(280, 22016), "coop_128x96x64_c1x1_persistent_swap");
-  EXPECT_EQ(pick(240, 11008), "coop_128x80x64_c1x1_persistent_swap");
-  EXPECT_EQ(pick(176, 28672), "coop_128x96x64_c1x1_persistent_swap");
-  // Fewer tiles than half a wave (short N): the entry's configuration.
-  EXPECT_EQ(pick(100, 3072), "none");
-  EXPECT_EQ(pick(72, 8192), "none");
-  // Decode sizes, whole 64-row tiles, and M beyond the rule's range.
-  EXPECT_EQ(pick(64, 16384), "none");
-  EXPECT_EQ(pick(192, 16384), "none");
-  EXPECT_EQ(pick(330, 16384), "none");
+  const struct {
+    int64_t m, n;
+    const char* pick;
+  } cases[] = {
+      // One tile of M rounded up to 16 columns up to 160 rows, then two (cuBLAS's own choice at
+      // 200x7168: two of 104), or three at 300x35840 (560 tiles of 160 fill 0.85 of five
+      // waves, 840 of 112 0.91 of seven).
+      {88, 11008, "coop_128x96x64_c1x1_persistent_swap"},
+      {96, 16384, "coop_128x96x64_c1x1_persistent_swap"},
+      {200, 7168, "coop_128x112x64_c1x1_persistent_swap"},
+      {300, 35840, "coop_128x112x64_c1x1_persistent_swap"},
+      // One tile more across M where the grid fills its waves better: 280x22016 (172 x 2
+      // tiles, 1.3 waves of 264 -> 172 x 3 in two) and 240x11008.
+      {280, 22016, "coop_128x96x64_c1x1_persistent_swap"},
+      {240, 11008, "coop_128x80x64_c1x1_persistent_swap"},
+      {176, 28672, "coop_128x96x64_c1x1_persistent_swap"},
+      // Fewer tiles than half a wave (short N): the entry's configuration.
+      {100, 3072, "none"},
+      {72, 8192, "none"},
+      // Decode sizes, whole 64-row tiles, and M beyond the rule's range.
+      {64, 16384, "none"},
+      {192, 16384, "none"},
+      {330, 16384, "none"},
+  };
+  for (const auto& c : cases) EXPECT_EQ(pick(c.m, c.n), c.pick) << c.m << "x" << c.n;
   // Every tile it picks is one evtc builds, and it is among the tuning candidates.
   const Graph plain = parse_expression("out D: bf16 = acc");
   for (int64_t m = 65; m <= 320; ++m) {
