@@ -106,6 +106,19 @@ TEST(FusedConfigs, DefaultConfigurationsOfLinearLayersFromPrefillToDecode) {
     expect_matches_reference(kernel("w1_linear"), m, n, k, 69 + m % 7, ExecutionPath::fused);
 }
 
+TEST(FusedConfigs, ShapesBetweenTheTablesMValuesInTransposedCooperativeTiles) {
+  // On an H100 or H200 the table lookup splits these M into transposed cooperative 128-row
+  // tiles (docs/backend.md, "Shapes outside the table", rule 6): one of 96 columns at 88 rows,
+  // two of 112 at 200 (M, N and K no tile multiples). Elsewhere the rules' picks run.
+  const std::tuple<int, int, int> shapes[] = {{88, 11000, 4000}, {200, 7200, 5000}};
+  {
+    std::vector<std::jthread> compiles;
+    for (const auto& [m, n, k] : shapes) compiles.emplace_back([&, m, n, k] { kernel("w1_linear").compile(m, n, k); });
+  }
+  for (const auto& [m, n, k] : shapes)
+    expect_matches_reference(kernel("w1_linear"), m, n, k, 71 + m % 5, ExecutionPath::fused);
+}
+
 TEST(FusedReductions, EveryAxisAndOpWithMainOutput) {
   expect_matches_reference(kernel("reductions"), 1000, 1016, 4096, 21, ExecutionPath::fused);
   // M=332: a non-tile multiple that keeps the f32 column vector 16-byte aligned.

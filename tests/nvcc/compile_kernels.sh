@@ -29,7 +29,9 @@ export EVTC_LOG=warning
 # name | evtc compile options | expression (statements separated by ';')
 fuzz_cases=()
 cases=(
-  "bias_silu_two_op_dag|--layout-b c|out acc_copy: bf16 = acc; out D: bf16 = silu(acc + bias[n])"
+  # A DAG with two outputs in the transposed cooperative tiles of shapes between the selection
+  # tables' M values (docs/backend.md, "Shapes outside the table", rule 6), in 4x1 clusters.
+  "bias_silu_two_op_dag_swap_mid_m|--layout-b c --config coop_128x112x64_c4x1_persistent_swap|out acc_copy: bf16 = acc; out D: bf16 = silu(acc + bias[n])"
   "scale_res_c|--dtype f16|input C: f16; out D = scale[m] * acc + res[m,n] + beta * C"
   # A DAG with an extra output and a gated one, on the ping-pong schedule, with an [m,n] operand.
   "dag_extra_output_gated_pingpong|--config pingpong_128x128x64_c2x1_persistent|f = alpha * acc + bias[n]; out pre: bf16 = f; out D: bf16 = where(f > 0, f, 0.01 * f) * gate[m,n] * gelu(f); out y: bf16 = swiglu7(f)"
