@@ -35,17 +35,17 @@ GemmDesc whole_row_tiles(const KernelConfig& c, GemmDesc gemm) {
   return gemm;
 }
 
-std::optional<int> transposed_width_holding(int64_t m) {
-  constexpr int64_t kWidest = 128;
-  if (m <= 0 || m > kWidest) return std::nullopt;
-  return int(ceil_div(m, 16) * 16);
-}
-
 std::optional<int> transposed_width_splitting(int64_t m, int tiles) {
   if (m <= 0 || tiles < 1) return std::nullopt;
   const int64_t width = ceil_div(ceil_div(m, tiles), 16) * 16;
   if (width > 256) return std::nullopt;
   return int(width);
+}
+
+std::optional<int> transposed_width_holding(int64_t m) {
+  constexpr int64_t kWidest = 128;
+  if (m > kWidest) return std::nullopt;
+  return transposed_width_splitting(m, 1);
 }
 
 namespace {
