@@ -128,14 +128,16 @@ TEST(SelectionTable, NearestEntriesAreComparedAtTheProblemsRowTiles) {
   EXPECT_EQ(config_of(250, 16384, 3072), "pingpong_128x160x64_c2x1_persistent");
 }
 
+// A problem of M×N×K (bf16, A row-major, B column-major: GemmDesc's defaults).
+GemmDesc gemm(int64_t m, int64_t n, int64_t k) {
+  GemmDesc g;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  return g;
+}
+
 TEST(SelectionTable, ABorrowedTransposedTileWidensToOneTileAcrossM) {
-  auto gemm = [](int64_t m, int64_t n, int64_t k) {
-    GemmDesc g;
-    g.m = m;
-    g.n = n;
-    g.k = k;
-    return g;
-  };
   auto widened = [&](const std::string& config, int64_t m, int64_t n, int64_t k) {
     const auto c = one_token_tile(*KernelConfig::parse(config), gemm(m, n, k), {132});
     return c ? c->name() : std::string("kept");
@@ -163,11 +165,7 @@ TEST(SelectionTable, ABorrowedTransposedTileWidensToOneTileAcrossM) {
 
 TEST(SelectionTable, AShapeBetweenTheTablesMValuesSplitsMIntoTransposedCooperativeTiles) {
   auto pick = [](int64_t m, int64_t n) {
-    GemmDesc g;
-    g.m = m;
-    g.n = n;
-    g.k = 4096;
-    const auto c = mid_m_transposed_tile(g, {132});
+    const auto c = mid_m_transposed_tile(gemm(m, n, 4096), {132});
     return c ? c->name() : std::string("none");
   };
   const struct {
@@ -198,10 +196,7 @@ TEST(SelectionTable, AShapeBetweenTheTablesMValuesSplitsMIntoTransposedCooperati
   // Every tile it picks is one evtc builds, and it is among the tuning candidates.
   const Graph plain = parse_expression("out D: bf16 = acc");
   for (int64_t m = 65; m <= 320; ++m) {
-    GemmDesc g;
-    g.m = m;
-    g.n = 65536;
-    g.k = 4096;
+    const GemmDesc g = gemm(m, 65536, 4096);
     if (const auto c = mid_m_transposed_tile(g, {132})) {
       EXPECT_TRUE(KernelConfig::parse(c->name()).has_value()) << c->name();
       const auto candidates = tuning::candidate_configs(plain, g, {132}, 0);
