@@ -4,9 +4,11 @@
     python3 bench/fp8_promotion.py [--size 4096] [--accuracy-k 4096,16384] [--out bench/results]
 
 evtc's default fp8 main loop adds the tensor cores' partial sums into fp32 registers every 128 of
-K (CUTLASS's default, 4 WGMMAs); a configuration suffix `_pk<K>` (KernelConfig::fp8_promotion_k)
-makes that every K. This times W3 (`acc * sa[m] * sb[n]`, bf16, e4m3 A and B, row-wise scales) at
-SIZE³ with the default, `_pk256`, `_pk512` and fast accumulation (`_fastacc`, never promoted),
+K (CUTLASS's default, 4 WGMMAs), each promotion overlapping the next K tile's WGMMAs; a
+configuration suffix `_pk<K>` (KernelConfig::fp8_promotion_k) makes that every K in CUTLASS's own
+loop. This times W3 (`acc * sa[m] * sb[n]`, bf16, e4m3 A and B, row-wise scales) at SIZE³ with the
+default, `_pk128` (the same sums in CUTLASS's loop), `_pk256`, `_pk512` and fast accumulation
+(`_fastacc`, never promoted),
 against `torch._scaled_mm` (default and `use_fast_accum=True`), and measures each one's error
 with an f32 output against float64 at M = N = 1024 for each K of --accuracy-k: the relative L2
 error and the largest error over the output's rms. Timing: triton.testing.do_bench medians, the
@@ -27,8 +29,10 @@ from result_files import result_base
 
 W3 = "input sa[m]: f32\ninput sb[n]: f32\nout D: {} = acc * sa[m] * sb[n]"
 BASE = "coop_128x128x128_c1x1_persistent"
-VARIANTS = {"evtc default (128)": BASE, "evtc _pk256": BASE + "_pk256", "evtc _pk512": BASE + "_pk512",
-            "evtc _fastacc": BASE + "_fastacc"}
+# The default runs evtc's overlapped promotion (evtc/device/sm90_fp8_mainloop.cuh); `_pk128`
+# promotes at the same interval in CUTLASS's own loop, which waits for the tensor cores first.
+VARIANTS = {"evtc default (128)": BASE, "evtc _pk128 (CUTLASS's loop)": BASE + "_pk128",
+            "evtc _pk256": BASE + "_pk256", "evtc _pk512": BASE + "_pk512", "evtc _fastacc": BASE + "_fastacc"}
 
 
 def operands(m, n, k, seed):

@@ -48,15 +48,17 @@ and the summary: geometric mean of evtc / reference over all shapes, M <= 64 and
 largest ratio, and how many shapes are above 1.04, per set. Choices tuned earlier on this
 machine (`evtc tune`) are used by the default kernel; EVTC_TUNE=off measures the untuned default.
 
-Sweep mode (--sweep; plain set, bf16). For each shape, `PATH_TO_EVTC_CLI tune 'out D: bf16 = acc' -s MxNxK
---max-candidates 0 --list-candidates --layout-b c` lists the candidate configurations; every
-distinct candidate compiles once (`evtc.compile(expr, config=name)`, in parallel); then each
-shape times torch.mm and each of its candidates as above (default 3 rounds x 10 calls; each
+Sweep mode (--sweep; the plain set, or --set fp8 for fp8 A/B, whose table is the fp8 one). For each
+shape, `PATH_TO_EVTC_CLI tune 'out D: bf16 = acc' -s MxNxK --max-candidates 0 --list-candidates
+--layout-b c` (fp8: the set's expression with `--dtype f8e4m3`) lists the candidate
+configurations; every distinct candidate compiles once (`evtc.compile(expr, config=name)`, in
+parallel); then each shape times the library call (torch.mm; torch._scaled_mm for fp8) and each
+of its candidates as above (default 3 rounds x 10 calls; each
 candidate's first call checked against the float64 reference; a candidate that fails to
 compile, to run fused or to match is skipped with its error). Writes the whole sweep to
 <out>/<stamp>-<gpu>-gemm-sweep.json and the selection table to --table-out:
 
-    {"format": 1, "gpu": ..., "gpu_class": "h100" | "h200", "dtype": "bf16", "epilogue": "out D: bf16 = acc",
+    {"format": 1, "gpu": ..., "gpu_class": "h100" | "h200", "dtype": "bf16" | "f8e4m3", "epilogue": ...,
      "measured": UTC ISO date, "command": ..., "entries": [{"m", "n", "k", "config", "ms", "cublas_ms",
      "runner_up", "runner_up_ms"[, "unswapped_config", "unswapped_ms"]}, ...]}   (entries sorted by m, n, k;
      a transposed (swap-AB, "_swap") winner also names the fastest untransposed candidate, which
@@ -79,7 +81,7 @@ M: what a nearest-shape rule could choose there, timed at the shape itself.
 
 Visiting orders (--orders-top N, default 2): after the candidates, each shape's N fastest are
 timed again with every tile visiting order (CUTLASS's heuristic; along M and along N in strips of
-1, 2, 4 and 8 tiles), interleaved with torch.mm in one more timing: the order is a run-time
+1, 2, 4 and 8 tiles), interleaved with the library call in one more timing: the order is a run-time
 argument of a compiled kernel, so nothing compiles again. The winner is the fastest configuration
 with its fastest order, where that order beats CUTLASS's by at least 1 % (else CUTLASS's; noise
 must not pick one), and its table entry names the order ("order", omitted for CUTLASS's); the
@@ -177,6 +179,11 @@ OFF_GRID = (
 PLAIN_EXPR = "out D: bf16 = acc"
 ERROR_BOUND = 2e-2  # relative L2 error of a bf16 output against the float64 reference
 ABOVE = 1.04  # the summary counts shapes where evtc takes longer than this times the reference
+# The sets a sweep measures (their D = the accumulator, scaled row- and column-wise for fp8): the
+# selection tables' per-dtype keys.
+SWEEP_SETS = ("plain", "fp8")
+# The library call's key among a sweep's timed variants.
+REFERENCE = "reference"
 CONFIG_NAME = re.compile(r"^(coop|pingpong|ms)_\S+$")
 TORCH_DTYPES = {"bf16": "bfloat16", "f16": "float16", "f32": "float32",
                 "f8e4m3": "float8_e4m3fn", "f8e5m2": "float8_e5m2"}
@@ -193,6 +200,18 @@ class SetSpec:
     def compile_options(self) -> dict:
         # Undeclared operands default to bf16 in the Python API; the scales are f32.
         return {"a_dtype": "f8e4m3", "b_dtype": "f8e4m3", "operand_dtype": "f32"} if self.fp8 else {}
+
+    @property
+    def dtype(self) -> str:
+        """A and B's dtype: the selection table's key."""
+        return "f8e4m3" if self.fp8 else "bf16"
+
+    def cli_arguments(self) -> list[str]:
+        """The expression and dtype options of `evtc tune` for this set (the CLI's undeclared
+        operands take the A/B dtype, so the fp8 set's f32 scales are declared)."""
+        if not self.fp8:
+            return [self.expr]
+        return ["input sa[m]: f32\ninput sb[n]: f32\n" + self.expr, "--dtype", "f8e4m3"]
 
 
 SETS = {s.name: s for s in (
@@ -736,10 +755,10 @@ def run_compare(args, plan: dict[str, list[Shape]]) -> int:
 
 # --- sweep mode -------------------------------------------------------------------------------
 
-def candidate_command(evtc_cli: str, shape: Shape) -> list[str]:
+def candidate_command(evtc_cli: str, shape: Shape, spec: SetSpec) -> list[str]:
     # B is w.t() (column-major), as the timed calls pass it.
-    return [evtc_cli, "tune", PLAIN_EXPR, "-s", shape.mnk, "--max-candidates", "0", "--list-candidates",
-            "--layout-b", "c"]
+    return [evtc_cli, "tune", *spec.cli_arguments(), "-s", shape.mnk, "--max-candidates", "0",
+            "--list-candidates", "--layout-b", "c"]
 
 
 def parse_candidates(text: str) -> list[str]:
@@ -751,8 +770,8 @@ def parse_candidates(text: str) -> list[str]:
     return names
 
 
-def list_candidates(evtc_cli: str, shape: Shape) -> list[str]:
-    cmd = candidate_command(evtc_cli, shape)
+def list_candidates(evtc_cli: str, shape: Shape, spec: SetSpec) -> list[str]:
+    cmd = candidate_command(evtc_cli, shape, spec)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, EVTC_LOG="warning"))
     if proc.returncode != 0:
         raise RuntimeError(f"{shlex.join(cmd)} exited with {proc.returncode}: {(proc.stderr or proc.stdout)[-800:]}")
@@ -762,12 +781,12 @@ def list_candidates(evtc_cli: str, shape: Shape) -> list[str]:
     return names
 
 
-def all_candidates(evtc_cli: str, shapes: list[Shape]) -> tuple[dict[Shape, list[str]], dict[Shape, str]]:
+def all_candidates(evtc_cli: str, shapes: list[Shape], spec: SetSpec) -> tuple[dict[Shape, list[str]], dict[Shape, str]]:
     """Every shape's candidates (the listings run in parallel: they compile nothing) and the
     errors of shapes whose listing failed."""
     found, errors = {}, {}
     with concurrent.futures.ThreadPoolExecutor(min(16, os.cpu_count() or 4)) as pool:
-        futures = {pool.submit(list_candidates, evtc_cli, s): s for s in shapes}
+        futures = {pool.submit(list_candidates, evtc_cli, s, spec): s for s in shapes}
         for future in concurrent.futures.as_completed(futures):
             shape = futures[future]
             try:
@@ -876,7 +895,7 @@ def seeded_candidates(candidates: dict[Shape, list[str]], paths: list[str], top:
     return out
 
 
-def compile_candidates(evtc, candidates: dict[Shape, list[str]]) -> tuple[dict, dict[str, str]]:
+def compile_candidates(evtc, candidates: dict[Shape, list[str]], spec: SetSpec) -> tuple[dict, dict[str, str]]:
     """One kernel per distinct candidate, compiled once, all in parallel; the kernels and the
     errors (of building or compiling) by configuration name."""
     kernels, errors, jobs = {}, {}, []
@@ -885,7 +904,7 @@ def compile_candidates(evtc, candidates: dict[Shape, list[str]]) -> tuple[dict, 
             if name in kernels or name in errors:
                 continue
             try:
-                kernels[name] = evtc.compile(PLAIN_EXPR, config=name)
+                kernels[name] = evtc.compile(spec.expr, config=name, **spec.compile_options())
                 jobs.append((name, kernels[name].compile_async(shape.m, shape.n, shape.k)))
             except Exception as e:
                 errors[name] = f"{type(e).__name__}: {e}"
@@ -912,7 +931,7 @@ def rank(times: dict[str, float]) -> list[tuple[str, float]]:
 
 
 def sweep_result(shape: Shape, default_config: str, medians: dict[str, float], errors: dict[str, str]) -> dict:
-    cublas = medians.pop("torch.mm", None)
+    cublas = medians.pop(REFERENCE, None)
     ranked = rank(medians)
     r = {"m": shape.m, "n": shape.n, "k": shape.k, "label": shape.label, "cublas_ms": cublas,
          "default_config": default_config, "candidates": dict(ranked), "errors": errors}
@@ -930,17 +949,17 @@ def sweep_result(shape: Shape, default_config: str, medians: dict[str, float], e
 
 
 
-def time_orders(evtc, shape: Shape, names: list[str], problem: Problem, outputs: dict, ref, args,
+def time_orders(evtc, spec: SetSpec, shape: Shape, names: list[str], problem: Problem, outputs: dict, ref, args,
                 timer: Timer) -> dict:
     """Each of `names` (compiled configurations) with every tile visiting order, interleaved with
-    torch.mm in one timing (the order is a run-time argument: the kernels compile nothing more).
+    the library call in one timing (the order is a run-time argument: the kernels compile nothing more).
     Returns {"cublas_ms", "times": {config: {order: ms}}, "errors": {...}}."""
     rotation = Rotation(problem.weights)
-    variants = {"torch.mm": rotating(reference_caller(SETS["plain"], problem), rotation)}
+    variants = {REFERENCE: rotating(reference_caller(spec, problem), rotation)}
     errors = {}
     for name in names:
         for order in evtc._evtc.visit_orders():  # the orders the tuner tries
-            kernel = evtc.compile(PLAIN_EXPR, config=name, visit_order=order)
+            kernel = evtc.compile(spec.expr, config=name, visit_order=order, **spec.compile_options())
             if why := try_candidate(kernel, problem, outputs, ref):
                 errors[f"{name}@{order}"] = why
             else:
@@ -953,7 +972,7 @@ def time_orders(evtc, shape: Shape, names: list[str], problem: Problem, outputs:
         if "@" in variant:
             name, order = variant.split("@")
             times.setdefault(name, {})[order] = ms
-    return {"cublas_ms": medians.get("torch.mm"), "times": times, "errors": errors}
+    return {"cublas_ms": medians.get(REFERENCE), "times": times, "errors": errors}
 
 
 def best_order(times: dict[str, float]) -> tuple[str, float]:
@@ -970,7 +989,7 @@ def best_order(times: dict[str, float]) -> tuple[str, float]:
 
 def apply_orders(result: dict, orders: dict) -> None:
     """The sweep result of a shape after its visiting orders were timed: the winner is the fastest
-    configuration with its kept order, all times (torch.mm's too) from the orders' timing."""
+    configuration with its kept order, all times (the library call's too) from the orders' timing."""
     result["orders"] = orders["times"]
     result["order_errors"] = orders["errors"]
     kept = {name: best_order(t) for name, t in orders["times"].items() if t}
@@ -985,16 +1004,15 @@ def apply_orders(result: dict, orders: dict) -> None:
         result["best_over_cublas"] = ms / orders["cublas_ms"]
 
 
-def sweep_shape(shape: Shape, names: list[str], kernels: dict, compile_errors: dict, default_kernel,
+def sweep_shape(spec: SetSpec, shape: Shape, names: list[str], kernels: dict, compile_errors: dict, default_kernel,
                 args, timer: Timer) -> dict:
     import torch
 
-    spec = SETS["plain"]
     problem = make_problem(spec, shape, args.rotate_mb << 20, args.seed)
     ref = reference_output(spec, problem)
     outputs = nan_outputs(default_kernel, shape.m, shape.n)
     rotation = Rotation(problem.weights)
-    variants = {"torch.mm": rotating(reference_caller(spec, problem), rotation)}
+    variants = {REFERENCE: rotating(reference_caller(spec, problem), rotation)}
     errors = {name: compile_errors[name] for name in names if name in compile_errors}
     for name in names:
         if name in errors:
@@ -1012,7 +1030,7 @@ def sweep_shape(shape: Shape, names: list[str], kernels: dict, compile_errors: d
 
         top = [name for name, _ in rank(result["candidates"])[:args.orders_top]]
         del variants
-        apply_orders(result, time_orders(evtc, shape, top, problem, outputs, ref, args, timer))
+        apply_orders(result, time_orders(evtc, spec, shape, top, problem, outputs, ref, args, timer))
     del ref
     result["weight_copies"] = len(problem.weights)
     del problem, outputs
@@ -1025,13 +1043,14 @@ def sweep_line(r: dict) -> str:
     if "best" not in r:
         return f"{head} no candidate could be timed ({len(r['errors'])} failed)"
     order = f" ({r['best_order']})" if "best_order" in r else ""
-    text = f"{head} best {r['best']}{order} {r['best_ms']:.4f} ms, torch.mm {fmt(r.get('cublas_ms'), '.4f')} ms"
+    text = f"{head} best {r['best']}{order} {r['best_ms']:.4f} ms, library {fmt(r.get('cublas_ms'), '.4f')} ms"
     if "runner_up" in r:
         text += f", runner-up {r['runner_up']} +{100 * (r['runner_up_ms'] / r['best_ms'] - 1):.1f}%"
     return text + f", {len(r['candidates'])} timed, {len(r['errors'])} failed"
 
 
-def table_document(results: list[dict], gpu: str, command: str, measured: str, sm_count: Optional[int]) -> dict:
+def table_document(results: list[dict], gpu: str, command: str, measured: str, sm_count: Optional[int],
+                   spec: SetSpec) -> dict:
     """The selection table: each shape's fastest configuration, with the runner-up for its margin."""
     entries = []
     for r in sorted(results, key=lambda r: (r["m"], r["n"], r["k"])):
@@ -1052,7 +1071,7 @@ def table_document(results: list[dict], gpu: str, command: str, measured: str, s
     doc = {"format": 1, "gpu": gpu, "gpu_class": gpu_slug(gpu)}
     if sm_count:
         doc["sm_count"] = sm_count  # a GPU class without a table borrows one of as many multiprocessors
-    doc.update({"dtype": "bf16", "epilogue": PLAIN_EXPR, "measured": measured, "command": command,
+    doc.update({"dtype": spec.dtype, "epilogue": spec.expr, "measured": measured, "command": command,
                 "entries": entries})
     return doc
 
@@ -1064,7 +1083,7 @@ def write_table(path: str, doc: dict) -> None:
     os.replace(tmp, path)
 
 
-def run_sweep(args, shapes: list[Shape]) -> int:
+def run_sweep(args, spec: SetSpec, shapes: list[Shape]) -> int:
     import torch
     import evtc
 
@@ -1084,7 +1103,7 @@ def run_sweep(args, shapes: list[Shape]) -> int:
         # Named configurations at every shape, listed by nobody: e.g. a rule's old and new picks.
         candidates, list_errors = {s: list(args.configs) for s in shapes}, {}
     else:
-        candidates, list_errors = all_candidates(args.evtc, shapes)
+        candidates, list_errors = all_candidates(args.evtc, shapes, spec)
         if args.table_base:
             with open(args.table_base) as f:
                 old_table = json.load(f)
@@ -1092,17 +1111,17 @@ def run_sweep(args, shapes: list[Shape]) -> int:
         candidates = refine_candidates(candidates, args.refine, args.refine_top, args.retime)
     if args.seed_from:
         candidates = seeded_candidates(candidates, args.seed_from, args.seed_top, args.seed_neighbours)
-    kernels, compile_errors = compile_candidates(evtc, candidates)
+    kernels, compile_errors = compile_candidates(evtc, candidates, spec)
     data = run_metadata(torch, evtc, args, "sweep")
-    data.update({"epilogue": PLAIN_EXPR, "error_bound": ERROR_BOUND, "compile_errors": compile_errors,
+    data.update({"set": spec.name, "epilogue": spec.expr, "error_bound": ERROR_BOUND, "compile_errors": compile_errors,
                  "listing_errors": {s.mnk: e for s, e in list_errors.items()}, "shapes": []})
     base = result_base(args.out, data["gpu"], "gemm-sweep")
-    default_kernel = evtc.compile(PLAIN_EXPR)
+    default_kernel = evtc.compile(spec.expr, **spec.compile_options())
     timer = Timer(not args.no_backlog, args.alternate)
     timed = [s for s in shapes if s in candidates]
     for i, shape in enumerate(timed, 1):
         try:
-            result = sweep_shape(shape, candidates[shape], kernels, compile_errors, default_kernel, args, timer)
+            result = sweep_shape(spec, shape, candidates[shape], kernels, compile_errors, default_kernel, args, timer)
         except Exception as e:  # recorded; the other shapes go on
             result = {"m": shape.m, "n": shape.n, "k": shape.k, "label": shape.label, "candidates": {},
                       "errors": {"shape": f"{type(e).__name__}: {str(e)[:2000]}"}}
@@ -1112,7 +1131,7 @@ def run_sweep(args, shapes: list[Shape]) -> int:
         log(f"{i}/{len(timed)} {sweep_line(result)}")
     data["starved_batches"] = timer.starved
     write_json(data, base + ".json")
-    doc = table_document(data["shapes"], data["gpu"], data["command"], data["date"], data.get("sm_count"))
+    doc = table_document(data["shapes"], data["gpu"], data["command"], data["date"], data.get("sm_count"), spec)
     missing = len(timed) - len(doc["entries"]) + (len(shapes) - len(timed) if old_table is None else 0)
     if old_table is not None:
         merge_tables(doc, old_table, "orders" if args.orders_from else "refined")
@@ -1162,10 +1181,13 @@ def table_from_sweeps(paths: list[str], table_out: str) -> int:
     sms = {data.get("sm_count") or (132 if gpu_slug(data["gpu"]) in ("h100", "h200") else None) for data in sweeps}
     commands = [data["command"] for data in sweeps]
     dates = [data["date"] for data in sweeps]
+    sets = {data.get("set", "plain") for data in sweeps}  # sweeps before the fp8 set timed the plain one
     if len(gpus) != 1:
         sys.exit(f"the sweeps come from different GPUs: {', '.join(sorted(gpus))}")
+    if len(sets) != 1:
+        sys.exit(f"the sweeps time different sets: {', '.join(sorted(sets))}")
     doc = table_document(list(shapes.values()), gpus.pop(), " && ".join(commands), max(dates),
-                         sms.pop() if len(sms) == 1 else None)
+                         sms.pop() if len(sms) == 1 else None, SETS[sets.pop()])
     write_table(table_out, doc)
     print(f"wrote {table_out} ({len(doc['entries'])} entries from {len(paths)} sweep file(s))")
     return 0
@@ -1480,8 +1502,8 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
     if args.sweep:
         if not args.evtc or not args.table_out:
             p.error("--sweep needs --evtc PATH and --table-out FILE")
-        if args.sets and args.sets != ["plain"]:
-            p.error("--sweep measures the plain set only")
+        if args.sets and (len(args.sets) != 1 or args.sets[0] not in SWEEP_SETS):
+            p.error(f"--sweep measures one set: {' or '.join(SWEEP_SETS)}")
         if args.orders_from and args.refine:
             p.error("--orders-from times a table's configurations; --refine lists candidates: give one")
         if args.orders_top < 0:
@@ -1514,7 +1536,7 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
             p.error("--table-times-from needs --table-base TABLE.json and --table-out FILE")
     elif args.evtc or args.table_out:
         p.error("--evtc and --table-out belong to --sweep")
-    args.sets = ["plain"] if args.sweep else args.sets or ["plain"]
+    args.sets = args.sets or ["plain"]
     short = args.quick or args.sweep
     args.rounds = args.rounds if args.rounds is not None else 3 if short else 5
     args.calls = args.calls if args.calls is not None else 10 if short else 20
@@ -1539,7 +1561,8 @@ def print_plan(args, plan: dict[str, list[Shape]]) -> None:
     if args.sweep:
         first = next(iter(plan.values()))[:1]
         if first:
-            print(f"\ncandidates per shape, e.g.: {shlex.join(candidate_command(args.evtc, first[0]))}")
+            spec = SETS[args.sets[0]]
+            print(f"\ncandidates per shape, e.g.: {shlex.join(candidate_command(args.evtc, first[0], spec))}")
         print(f"table: {args.table_out}")
     print(f"\n{sum(len(s) for s in plan.values())} shapes in all")
 
@@ -1573,7 +1596,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         sys.exit("bench/gemm_shapes.py needs a CUDA GPU")
     os.makedirs(args.out, exist_ok=True)
     if args.sweep:
-        return run_sweep(args, plan["plain"])
+        name = args.sets[0]
+        return run_sweep(args, SETS[name], plan[name])
     return run_compare(args, plan)
 
 

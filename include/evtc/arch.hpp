@@ -45,6 +45,9 @@ struct ArchFeatures {
   bool clusters = false;       // thread-block clusters larger than 1×1
   bool stream_k = false;       // the stream-K tile scheduler
   bool two_level_fp8 = false;  // fp8 accumulation in two levels (promotion interval, fast accumulation)
+  // fp8's two-level main loop with two temporary accumulator sets, so that each promotion
+  // overlaps the next K tile's WGMMAs (evtc/device/sm90_fp8_mainloop.cuh; overlapped_fp8_promotion).
+  bool overlapped_fp8_promotion = false;
   // CTA tiles of any multiple of 16 columns up to 256 (otherwise 64, 128, 192 or 256), and
   // split-K through the stream-K scheduler.
   bool any_tile_n = false;

@@ -147,6 +147,13 @@ KernelConfig default_config_for_shape(const Graph& g, const GemmDesc& gemm);
 // scale blocks and no fast accumulation; a promotion interval (fp8_promotion_k) needs fp8's
 // two-level accumulation.
 std::string config_refusal(const KernelConfig& c, const GemmDesc& gemm);
+// Whether fp8's two-level main loop runs as evtc's overlapped promotion
+// (evtc/device/sm90_fp8_mainloop.cuh): the architecture has it (ArchFeatures::overlapped_fp8_promotion),
+// A and B are fp8 with the default two-level accumulation (no fast accumulation, no block scales,
+// no promotion interval given, K tiles of 128), and the third set of accumulators it keeps fits in
+// registers (at most 192 a thread: cooperative 128×128, ping-pong 64×128 and narrower). Otherwise
+// CUTLASS's own loop, which waits for the tensor cores before each promotion.
+bool overlapped_fp8_promotion(const KernelConfig& c, const GemmDesc& gemm);
 
 // Why the epilogue `g` cannot run with configuration `c` ("" if it can), beside config_refusal:
 //  - reductions need a persistent tile scheduler (evtc combines one partial per output tile and

@@ -56,6 +56,7 @@ const ArchFeatures& arch_features(int arch) {
                                  .clusters = true,
                                  .stream_k = true,
                                  .two_level_fp8 = true,
+                                 .overlapped_fp8_promotion = true,
                                  .any_tile_n = true,
                                  .swap_ab = true,
                                  .family = "Hopper",

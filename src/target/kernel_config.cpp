@@ -232,6 +232,18 @@ std::string config_refusal(const KernelConfig& c, const GemmDesc& gemm) {
     return fmt::format("configuration {} sets fp8's promotion interval (_pk{}), which only the two-level "
                        "accumulation of fp8 A/B without block scales has",
                        c.name(), c.fp8_promotion_k);
+  // CUTLASS's two-level fp8 main loop promotes every fp8_promotion_k (default 128) of K, counted
+  // in whole K tiles: a K tile longer than the interval, or one that does not divide it, never
+  // meets it (can_implement refuses the problem).
+  if (is_fp8(gemm.a_dtype) && !gemm.fp8_blockwise && !gemm.fp8_fast_accum && !c.fp8_fast_accum &&
+      backend_features(gemm.sm, gemm.a_dtype).two_level_fp8) {
+    const int interval = c.fp8_promotion_k > 0 ? c.fp8_promotion_k : 128;
+    if (interval % c.tile_k != 0)
+      return fmt::format("configuration {} has K tiles of {}, but fp8's two-level accumulation promotes every {} "
+                         "of K, which must be a whole number of K tiles (K tiles of 128, or fast accumulation: "
+                         "_fastacc)",
+                         c.name(), c.tile_k, interval);
+  }
   if (!gemm.fp8_blockwise) return "";
   if (c.tile_n % kFp8ScaleBlock != 0 || c.tile_k % kFp8ScaleBlock != 0)
     return fmt::format("configuration {} has {}×{} (N×K) tiles, but a block-scaled fp8 GEMM needs tiles "
@@ -241,6 +253,18 @@ std::string config_refusal(const KernelConfig& c, const GemmDesc& gemm) {
     return fmt::format("configuration {} asks for fast accumulation, which a block-scaled fp8 GEMM does not have",
                        c.name());
   return "";
+}
+
+bool overlapped_fp8_promotion(const KernelConfig& c, const GemmDesc& gemm) {
+  if (!is_fp8(gemm.a_dtype) || !is_fp8(gemm.b_dtype) || gemm.fp8_blockwise || gemm.fp8_fast_accum ||
+      c.fp8_fast_accum || c.fp8_promotion_k > 0 || c.tile_k != 128)
+    return false;
+  if (c.schedule != MainloopSchedule::cooperative && c.schedule != MainloopSchedule::pingpong) return false;
+  if (!backend_features(gemm.sm, gemm.a_dtype).overlapped_fp8_promotion) return false;
+  // The accumulators and two temporary sets, per thread of the warp groups sharing a tile: 192
+  // floats compile without spills in the 232 registers of a consumer warp group.
+  const int threads = c.schedule == MainloopSchedule::pingpong ? 128 : 256;
+  return int64_t(c.tile_m) * c.tile_n * 3 / threads <= 192;
 }
 
 }  // namespace evtc

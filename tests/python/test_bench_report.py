@@ -189,9 +189,30 @@ def test_a_kept_visiting_order_must_beat_cutlass_s_by_the_margin_and_reaches_the
                                       "b": {"heuristic": 0.050, "along_m_s4": 0.047}}})
     assert (result["best"], result["best_order"], result["best_ms"]) == ("b", "along_m_s4", 0.047)
     assert (result["runner_up"], result["runner_up_ms"], result["cublas_ms"]) == ("a", 0.049, 0.048)
-    entries = g.table_document([result, dict(result, m=2048, best_order="heuristic")], "NVIDIA H100 80GB HBM3",
-                               "cmd", "date", 132)["entries"]
+    doc = g.table_document([result, dict(result, m=2048, best_order="heuristic")], "NVIDIA H100 80GB HBM3",
+                           "cmd", "date", 132, g.SETS["plain"])
+    entries = doc["entries"]
     assert entries[0]["order"] == "along_m_s4" and "order" not in entries[1]
+    assert (doc["dtype"], doc["epilogue"]) == ("bf16", "out D: bf16 = acc")
+
+
+def test_an_fp8_sweep_lists_candidates_with_declared_f32_scales_and_writes_the_fp8_table():
+    g = load_gemm_shapes()
+    spec = g.SETS["fp8"]
+    cmd = g.candidate_command("evtc", g.Shape("m", "l", 16, 6144, 4096), spec)
+    assert cmd[2] == "input sa[m]: f32\ninput sb[n]: f32\nout D: bf16 = acc * sa[m] * sb[n]"
+    assert cmd[cmd.index("--dtype") + 1] == "f8e4m3" and cmd[cmd.index("--layout-b") + 1] == "c"
+    assert "--dtype" not in g.candidate_command("evtc", g.Shape("m", "l", 16, 6144, 4096), g.SETS["plain"])
+    result = {"m": 16, "n": 6144, "k": 4096, "label": "x", "cublas_ms": 0.02, "best": "a", "best_ms": 0.019,
+              "candidates": {"a": 0.019}, "errors": {}}
+    doc = g.table_document([result], "NVIDIA H100 80GB HBM3", "cmd", "date", 132, spec)
+    assert (doc["dtype"], doc["epilogue"]) == ("f8e4m3", spec.expr)
+    # One set per sweep, plain or fp8.
+    with pytest.raises(SystemExit):
+        g.main(["--sweep", "--set", "silu", "--evtc", "evtc", "--table-out", "t.json", "--dry-run"])
+    with pytest.raises(SystemExit):
+        g.main(["--sweep", "--set", "plain,fp8", "--evtc", "evtc", "--table-out", "t.json", "--dry-run"])
+    assert g.main(["--sweep", "--set", "fp8", "--quick", "--evtc", "evtc", "--table-out", "t.json", "--dry-run"]) == 0
 
 
 def test_matmul_heuristics_matches_evtc_candidates_by_tile_cluster_and_split():

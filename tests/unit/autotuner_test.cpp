@@ -100,6 +100,28 @@ TEST(TuningCandidates, Fp8TwoLevelAccumulationKeepsBothAccumulatorsInRegisters) 
   EXPECT_TRUE(wide) << "fast accumulation keeps one accumulator: 128x256 tiles fit";
 }
 
+// CUTLASS's two-level fp8 loop promotes every 128 of K (or every _pk<K>) counted in whole K tiles:
+// a K tile of 256 never meets the interval and CUTLASS refuses the problem at run time. The
+// decode-sized candidates keep K tiles of 128 for it (256 with fast accumulation).
+TEST(TuningCandidates, Fp8TwoLevelAccumulationTakesKTilesThatDivideThePromotionInterval) {
+  GemmDesc p = problem(16, 6144, 4096);
+  p.a_dtype = p.b_dtype = DType::f8e4m3;
+  const std::string why = config_refusal(*KernelConfig::parse("pingpong_64x64x256_c1x1_persistent"), p);
+  EXPECT_NE(why.find("promotes every 128 of K"), std::string::npos) << why;
+  EXPECT_EQ(config_refusal(*KernelConfig::parse("pingpong_64x64x256_c1x1_persistent_pk256"), p), "");
+  EXPECT_EQ(config_refusal(*KernelConfig::parse("pingpong_64x64x128_c1x1_persistent"), p), "");
+  EXPECT_EQ(config_refusal(*KernelConfig::parse("coop_128x128x64_c1x1_persistent"), p), "");  // two K tiles
+  const Graph g = lowered(kBiasSilu);
+  bool pingpong64 = false;
+  for (const auto& c : candidate_configs(g, p, {}, 0)) {
+    EXPECT_EQ(c.tile_k, 128) << c.name();
+    pingpong64 |= c.schedule == MainloopSchedule::pingpong && c.tile_m == 64 && !c.swap_ab;
+  }
+  EXPECT_TRUE(pingpong64) << "the decode-sized 64-row tiles stay, with K tiles of 128";
+  p.fp8_fast_accum = true;
+  EXPECT_EQ(config_refusal(*KernelConfig::parse("pingpong_64x64x256_c1x1_persistent_fastacc"), p), "");
+}
+
 TEST(TuningCandidates, SkinnyProblemsGetSmallMTiles) {
   const Graph g = lowered(kBiasSilu);
   const auto cands = candidate_configs(g, problem(64, 8192, 4096), {}, 0);

@@ -210,7 +210,12 @@ TEST(SelectionTable, GpuClassesAndDtypes) {
   EXPECT_EQ(gpu_class_of("NVIDIA H200"), "h200");
   EXPECT_EQ(gpu_class_of("NVIDIA A100-SXM4-80GB"), "");
   EXPECT_EQ(table_for("", DType::bf16), nullptr);
-  EXPECT_EQ(table_for("h100", DType::f8e4m3), nullptr) << "no fp8 table is measured";
+  // fp8 (e4m3) has its own tables, measured with row-wise scales; e5m2 none.
+  if (const SelectionTable* fp8 = table_for("h200", DType::f8e4m3)) {
+    EXPECT_EQ(fp8->dtype, DType::f8e4m3);
+    EXPECT_NE(fp8, table_for("h200", DType::bf16));
+    EXPECT_EQ(table_for("h200", DType::f8e5m2, fp8->sm_count), nullptr);
+  }
   if (const SelectionTable* t = table_for("h100", DType::bf16)) {
     EXPECT_EQ(table_for("h100", DType::f16), t);
     // A class without a table of its own borrows one measured on as many multiprocessors.

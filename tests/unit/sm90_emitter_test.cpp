@@ -670,6 +670,43 @@ TEST(Sm90Emitter, IncludesOnlyTheSm90PartsOfCutlass) {
             std::string::npos);
 }
 
+// fp8's default two-level main loop runs as evtc's overlapped promotion where its third set of
+// accumulators fits (cooperative 128x128, ping-pong 64x128); wider tiles, fast accumulation and a
+// given promotion interval keep CUTLASS's own loop, and 16-bit kernels never include it.
+TEST(Sm90Emitter, Fp8TwoLevelMainLoopOverlapsItsPromotionsWhereThreeAccumulatorSetsFit) {
+  GemmDesc fp8;
+  fp8.a_dtype = fp8.b_dtype = DType::f8e4m3;
+  fp8.b_layout = Layout::col_major;
+  const std::string wrapper =
+      "using CollectiveMainloop = evtc::device::Sm90Fp8OverlappedPromotion<BuiltCollectiveMainloop>;";
+  const std::string header = "#include \"evtc/device/sm90_fp8_mainloop.cuh\"";
+  auto config = [](const std::string& name) { return *KernelConfig::parse(name); };
+  for (const char* name : {"coop_128x128x128_c1x1_persistent", "pingpong_64x128x128_c1x1_persistent",
+                           "coop_128x64x128_c1x1_streamk", "pingpong_64x32x128_c1x1_persistent_swap"}) {
+    const std::string s = emit("out D: bf16 = acc * sa[m] * sb[n]", fp8, config(name)).source;
+    EXPECT_NE(s.find(wrapper), std::string::npos) << name;
+    EXPECT_NE(s.find(header), std::string::npos) << name;
+    EXPECT_TRUE(overlapped_fp8_promotion(config(name), fp8)) << name;
+  }
+  for (const char* name : {"coop_128x192x128_c1x1_persistent", "pingpong_128x128x128_c1x1_persistent",
+                           "coop_128x128x128_c1x1_persistent_pk128", "coop_128x128x128_c1x1_persistent_fastacc"}) {
+    const std::string s = emit("out D: bf16 = acc", fp8, config(name)).source;
+    EXPECT_EQ(s.find(header), std::string::npos) << name;
+    EXPECT_NE(s.find("using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<"),
+              std::string::npos)
+        << name;
+    EXPECT_FALSE(overlapped_fp8_promotion(config(name), fp8)) << name;
+  }
+  GemmDesc fast = fp8;
+  fast.fp8_fast_accum = true;
+  EXPECT_FALSE(overlapped_fp8_promotion(config("coop_128x128x128_c1x1_persistent"), fast));
+  GemmDesc blockwise = fp8;
+  blockwise.fp8_blockwise = true;
+  EXPECT_FALSE(overlapped_fp8_promotion(config("coop_128x128x128_c1x1_persistent"), blockwise));
+  EXPECT_FALSE(overlapped_fp8_promotion(config("coop_128x128x64_c1x1_persistent"), GemmDesc{}));
+  EXPECT_EQ(emit("out D: bf16 = acc").source.find(header), std::string::npos);
+}
+
 // CUTLASS's wgmma selector offers the widths that are not multiples of 64 or 96 only with
 // CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED; without it a 112-wide tile runs as seven 16-wide wgmmas
 // (twice the time on an H100). The define comes before the first CUTLASS include, and only where

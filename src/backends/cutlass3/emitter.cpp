@@ -350,6 +350,7 @@ std::string Emitter::assemble(const Visitor& root) {
 #include "evtc/device/sm90_scalar_partials.cuh"
 )";
   if (lse_pairs_) s += "#include \"evtc/device/sm90_logsumexp.cuh\"\n";
+  if (overlapped_fp8_promotion(cfg_, gemm_)) s += "#include \"evtc/device/sm90_fp8_mainloop.cuh\"\n";
   if (index_leaves_) s += "#include \"evtc/device/sm90_index.cuh\"\n";
   if (d_sink) s += fmt::format("#include \"{}\"\n", arch_.d_sink_header());
   s += "\n";
@@ -384,6 +385,7 @@ std::string Emitter::assemble(const Visitor& root) {
       !blockwise && cfg_.fp8_fast_accum && (is_fp8(gemm_.a_dtype) || is_fp8(gemm_.b_dtype));
   s += fmt::format("using KernelSchedule = cutlass::gemm::{};\n",
                    arch_.kernel_schedule(cfg_, two_sm, blockwise, fast_accum));
+  const bool overlapped = overlapped_fp8_promotion(cfg_, gemm_);
   if (blockwise)
     s += fmt::format(
         "// Scales: A one per row and {0} of K, M adjacent; B one per {0}×{0} block, N blocks adjacent.\n"
@@ -418,14 +420,14 @@ using {}CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveB
     float, float, ElementC, {}, {},
     ElementD, {}, {}, EpilogueSchedule, Callbacks>::CollectiveOp;
 {}
-using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+using {}CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
     ArchTag, cutlass::arch::OpClassTensorOp,
     ElementA, {}, 128 / cutlass::sizeof_bits<ElementA>::value,
     ElementB, {}, 128 / cutlass::sizeof_bits<ElementB>::value, float,
     {}, ClusterShape,
     cutlass::gemm::collective::StageCountAutoCarveout<
         static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
-    KernelSchedule>::CollectiveOp;
+    KernelSchedule>::CollectiveOp;{}
 
 using GemmKernel = cutlass::gemm::kernel::GemmUniversal<
     cute::Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue, {}>;
@@ -451,8 +453,11 @@ evtc_gemm_kernel(CUTLASS_GRID_CONSTANT const GemmParams params) {{
                    d_sink ? fmt::format("using CollectiveEpilogue = {}<BuiltCollectiveEpilogue>;\n",
                                         arch_.d_sink_epilogue())
                           : "",
-                   blockwise ? "cute::tuple<LayoutA, LayoutSFA>" : "LayoutA",
+                   overlapped ? "Built" : "", blockwise ? "cute::tuple<LayoutA, LayoutSFA>" : "LayoutA",
                    blockwise ? "cute::tuple<LayoutB, LayoutSFB>" : "LayoutB", mma_tile,
+                   overlapped ? "\n// fp8: each promotion overlaps the next K tile's WGMMAs (evtc/device/sm90_fp8_mainloop.cuh).\n"
+                                "using CollectiveMainloop = evtc::device::Sm90Fp8OverlappedPromotion<BuiltCollectiveMainloop>;"
+                              : "",
                    cfg_.scheduler == TileSchedulerKind::stream_k ? "cutlass::gemm::StreamKScheduler"
                                                                  : "void");
   s += backend::kernel_image_declaration();

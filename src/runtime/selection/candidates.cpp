@@ -171,8 +171,10 @@ std::vector<KernelConfig> whole_space(const GemmDesc& gemm, const DeviceLimits& 
   // with deep K tiles (each stage's copy of B is then large enough to keep memory busy), alone
   // or in clusters along N (A's tile multicast); and 128-row cooperative tiles whose K loop
   // is split (split-K) or balanced across the multiprocessors (stream-K).
+  // fp8 with two-level accumulation: K tiles of 128, the promotion interval (config_refusal).
+  const int fp8_deep_k = gemm.fp8_fast_accum ? 256 : 128;
   for (int tn : {32, 48, 64, 96, 128, 160, 192, 256}) {
-    const int tk = fp8 ? 256 : tn <= 128 ? 128 : 64;
+    const int tk = fp8 ? fp8_deep_k : tn <= 128 ? 128 : 64;
     out.push_back(make_config(MainloopSchedule::pingpong, TileSchedulerKind::persistent, 64, tn, tk, 1, 1, 1, gemm));
     if (tn == 32 || tn == 64 || tn == 128)
       out.push_back(make_config(MainloopSchedule::pingpong, TileSchedulerKind::persistent, 64, tn, tk, 1, 2, 1, gemm));

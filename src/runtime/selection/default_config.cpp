@@ -102,7 +102,11 @@ std::optional<TableChoice> table_choice(const Graph& g, const GemmDesc& gemm) {
   // Tables are measured on GPUs whose kernels are verified there, and apply on such a GPU only.
   if (!backend_features(gemm.sm, gemm.a_dtype).verified || gemm.m <= 0 || gemm.n <= 0 || gemm.k <= 0)
     return std::nullopt;
-  if (is_fp8(gemm.a_dtype) || is_fp8(gemm.b_dtype) || gemm.a_dtype != gemm.b_dtype) return std::nullopt;
+  if (gemm.a_dtype != gemm.b_dtype) return std::nullopt;
+  // fp8 tables are measured with row-wise scales in the epilogue and the default two-level
+  // accumulation: not for fast accumulation or block scales, whose main loops differ.
+  const bool fp8 = is_fp8(gemm.a_dtype);
+  if (fp8 && (gemm.fp8_fast_accum || gemm.fp8_blockwise)) return std::nullopt;
   // The tables are measured with nn.Linear's operands: A row-major, B column-major (W of N×K).
   if (gemm.a_layout != Layout::row_major || gemm.b_layout != Layout::col_major) return std::nullopt;
   if (!light_epilogue(g)) return std::nullopt;
@@ -119,7 +123,9 @@ std::optional<TableChoice> table_choice(const Graph& g, const GemmDesc& gemm) {
   };
   if (usable(found->entry->config)) {
     TableChoice choice{found->entry->config, *found->entry, found->exact, table->file};
-    if (found->exact) return choice;
+    // fp8 entries carry over to other shapes as they are: the adaptations below were measured
+    // with 16-bit tiles only.
+    if (found->exact || fp8) return choice;
     // A shape between the table's: M split into transposed cooperative tiles, else a borrowed
     // transposed tile widened to one tile across M.
     auto adapted = mid_m_transposed_tile(gemm, device);

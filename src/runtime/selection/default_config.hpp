@@ -21,8 +21,10 @@ bool reduces_over_m(const Graph& g);
 // The shipped table's configuration for this problem on the current GPU, with the entry it came
 // from: for sm_90a kernels of 16-bit A (row-major) and B (column-major) with a light epilogue (the tables are measured with
 // D = acc; light epilogues keep their main loop's speed, measured in bench/gemm_shapes.py's
-// silu and swiglu sets), where the configuration also suits this problem (its pruning rules,
-// and at least 3 main-loop stages beside the epilogue). nullopt otherwise.
+// silu and swiglu sets), and of fp8 A and B with the default two-level accumulation (the fp8
+// tables are measured with D = acc * sa[m] * sb[n], and their entries are taken at other shapes
+// unadapted), where the configuration also suits this problem (its pruning rules, and at least 3
+// main-loop stages beside the epilogue). nullopt otherwise.
 struct TableChoice {
   KernelConfig config;
   TableEntry entry;  // entry.order: the visiting order `config` is to run with
