@@ -118,6 +118,19 @@ TEST(TuningCandidates, Fp8TwoLevelAccumulationTakesKTilesThatDivideThePromotionI
     pingpong64 |= c.schedule == MainloopSchedule::pingpong && c.tile_m == 64 && !c.swap_ab;
   }
   EXPECT_TRUE(pingpong64) << "the decode-sized 64-row tiles stay, with K tiles of 128";
+  // At large M the widest two-level tile that holds both accumulator sets is cooperative
+  // 128x192 (ping-pong 128x192 would need 384 a thread); 16-bit problems take ping-pong's.
+  GemmDesc large = problem(8192, 28672, 4096);
+  large.a_dtype = large.b_dtype = DType::f8e4m3;
+  auto has = [&](const GemmDesc& gd, const std::string& name) {
+    for (const auto& c : candidate_configs(g, gd, {}, 0))
+      if (c.name() == name) return true;
+    return false;
+  };
+  EXPECT_TRUE(has(large, "coop_128x192x128_c1x1_persistent"));
+  EXPECT_FALSE(has(large, "pingpong_128x192x128_c1x1_persistent"));
+  EXPECT_FALSE(has(problem(8192, 28672, 4096), "coop_128x192x64_c1x1_persistent"));
+  EXPECT_TRUE(has(problem(8192, 28672, 4096), "pingpong_128x192x64_c1x1_persistent"));
   p.fp8_fast_accum = true;
   EXPECT_EQ(config_refusal(*KernelConfig::parse("pingpong_64x64x256_c1x1_persistent_fastacc"), p), "");
 }

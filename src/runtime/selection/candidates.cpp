@@ -113,8 +113,12 @@ std::vector<KernelConfig> whole_space(const GemmDesc& gemm, const DeviceLimits& 
       for (const auto& t : kTiles)
         for (const auto& cl : kClusters) {
           // Cooperative 128×192 splits into two 64×192 halves: ping-pong's 128×192 tile does the
-          // same work per multiprocessor at twice the intensity per warp group.
-          if (sched == MainloopSchedule::cooperative && t[0] == 128 && t[1] == 192) continue;
+          // same work per multiprocessor at twice the intensity per warp group. Not for fp8's
+          // two-level accumulation, whose ping-pong 128×192 does not fit its two accumulator sets
+          // (prune_reason) and whose cooperative 128×192 is the widest tile that does.
+          if (sched == MainloopSchedule::cooperative && t[0] == 128 && t[1] == 192 &&
+              !(fp8 && !gemm.fp8_fast_accum))
+            continue;
           out.push_back(make_config(sched, scheduler, t[0], t[1], tile_k, cl[0], cl[1], 1, gemm));
         }
   // Widths between the usual ones, for grids whose last wave the usual widths fill badly.
