@@ -646,6 +646,10 @@ def predicted_ms(kernel, shape: Shape, row: dict) -> None:
     e = native.estimate(shape.m, shape.n, shape.k, evtc._evtc.UnfusedWork())
     row["predicted_ms"], row["predicted_cublas_ms"] = e.fused_us / 1e3, e.cublas_us / 1e3
     row["predicted_basis"] = e.basis
+    # The FX pass's decision for this GEMM alone (passes/profitability.py): evtc's kernel replaces
+    # cuBLAS's where the estimate rests on a measurement that holds here and clears the margin.
+    row["predicted_measured"] = getattr(e, "measured", False)
+    row["replaces_cublas"] = row["predicted_measured"] and e.profitable
 
 
 def check_first_call(spec: SetSpec, kernel, problem: Problem, outputs: dict, row: dict) -> None:
@@ -1286,7 +1290,13 @@ def ratio_stats(rows: list[dict]) -> dict:
             "model_within_5pct": sum(1 for r in ok if r.get("predicted_over_measured")
                                      and abs(r["predicted_over_measured"] - 1) <= 0.05),
             "by_source": {src: sum(1 for r in ok if (r.get("config_source") or "").split(" ")[0] == src)
-                          for src in ("table", "heuristic", "tuned", "given", "nearest")}}
+                          for src in ("table", "heuristic", "tuned", "given", "nearest")},
+            # GEMMs alone under the FX pass: those it moves to evtc's kernel, their measured ratio,
+            # and the geo-mean a user gets (evtc where moved, the reference's 1.0 elsewhere).
+            "replaced": sum(1 for r in ok if r.get("replaces_cublas")),
+            "replaced_geomean_ratio": geomean([r["ratio"] for r in ok if r.get("replaces_cublas")]),
+            "replaced_max_ratio": max((r["ratio"] for r in ok if r.get("replaces_cublas")), default=None),
+            "pass_geomean_ratio": geomean([r["ratio"] if r.get("replaces_cublas") else 1.0 for r in ok])}
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -1301,6 +1311,10 @@ def summary_lines(summary: dict) -> list[str]:
                      f"(M <= 64: {fmt(s['geomean_ratio_m_le_64'], '.3f')}, M >= 128: "
                      f"{fmt(s['geomean_ratio_m_ge_128'], '.3f')}); max {fmt(s['max_ratio'], '.3f')} at "
                      f"{s['max_ratio_shape'] or '–'}; {s[f'above_{ABOVE}']} above {ABOVE}; {s['failed']} failed")
+        if s.get("replaced"):
+            lines.append(f"  - alone under the FX pass: {s['replaced']} shapes move to evtc's kernel, geo-mean "
+                         f"{fmt(s['replaced_geomean_ratio'], '.3f')} there (max {fmt(s['replaced_max_ratio'], '.3f')}); "
+                         f"{fmt(s['pass_geomean_ratio'], '.3f')} over all shapes")
     return lines
 
 

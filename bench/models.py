@@ -12,8 +12,8 @@ heads, FFN 6400), a top-2-of-8 MoE layer on torch._grouped_mm (hidden 2048, FFN 
 transformers imports, 2-layer Llama / GPT-2 / Mixtral causal LMs from a config, and an LM head
 with its cross-entropy loss (hidden 4096, 8 x 1024 tokens, vocab 32,000 and 128,256; training
 only). Phases: prefill
-(8 x 1024 tokens, no grad), decode (batch 64, one token; the attention layers read a 1023-position KV
-cache), train (forward + backward of mean(out^2)). Modes: default, and cudagraphs (both compiles with
+(8 x 1024 tokens, no grad), decode (batch 64 or --decode-batch, one token; the attention layers read a
+1023-position KV cache), train (forward + backward of mean(out^2)). Modes: default, and cudagraphs (both compiles with
 mode="reduce-overhead", eager captured in a CUDA graph by hand); decode runs in cudagraphs mode only
 unless --modes is given. Each (model, phase, mode) row compiles fresh copies of one model, times
 eager, torch.compile and torch.compile(backend="evtc") interleaved (CUDA events, median), counts the
@@ -57,6 +57,7 @@ torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accu
 DTYPE = torch.bfloat16
 SEED = 0
 CACHE_LEN = 1023  # decode: KV-cache positions before the new token
+DECODE_BATCH = 64  # decode: sequences, one new token each (--decode-batch)
 LAYER_MODELS = ("llama", "gpt2", "moe", "llama_mlp")
 # An LM head and its cross-entropy (hidden 4096, 8192 tokens), vocab 32,000 and 128,256: training only.
 LOSS_MODELS = {"lm_head_32k": 32000, "lm_head_128k": 128256}
@@ -303,14 +304,14 @@ def make_inputs(name: str, phase: str, model: nn.Module, seed: int = SEED + 1) -
     """The phase's inputs, from a fixed seed; the same tensors serve every variant."""
     gen = torch.Generator("cuda").manual_seed(seed)
     if name in HF_MODELS:
-        shape = (64, 1) if phase == "decode" else (8, 1024)
+        shape = (DECODE_BATCH, 1) if phase == "decode" else (8, 1024)
         return (torch.randint(0, model.lm.config.vocab_size, shape, generator=gen, device="cuda"),)
     if name in LOSS_MODELS:
         x = torch.randn(8, 1024, model.hidden, generator=gen, device="cuda", dtype=DTYPE)
         labels = torch.randint(0, model.lm_head.out_features, (8, 1024), generator=gen, device="cuda")
         labels[:, -1] = -100
         return (x, labels)
-    batch, seq = {"prefill": (8, 1024), "decode": (64, 1), "train": (4, 1024)}[phase]
+    batch, seq = {"prefill": (8, 1024), "decode": (DECODE_BATCH, 1), "train": (4, 1024)}[phase]
     x = torch.randn(batch, seq, model.hidden, generator=gen, device="cuda", dtype=DTYPE)
     if phase != "decode" or not model.heads:
         return (x,)
@@ -330,8 +331,9 @@ def row_notes(name: str, phase: str, mode: str, model: nn.Module) -> list[str]:
         notes.append("8 x 1024 tokens; the model's output is its loss; evtc runs it as linear_cross_entropy "
                      "(logits saved up to 1 GiB, recomputed above), which fused/gemms do not count")
     if phase == "decode":
-        notes.append("input_ids (64, 1) without a KV cache" if name in HF_MODELS else
-                     f"KV cache of {CACHE_LEN} positions, static address" if model.heads else "input (64, 1, hidden)")
+        notes.append(f"input_ids ({DECODE_BATCH}, 1) without a KV cache" if name in HF_MODELS else
+                     f"batch {DECODE_BATCH}, KV cache of {CACHE_LEN} positions, static address" if model.heads else
+                     f"input ({DECODE_BATCH}, 1, hidden)")
     if phase == "train" and mode == "cudagraphs":
         notes.append("eager not captured in a CUDA graph for training: eager_ms is plain eager, as in default mode")
     if name in HF_MODELS:
@@ -763,8 +765,12 @@ def parse_args():
     p.add_argument("--no-merge-projections", dest="merge_projections", action="store_false",
                    help="leave the evtc variant's gate/up projections as built (by default "
                         "evtc.torch.merge_projections makes each pair views of one buffer, as docs/python.md advises)")
+    p.add_argument("--decode-batch", type=int, default=DECODE_BATCH, metavar="N",
+                   help=f"decode rows: N sequences of one new token (default {DECODE_BATCH})")
     p.add_argument("--table", metavar="FILE.json", help="print the Markdown table of a results file and exit")
     args = p.parse_args()
+    if args.decode_batch < 1:
+        p.error(f"--decode-batch must be at least 1, got {args.decode_batch}")
     args.warmup, args.iters = (2, 5) if args.quick else (3, 20)
     if args.rounds is None:
         args.rounds = 3 if args.quick else 5
@@ -834,6 +840,8 @@ def main() -> None:
         with open(args.table) as f:
             print(markdown_table(json.load(f)))
         return
+    global DECODE_BATCH
+    DECODE_BATCH = args.decode_batch
     if not torch.cuda.is_available():
         sys.exit("bench/models.py needs a CUDA GPU")
     # Dynamo decides at trace time whether parameters may become constants, from this global
@@ -848,7 +856,7 @@ def main() -> None:
             "date": now.isoformat(timespec="seconds"), "warmup": args.warmup,
             "timed": args.rounds * math.ceil(args.iters / args.rounds), "rounds": args.rounds, "evtc_options": args.evtc_options,
             "freezing": args.freezing, "merge_projections": args.merge_projections,
-            "rows": []}
+            "decode_batch": args.decode_batch, "rows": []}
 
     def add(row: dict) -> None:
         data["rows"].append(row)

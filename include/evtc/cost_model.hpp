@@ -16,7 +16,13 @@ struct FusionEstimate {
   double fused_us = 0;     // evtc's fused kernel
   double saved_bytes = 0;  // device-memory traffic fusion removes
   std::string config;      // the kernel configuration the fused kernel runs with
-  std::string basis;       // where fused_us comes from: "model", or "tuned: measured"
+  std::string basis;       // where fused_us comes from: "model", or "table <file> at MxNxK"
+  // fused_us and cublas_us rest on the shipped selection table's measurement of evtc's kernel
+  // and cuBLAS's GEMM where it holds here: this shape's entry, or a nearby one whose
+  // configuration runs here unchanged on as many tiles across M, with the same N and K or among
+  // neighbours that all measured evtc ahead (selection::measured_here). A GEMM with nothing to
+  // fuse leaves cuBLAS only on such an estimate.
+  bool measured = false;
 
   // Fused is faster than cuBLAS + the epilogue by more than the model's margin (3 %, and at
   // least 0.5 us): a fusion that does not pay is not made.

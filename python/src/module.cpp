@@ -265,6 +265,7 @@ NB_MODULE(_evtc, m) {
       .def_ro("saved_bytes", &FusionEstimate::saved_bytes)
       .def_ro("config", &FusionEstimate::config)
       .def_ro("basis", &FusionEstimate::basis)
+      .def_ro("measured", &FusionEstimate::measured)
       .def_prop_ro("profitable", &FusionEstimate::profitable)
       .def("describe", &FusionEstimate::describe);
 

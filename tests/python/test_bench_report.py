@@ -84,6 +84,20 @@ def load_gemm_shapes():
     return module
 
 
+def test_the_summary_counts_the_gemms_the_fx_pass_moves_to_evtc():
+    g = load_gemm_shapes()
+    rows = [{"m": 16, "n": 4096, "k": 4096, "label": "a", "ratio": 0.9, "replaces_cublas": True},
+            {"m": 64, "n": 4096, "k": 4096, "label": "b", "ratio": 0.99, "replaces_cublas": False},
+            {"m": 4096, "n": 4096, "k": 4096, "label": "c", "ratio": 1.1},
+            {"m": 32, "n": 4096, "k": 4096, "label": "d", "ratio": 0.5, "replaces_cublas": True, "failed": True}]
+    s = g.ratio_stats(rows)
+    assert s["replaced"] == 1 and s["replaced_geomean_ratio"] == 0.9 and s["replaced_max_ratio"] == 0.9
+    # A user gets evtc's time where the pass moves the GEMM, cuBLAS's elsewhere.
+    assert abs(s["pass_geomean_ratio"] - 0.9 ** (1 / 3)) < 1e-12
+    lines = g.summary_lines({"plain": s})
+    assert any("alone under the FX pass: 1 shapes move to evtc's kernel, geo-mean 0.900" in line for line in lines)
+
+
 def test_refined_sweeps_and_tables_take_each_shape_from_the_latest_sweep(tmp_path):
     g = load_gemm_shapes()
 

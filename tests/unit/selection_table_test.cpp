@@ -9,6 +9,7 @@
 #include "evtc/passes.hpp"
 #include "evtc/runtime.hpp"
 #include "runtime/selection/candidates.hpp"
+#include "runtime/selection/cost_model.hpp"
 #include "runtime/selection/tuning_store.hpp"
 #include "runtime/selection/default_config.hpp"
 #include "runtime/selection/shipped_table.hpp"
@@ -243,6 +244,73 @@ TEST(SelectionTable, NoTableWithoutAGpuOrForOtherEpilogues) {
   EXPECT_FALSE(light_epilogue(run_pipeline(parse_expression("out D: bf16 = acc * r[m,n]"))));
   EXPECT_FALSE(light_epilogue(run_pipeline(parse_expression("out D: bf16 = acc; out s = row_sum(acc)"))));
   EXPECT_TRUE(light_epilogue(run_pipeline(parse_expression("out D: bf16 = silu(acc + bias[n])"))));
+}
+
+TEST(SelectionTable, DecodeSizedEntriesTakeHeavierEpiloguesWithoutReductionsOnSmallTiles) {
+  const Graph residual = run_pipeline(parse_expression("out D: bf16 = acc + r[m,n]"));
+  const Graph two = run_pipeline(parse_expression("out y: f32 = acc + r[m,n]\nout D: bf16 = silu(acc) * r[m,n]"));
+  const Graph reduces = run_pipeline(parse_expression("out D: bf16 = acc + r[m,n]; out s = row_sum(acc)"));
+  EXPECT_TRUE(decode_table_epilogue(residual, gemm(64, 4096, 4096)));
+  EXPECT_TRUE(decode_table_epilogue(two, gemm(13, 4096, 4096)));
+  EXPECT_FALSE(decode_table_epilogue(residual, gemm(65, 4096, 4096)));  // past decode sizes
+  EXPECT_FALSE(decode_table_epilogue(reduces, gemm(16, 4096, 4096)));   // reductions keep their rules
+  // Accumulators a thread: 64x128 ping-pong 64, transposed 64x16 8, cooperative 128x128 64;
+  // ping-pong 64x160 80 and 128x192 192 are not small.
+  for (const char* small : {"pingpong_64x128x128_c1x1_persistent", "pingpong_64x16x256_c1x1_persistent_swap",
+                            "coop_128x128x64_c1x1_persistent"})
+    EXPECT_TRUE(few_accumulators(*KernelConfig::parse(small))) << small;
+  for (const char* big : {"pingpong_64x160x64_c1x1_persistent", "pingpong_128x192x64_c2x1_persistent"})
+    EXPECT_FALSE(few_accumulators(*KernelConfig::parse(big))) << big;
+}
+
+TEST(SelectionTable, AMeasurementHoldsAtItsShapeAndAtItsWeightsOnTheSameTileGrid) {
+  // What lets a GEMM with nothing to fuse leave cuBLAS (FusionEstimate::measured): the 16-row
+  // entry's transposed 64x16 tile holds M = 9..16 in one 16-column tile, as it held 16.
+  TableChoice t;
+  t.entry.m = 16;
+  t.entry.n = 4096;
+  t.entry.k = 4096;
+  t.entry.config = *KernelConfig::parse("pingpong_64x16x256_c1x1_persistent_swap");
+  t.config = t.entry.config;
+  EXPECT_TRUE(measured_here(t, gemm(13, 4096, 4096)));
+  EXPECT_TRUE(measured_here(t, gemm(9, 4096, 4096)));
+  EXPECT_FALSE(measured_here(t, gemm(24, 4096, 4096)));  // two tiles across M: another grid
+  EXPECT_FALSE(measured_here(t, gemm(16, 2048, 4096)));  // other weights: the model's scaling only
+  EXPECT_FALSE(measured_here(t, gemm(16, 4096, 2048)));
+  TableChoice adapted = t;  // a configuration adapted to the shape was not measured
+  adapted.config = *KernelConfig::parse("pingpong_64x32x256_c1x1_persistent_swap");
+  EXPECT_FALSE(measured_here(adapted, gemm(13, 4096, 4096)));
+  TableChoice exact = t;
+  exact.exact = true;
+  EXPECT_TRUE(measured_here(exact, gemm(16, 4096, 4096)));
+}
+
+TEST(SelectionTable, AMeasurementCarriesToOtherWeightsWhereTheNearestEntriesAllAgree) {
+  // The H200 tables' own entries (embedded in the library; no GPU needed to read them).
+  auto choice = [](const char* file, int64_t m, int64_t n, int64_t k) {
+    const SelectionTable* table = shipped_table_named(file);
+    EXPECT_NE(table, nullptr) << file;
+    const auto found = match(*table, m, n, k, 132);
+    EXPECT_TRUE(found.has_value());
+    return TableChoice{found->entry->config, *found->entry, found->exact, table->file};
+  };
+  // fp8 at M = 16: every nearby entry measured evtc's kernel well ahead of torch._scaled_mm.
+  GemmDesc fp8 = gemm(16, 4096, 4096);
+  fp8.a_dtype = fp8.b_dtype = DType::f8e4m3;
+  const TableChoice near_fp8 = choice("h200-fp8.json", 16, 4096, 4096);
+  EXPECT_FALSE(near_fp8.exact);
+  EXPECT_TRUE(measured_here(near_fp8, fp8));
+  for (const TableEntry* e : nearest_in_n_and_k(*shipped_table_named("h200-fp8.json"), 16, 4096, 4096, 3))
+    EXPECT_TRUE(ahead_by_margin(e->ms * 1e3, e->cublas_ms * 1e3)) << e->n << "x" << e->k;
+  // bf16 at M = 64 around 2048x2048: the entries disagree (64x1024x4096 measured evtc behind).
+  const TableChoice near_bf16 = choice("h200-bf16.json", 64, 2048, 2048);
+  EXPECT_FALSE(near_bf16.exact);
+  EXPECT_FALSE(measured_here(near_bf16, gemm(64, 2048, 2048)));
+  // The margin is the cost model's: 3 %, and at least 0.5 us.
+  EXPECT_TRUE(ahead_by_margin(90, 100));
+  EXPECT_FALSE(ahead_by_margin(97.5, 100));
+  EXPECT_FALSE(ahead_by_margin(9.6, 10));
+  EXPECT_TRUE(ahead_by_margin(9.4, 10));
 }
 
 }  // namespace

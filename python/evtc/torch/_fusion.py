@@ -107,8 +107,15 @@ def grow(graph: fx.Graph, chain: Chain, exclude: set[fx.Node] = frozenset()) -> 
             except Refused as why:
                 log.debug("evtc: %s stays outside the chain of %s: %s", n.name, chain.gemm.name, why)
         depends_on_chain.add(n)
-    if chain.merged is None and chain.gemm.target in (torch.ops.aten.mm.default, GROUPED_MM) and len(chain.nodes) == 1:
-        raise Refused(f"nothing to fuse: the {chain.gemm.target.__name__.split('.')[0]} result feeds no epilogue op")
+    # A grouped GEMM alone stays with torch._grouped_mm, itself a CUTLASS kernel like evtc's. A dense
+    # GEMM with nothing to fuse goes on: the cost model may still find evtc's kernel faster than
+    # cuBLAS's at its shape (passes/profitability.py, "GEMMs with nothing to fuse").
+    if chain.merged is None and chain.gemm.target is GROUPED_MM and len(chain.nodes) == 1:
+        raise Refused(nothing_to_fuse(chain))
+
+
+def nothing_to_fuse(chain: Chain) -> str:
+    return f"nothing to fuse: the {chain.gemm.target.__name__.split('.')[0]} result feeds no epilogue op"
 
 
 def problem_size(chain: Chain) -> tuple[int, int, int]:

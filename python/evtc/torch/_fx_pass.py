@@ -27,6 +27,7 @@ __all__ = ["Fusion", "FusionReport", "fuse_gemm_epilogues", "reports"]
 
 def fuse_gemm_epilogues(graph: fx.Graph, *, cast_mode: str = Settings.cast_mode, compile: bool = Settings.compile,
                         merge_gated: bool = Settings.merge_gated, profitability: bool = Settings.profitability,
+                        bare_gemms: bool = Settings.bare_gemms,
                         wait_for_compile: bool = Settings.wait_for_compile) -> FusionReport:
     """Rewrites the GEMM + epilogue chains of ``graph`` into evtc's fused ops.
 
@@ -34,14 +35,18 @@ def fuse_gemm_epilogues(graph: fx.Graph, *, cast_mode: str = Settings.cast_mode,
     outputs). With ``compile``, each new kernel starts compiling in the background right away.
     ``merge_gated`` merges GEMMs that meet in a gated activation (under CUDA graphs only with
     frozen weights: see passes/merge_gated.py). With ``profitability``, a chain is fused only
-    where the cost model expects it to be faster than cuBLAS + Inductor's kernels. Without
+    where the cost model expects it to be faster than cuBLAS + Inductor's kernels. With
+    ``bare_gemms`` (and ``profitability``), a GEMM with nothing to fuse runs in evtc's kernel where
+    the selection table measured it faster than cuBLAS's at or near its (static) shape. Without
     ``wait_for_compile`` a fused op whose kernel is still compiling runs unfused (cuBLASLt + the
     plain epilogue) and switches to the fused kernel when it is ready; with it, the op's first
     call waits for the compile. A grouped (MoE) op's unfused path runs one cuBLASLt GEMM + the
     plain epilogue per non-empty group (after reading the offsets back to the host).
     """
     sync_native_level()  # a level set through Python's logging (TORCH_LOGS) reaches compile messages
-    report = passes.run(graph, Settings(cast_mode, compile, merge_gated, profitability, wait_for_compile))
+    report = passes.run(graph, Settings(cast_mode=cast_mode, compile=compile, merge_gated=merge_gated,
+                                        profitability=profitability, bare_gemms=bare_gemms,
+                                        wait_for_compile=wait_for_compile))
     reports.append(report)
     log.debug("%s", report.summary())
     return report

@@ -13,6 +13,7 @@
 #include "runtime/selection/cost_model.hpp"
 #include "runtime/kernel_impl.hpp"
 #include "runtime/selection/default_config.hpp"
+#include "runtime/selection/shipped_table.hpp"
 
 namespace evtc {
 namespace {
@@ -165,10 +166,11 @@ double epilogue_bytes(const KernelSignature& sig, int64_t m, int64_t n) {
 // visiting order"). A fusion must therefore be expected to gain more than that spread.
 constexpr double kProfitMargin = 0.03;
 
-bool FusionEstimate::profitable() const {
-  const double unfused = cublas_us + epilogue_us;
-  return fused_us < unfused - std::max(0.5, kProfitMargin * unfused);
+bool selection::ahead_by_margin(double fused_us, double unfused_us) {
+  return fused_us < unfused_us - std::max(0.5, kProfitMargin * unfused_us);
 }
+
+bool FusionEstimate::profitable() const { return selection::ahead_by_margin(fused_us, cublas_us + epilogue_us); }
 
 std::string FusionEstimate::describe() const {
   // Negative where the fused kernel writes values the unfused path never stores (a consumer's
@@ -179,6 +181,31 @@ std::string FusionEstimate::describe() const {
                        fused_us, cublas_us, -epilogue_us, basis, config);
   return fmt::format("{:.1f} us fused vs {:.1f} + {:.1f} us unfused ({}, {})", fused_us, cublas_us, epilogue_us,
                      basis, config);
+}
+
+// Whether the table's measurement holds here, not only the model's scaling of it. The model
+// scales a measured time to another shape by its rates, which do not know where cuBLAS changes
+// kernels: anchored at 64x1024x4096 (evtc 10.5 us, cuBLAS 10.1) it put evtc at 6.7 us and
+// cuBLAS at 10.1 at 64x2048x2048, where they took 8.6 and 8.9 (H200, bench/results/
+// 20261129-0430-h200-gemm-shapes-decode-bare-first-rule.json). So: the table's own shape; or
+// the entry's configuration unchanged, covering this M in as many tiles as the entry's M, with
+// the entry's weights (N and K: decode batches between the table's M values, 13 rows run as the
+// 16-row entry did) or where the three entries nearest in N and K at the entry's M all measured
+// evtc ahead by the margin (the fp8 table at M <= 64, where evtc's two-level main loop is ahead
+// at every entry).
+bool selection::measured_here(const selection::TableChoice& t, const GemmDesc& g) {
+  if (t.exact) return true;
+  if (!(t.config == t.entry.config)) return false;
+  GemmDesc there = g;
+  there.m = t.entry.m;
+  if (tuning::tile_count(t.config, g) != tuning::tile_count(t.config, there)) return false;
+  if (t.entry.n == g.n && t.entry.k == g.k) return true;
+  const SelectionTable* table = shipped_table_named(t.table);
+  if (!table) return false;
+  const auto near = nearest_in_n_and_k(*table, t.entry.m, g.n, g.k, 3);
+  return near.size() == 3 && std::all_of(near.begin(), near.end(), [](const TableEntry* e) {
+           return ahead_by_margin(e->ms * 1e3, e->cublas_ms * 1e3);
+         });
 }
 
 namespace {
@@ -199,6 +226,7 @@ void anchor_to_table(FusionEstimate& e, const selection::TableChoice& t, const G
   e.fused_us *= t.entry.ms * 1e3 / plain.fused_us;
   e.cublas_us *= t.entry.cublas_ms * 1e3 / plain.cublas_us;
   e.basis = fmt::format("table {} at {}x{}x{}", t.table, t.entry.m, t.entry.n, t.entry.k);
+  e.measured = selection::measured_here(t, g);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include "evtc/cost_model.hpp"
 #include "evtc/gemm.hpp"
 #include "evtc/kernel_config.hpp"
+#include "runtime/selection/default_config.hpp"
 
 namespace evtc {
 
@@ -15,5 +16,16 @@ FusionEstimate estimate_for(const KernelConfig& c, const GemmDesc& g, double epi
 // for the dense-equivalent problem `g` (total rows × N × K); `extra_ab_bytes` as above;
 // `gemms` side by side over N (UnfusedWork::gemms).
 double grouped_mm_us(const GemmDesc& g, double extra_ab_bytes, int gemms);
+
+namespace selection {
+// The cost model's margin: a kernel taking `fused_us` is worth running instead of work taking
+// `unfused_us` (FusionEstimate::profitable; the tables' entries for GEMMs with nothing to fuse).
+bool ahead_by_margin(double fused_us, double unfused_us);
+// Whether the table choice `t` for the problem `g` rests on a measurement that holds at `g`
+// (FusionEstimate::measured): `g`'s own entry; or the entry's configuration unchanged, with as
+// many tiles across `g`'s M as across the entry's, and either the entry's N and K or three
+// nearest entries in N and K at the entry's M that all measured evtc ahead by the margin.
+bool measured_here(const TableChoice& t, const GemmDesc& g);
+}  // namespace selection
 
 }  // namespace evtc

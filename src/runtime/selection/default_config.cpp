@@ -38,6 +38,18 @@ bool light_epilogue(const Graph& g) {
   return stores == 1 && acc_reads <= 1;
 }
 
+bool few_accumulators(const KernelConfig& c) {
+  const int threads = c.schedule == MainloopSchedule::pingpong ? 128 : 256;  // the warp groups of a tile
+  return int64_t(c.tile_m) * c.tile_n / threads <= kFewAccumulators;
+}
+
+bool decode_table_epilogue(const Graph& g, const GemmDesc& gemm) {
+  if (gemm.m <= 0 || gemm.m > kDecodeRows) return false;
+  for (const Node& n : g.nodes())
+    if (n.kind == NodeKind::reduce) return false;
+  return true;
+}
+
 bool reduces_over_m(const Graph& g) {
   for (const Node& n : g.nodes())
     if (n.kind == NodeKind::reduce && n.axis != ReduceAxis::row) return true;
@@ -109,7 +121,8 @@ std::optional<TableChoice> table_choice(const Graph& g, const GemmDesc& gemm) {
   if (fp8 && (gemm.fp8_fast_accum || gemm.fp8_blockwise)) return std::nullopt;
   // The tables are measured with nn.Linear's operands: A row-major, B column-major (W of N×K).
   if (gemm.a_layout != Layout::row_major || gemm.b_layout != Layout::col_major) return std::nullopt;
-  if (!light_epilogue(g)) return std::nullopt;
+  const bool light = light_epilogue(g);
+  if (!light && !decode_table_epilogue(g, gemm)) return std::nullopt;
   const auto dev = current_device();
   if (!dev || dev->arch != gemm.sm) return std::nullopt;
   const SelectionTable* table = table_for(gpu_class_of(dev->name), gemm.a_dtype, dev->sm_count);
@@ -119,7 +132,8 @@ std::optional<TableChoice> table_choice(const Graph& g, const GemmDesc& gemm) {
   tuning::DeviceLimits device;
   if (dev->sm_count > 0) device.sm_count = dev->sm_count;
   auto usable = [&](const KernelConfig& c) {
-    return tuning::prune_reason(c, g, gemm, device).empty();  // at least 3 main-loop stages included
+    // At least 3 main-loop stages included; a heavier epilogue only on a tile of few accumulators.
+    return tuning::prune_reason(c, g, gemm, device).empty() && (light || few_accumulators(c));
   };
   if (usable(found->entry->config)) {
     TableChoice choice{found->entry->config, *found->entry, found->exact, table->file};
@@ -219,7 +233,7 @@ namespace {
 // of 32, 64 and 128 columns whose grid stays within two tiles per multiprocessor (the tables'
 // choices at M = 16-64 on the H100: 0.92-1.04x cuBLAS, where cooperative 128x128 tiles took
 // 1.4-1.5x; bench/results/20261127-0945-h100-gemm-sweep.json).
-KernelConfig decode_config(const GemmDesc& g, int sms) {
+KernelConfig decode_config(const GemmDesc& g, int sms) {  // for g.m <= selection::kDecodeRows
   KernelConfig c = KernelConfig::of(MainloopSchedule::pingpong, 64, 32);
   c.tile_k = 128;
   while (c.tile_n < 128 && tuning::tile_count(c, g) > 2 * int64_t(sms)) c.tile_n *= 2;
@@ -227,7 +241,7 @@ KernelConfig decode_config(const GemmDesc& g, int sms) {
 }
 
 std::optional<KernelConfig> one_wave_config(const GemmDesc& g, int sms) {
-  if (g.m <= 64) return decode_config(g, sms);
+  if (g.m <= selection::kDecodeRows) return decode_config(g, sms);
   std::optional<KernelConfig> best;
   int64_t best_tiles = 0;
   for (const auto& [s, tm, tn] : {std::tuple{MainloopSchedule::cooperative, 128, 256},

@@ -18,10 +18,26 @@ bool light_epilogue(const Graph& g);
 // A column or whole-matrix reduction.
 bool reduces_over_m(const Graph& g);
 
+// Decode-sized problems: at most this many rows of M. Their main loop streams B, and the tiles
+// that pull it through the most multiprocessors are 64-row ping-pong or transposed ones.
+constexpr int64_t kDecodeRows = 64;
+// fp32 accumulators a thread of a tile's warp groups holds, at most, for a tile to be called
+// small: the decode tables' tiles (64 rows by at most 128 columns, transposed 64 by 16-128),
+// whose registers leave room for an epilogue's [m,n] operands and extra outputs beside them.
+constexpr int64_t kFewAccumulators = 64;
+bool few_accumulators(const KernelConfig& c);
+// An epilogue heavier than a light one that still takes a decode-sized table entry (on a tile
+// of few accumulators): M at most kDecodeRows and no reduction. The table measured the entry
+// with D = acc; at such M the kernel's time is B's streaming, which an [m,n] operand of M rows
+// or a second output barely adds to, while the rules' tile (decode_config) was chosen without
+// the table's transposed and narrow tiles.
+bool decode_table_epilogue(const Graph& g, const GemmDesc& gemm);
+
 // The shipped table's configuration for this problem on the current GPU, with the entry it came
 // from: for sm_90a kernels of 16-bit A (row-major) and B (column-major) with a light epilogue (the tables are measured with
 // D = acc; light epilogues keep their main loop's speed, measured in bench/gemm_shapes.py's
-// silu and swiglu sets), and of fp8 A and B with the default two-level accumulation (the fp8
+// silu and swiglu sets) or, at decode-sized M, a heavier one without reductions on an entry of
+// few accumulators (decode_table_epilogue), and of fp8 A and B with the default two-level accumulation (the fp8
 // tables are measured with D = acc * sa[m] * sb[n], and their entries are taken at other shapes
 // unadapted), where the configuration also suits this problem (its pruning rules, and at least 3
 // main-loop stages beside the epilogue). nullopt otherwise.

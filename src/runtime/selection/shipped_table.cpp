@@ -115,6 +115,24 @@ const SelectionTable* table_for(const std::string& gpu_class, DType ab, int sm_c
   return nullptr;
 }
 
+std::vector<const TableEntry*> nearest_in_n_and_k(const SelectionTable& table, int64_t m, int64_t n, int64_t k,
+                                                  size_t count) {
+  std::vector<const TableEntry*> near;
+  for (const TableEntry& e : table.entries)
+    if (e.m == m) near.push_back(&e);
+  auto nk_distance = [&](const TableEntry* e) { return log_distance(e->n, n) + log_distance(e->k, k); };
+  std::stable_sort(near.begin(), near.end(),
+                   [&](const TableEntry* a, const TableEntry* b) { return nk_distance(a) < nk_distance(b); });
+  near.resize(std::min(near.size(), count));
+  return near;
+}
+
+const SelectionTable* shipped_table_named(const std::string& file) {
+  for (const SelectionTable& t : shipped_tables())
+    if (t.file == file) return &t;
+  return nullptr;
+}
+
 std::optional<TableMatch> match(const SelectionTable& table, int64_t m, int64_t n, int64_t k, int sm_count) {
   if (table.entries.empty() || m <= 0 || n <= 0 || k <= 0) return std::nullopt;
   for (const TableEntry& e : table.entries)
@@ -125,13 +143,7 @@ std::optional<TableMatch> match(const SelectionTable& table, int64_t m, int64_t 
     const double d = log_distance(e.m, m), best = log_distance(bucket, m);
     if (d < best - 1e-9 || (std::abs(d - best) <= 1e-9 && e.m > bucket)) bucket = e.m;
   }
-  std::vector<const TableEntry*> near;
-  for (const TableEntry& e : table.entries)
-    if (e.m == bucket) near.push_back(&e);
-  auto nk_distance = [&](const TableEntry* e) { return log_distance(e->n, n) + log_distance(e->k, k); };
-  std::stable_sort(near.begin(), near.end(),
-                   [&](const TableEntry* a, const TableEntry* b) { return nk_distance(a) < nk_distance(b); });
-  near.resize(std::min<size_t>(near.size(), 4));
+  const std::vector<const TableEntry*> near = nearest_in_n_and_k(table, bucket, n, k, 4);
   // A configuration measured at a nearby shape carries over as long as its tile grid fills the
   // GPU about as well here as there: the nearest entry whose grid efficiency here is at least
   // 85 % of its own, else the one that keeps the most of it. Both are taken with M rounded up

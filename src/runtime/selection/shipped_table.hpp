@@ -70,4 +70,11 @@ struct TableMatch {
 };
 std::optional<TableMatch> match(const SelectionTable& table, int64_t m, int64_t n, int64_t k, int sm_count);
 
+// The (at most `count`) entries measured at exactly `m`, nearest to `n` and `k` on a log scale
+// first (ties in table order).
+std::vector<const TableEntry*> nearest_in_n_and_k(const SelectionTable& table, int64_t m, int64_t n, int64_t k,
+                                                  size_t count);
+// The shipped table of that file name (TableChoice::table), or nullptr.
+const SelectionTable* shipped_table_named(const std::string& file);
+
 }  // namespace evtc::selection

@@ -6,7 +6,9 @@
 2. ``fuse_chains``: every other GEMM and its pointwise consumers become one fused op.
 
 Each fusion is made only where the cost model (``profitability``) expects it to be faster
-than cuBLAS plus Inductor's kernels; the decision and its numbers go into the FusionReport.
+than cuBLAS plus Inductor's kernels, and a GEMM with nothing to fuse runs in evtc's kernel only
+where that kernel was measured faster than cuBLAS's; the decision and its numbers go into the
+FusionReport.
 """
 from __future__ import annotations
 
@@ -34,6 +36,10 @@ class Settings:
     merge_gated: bool = True
     # Fuse only chains the cost model expects to be faster than cuBLAS + Inductor's kernel.
     profitability: bool = True
+    # Run a GEMM with nothing to fuse in evtc's kernel where the selection table measured that
+    # kernel faster than cuBLAS's at or near its shape and the cost model agrees (decode-sized
+    # problems, mostly); False leaves every such GEMM to cuBLAS (passes/profitability.py).
+    bare_gemms: bool = True
     # False: a fused op whose kernel is still compiling runs unfused (cuBLASLt + a plain
     # epilogue) until it is ready; True: its first call waits for the compile (benchmarks).
     # EVTC_WAIT_FOR_COMPILE=1 makes every kernel wait.

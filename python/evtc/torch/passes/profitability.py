@@ -9,8 +9,14 @@ output. Fusion saves the difference, and costs whatever evtc's kernel is slower 
 the shape. evtc's cost model (C++, evtc/cost_model.hpp: the GEMM times from the tile grid and
 the GPU's rates, measured) makes the call; this module says what the unfused path would do.
 
-A chain whose values are only views or the GEMM's own result (nothing for an epilogue kernel
-to do) saves nothing, so it stays with cuBLAS unless evtc's kernel is expected to be faster.
+GEMMs with nothing to fuse: a chain whose values are only views of the GEMM's own result
+(``mm`` alone, or ``addmm``/``_scaled_mm`` whose bias and scales cuBLAS applies too) saves no
+epilogue work, so it runs in evtc's kernel only where that kernel is faster than cuBLAS's GEMM.
+The model's rates alone do not decide that (they put evtc's main loop a few percent behind
+cuBLAS's everywhere): the estimate must rest on the selection table's measurement of both
+where it holds here (``FusionEstimate.measured``, C++ ``selection::measured_here``), say so by
+more than the model's margin, and the shape must be static (a measurement at the traced size
+says nothing of other sizes). ``evtc.bare_gemms=False`` leaves every such GEMM to cuBLAS.
 """
 from __future__ import annotations
 
@@ -23,7 +29,7 @@ from torch import fx
 from ... import _evtc
 
 from .._chain import RESHAPES, Chain, Refused, concrete
-from .._fusion import intermediate_bytes, problem_size, value_bytes
+from .._fusion import intermediate_bytes, is_static, nothing_to_fuse, problem_size, value_bytes
 from .._gemm import GEMMS, UNSUPPORTED_GEMMS
 
 
@@ -66,6 +72,8 @@ class UnfusedPath:
     kernels: int = 0  # epilogue kernels
     gemms: int = 1  # GEMMs over N (a merged chain's sources, each its own launch and tile grid)
     folded_into: list[str] = field(default_factory=list)  # consumers that would compute the epilogue
+    # Nothing to fuse: the chain computes no more than cuBLAS's GEMM (views of its result).
+    bare: bool = False
 
 
 def unfused_path(chain: Chain, outs: list[fx.Node]) -> UnfusedPath:
@@ -82,7 +90,7 @@ def unfused_path(chain: Chain, outs: list[fx.Node]) -> UnfusedPath:
     computes = any(n not in chain.merged_from and n is not chain.gemm and n.target not in RESHAPES
                    for n in chain.nodes)
     if not computes and not chain.merged_from:
-        return UnfusedPath()
+        return UnfusedPath(bare=True)
     path = UnfusedPath(saved_bytes=float(intermediate_bytes(chain)))
     own_kernel = False
     seen = {root}  # cuBLAS writes the GEMM's own result either way
@@ -109,17 +117,43 @@ def unfused_path(chain: Chain, outs: list[fx.Node]) -> UnfusedPath:
 def decide(chain: Chain, kernel, outs: list[fx.Node], settings) -> dict:
     """The estimate's numbers, or Refused when the fusion does not pay. With profitability off
     (``evtc.profitability=False``) every legal fusion is made, and the numbers are still reported
-    (what the model expected of a fusion it would have refused)."""
+    (what the model expected of a fusion it would have refused); a lone ``mm`` is not a fusion and
+    stays with cuBLAS."""
+    path = unfused_path(chain, outs)
     if not settings.profitability:
+        if path.bare and chain.gemm.target is torch.ops.aten.mm.default and len(chain.nodes) == 1:
+            raise Refused(nothing_to_fuse(chain))
         try:
-            return _estimate(chain, kernel, outs, settings)
+            return _estimate(chain, kernel, path, settings)
         except Exception:  # what the model cannot price is made all the same
             return {}
-    return _estimate(chain, kernel, outs, settings)
+    if path.bare:
+        return _replace_cublas(chain, kernel, path, settings)
+    return _estimate(chain, kernel, path, settings)
 
 
-def _estimate(chain: Chain, kernel, outs: list[fx.Node], settings) -> dict:
-    path = unfused_path(chain, outs)
+def _replace_cublas(chain: Chain, kernel, path: UnfusedPath, settings) -> dict:
+    """A chain with nothing to fuse, run in evtc's kernel where that is measured to be faster
+    than cuBLAS's GEMM at or near its shape (the module's docstring), else Refused."""
+    what = nothing_to_fuse(chain)
+    if not settings.bare_gemms:
+        raise Refused(f"{what} (evtc.bare_gemms is off)")
+    if not is_static(chain):
+        raise Refused(f"{what}, and at symbolic sizes no measurement says evtc's kernel is faster than cuBLAS's at "
+                      "every size")
+    numbers, e = _numbers(chain, kernel, path)
+    m, n, k = numbers["m"], numbers["n"], numbers["k"]
+    if not e.measured:
+        raise Refused(f"{what}, and at {m}x{n}x{k} no measurement says evtc's kernel is faster than cuBLAS's "
+                      f"({e.describe()}; a GEMM alone leaves cuBLAS only on the selection table's measurements)")
+    if not e.profitable:
+        raise Refused(f"{what}, and at {m}x{n}x{k} evtc's kernel is not faster than cuBLAS's by the model's margin: "
+                      f"{e.describe()}")
+    numbers["replaces_cublas"] = True
+    return numbers
+
+
+def _numbers(chain: Chain, kernel, path: UnfusedPath):
     m, n, k = problem_size(chain)
     work = _evtc.UnfusedWork()
     work.saved_bytes, work.kernels, work.gemms = path.saved_bytes, path.kernels, path.gemms
@@ -130,6 +164,12 @@ def _estimate(chain: Chain, kernel, outs: list[fx.Node], settings) -> dict:
         e = kernel._native.estimate(m, n, k, work)
     numbers = {"m": m, "n": n, "k": k, "fused_us": e.fused_us, "cublas_us": e.cublas_us,
                "epilogue_us": e.epilogue_us, "saved_bytes": e.saved_bytes, "config": e.config, "basis": e.basis}
+    return numbers, e
+
+
+def _estimate(chain: Chain, kernel, path: UnfusedPath, settings) -> dict:
+    numbers, e = _numbers(chain, kernel, path)
+    m, n, k = numbers["m"], numbers["n"], numbers["k"]
     folded = ""
     if path.folded_into:
         numbers["folded_into"] = path.folded_into
