@@ -362,6 +362,23 @@ def test_train_steps_judges_evtc_by_the_spread_of_the_two_plain_variants():
     assert "| llama_mlp | default | 2 | 1.25 | 0.005 | 0.01 | 0 | yes | 2 / 8 |" in table
 
 
+def test_models_decode_batch_reaches_the_row_notes_and_must_be_positive(monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    models = load_train_steps().models
+    monkeypatch.setattr(sys, "argv", ["models.py", "--decode-batch", "0"])
+    with pytest.raises(SystemExit):
+        models.parse_args()
+    assert "--decode-batch must be at least 1, got 0" in capsys.readouterr().err
+    monkeypatch.setattr(sys, "argv", ["models.py", "--decode-batch", "16"])
+    assert models.parse_args().decode_batch == 16
+    monkeypatch.setattr(models, "DECODE_BATCH", 16)
+    layer, mlp = SimpleNamespace(heads=32), SimpleNamespace(heads=0)
+    assert "batch 16, KV cache of 1023 positions, static address" in models.row_notes("llama", "decode", "cudagraphs",
+                                                                                        layer)
+    assert "input (16, 1, hidden)" in models.row_notes("llama_mlp", "decode", "cudagraphs", mlp)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--steps", "0"], "--steps must be 1 or more"),
     (["--lr", "0"], "--lr must be positive"),
