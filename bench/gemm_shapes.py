@@ -648,7 +648,7 @@ def predicted_ms(kernel, shape: Shape, row: dict) -> None:
     row["predicted_basis"] = e.basis
     # The FX pass's decision for this GEMM alone (passes/profitability.py): evtc's kernel replaces
     # cuBLAS's where the estimate rests on a measurement that holds here and clears the margin.
-    row["predicted_measured"] = getattr(e, "measured", False)
+    row["predicted_measured"] = e.measured
     row["replaces_cublas"] = row["predicted_measured"] and e.profitable
 
 

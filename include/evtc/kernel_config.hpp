@@ -147,6 +147,14 @@ KernelConfig default_config_for_shape(const Graph& g, const GemmDesc& gemm);
 // scale blocks and no fast accumulation; a promotion interval (fp8_promotion_k) needs fp8's
 // two-level accumulation.
 std::string config_refusal(const KernelConfig& c, const GemmDesc& gemm);
+// fp32 accumulators each thread of the warp groups sharing a tile holds, for one copy of the
+// tile's accumulators (ping-pong: one warp group of 128 threads per tile; cooperative: two).
+int64_t accumulators_per_thread(const KernelConfig& c);
+// The most accumulators a thread holds, all copies together, that fit in registers: a consumer
+// warp group has 232 registers a thread, and 192 accumulators compile without spills (ptxas -v:
+// ping-pong 128×192 and cooperative 256×192 with a gated epilogue, fp8 two-level cooperative
+// 128×192); 256 do not.
+constexpr int64_t kMaxAccumulatorsPerThread = 192;
 // Whether fp8's two-level main loop runs as evtc's overlapped promotion
 // (evtc/device/sm90_fp8_mainloop.cuh): the architecture has it (ArchFeatures::overlapped_fp8_promotion),
 // A and B are fp8 with the default two-level accumulation (no fast accumulation, no block scales,

@@ -261,10 +261,13 @@ bool overlapped_fp8_promotion(const KernelConfig& c, const GemmDesc& gemm) {
     return false;
   if (c.schedule != MainloopSchedule::cooperative && c.schedule != MainloopSchedule::pingpong) return false;
   if (!backend_features(gemm.sm, gemm.a_dtype).overlapped_fp8_promotion) return false;
-  // The accumulators and two temporary sets, per thread of the warp groups sharing a tile: 192
-  // floats compile without spills in the 232 registers of a consumer warp group.
+  // The accumulators and two temporary sets.
+  return 3 * accumulators_per_thread(c) <= kMaxAccumulatorsPerThread;
+}
+
+int64_t accumulators_per_thread(const KernelConfig& c) {
   const int threads = c.schedule == MainloopSchedule::pingpong ? 128 : 256;
-  return int64_t(c.tile_m) * c.tile_n * 3 / threads <= 192;
+  return int64_t(c.tile_m) * c.tile_n / threads;
 }
 
 }  // namespace evtc

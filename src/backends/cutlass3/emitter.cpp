@@ -337,6 +337,7 @@ std::string Emitter::assemble(const Visitor& root) {
   // The architecture's CUTLASS headers.
   s += arch_.cutlass_includes(gemm_, cfg_);
   const bool blockwise = gemm_.fp8_blockwise;
+  const bool overlapped = overlapped_fp8_promotion(cfg_, gemm_);
   s += R"(
 #include <cstring>
 #include <mutex>
@@ -350,7 +351,7 @@ std::string Emitter::assemble(const Visitor& root) {
 #include "evtc/device/sm90_scalar_partials.cuh"
 )";
   if (lse_pairs_) s += "#include \"evtc/device/sm90_logsumexp.cuh\"\n";
-  if (overlapped_fp8_promotion(cfg_, gemm_)) s += "#include \"evtc/device/sm90_fp8_mainloop.cuh\"\n";
+  if (overlapped) s += "#include \"evtc/device/sm90_fp8_mainloop.cuh\"\n";
   if (index_leaves_) s += "#include \"evtc/device/sm90_index.cuh\"\n";
   if (d_sink) s += fmt::format("#include \"{}\"\n", arch_.d_sink_header());
   s += "\n";
@@ -385,7 +386,6 @@ std::string Emitter::assemble(const Visitor& root) {
       !blockwise && cfg_.fp8_fast_accum && (is_fp8(gemm_.a_dtype) || is_fp8(gemm_.b_dtype));
   s += fmt::format("using KernelSchedule = cutlass::gemm::{};\n",
                    arch_.kernel_schedule(cfg_, two_sm, blockwise, fast_accum));
-  const bool overlapped = overlapped_fp8_promotion(cfg_, gemm_);
   if (blockwise)
     s += fmt::format(
         "// Scales: A one per row and {0} of K, M adjacent; B one per {0}×{0} block, N blocks adjacent.\n"

@@ -226,16 +226,10 @@ std::string prune_reason(const KernelConfig& c, const Graph& g, const GemmDesc& 
                          const DeviceLimits& device) {
   if (!KernelConfig::parse(c.name())) return "not a configuration CUTLASS's sm90 kernels build";
   if (std::string why = config_refusal(c, gemm); !why.empty()) return why;
-  const int threads = c.schedule == MainloopSchedule::pingpong ? 128 : 256;
-  // fp32 accumulators per thread of the warp groups sharing a tile (ping-pong: one warp
-  // group per tile), twice over for fp8's two-level accumulation. A consumer warp group has
-  // 232 registers a thread: 192 accumulators compile without spills (ptxas -v: ping-pong
-  // 128×192 and cooperative 256×192 with a gated epilogue, fp8 two-level cooperative 128×192);
-  // 256 do not fit.
+  // Accumulators per thread, twice over for fp8's two-level accumulation.
   const int copies = is_fp8(gemm.a_dtype) && !c.fp8_fast_accum ? 2 : 1;
-  if (int64_t(c.tile_m) * c.tile_n * copies / threads > 192)
-    return fmt::format("{} accumulators per thread do not fit in registers",
-                       int64_t(c.tile_m) * c.tile_n * copies / threads);
+  if (const int64_t held = copies * accumulators_per_thread(c); held > kMaxAccumulatorsPerThread)
+    return fmt::format("{} accumulators per thread do not fit in registers", held);
   // The shared-memory model every choice asks (runtime/shared_memory_model.hpp): what this
   // epilogue stages per CTA with `c`, and the main-loop stages left beside it.
   if (mainloop_stages(c, gemm, epilogue_smem_bytes(g, c)) < 3)

@@ -38,10 +38,7 @@ bool light_epilogue(const Graph& g) {
   return stores == 1 && acc_reads <= 1;
 }
 
-bool few_accumulators(const KernelConfig& c) {
-  const int threads = c.schedule == MainloopSchedule::pingpong ? 128 : 256;  // the warp groups of a tile
-  return int64_t(c.tile_m) * c.tile_n / threads <= kFewAccumulators;
-}
+bool few_accumulators(const KernelConfig& c) { return accumulators_per_thread(c) <= kFewAccumulators; }
 
 bool decode_table_epilogue(const Graph& g, const GemmDesc& gemm) {
   if (gemm.m <= 0 || gemm.m > kDecodeRows) return false;
