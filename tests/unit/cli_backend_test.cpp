@@ -105,6 +105,22 @@ TEST(CliBackend, FuzzShardsSplitTheRunsKernels) {
   }
 }
 
+// Every kernel a fuzz run builds has a configuration its GEMM accepts: a run of two thousand
+// expressions (fp8 and decode-sized transposed cases among them) prints whole, with no refusal.
+TEST(CliBackend, FuzzRunsBuildOnlyAcceptedConfigurations) {
+  const auto r = run_cli("fuzz --print --count 2100 --min-outputs 6 --max-outputs 8 --seed 20261128");
+  ASSERT_EQ(r.exit_code, 0) << r.output.substr(0, 2000);
+  size_t kernels = 0, fp8_swapped = 0;
+  for (size_t at = 0; (at = r.output.find("\n# ", at)) != std::string::npos; ++at) {
+    ++kernels;
+    const std::string header = r.output.substr(at + 1, r.output.find('\n', at + 1) - at - 1);
+    fp8_swapped += header.rfind("# fp8", 0) == 0 && header.find("_swap") != std::string::npos;
+  }
+  EXPECT_GE(kernels, 300u);
+  EXPECT_GE(fp8_swapped, 1u) << "the run should hold decode-sized fp8 cases";
+  EXPECT_EQ(r.output.find("has K tiles of"), std::string::npos) << r.output.substr(0, 2000);
+}
+
 TEST(CliBackend, MissingCutlassSaysWhatToSet) {
   const auto r = run_cli("compile 'out D = relu(acc)'",
                          "EVTC_CUTLASS_DIR=/nonexistent/cutlass EVTC_CACHE_DIR=/tmp/evtc-cli-test-cache");
