@@ -19,6 +19,7 @@
 #include "runtime/grouped_bind.hpp"
 #include "runtime/selection/cost_model.hpp"
 #include "runtime/kernel_requests.hpp"
+#include "runtime/stream_workspaces.hpp"
 #include "evtc/options.hpp"
 #include "support/environment.hpp"
 #include "support/logging.hpp"
@@ -79,6 +80,7 @@ struct GroupedKernel::Impl {
   mutable evtc_grouped_workspace_size_fn workspace_size = nullptr;
   mutable evtc_grouped_run_fn run = nullptr;
   mutable runtime::PointerChecks pointer_checks;
+  mutable StreamWorkspaces workspaces;  // the fused kernel's group tables and CUTLASS's workspace
   // The unfused path (wait_for_compile off): the fused kernel's background compile, and a dense
   // kernel of the same epilogue that never fuses (cuBLASLt + the plain epilogue), built at its
   // first use. Under mu.
@@ -329,10 +331,19 @@ ExecutionPath GroupedKernel::run(const GroupedArguments& args, cudaStream_t stre
     throw UserError(fmt::format("CUTLASS cannot implement this grouped problem (G={}, N={}, K={}): {}",
                                 groups, n, k, why));
   const size_t bytes = im.workspace_size(&a);
+  // Outside capture: this stream's kept workspace, so that a call allocates nothing (an
+  // allocation and its release cost about as much host time as the launch). Inside: memory
+  // the CUDA graph owns.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  cuda_check(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
+  const bool graph_owned = capture != cudaStreamCaptureStatusNone;
   void* workspace = nullptr;
-  cuda_check(cudaMallocAsync(&workspace, bytes, stream), "grouped workspace allocation");
+  if (graph_owned)
+    cuda_check(cudaMallocAsync(&workspace, bytes, stream), "grouped workspace allocation");
+  else
+    workspace = im.workspaces.get(stream, bytes);
   const int rc = im.run(&a, workspace, stream, why, sizeof why);
-  cudaFreeAsync(workspace, stream);
+  if (graph_owned) cudaFreeAsync(workspace, stream);
   if (rc != EVTC_OK) throw RuntimeError(fmt::format("grouped kernel launch failed: {}", why));
   return ExecutionPath::fused;
 }
