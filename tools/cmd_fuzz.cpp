@@ -7,6 +7,7 @@
 // case (its epilogue, sizes, seed and metric), not only their count.
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
@@ -26,6 +27,7 @@
 #include "evtc/log.hpp"
 #include "evtc/expression.hpp"
 #include "evtc/ir_text.hpp"
+#include "evtc/ops.hpp"
 #include "evtc/reference.hpp"
 #include "testing/harness.hpp"
 #include "testing/pass_check.hpp"
@@ -157,11 +159,45 @@ std::string run_line(const Case& c, std::string text) {
 
 std::string run_line(const Case& c, size_t output) { return run_line(c, c.kernel.text_of(output)); }
 
+// What a run's expressions exercise, counted per expression (output) from its parsed graph:
+// comparisons (eq ne lt le gt ge), the index leaves m and n, row_logsumexp, and any reduction.
+struct Coverage {
+  size_t expressions = 0, comparisons = 0, indices = 0, row_logsumexp = 0, reductions = 0;
+
+  void add(const Case& c) {
+    for (size_t o = 0; o < c.kernel.outputs.size(); ++o) {
+      const Graph g = parse_expression(c.kernel.text_of(o), parse_options_for(c.kernel));
+      bool comparison = false, index = false, lse = false, reduction = false;
+      for (const Node& n : g.nodes()) {
+        comparison |= n.kind == NodeKind::compute && op_info(n.op).comparison;
+        index |= n.kind == NodeKind::index;
+        reduction |= n.kind == NodeKind::reduce;
+        lse |= n.kind == NodeKind::reduce && n.reduce_op == ReduceOp::logsumexp && n.axis == ReduceAxis::row;
+      }
+      ++expressions;
+      comparisons += comparison;
+      indices += index;
+      row_logsumexp += lse;
+      reductions += reduction;
+    }
+  }
+  std::string text() const {
+    return fmt::format("{} expressions: {} with a comparison, {} with m or n, {} with row_logsumexp, {} with a "
+                       "reduction",
+                       expressions, comparisons, indices, row_logsumexp, reductions);
+  }
+  nlohmann::json json() const {
+    return {{"expressions", expressions}, {"comparisons", comparisons}, {"indices", indices},
+            {"row_logsumexp", row_logsumexp}, {"reductions", reductions}};
+  }
+};
+
 // --- CPU ----------------------------------------------------------------------------------
 
 int fuzz_cpu(const FuzzArgs& fa, const std::vector<Case>& cases, nlohmann::json& report) {
   const auto t0 = std::chrono::steady_clock::now();
   size_t graphs = 0, outputs = 0, fusable = 0, errors = 0;
+  Coverage covered;
   nlohmann::json mismatches = nlohmann::json::array(), failed = nlohmann::json::array();
   for (const Case& c : cases) {
     const size_t index = c.index;
@@ -171,6 +207,7 @@ int fuzz_cpu(const FuzzArgs& fa, const std::vector<Case>& cases, nlohmann::json&
       popts.gemm = c.kernel.gemm;
       const Graph after = run_pipeline(g, popts);
       ++graphs;
+      covered.add(c);
       // Small sizes: the reference before and after the passes agree within an output ulp.
       ReferenceInputs in = c.integers ? random_integer_inputs(g, 5, 8, 8, c.seed)
                                       : random_reference_inputs(g, 5, 8, 8, c.kernel.gemm.a_dtype,
@@ -198,10 +235,11 @@ int fuzz_cpu(const FuzzArgs& fa, const std::vector<Case>& cases, nlohmann::json&
   fmt::print("fuzz --cpu: {} graphs ({} outputs, {} fusable) through parse, passes, reference, legality and "
              "emitters in {:.1f} s: {} mismatches, {} errors\n",
              graphs, outputs, fusable, secs, mismatches.size(), errors);
+  fmt::print("fuzz --cpu: checked {}\n", covered.text());
   // Each failing output and each error, with what reproduces it (testing::failing_case_record).
   report["cpu"] = {{"graphs", graphs}, {"outputs", outputs}, {"fusable", fusable},
                    {"mismatches", mismatches.size()}, {"errors", errors}, {"seconds", secs},
-                   {"failing_cases", mismatches}, {"error_cases", failed}};
+                   {"coverage", covered.json()}, {"failing_cases", mismatches}, {"error_cases", failed}};
   (void)fa;
   return !mismatches.empty() || errors ? kExitFailed : kExitOk;
 }
@@ -376,6 +414,8 @@ int fuzz_gpu(const FuzzArgs& fa, const std::vector<Case>& cases, nlohmann::json&
   size_t expressions = 0, fused_checks = 0, unfused_checks = 0, fused_expressions = 0, boundary = 0, exact = 0;
   nlohmann::json mismatches = nlohmann::json::array(), compile_errors = nlohmann::json::array();
   std::vector<std::pair<const Case*, size_t>> to_isolate;
+  Coverage covered_fused, covered_unfused;
+  std::vector<size_t> skipped_kernels;  // their numbers in the whole run
   for (size_t i = 0; i < gpu.size(); ++i) {
     const GpuCase& g = gpu[i];
     const Case& c = *g.c;
@@ -390,7 +430,10 @@ int fuzz_gpu(const FuzzArgs& fa, const std::vector<Case>& cases, nlohmann::json&
                             {"run", run_line(c, index)}, {"kernel_text", c.kernel.text()}});
       if (path == "fused" && output != "(path)") to_isolate.emplace_back(&c, index);
     };
-    if (g.skipped) continue;
+    if (g.skipped) {
+      skipped_kernels.push_back(c.index);
+      continue;
+    }
     if (!g.compile_error.empty()) {
       const std::string first = g.compile_error.substr(0, 600);
       fmt::print("COMPILE FAILURE kernel {} ({}): {}\n  kernel: {}\n", c.index, kernel_kind_name(c.kernel.kind),
@@ -409,12 +452,14 @@ int fuzz_gpu(const FuzzArgs& fa, const std::vector<Case>& cases, nlohmann::json&
         exact += r.exact;
         ++fused_checks;
         fused_expressions += c.kernel.outputs.size();
+        covered_fused.add(c);
       }
       const RunResult r = check_run(*g.unfused, inputs, expected, ExecutionPath::fallback);
       for (const auto& [o, what] : r.bad) note("unfused", o, what);
       boundary += r.boundary;
       exact += r.exact;
       ++unfused_checks;
+      covered_unfused.add(c);
     } catch (const Error& e) {
       note("run", "(error)", e.what());
     }
@@ -456,17 +501,20 @@ int fuzz_gpu(const FuzzArgs& fa, const std::vector<Case>& cases, nlohmann::json&
              gpu.size(), expressions, not_fused, fused_checks, fused_expressions, unfused_checks,
              fa.integers ? fmt::format(" on integer inputs ({} elements bit for bit)", exact) : std::string(),
              mismatches.size(), compile_failures, boundary, compile_s, run_s);
+  fmt::print("fuzz: checked fused {}\nfuzz: checked unfused {}\n", covered_fused.text(), covered_unfused.text());
   if (skipped)
     fmt::print("fuzz: {} kernels not compiled within --compile-for {} s were skipped (their expressions are not "
-               "counted); the kernels compiled are in the cache for the next run\n",
-               skipped, fa.compile_for);
+               "counted): {}; the kernels compiled are in the cache for the next run\n",
+               skipped, fa.compile_for, fmt::join(skipped_kernels, " "));
   report["gpu"] = {{"kernels", gpu.size() - skipped}, {"skipped_kernels", skipped}, {"expressions", expressions},
                    {"fused_expressions", fused_expressions}, {"boundary_flips", boundary},
                    {"not_fusable", not_fused},      {"fused_checks", fused_checks},
                    {"unfused_checks", unfused_checks}, {"mismatches", mismatches},
                    {"compile_failures", compile_failures}, {"compile_errors", compile_errors}, {"isolated", isolated},
                    {"compile_s", compile_s},        {"run_s", run_s},
-                   {"integer_inputs", fa.integers}, {"exact_elements", exact}};
+                   {"integer_inputs", fa.integers}, {"exact_elements", exact},
+                   {"coverage_fused", covered_fused.json()}, {"coverage_unfused", covered_unfused.json()},
+                   {"skipped_kernel_numbers", skipped_kernels}};
   return mismatches.empty() && compile_failures == 0 && skipped == 0 ? kExitOk : kExitFailed;
 }
 

@@ -121,6 +121,30 @@ TEST(CliBackend, FuzzRunsBuildOnlyAcceptedConfigurations) {
   EXPECT_EQ(r.output.find("has K tiles of"), std::string::npos) << r.output.substr(0, 2000);
 }
 
+// A run reports what its checked expressions exercise, counted from each one's graph.
+TEST(CliBackend, FuzzReportsWhatTheExpressionsExercise) {
+  const std::string json = "/tmp/evtc-cli-test-fuzz-coverage.json";
+  std::filesystem::remove(json);
+  const auto r = run_cli("fuzz --cpu --count 400 --seed 20261128 --json " + json);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream in(json);
+  const nlohmann::json report = nlohmann::json::parse(in);
+  const nlohmann::json& c = report.at("cpu").at("coverage");
+  EXPECT_EQ(c.at("expressions"), report.at("cpu").at("outputs"));
+  for (const char* key : {"comparisons", "indices", "reductions"}) {
+    EXPECT_GT(c.at(key).get<size_t>(), 0u) << key << ": " << c.dump();
+    EXPECT_LE(c.at(key).get<size_t>(), c.at("expressions").get<size_t>()) << key;
+  }
+  EXPECT_LE(c.at("row_logsumexp").get<size_t>(), c.at("reductions").get<size_t>());
+  EXPECT_NE(r.output.find(fmt::format("fuzz --cpu: checked {} expressions: {} with a comparison, {} with m or n, {} with "
+                                      "row_logsumexp, {} with a reduction",
+                                      c.at("expressions").get<size_t>(), c.at("comparisons").get<size_t>(),
+                                      c.at("indices").get<size_t>(), c.at("row_logsumexp").get<size_t>(),
+                                      c.at("reductions").get<size_t>())),
+            std::string::npos)
+      << r.output;
+}
+
 TEST(CliBackend, MissingCutlassSaysWhatToSet) {
   const auto r = run_cli("compile 'out D = relu(acc)'",
                          "EVTC_CUTLASS_DIR=/nonexistent/cutlass EVTC_CACHE_DIR=/tmp/evtc-cli-test-cache");
