@@ -44,6 +44,7 @@ struct FuzzArgs {
   uint64_t seed = 1;
   int count = 200, min_outputs = 1, max_outputs = 8, max_depth = 4, isolate = 5;
   double compile_for = 0;  // > 0: start no compile after this many seconds
+  double reduction_share = testing::GeneratorOptions{}.reduction_share;  // of the 16-bit kernels
   int shrink_rounds = 4;   // batches of smaller candidates tried per isolated mismatch
   bool cpu = false, print = false, integers = false, compile_only = false;
   std::string json;
@@ -533,6 +534,11 @@ Command add_fuzz_command(CLI::App& app) {
   sub->add_option("--max-outputs", fa->max_outputs, "Most [m,n] outputs packed into one kernel")->check(CLI::Range(1, 8));
   sub->add_flag("--print", fa->print, "Print each kernel's epilogue and evtc options, then stop");
   sub->add_option("--max-depth", fa->max_depth, "Most nested operations in one output")->check(CLI::Range(1, 12));
+  sub->add_option("--reduction-share", fa->reduction_share,
+                  "Share of the 16-bit, non-gated kernels that also get one or two random reductions (row, column or "
+                  "whole-matrix sum, max, min, amax or logsumexp)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   CLI::Option* cpu = sub->add_flag("--cpu", fa->cpu,
                 "No GPU: the pass pipeline against the reference before it, legality and the emitters");
   sub->add_option("--isolate", fa->isolate, "Fused mismatches re-run with their output alone (a compile each)")
@@ -564,6 +570,7 @@ Command add_fuzz_command(CLI::App& app) {
             go.min_outputs = fa->min_outputs;
             go.max_outputs = fa->max_outputs;
             go.max_depth = fa->max_depth;
+            go.reduction_share = fa->reduction_share;
             go.integers = fa->integers;
             const auto [shard, shards] = fa->shard.empty() ? std::pair{0, 1} : *parse_shard(fa->shard);
             testing::EpilogueGenerator gen(fa->seed, go);

@@ -136,6 +136,15 @@ TEST(CliBackend, FuzzReportsWhatTheExpressionsExercise) {
     EXPECT_LE(c.at(key).get<size_t>(), c.at("expressions").get<size_t>()) << key;
   }
   EXPECT_LE(c.at("row_logsumexp").get<size_t>(), c.at("reductions").get<size_t>());
+  // --reduction-share 1: every 16-bit, non-gated kernel also gets one or two reductions.
+  const auto more = run_cli("fuzz --cpu --count 400 --seed 20261128 --reduction-share 1 --json " + json);
+  ASSERT_EQ(more.exit_code, 0) << more.output;
+  std::ifstream again(json);
+  const nlohmann::json m = nlohmann::json::parse(again).at("cpu").at("coverage");
+  EXPECT_GT(m.at("reductions").get<size_t>(), 3 * c.at("reductions").get<size_t>()) << m.dump() << " vs " << c.dump();
+  const auto bad = run_cli("fuzz --cpu --reduction-share 1.5");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("--reduction-share"), std::string::npos) << bad.output;
   EXPECT_NE(r.output.find(fmt::format("fuzz --cpu: checked {} expressions: {} with a comparison, {} with m or n, {} with "
                                       "row_logsumexp, {} with a reduction",
                                       c.at("expressions").get<size_t>(), c.at("comparisons").get<size_t>(),
