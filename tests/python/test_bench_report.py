@@ -483,3 +483,40 @@ def test_configs_are_deduplicated_in_order():
                          "pingpong_64x80x128_c1x1_persistent_swap, pingpong_64x64x128_c1x1_persistent_swap,"
                          "pingpong_64x80x128_c1x1_persistent_swap"])
     assert args.configs == ["pingpong_64x80x128_c1x1_persistent_swap", "pingpong_64x64x128_c1x1_persistent_swap"]
+
+
+def load_bench(name):
+    sys.path.insert(0, str(ROOT / "bench"))
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_lm_head_dw_chunks_one_chunk_is_plain_and_a_bf16_accumulator_adds_error(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("torch")
+    module = load_bench("lm_head_dw_chunks")
+    monkeypatch.setattr(sys, "argv", ["lm_head_dw_chunks.py", "--tokens", "256", "--vocab", "512", "--hidden", "64",
+                                      "--chunks", "1,8", "--out", str(tmp_path)])
+    assert module.main() == 0
+    (result,) = tmp_path.glob("*-cpu-lm-head-dw-chunks.json")
+    rows = {r["chunks"]: r for r in json.loads(result.read_text())["rows"]}
+    # One chunk: both accumulators round once, as plain compile does.
+    assert rows[1]["bf16_accumulator"] == rows[1]["f32_accumulator"]
+    # Eight: the f32 accumulator still rounds once; the bf16 one eight times.
+    assert rows[8]["f32_accumulator"] == pytest.approx(rows[1]["f32_accumulator"], rel=1e-3)
+    assert rows[8]["bf16_accumulator"] > 1.2 * rows[1]["bf16_accumulator"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--chunks", "2,x"], "'2,x' is not a comma-separated list of integers"),
+    (["--chunks", "0"], "must list chunk counts of at least 1"),
+    (["--tokens", "100", "--chunks", "3"], "3 does not divide --tokens 100"),
+])
+def test_lm_head_dw_chunks_option_errors(argv, message, monkeypatch, capsys):
+    pytest.importorskip("torch")
+    module = load_bench("lm_head_dw_chunks")
+    monkeypatch.setattr(sys, "argv", ["lm_head_dw_chunks.py", *argv])
+    with pytest.raises(SystemExit):
+        module.main()
+    assert message in capsys.readouterr().err
