@@ -28,6 +28,8 @@ import time
 from datetime import datetime, timezone
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from result_files import save_png  # noqa: E402
 
 
 def expression(name: str) -> str:
@@ -151,9 +153,7 @@ def main() -> int:
         ax.invert_yaxis()
         ax.set_xlabel("seconds (one compile at a time)")
         ax.legend(fontsize=7, loc="lower right")
-        fig.tight_layout()
-        fig.savefig(base + ".png", dpi=120)
-        print(f"wrote {base}.png")
+        save_png(fig, base)
     return 0
 
 

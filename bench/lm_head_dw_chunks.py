@@ -27,7 +27,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from result_files import result_base  # noqa: E402
+from result_files import result_base, save_png  # noqa: E402
 
 
 def chunk_list(text: str) -> list[int]:
@@ -108,9 +108,7 @@ def main() -> int:
     ax.set_ylabel("dW relative L2 error vs float64")
     ax.set_title(f"LM-head dW over token chunks ({M}x{V}x{H})")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(base + ".png", dpi=120)
-    print(f"wrote {base}.png")
+    save_png(fig, base)
     return 0
 
 

@@ -38,3 +38,10 @@ def write_do_bench_results(out_dir: str, device_name: str, kind: str, rounds: in
         json.dump({"device": device_name, "torch": torch_version, "method": "triton.testing.do_bench median "
                    f"(L2 flushed), variants in turn, median of {rounds} rounds", "shapes": shapes}, f, indent=2)
     return base
+
+
+def save_png(fig, base: str) -> None:
+    """Writes a matplotlib figure to <base>.png (tight layout, 120 dpi) and says where."""
+    fig.tight_layout()
+    fig.savefig(base + ".png", dpi=120)
+    print(f"wrote {base}.png")
