@@ -1,17 +1,15 @@
 #include "runtime/device_buffer.hpp"
 
 #include <cuda_runtime_api.h>
-#include <fmt/format.h>
 
 #include <algorithm>
 
-#include "evtc/error.hpp"
+#include "runtime/cuda_check.hpp"
 
 namespace evtc::runtime {
 
 DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
-  if (const cudaError_t e = cudaMalloc(&ptr_, std::max<size_t>(bytes, 16)); e != cudaSuccess)
-    throw RuntimeError(fmt::format("cudaMalloc: {}", cudaGetErrorString(e)));
+  cuda_check(cudaMalloc(&ptr_, std::max<size_t>(bytes, 16)), "cudaMalloc");
 }
 
 DeviceBuffer::~DeviceBuffer() {

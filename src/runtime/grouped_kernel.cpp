@@ -19,6 +19,7 @@
 #include "runtime/grouped_bind.hpp"
 #include "runtime/selection/cost_model.hpp"
 #include "runtime/kernel_requests.hpp"
+#include "runtime/cuda_check.hpp"
 #include "runtime/stream_workspaces.hpp"
 #include "evtc/options.hpp"
 #include "support/environment.hpp"
@@ -251,13 +252,7 @@ std::string GroupedKernel::shape_reason(int64_t n, int64_t k) const {
   return runtime::grouped_shape_problem(impl_->gated, impl_->output, n, k, impl_->options.gemm.a_dtype);
 }
 
-namespace {
-
-void cuda_check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw RuntimeError(fmt::format("{}: {}", what, cudaGetErrorString(e)));
-}
-
-}  // namespace
+using runtime::cuda_check;
 
 ExecutionPath GroupedKernel::run(const GroupedArguments& args, cudaStream_t stream) const {
   const Impl& im = *impl_;
@@ -336,14 +331,11 @@ ExecutionPath GroupedKernel::run(const GroupedArguments& args, cudaStream_t stre
   // the CUDA graph owns.
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   cuda_check(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
-  const bool graph_owned = capture != cudaStreamCaptureStatusNone;
-  void* workspace = nullptr;
-  if (graph_owned)
-    cuda_check(cudaMallocAsync(&workspace, bytes, stream), "grouped workspace allocation");
-  else
-    workspace = im.workspaces.get(stream, bytes);
-  const int rc = im.run(&a, workspace, stream, why, sizeof why);
-  if (graph_owned) cudaFreeAsync(workspace, stream);
+  const int rc = [&] {
+    const StreamWorkspaces::Lease workspace =
+        im.workspaces.lease(stream, bytes, capture != cudaStreamCaptureStatusNone);
+    return im.run(&a, workspace.get(), stream, why, sizeof why);
+  }();
   if (rc != EVTC_OK) throw RuntimeError(fmt::format("grouped kernel launch failed: {}", why));
   return ExecutionPath::fused;
 }

@@ -17,6 +17,7 @@
 #include "support/environment.hpp"
 #include "jit/kernel_library.hpp"
 #include "runtime/cublaslt_gemm.hpp"
+#include "runtime/cuda_check.hpp"
 #include "runtime/kernel_impl.hpp"
 #include "runtime/kernel_requests.hpp"
 #include "evtc/options.hpp"
@@ -38,9 +39,7 @@ TensorRef TensorRef::transposed() const {
 
 namespace {
 
-void cuda_check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw RuntimeError(fmt::format("{}: {}", what, cudaGetErrorString(e)));
-}
+using runtime::cuda_check;
 
 TuneMode tune_mode_from_env(TuneMode fallback) {
   const auto v = env_text(Env::tune);
@@ -221,44 +220,6 @@ std::shared_ptr<const LaunchPlan> Kernel::Impl::plan_for(const runtime::BoundCal
   return plans.insert_or_assign(key, std::move(plan)).first->second;
 }
 
-StreamWorkspaces::~StreamWorkspaces() {
-  // cudaFree waits for the work that still uses them.
-  for (const Entry& e : entries_) cudaFree(e.ptr);
-}
-
-void* StreamWorkspaces::get(cudaStream_t stream, size_t bytes) {
-  int device = 0;
-  cuda_check(cudaGetDevice(&device), "cudaGetDevice");
-  // 0, cudaStreamLegacy, cudaStreamPerThread: possibly a different stream in each thread.
-  const bool per_thread = reinterpret_cast<uintptr_t>(stream) <= 2;
-  const std::thread::id thread = per_thread ? std::this_thread::get_id() : std::thread::id();
-  std::lock_guard lock(mu_);
-  Entry* entry = nullptr;
-  for (Entry& e : entries_)
-    if (e.stream == stream && e.device == device && e.thread == thread) entry = &e;
-  if (!entry) {
-    if (entries_.size() >= kMaxEntries) {
-      // Drop the least recently used stream's workspace (cudaFree waits for its work).
-      auto oldest = std::min_element(entries_.begin(), entries_.end(),
-                                     [](const Entry& a, const Entry& b) { return a.last_use < b.last_use; });
-      cudaFree(oldest->ptr);
-      entries_.erase(oldest);
-    }
-    entries_.push_back({stream, device, thread, nullptr, 0, 0});
-    entry = &entries_.back();
-  }
-  entry->last_use = ++uses_;
-  if (entry->bytes < bytes) {
-    // Stream-ordered: the old buffer is released after the stream's earlier calls used it.
-    if (entry->ptr) cudaFreeAsync(entry->ptr, stream);
-    entry->ptr = nullptr;
-    entry->bytes = 0;
-    cuda_check(cudaMallocAsync(&entry->ptr, bytes, stream), "workspace allocation");
-    entry->bytes = bytes;
-  }
-  return entry->ptr;
-}
-
 void Kernel::Impl::forget_choices() const {
   std::lock_guard lock(mu);
   choices.clear();
@@ -368,19 +329,13 @@ ExecutionPath Kernel::run(const Arguments& args, cudaStream_t stream) const {
       const evtc_gemm_args abi = call.abi(plan->swap_ab, plan->order);
       char why[256];
       why[0] = '\0';
-      void* workspace = nullptr;
-      bool graph_owned = false;
-      if (plan->workspace_bytes) {
-        // Outside capture: this stream's kept workspace (no allocation per call, and the
-        // library's launch cache sees the same arguments again). Inside: memory the graph owns.
-        graph_owned = capturing();
-        if (graph_owned)
-          cuda_check(cudaMallocAsync(&workspace, plan->workspace_bytes, stream), "workspace allocation");
-        else
-          workspace = im.workspaces.get(stream, plan->workspace_bytes);
-      }
-      const int rc = plan->run(&abi, workspace, stream, why, sizeof why);
-      if (graph_owned) cudaFreeAsync(workspace, stream);
+      // Outside capture: this stream's kept workspace (no allocation per call, and the
+      // library's launch cache sees the same arguments again). Inside: memory the graph owns.
+      const int rc = [&] {
+        const StreamWorkspaces::Lease workspace =
+            im.workspaces.lease(stream, plan->workspace_bytes, plan->workspace_bytes && capturing());
+        return plan->run(&abi, workspace.get(), stream, why, sizeof why);
+      }();
       if (rc == EVTC_OK) return ExecutionPath::fused;
       // A compile-checked backend's kernel (sm_100a, sm_120a) that this GPU or driver cannot
       // load or launch: the unfused path answers instead, with the reason.

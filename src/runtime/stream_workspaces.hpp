@@ -15,15 +15,36 @@ namespace evtc {
 // they can share one; calls on different streams each have their own. Streams 0,
 // cudaStreamLegacy and cudaStreamPerThread name a different stream in each thread under
 // per-thread default streams, so those are kept per thread too. Calls being captured into a
-// CUDA graph do not use these (the graph would outlive or race with them): they allocate
+// CUDA graph do not use these (the graph would outlive or race with them): their lease is
 // stream-ordered memory that the graph owns. Thread-safe.
 class StreamWorkspaces {
  public:
+  // One call's workspace: the stream's kept one, or (under capture) memory allocated in the
+  // stream's order and released in it when the lease ends, so that the graph owns both.
+  class Lease {
+   public:
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    ~Lease();
+    void* get() const { return ptr_; }
+    bool graph_owned() const { return graph_owned_; }
+
+   private:
+    friend class StreamWorkspaces;
+    Lease(void* ptr, cudaStream_t stream, bool graph_owned) : ptr_(ptr), stream_(stream), graph_owned_(graph_owned) {}
+    void* ptr_;
+    cudaStream_t stream_;
+    bool graph_owned_;
+  };
+
   StreamWorkspaces() = default;
   StreamWorkspaces(const StreamWorkspaces&) = delete;
   StreamWorkspaces& operator=(const StreamWorkspaces&) = delete;
   ~StreamWorkspaces();
-  // At least `bytes` of device memory for work on `stream` of the current device.
+  // At least `bytes` of device memory for one call on `stream` of the current device, which
+  // `captured` says is being captured into a CUDA graph. No memory (nullptr) for 0 bytes.
+  Lease lease(cudaStream_t stream, size_t bytes, bool captured);
+  // At least `bytes` of device memory for work on `stream` of the current device, kept.
   void* get(cudaStream_t stream, size_t bytes);
   static constexpr size_t kMaxEntries = 16;
 
