@@ -70,6 +70,9 @@ earlier sweeps did not try, plus their --refine-top (3) fastest there, again in 
 --table-base TABLE.json: the table written is TABLE.json with the timed shapes' entries replaced,
 a transposed winner keeping the old untransposed fallback unless this sweep timed a faster one);
 --table-from OLD.json NEW.json then merges (later files replace a shape's result).
+--skip REGEX drops the listed candidates whose name matches before anything compiles (for
+example the 128-row untransposed tiles at M <= 64, which half-fill their rows: a sweep of those M
+then compiles what can win there, not the whole space).
 
 --seed-from SWEEP.json [...] (a GPU class without a table of its own, with as many
 multiprocessors as one that has one: the H200 after the H100): times only each shape's
@@ -819,6 +822,14 @@ def shape_results(sweeps: list[dict]) -> dict[tuple[int, int, int], dict]:
     return {(r["m"], r["n"], r["k"]): r for data in sweeps for r in data["shapes"]}
 
 
+def skip_candidates(candidates: dict[Shape, list[str]], skip: re.Pattern) -> dict[Shape, list[str]]:
+    """--skip: the listed candidates whose name `skip` does not match."""
+    out = {shape: [n for n in names if not skip.search(n)] for shape, names in candidates.items()}
+    log(f"--skip {skip.pattern}: {sum(map(len, out.values()))} of {sum(map(len, candidates.values()))} "
+        f"listed candidates kept")
+    return out
+
+
 def refine_candidates(candidates: dict[Shape, list[str]], paths: list[str], top: int,
                       retime: Optional[re.Pattern] = None) -> dict[Shape, list[str]]:
     """After the candidate space grew: of each shape's candidates, those the earlier sweeps at
@@ -1108,6 +1119,8 @@ def run_sweep(args, spec: SetSpec, shapes: list[Shape]) -> int:
         candidates, list_errors = {s: list(args.configs) for s in shapes}, {}
     else:
         candidates, list_errors = all_candidates(args.evtc, shapes, spec)
+        if args.skip is not None:
+            candidates = skip_candidates(candidates, args.skip)
         if args.table_base:
             with open(args.table_base) as f:
                 old_table = json.load(f)
@@ -1477,6 +1490,8 @@ def parse_args(argv: Optional[list[str]] = None):
     sweep.add_argument("--retime", type=parse_regex, default=None, metavar="REGEX",
                        help="with --refine: candidates whose name matches are timed again as if new "
                             "(their kernels changed since the earlier sweeps)")
+    sweep.add_argument("--skip", type=parse_regex, default=None, metavar="REGEX",
+                       help="listed candidates whose name matches are neither compiled nor timed")
     sweep.add_argument("--table-base", metavar="TABLE.json",
                        help="with --refine: write TABLE.json with the shapes timed here replaced "
                             "(an untransposed fallback it measured faster is kept)")
@@ -1529,6 +1544,8 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
         if args.configs and (args.orders_from or args.refine or args.seed_from):
             p.error("--configs names the configurations itself: give it without --refine, --seed-from and "
                     "--orders-from")
+        if args.skip is not None and (args.configs or args.orders_from):
+            p.error("--skip filters the listed candidates: give it without --configs and --orders-from")
         if args.retime and not args.refine:
             p.error("--retime belongs to --refine (it says which earlier timings to repeat)")
         if args.seed_from and (args.refine or args.orders_from):
@@ -1539,8 +1556,9 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
             p.error("--seed-neighbours must be 0 or more")
         if args.seed_neighbours and not args.seed_from:
             p.error("--seed-neighbours belongs to --seed-from (it says whose candidates an unmeasured shape takes)")
-    elif args.orders_from or args.seed_from or args.configs:
-        given = "--orders-from" if args.orders_from else "--seed-from" if args.seed_from else "--configs"
+    elif args.orders_from or args.seed_from or args.configs or args.skip is not None:
+        given = ("--orders-from" if args.orders_from else "--seed-from" if args.seed_from
+                 else "--configs" if args.configs else "--skip")
         p.error(f"{given} belongs to --sweep")
     elif args.table_from:
         if not args.table_out:

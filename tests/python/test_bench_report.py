@@ -123,6 +123,10 @@ def test_refined_sweeps_and_tables_take_each_shape_from_the_latest_sweep(tmp_pat
     # --retime: tried candidates whose kernels changed (c, d) are timed again as if new
     assert g.refine_candidates(listed, [old], 2, re.compile("^[cd]$")) == {shape16: ["c", "d", "e", "f", "a", "b"],
                                                                              shape64: ["a", "z"]}
+    # --skip drops matching candidates before refining (and before anything compiles)
+    kept = g.skip_candidates(listed, re.compile("^[bf]$|roke"))
+    assert kept == {shape16: ["a", "c", "d", "e"], shape64: ["a", "z"]}
+    assert g.refine_candidates(kept, [old], 2) == {shape16: ["e", "a"], shape64: ["a", "z"]}
     out = tmp_path / "table.json"
     assert g.table_from_sweeps([old, new], str(out)) == 0
     table = json.loads(out.read_text())
@@ -306,6 +310,12 @@ def test_a_refining_sweep_keeps_the_faster_untransposed_fallback():
      "--table-times-from needs --table-base TABLE.json and --table-out FILE"),
     (["--sweep", "--evtc", "x", "--table-out", "t.json", "--table-times-from", "c.json"],
      "--table-times-from reads compare runs: give it without --sweep"),
+    (["--skip", "_128x"], "--skip belongs to --sweep"),
+    (["--sweep", "--evtc", "x", "--table-out", "t.json", "--configs", "coop_128x128x64_c1x1_persistent",
+      "--skip", "_128x"],
+     "--skip filters the listed candidates: give it without --configs and --orders-from"),
+    (["--sweep", "--evtc", "x", "--table-out", "t.json", "--skip", "["],
+     "argument --skip: not a regular expression"),
     (["--sweep", "--evtc", "x", "--table-out", "t.json", "--compile-only"],
      "--compile-only belongs to the comparison .the sweep compiles its own candidates."),
 ])
