@@ -18,6 +18,15 @@ import evtc  # noqa: E402
 EXPR = "out D: bf16 = silu(acc + bias[n])"
 # Split-K and stream-K: both keep partial tiles in the workspace.
 CONFIGS = ["coop_128x128x64_c1x1_splitk2", "coop_128x128x64_c1x1_streamk"]
+KERNELS = {config: evtc.compile(EXPR, config=config) for config in CONFIGS}
+GROUPED = evtc.grouped("out y: bf16 = gptoss_swiglu(acc + bias[n], alpha=1.5, limit=3)")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compiled():
+    """The three kernels compile side by side before the tests."""
+    for f in [k.compile_async(0, 0, 0) for k in KERNELS.values()] + [GROUPED.compile_async()]:
+        f.result()
 
 
 def randn(*shape, scale=1.0, seed=0):
@@ -37,8 +46,7 @@ def check_dense(d, a, w, bias, where):
 
 @pytest.mark.parametrize("config", CONFIGS)
 def test_a_captured_dense_call_and_calls_outside_capture_keep_their_own_workspaces(config):
-    kernel = evtc.compile(EXPR, config=config)
-    kernel.compile_async(0, 0, 0).result()
+    kernel = KERNELS[config]
     stream = torch.cuda.Stream()
     small, large = (1000, 776, 1040), (1500, 1304, 2056)
     a, w, bias = dense_problem(*small, seed=1)
@@ -67,9 +75,6 @@ def test_a_captured_dense_call_and_calls_outside_capture_keep_their_own_workspac
     check_dense(d, a, w, bias, f"{config}, replay")
     check_dense(d2, a2, w2, bias2, f"{config}, larger call outside capture")
     check_dense(d3, a2, w2, bias2, f"{config}, larger call after the replay")
-
-
-GROUPED = evtc.grouped("out y: bf16 = gptoss_swiglu(acc + bias[n], alpha=1.5, limit=3)")
 
 
 def grouped_problem(rows, seed, n=264, k=136):
