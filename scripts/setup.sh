@@ -9,7 +9,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CUTLASS_VERSION="4.2.0.0"
 
 need_pkgs=()
-for p in cmake g++ make ninja-build libfmt-dev libcli11-dev nlohmann-json3-dev libxxhash-dev libgtest-dev python3-pip python3-venv unzip; do
+for p in cmake g++ make ninja-build ccache libfmt-dev libcli11-dev nlohmann-json3-dev libxxhash-dev libgtest-dev python3-pip python3-venv unzip; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need_pkgs+=("$p")
 done
 if ((${#need_pkgs[@]})); then
