@@ -14,6 +14,9 @@ if [ "${EVTC_TEST_TORCH:-1}" != "0" ] && ! "$venv/bin/python" -c "import torch" 
   "$venv/bin/python" -m pip install -q --disable-pip-version-check "torch==$TORCH_VERSION"
 fi
 echo "[python] pip install . (into build-venv)"
+# The C++ build's compiler (CMake's default, c++), so that this build's objects are ccache hits
+# of that build's (ccache keys on the compiler's name; scikit-build-core would take Python's, g++).
+export CXX="${CXX:-c++}"
 "$venv/bin/python" -m pip install --no-build-isolation --no-deps --upgrade -q "$root"
 cd "$root/tests/python"
 "$venv/bin/python" -m pytest -q -rs
