@@ -158,9 +158,9 @@ std::string epilogue_config_refusal(const Graph& g, const KernelConfig& c) {
     // subtiles with tiles of 128 rows or more (ping-pong 128x112, cooperative 256x144), and in
     // transposed 64-row kernels wider than 80 columns (64x96 and 64x112 with a row_sum; 64x16
     // and 64x80 compile, as do untransposed 64x256 tiles with column sums). Untransposed 64-row
-    // tiles with a column reduction (nvcc, 2026-11-29): 48, 80, 128, 192 and 256 columns compile;
-    // 96, 112, 144, 160 and 176 fail CUTLASS's divisibility or reduction-buffer assertions (evtc fuzz
-    // found 176: seed 20261128, kernel 263). So wider than 80, only multiples of 64.
+    // tiles with a column sum (nvcc, 2026-11-29): 80 and 192 columns compile, 96, 112, 144, 160 and
+    // 176 fail CUTLASS's divisibility or reduction-buffer assertions (evtc fuzz found 176: seed
+    // 20261128, kernel 263); 48, 128 and 256 compiled before. So wider than 80, multiples of 64.
     const bool narrow_64_row = !c.swap_ab && c.tile_m == 64 && c.tile_n > 80 && c.tile_n % 64 != 0;
     if (over_kernel_m && ((c.tile_m >= 128 && c.tile_n % 32 != 0) || (c.swap_ab && c.tile_n > 80) || narrow_64_row))
       return c.swap_ab
