@@ -11,13 +11,20 @@ namespace evtc {
 // Shared memory of the epilogue per CTA, after CUTLASS's sm90 epilogue: subtiles of (tile
 // rows, at most 128)×32; 4 stages for each emitted aux load (an operand read at several places
 // is loaded at each place the backend emits it: plan_dag's `reads`); 2 for each [m,n] store
-// (D and the extra outputs); a tile row for each emitted row broadcast; about 8 KiB per
-// reduction and 1 KiB of pipeline state. Gated [m,n/2] outputs stage nothing. Checked against
-// sizeof(CollectiveEpilogue::SharedStorage) of generated kernels: an fp8 epilogue of eight
-// outputs reading one f32 [m,n] operand at two places stages 179 KiB at 64×128 (the model:
-// 178.75 KiB), which leaves one main-loop stage; a backward-style epilogue with three aux
-// operands and three outputs 144.5 KiB at 128×128 (the model: 145 KiB).
+// (D and the extra outputs); a tile row for each emitted row broadcast, padded to 1 KiB (the
+// next staged tile is aligned to 1 KiB for its swizzle); about 8 KiB per reduction and 1 KiB of
+// pipeline state. Gated [m,n/2] outputs stage nothing. Checked against
+// sizeof(CollectiveEpilogue::SharedStorage) of generated kernels, at ping-pong 64×128:
+//   - an fp8 epilogue of eight outputs reading one f32 [m,n] operand at two places, and f32 row
+//     vectors: 179 KiB (the model: 179 KiB; 178.75 before the padding), one main-loop stage left;
+//   - eight outputs, two bf16 [m,n] operands read at three places each and a bf16 row vector at
+//     two: 179 KiB (183,296 bytes; the model: the same). Without the padding the model said
+//     177.5 KiB and two stages, and nvcc refused the configuration (evtc fuzz, seed 20261128).
+// And at cooperative 128×128, a backward-style epilogue with three aux operands and three
+// outputs: 144.5 KiB (the model before the padding: 145 KiB).
 size_t epilogue_smem_bytes(const Graph& g, const KernelConfig& c) {
+  constexpr size_t kTileAlignment = 1024;
+  const auto round_up = [](size_t bytes, size_t to) { return (bytes + to - 1) / to * to; };
   const size_t kSubtile = size_t(std::min(c.tile_m, 128)) * 32;
   const DagPlan plan = plan_dag(g, make_signature(g).d_name);
   size_t bytes = 1024;
@@ -29,7 +36,7 @@ size_t epilogue_smem_bytes(const Graph& g, const KernelConfig& c) {
     else if (n.kind == NodeKind::source)
       bytes += (reads > 0 ? 4 : 0) * kSubtile * dtype_bytes(n.dtype);  // the collective's C buffer
     else if (n.kind == NodeKind::row_vec)
-      bytes += reads * size_t(c.tile_n) * dtype_bytes(n.dtype);
+      bytes += reads * round_up(size_t(c.tile_n) * dtype_bytes(n.dtype), kTileAlignment);
     else if (n.kind == NodeKind::store && n.shape == Shape::full)
       bytes += 2 * kSubtile * dtype_bytes(n.dtype);
     else if (n.kind == NodeKind::reduce)

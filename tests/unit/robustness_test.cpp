@@ -22,6 +22,7 @@
 #include "evtc/kernel_library.hpp"
 #include "evtc/passes.hpp"
 #include "evtc/runtime.hpp"
+#include "runtime/shared_memory_model.hpp"
 
 namespace fs = std::filesystem;
 using namespace evtc;
@@ -247,6 +248,36 @@ TEST(Robustness, AnOperandLoadedAtTwoPlacesCountsTwiceInSharedMemory) {
   const std::string why = k.fallback_reason(280, 624, 320);
   EXPECT_TRUE(has(why, "fewer than 2 main-loop stages")) << why;
   EXPECT_TRUE(has(why, "pingpong_64x128x128")) << why;
+}
+
+// Eight outputs reading two bf16 [m,n] operands at three places each and a bf16 row vector at
+// two: CUTLASS's epilogue storage is 179 KiB at ping-pong 64×128 (sizeof of the generated
+// kernel's CollectiveEpilogue::SharedStorage, 183,296 bytes), which leaves one main-loop stage.
+// The model counted each row vector's 256 bytes without the padding before the next 1 KiB-
+// aligned tile, said two stages, and nvcc refused the default configuration (evtc fuzz, seed
+// 20261128). It is refused now, with the reason.
+TEST(Robustness, RowVectorsCountTheirPaddingInSharedMemory) {
+  const std::string text =
+      "out o0: bf16 = (gelu_tanh(square(bf16((c0[m] == r0[n]))))) + acc\n"
+      "out o1: f32 = ((x0[m,n] > c0[m])) + acc\n"
+      "out o2: bf16 = (relu_square((c0[m] > c0[m]))) + acc\n"
+      "out o3: bf16 = tanh((acc * fma(c1[m], s0, acc)))\n"
+      "out o4: bf16 = (erf(min((x1[m,n] + -1.25), (x1[m,n] == x0[m,n])))) + acc\n"
+      "out o5: bf16 = (sqrt((abs(reciprocal((abs(0.5) + 0.25))) + 0.25))) + acc\n"
+      "out o6: f32 = (r2[n]) + acc\n"
+      "out o7: bf16 = (min(x1[m,n], x0[m,n])) + acc\n";
+  const Graph g = run_pipeline(parse_expression(text));
+  const KernelConfig pingpong = KernelConfig::of(MainloopSchedule::pingpong, 64, 128);
+  EXPECT_GE(epilogue_smem_bytes(g, pingpong), size_t(183296)) << "the model must not fall below CUTLASS's storage";
+  GemmDesc gemm;
+  gemm.b_layout = Layout::col_major;
+  EXPECT_EQ(mainloop_stages(pingpong, gemm, epilogue_smem_bytes(g, pingpong)), 1);
+  CompileOptions o;
+  o.gemm.b_layout = Layout::col_major;
+  const Kernel k(parse_expression(text), o);
+  const std::string why = k.fallback_reason(552, 240, 80);
+  EXPECT_TRUE(has(why, "fewer than 2 main-loop stages")) << why;
+  EXPECT_TRUE(has(why, "pingpong_64x128x64")) << why;
 }
 
 TEST(Robustness, NanAndInfAreNotSilentlyParameters) {

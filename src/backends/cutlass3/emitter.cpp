@@ -333,6 +333,7 @@ std::string Emitter::assemble(const Visitor& root) {
     if (n.kind == NodeKind::source) layout_c = n.layout;
   std::string s = backend::source_banner(fmt::format("one CUTLASS Sm{} GEMM with a fused epilogue", gemm_.sm), g_,
                                          "kernel config " + cfg_.name());
+  s += backend::host_part_device_pass_begin();
   if (cfg_.precise_math) s += "#define EVTC_PRECISE_MATH 1\n";
   // The architecture's CUTLASS headers.
   s += arch_.cutlass_includes(gemm_, cfg_);
