@@ -27,7 +27,6 @@ class StreamWorkspaces {
     Lease& operator=(const Lease&) = delete;
     ~Lease();
     void* get() const { return ptr_; }
-    bool graph_owned() const { return graph_owned_; }
 
    private:
     friend class StreamWorkspaces;
@@ -44,11 +43,11 @@ class StreamWorkspaces {
   // At least `bytes` of device memory for one call on `stream` of the current device, which
   // `captured` says is being captured into a CUDA graph. No memory (nullptr) for 0 bytes.
   Lease lease(cudaStream_t stream, size_t bytes, bool captured);
-  // At least `bytes` of device memory for work on `stream` of the current device, kept.
-  void* get(cudaStream_t stream, size_t bytes);
   static constexpr size_t kMaxEntries = 16;
 
  private:
+  // At least `bytes` of device memory for work on `stream` of the current device, kept.
+  void* get(cudaStream_t stream, size_t bytes);
   struct Entry {
     cudaStream_t stream = nullptr;
     int device = -1;
