@@ -19,8 +19,12 @@ build: setup
 run: build
 	@bash scripts/run_example.sh $(BUILD) $(EXAMPLE)
 
+# PyTorch (for the Python tests) downloads beside CTest, which keeps the CPUs busy meanwhile.
 test: build
-	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	@bash tests/python/install_torch.sh > $(BUILD)/install-torch.log 2>&1 & torch=$$!; \
+	  (cd $(BUILD) && ctest --output-on-failure -j $(JOBS)); rc=$$?; \
+	  wait $$torch || { cat $(BUILD)/install-torch.log; exit 1; }; \
+	  cat $(BUILD)/install-torch.log; exit $$rc
 	@bash tests/python/run_cpu_tests.sh
 
 # On a GPU machine without network access, give the CUTLASS headers by path:

@@ -37,6 +37,13 @@ ROWS = {
     "midM-200": ("out D: bf16 = acc", 200, 7168, 5120, ()),
     "midM-300": ("out D: bf16 = acc", 300, 35840, 5120, ()),
     "midM-88": ("out D: bf16 = acc", 88, 11008, 4096, ()),
+    # Decode-sized grid shapes where evtc's default stays above cuBLAS on the H200 after its
+    # table's refinement (bench/README.md, "H200, M ≤ 64, the whole candidate space").
+    "decode-16x10240x8192": ("out D: bf16 = acc", 16, 10240, 8192, ()),
+    "decode-64x10240x8192": ("out D: bf16 = acc", 64, 10240, 8192, ()),
+    "decode-64x4608x3584": ("out D: bf16 = acc", 64, 4608, 3584, ()),
+    "decode-16x1024x4096": ("out D: bf16 = acc", 16, 1024, 4096, ()),
+    "decode-64x1024x4096": ("out D: bf16 = acc", 64, 1024, 4096, ()),
 }
 # Grouped rows (W6): (expression, groups, rows per group, N, K); the reference is torch._grouped_mm.
 GROUPED_ROWS = {

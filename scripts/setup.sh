@@ -40,7 +40,7 @@ else
 fi
 
 # The Python package's build tools and test runner (PyPI: scikit-build-core, nanobind, pytest, numpy;
-# torch only for the tests: tests/python/run_cpu_tests.sh) in a virtual environment, build-venv (git-ignored).
+# torch only for the tests: tests/python/install_torch.sh) in a virtual environment, build-venv (git-ignored).
 venv="$root/build-venv"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 if ! "$venv/bin/python" -c "import scikit_build_core, nanobind, pytest, numpy" 2>/dev/null; then

@@ -32,15 +32,15 @@ cases=(
   # A DAG with two outputs in the transposed cooperative tiles of shapes between the selection
   # tables' M values (docs/backend.md, "Shapes outside the table", rule 6), in 4x1 clusters.
   "bias_silu_two_op_dag_swap_mid_m|--layout-b c --config coop_128x112x64_c4x1_persistent_swap|out acc_copy: bf16 = acc; out D: bf16 = silu(acc + bias[n])"
-  "scale_res_c|--dtype f16|input C: f16; out D = scale[m] * acc + res[m,n] + beta * C"
   # A DAG with an extra output and a gated one, on the ping-pong schedule, with an [m,n] operand.
   "dag_extra_output_gated_pingpong|--config pingpong_128x128x64_c2x1_persistent|f = alpha * acc + bias[n]; out pre: bf16 = f; out D: bf16 = where(f > 0, f, 0.01 * f) * gate[m,n] * gelu(f); out y: bf16 = swiglu7(f)"
   "grouped_per_group|grouped|input s: f32 ptr; out D: bf16 = silu(acc + bias[n]) * s * alpha"
   "grouped_gated|grouped|out y: bf16 = gptoss_swiglu(acc + bias[n])"
   "grouped_fp8_blockwise_gated|grouped --dtype f8e4m3 --fp8-blockwise|input bias[n]: bf16; out y: bf16 = gptoss_swiglu(acc + bias[n])"
   # Every reduction, with the index leaves and an i32 label per row (evtc's index node, CUTLASS's
-  # column broadcast of int32_t): an LM head's target logit and a one-hot mask.
-  "reductions||input lab[m]: i32; x = acc * s[m]; out D: bf16 = relu(x) * (n != lab[m]) + m; out r = row_sum(where(n == lab[m], x, 0)); out c: bf16 = col_amax(x); out t = sum(x); out lo = min(x); out l = row_logsumexp(x)"
+  # column broadcast of int32_t): an LM head's target logit and a one-hot mask; in f16, with a
+  # scale per row, an [m,n] operand and C.
+  "reductions_f16_c|--dtype f16|input C: f16; input lab[m]: i32; x = acc * s[m]; out D: f16 = relu(x) * (n != lab[m]) + m + res[m,n] + beta * C; out r = row_sum(where(n == lab[m], x, 0)); out c: f16 = col_amax(x); out t = sum(x); out lo = min(x); out l = row_logsumexp(x)"
   "bias_streamk|--config coop_128x256x64_c2x1_streamk|out D: bf16 = acc + bias[n]"
   # Decode-sized problems' kernels: a 64-row tile of 48 columns (any multiple of 16) in a cluster
   # along N with a gated output, an [m,n] operand and output and a row reduction; split-K with a
@@ -62,17 +62,16 @@ cases=(
   "sm80_w1_w2_dag_c|--arch sm80 --dtype f16|input C: f16; f = acc * alpha + C + bias[n]; out D: f16 = silu(f) * gate[m,n] * (f != C); out P: f32 = f"
   "sm89_gated_reductions|--arch sm89|h = acc + bias[n]; out y: bf16 = swiglu(h); out r = row_sum(h); out c: bf16 = col_amax(h); out t = sum(h); out l = row_logsumexp(h)"
   "sm86_w7|--arch sm86 --config ms_64x128x64_s4|f = acc + bias[n]; out loss = sum((C - 1) * f + log(clamp(sigmoid(f), 1e-3, 0.999)))"
-  # The compile-checked Blackwell backends: W1, W2 (with an extra output, on the two-SM MMA), W3,
-  # W7 (no D: the sink epilogue) and a gated kernel with every reduction axis (two-SM MMA) for
-  # sm_100a; W3 and an fp8 gated kernel with a row reduction and W7's loss (no D) for sm_120a (its
+  # The compile-checked Blackwell backends: W2 (with an extra output, on the two-SM MMA), W3 with
+  # W1's bias and SiLU, W7 (no D: the sink epilogue) and a gated kernel with every reduction axis
+  # (two-SM MMA) for sm_100a; W3 and an fp8 gated kernel with a row reduction and W7's loss (no D) for sm_120a (its
   # kernels multiply fp8 only); W1, W7 (with W2's [m,n] operand) and a gated kernel for sm_120
   # through the sm_80 backend (16-bit GEMMs there). The indices and integer vectors ride in the
   # gated kernels of both.
-  "sm100_w1|--arch sm100|out D: bf16 = silu(acc + bias[n])"
   "sm100_w2_extra_output_2sm|--arch sm100 --config coop_256x128x64_c2x1_persistent|out D: bf16 = acc * gate[m,n]; out P: f32 = relu(acc) * s[m]"
   "sm100_w7|--arch sm100|f = acc + bias[n]; out loss = sum((C - 1) * f + log(clamp(sigmoid(f), 1e-3, 0.999)))"
   "sm100_gated_reductions_2sm|--arch sm100 --config coop_256x128x64_c2x1_persistent|input lab[m]: i32; h = acc + bias[n]; out y: bf16 = swiglu(h * (n != lab[m])); out r = row_sum(where(n == lab[m], h, 0)); out c: bf16 = col_amax(h); out t = sum(h); out l = row_logsumexp(h)"
-  "sm100_w3_fp8|--arch sm100 --dtype f8e4m3 --layout-b c|input sa[m]: f32; input sb[n]: f32; out D: bf16 = acc * sa[m] * sb[n]"
+  "sm100_w3_w1_fp8|--arch sm100 --dtype f8e4m3 --layout-b c|input sa[m]: f32; input sb[n]: f32; input bias[n]: bf16; out D: bf16 = silu(acc * sa[m] * sb[n] + bias[n])"
   "sm120_w3_fp8|--arch sm120 --dtype f8e4m3 --layout-b c|input sa[m]: f32; input sb[n]: f32; input bias[n]: bf16; out D: bf16 = gelu(acc * sa[m] * sb[n] + bias[n])"
   "sm120a_fp8_gated_w7|--arch sm120 --dtype f8e4m3 --layout-b c|input sa[m]: f32; input sb[n]: f32; input q[n]: i64; h = acc * sa[m] * sb[n]; out y: bf16 = swiglu(h * (m >= q[n])); out r = row_sum(h); out loss = sum((C - 1) * h + log(clamp(sigmoid(h), 1e-3, 0.999)))"
   "sm120_w1|--arch sm120|out D: bf16 = silu(acc + bias[n])"

@@ -1,18 +1,13 @@
 #!/usr/bin/env bash
 # The Python package's CPU tests, as `make test` runs them: installs PyTorch into the virtual
-# environment scripts/setup.sh made (build-venv; PyPI, once; the FX pass tests trace graphs over
-# fake CUDA tensors, no GPU needed; EVTC_TEST_TORCH=0 skips it), then the package with
+# environment scripts/setup.sh made (install_torch.sh; EVTC_TEST_TORCH=0 skips it), then the package with
 # `pip install .` (which builds the PyTorch op library against that torch), then runs pytest.
 # Tests that need a GPU skip themselves.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 venv="$root/build-venv"
-TORCH_VERSION="2.11.0"
 # torch first: the package builds its PyTorch op library when torch is importable.
-if [ "${EVTC_TEST_TORCH:-1}" != "0" ] && ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
-  echo "[python] installing torch $TORCH_VERSION into build-venv (PyPI; for the FX pass tests)"
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check "torch==$TORCH_VERSION"
-fi
+bash "$root/tests/python/install_torch.sh"
 echo "[python] pip install . (into build-venv)"
 # The C++ build's compiler (CMake's default, c++), so that this build's objects are ccache hits
 # of that build's (ccache keys on the compiler's name; scikit-build-core would take Python's, g++).
