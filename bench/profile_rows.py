@@ -10,6 +10,15 @@ the fp8 rows; ``_grouped_mm`` for the grouped row), in that order per row.
 Only the launches between cudaProfilerStart and cudaProfilerStop are profiled (the kernels are
 compiled and warmed up before). The script prints each profiled launch's row and role in order,
 which is the order of the report's kernels.
+
+    python3 bench/profile_rows.py --timeline [--calls 50] [--rows ...] [--json FILE]
+
+--timeline runs without Nsight Compute: per row, evtc's fused call and the library call each run
+--calls times back to back under torch.profiler, and what the GPU did is read from its device
+events (kernels, memsets, copies): per call, the device time of each kind of operation, the span
+from the call's first operation's start to its last one's end, and the gap from one call's end
+to the next call's start (the GPU idle between calls), with a GPU sleep queued first so that the
+host stays ahead. Nothing else runs on the stream meanwhile.
 """
 from __future__ import annotations
 
@@ -100,10 +109,58 @@ def grouped_row(row, gen):
     return (lambda: fused(x, wt, offs, bias=bias)), (lambda: plain(x, wt, offs)), reference, fused.config, (fused, plain)
 
 
+def device_timeline(call, calls: int) -> dict:
+    """`call` run `calls` times back to back under torch.profiler: per call (medians), the device
+    time by operation name, the span of the call's operations and the idle gap before the next
+    call. A call's operations are told apart by the order they were issued in: each call issues
+    the same number."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        # A GPU sleep queued first keeps the host ahead of the GPU, so that the gaps are the GPU's
+        # own, not the host's launch cost (about 5 ms at Hopper's clocks; the calls queue meanwhile).
+        torch.cuda._sleep(10_000_000)
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+    events = sorted((e for e in prof.events()
+                     if e.device_type == torch.autograd.DeviceType.CUDA and "spin_kernel" not in e.name
+                     and "sleep" not in e.name),
+                    key=lambda e: e.time_range.start)
+    if not events or len(events) % calls:
+        return {"error": f"{len(events)} device operations over {calls} calls"}
+    per = len(events) // calls
+    groups = [events[i * per:(i + 1) * per] for i in range(calls)]
+
+    def median(xs):
+        xs = sorted(xs)
+        return xs[len(xs) // 2]
+
+    names = [e.name[:100] for e in groups[0]]
+    return {
+        "operations_per_call": names,
+        "device_us": {name: round(median([g[i].time_range.elapsed_us() for g in groups]), 2)
+                      for i, name in enumerate(names)},
+        "span_us": round(median([g[-1].time_range.end - g[0].time_range.start for g in groups]), 2),
+        "gap_us": round(median([b[0].time_range.start - a[-1].time_range.end
+                                for a, b in zip(groups, groups[1:])]), 2),
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", default=",".join([*ROWS, *GROUPED_ROWS]))
+    p.add_argument("--timeline", action="store_true",
+                   help="torch.profiler's device timeline of back-to-back calls instead of Nsight Compute launches")
+    p.add_argument("--calls", type=int, default=50, help="calls per variant with --timeline (at least 2)")
+    p.add_argument("--json", help="with --timeline: also write the results to this file")
     args = p.parse_args()
+    if args.calls < 2:
+        p.error(f"--calls: {args.calls}; the gap between calls needs at least 2")
+    unknown = [r for r in args.rows.split(",") if r not in ROWS and r not in GROUPED_ROWS]
+    if unknown:
+        p.error(f"--rows: unknown row(s) {', '.join(unknown)}; known: {', '.join([*ROWS, *GROUPED_ROWS])}")
     gen = torch.Generator("cuda").manual_seed(0)
     launches = []
     prepared = []
@@ -115,6 +172,19 @@ def main() -> None:
             plain()
             reference()
         assert all(kern.last_path == "fused" for kern in kernels), (row, [kern.last_path for kern in kernels])
+    if args.timeline:
+        results = []
+        for row, fused, plain, (ref_name, reference), config, kernels in prepared:
+            for role, call in (("evtc " + config, fused), (ref_name, reference)):
+                t = device_timeline(call, args.calls)
+                results.append({"row": row, "role": role, **t})
+                print(f"{row} {role}: span {t.get('span_us')} us, gap {t.get('gap_us')} us, "
+                      f"device {t.get('device_us', t.get('error'))}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "calls": args.calls,
+                           "rows": results}, f, indent=2)
+        return
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStart()
     for row, fused, plain, (ref_name, reference), config, kernels in prepared:

@@ -530,3 +530,17 @@ def test_lm_head_dw_chunks_option_errors(argv, message, monkeypatch, capsys):
     with pytest.raises(SystemExit):
         module.main()
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--timeline", "--calls", "1"], "--calls: 1; the gap between calls needs at least 2"),
+    (["--rows", "W1-8192,decode-1x2x3"], "--rows: unknown row(s) decode-1x2x3; known: W1-8192,"),
+])
+def test_profile_rows_option_errors(argv, message, monkeypatch, capsys):
+    pytest.importorskip("torch")
+    pytest.importorskip("evtc")
+    module = load_bench("profile_rows")
+    monkeypatch.setattr(sys, "argv", ["profile_rows.py", *argv])
+    with pytest.raises(SystemExit):
+        module.main()
+    assert message in capsys.readouterr().err
