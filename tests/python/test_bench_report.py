@@ -503,6 +503,15 @@ def load_bench(name):
     return module
 
 
+def bench_main_error(name, argv, monkeypatch, capsys) -> str:
+    """bench/<name>.py's main() run with `argv`, which must exit (argparse's error): its stderr."""
+    module = load_bench(name)
+    monkeypatch.setattr(sys, "argv", [f"{name}.py", *argv])
+    with pytest.raises(SystemExit):
+        module.main()
+    return capsys.readouterr().err
+
+
 def test_lm_head_dw_chunks_one_chunk_is_plain_and_a_bf16_accumulator_adds_error(tmp_path, monkeypatch, capsys):
     pytest.importorskip("torch")
     module = load_bench("lm_head_dw_chunks")
@@ -525,11 +534,7 @@ def test_lm_head_dw_chunks_one_chunk_is_plain_and_a_bf16_accumulator_adds_error(
 ])
 def test_lm_head_dw_chunks_option_errors(argv, message, monkeypatch, capsys):
     pytest.importorskip("torch")
-    module = load_bench("lm_head_dw_chunks")
-    monkeypatch.setattr(sys, "argv", ["lm_head_dw_chunks.py", *argv])
-    with pytest.raises(SystemExit):
-        module.main()
-    assert message in capsys.readouterr().err
+    assert message in bench_main_error("lm_head_dw_chunks", argv, monkeypatch, capsys)
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -539,8 +544,4 @@ def test_lm_head_dw_chunks_option_errors(argv, message, monkeypatch, capsys):
 def test_profile_rows_option_errors(argv, message, monkeypatch, capsys):
     pytest.importorskip("torch")
     pytest.importorskip("evtc")
-    module = load_bench("profile_rows")
-    monkeypatch.setattr(sys, "argv", ["profile_rows.py", *argv])
-    with pytest.raises(SystemExit):
-        module.main()
-    assert message in capsys.readouterr().err
+    assert message in bench_main_error("profile_rows", argv, monkeypatch, capsys)
