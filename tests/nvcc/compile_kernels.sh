@@ -35,7 +35,7 @@ cases=(
   # A DAG with an extra output and a gated one, on the ping-pong schedule, with an [m,n] operand.
   "dag_extra_output_gated_pingpong|--config pingpong_128x128x64_c2x1_persistent|f = alpha * acc + bias[n]; out pre: bf16 = f; out D: bf16 = where(f > 0, f, 0.01 * f) * gate[m,n] * gelu(f); out y: bf16 = swiglu7(f)"
   "grouped_per_group|grouped|input s: f32 ptr; out D: bf16 = silu(acc + bias[n]) * s * alpha"
-  "grouped_gated|grouped|out y: bf16 = gptoss_swiglu(acc + bias[n])"
+  # W6's gated epilogue, on the fp8 block-scaled main loop (the bf16 one is the kernel above's).
   "grouped_fp8_blockwise_gated|grouped --dtype f8e4m3 --fp8-blockwise|input bias[n]: bf16; out y: bf16 = gptoss_swiglu(acc + bias[n])"
   # Every reduction, with the index leaves and an i32 label per row (evtc's index node, CUTLASS's
   # column broadcast of int32_t): an LM head's target logit and a one-hot mask; in f16, with a
