@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from statistics import median_high as median
 
 import torch
 
@@ -132,10 +133,6 @@ def device_timeline(call, calls: int) -> dict:
         return {"error": f"{len(events)} device operations over {calls} calls"}
     per = len(events) // calls
     groups = [events[i * per:(i + 1) * per] for i in range(calls)]
-
-    def median(xs):
-        xs = sorted(xs)
-        return xs[len(xs) // 2]
 
     names = [e.name[:100] for e in groups[0]]
     return {

@@ -161,23 +161,27 @@ std::string epilogue_config_refusal(const Graph& g, const KernelConfig& c) {
     // tiles with a column sum (nvcc, 2026-11-29): 80 and 192 columns compile, 96, 112, 144, 160 and
     // 176 fail CUTLASS's divisibility or reduction-buffer assertions (evtc fuzz found 176: seed
     // 20261128, kernel 263); 48, 128 and 256 compiled before. So wider than 80, multiples of 64.
-    const bool narrow_64_row = !c.swap_ab && c.tile_m == 64 && c.tile_n > 80 && c.tile_n % 64 != 0;
-    if (over_kernel_m && ((c.tile_m >= 128 && c.tile_n % 32 != 0) || (c.swap_ab && c.tile_n > 80) || narrow_64_row))
-      return c.swap_ab
-                 ? fmt::format("configuration {} is a transposed kernel {} columns wide; its reduction over N "
-                               "('{}', over the transposed kernel's M) does not compile in CUTLASS's epilogue "
-                               "wider than 80 columns (use a narrower transposed tile or an untransposed one)",
-                               c.name(), c.tile_n, store.name)
-                 : narrow_64_row
-                       ? fmt::format("configuration {} has 64-row tiles {} columns wide; its reduction over M ('{}') "
-                                     "does not compile in CUTLASS's epilogue at such widths (use at most 80 "
-                                     "columns, or a multiple of 64)",
-                                     c.name(), c.tile_n, store.name)
-                       : fmt::format("configuration {} has {}-column tiles, which CUTLASS's epilogue works through in "
-                                     "16-column subtiles; its reduction over M ('{}') needs subtiles of at least 32 "
-                                     "columns with tiles of {} rows (use a width that is a multiple of 32, or 64-row "
-                                     "tiles)",
-                                     c.name(), c.tile_n, store.name, c.tile_m);
+    if (!over_kernel_m) continue;
+    const bool sixteen_column_subtiles = c.tile_m >= 128 && c.tile_n % 32 != 0;
+    if (c.swap_ab) {
+      if (sixteen_column_subtiles || c.tile_n > 80)
+        return fmt::format("configuration {} is a transposed kernel {} columns wide; its reduction over N "
+                           "('{}', over the transposed kernel's M) does not compile in CUTLASS's epilogue "
+                           "wider than 80 columns (use a narrower transposed tile or an untransposed one)",
+                           c.name(), c.tile_n, store.name);
+      continue;
+    }
+    if (c.tile_m == 64 && c.tile_n > 80 && c.tile_n % 64 != 0)
+      return fmt::format("configuration {} has 64-row tiles {} columns wide; its reduction over M ('{}') "
+                         "does not compile in CUTLASS's epilogue at such widths (use at most 80 "
+                         "columns, or a multiple of 64)",
+                         c.name(), c.tile_n, store.name);
+    if (sixteen_column_subtiles)
+      return fmt::format("configuration {} has {}-column tiles, which CUTLASS's epilogue works through in "
+                         "16-column subtiles; its reduction over M ('{}') needs subtiles of at least 32 "
+                         "columns with tiles of {} rows (use a width that is a multiple of 32, or 64-row "
+                         "tiles)",
+                         c.name(), c.tile_n, store.name, c.tile_m);
   }
   return "";
 }

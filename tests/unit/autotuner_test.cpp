@@ -291,15 +291,14 @@ TEST(TuningPruning, ColumnReductionsNeedThirtyTwoColumnEpilogueSubtilesInTallTil
   EXPECT_EQ(epilogue_config_refusal(col, config("pingpong_64x256x64_c2x1_persistent")), "");  // W7's default
   // Untransposed 64-row tiles (nvcc): a column reduction compiles at 48, 80, 128, 192 and 256
   // columns, not at 96, 112, 144, 160 or 176 (the fuzzer's kernel 263 of seed 20261128).
-  for (int width : {48, 80, 128, 192, 256})
-    EXPECT_EQ(epilogue_config_refusal(col, config(fmt::format("pingpong_64x{}x64_c1x1_persistent", width))), "")
-        << width;
+  const auto pingpong_64 = [](int width) { return config(fmt::format("pingpong_64x{}x64_c1x1_persistent", width)); };
+  for (int width : {48, 80, 128, 192, 256}) EXPECT_EQ(epilogue_config_refusal(col, pingpong_64(width)), "") << width;
   for (int width : {96, 112, 144, 160, 176}) {
-    const std::string why64 = epilogue_config_refusal(col, config(fmt::format("pingpong_64x{}x64_c1x1_persistent", width)));
+    const std::string why64 = epilogue_config_refusal(col, pingpong_64(width));
     EXPECT_NE(why64.find(fmt::format("64-row tiles {} columns wide; its reduction over M ('cs')", width)),
               std::string::npos)
         << why64;
-    EXPECT_EQ(epilogue_config_refusal(row, config(fmt::format("pingpong_64x{}x64_c1x1_persistent", width))), "");
+    EXPECT_EQ(epilogue_config_refusal(row, pingpong_64(width)), "");
   }
   EXPECT_NE(prune_reason(config("pingpong_128x112x64_c1x1_persistent"), col, problem(1024, 3584, 4096)), "");
   EXPECT_NE(epilogue_config_refusal(col, config("coop_128x128x64_c1x1_streamk")).find("stream-K"), std::string::npos);
