@@ -54,6 +54,9 @@ struct ArchFeatures {
   // Transposed GEMMs (KernelConfig::swap_ab): column-major C and D, the epilogue rewritten by
   // evtc::swap_ab.
   bool swap_ab = false;
+  // K in parts: a batch of fp32 partial products added by a second kernel that runs the
+  // epilogue (KernelConfig::k_parts).
+  bool k_parts = false;
   // One MMA on the two SMs of a cluster pair for 256-row tiles (tcgen05's two-SM UMMA): tiles of
   // 64, 128 or 256 rows, the last with an even cluster M.
   bool two_sm_mma = false;

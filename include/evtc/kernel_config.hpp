@@ -44,10 +44,19 @@ struct KernelConfig {
   // N fills its rows. The tile and cluster are the transposed problem's: tile_m runs along N,
   // tile_n along M. Hopper only; not for gated epilogues (swap_ab_refusal).
   bool swap_ab = false;
+  // K in `k_parts` equal slices (2 to 16), computed as a batch of fp32 partial products into
+  // evtc's workspace; a second, small kernel adds them in a fixed order and runs the whole
+  // epilogue on the sum (the plain CUDA epilogue of evtc/backends/cuda, launched right after
+  // the GEMM). For grids of few tiles (decode-sized M), where CUTLASS's ping-pong kernel has no
+  // split-K of its own: each tile's K loop becomes k_parts tiles. Persistent scheduler only;
+  // not for epilogues with reductions (epilogue_config_refusal); K must split into slices of
+  // whole 16-byte rows (config_refusal).
+  int k_parts = 1;
 
   // A short stable name, e.g. "coop_128x256x64_c2x1_persistent" (part of cache keys); the
-  // tile scheduler is "persistent", "streamk" or "splitk<splits>"; suffixes "_fastacc" (fp8_fast_accum), "_pk<K>" (fp8_promotion_k) and "_precise"
-  // (precise_math) follow. The sm_80 backend's: "ms_128x256x64_s3" (tile, stages).
+  // tile scheduler is "persistent", "streamk" or "splitk<splits>"; suffixes "_kparts<k_parts>",
+  // "_swap", "_fastacc" (fp8_fast_accum), "_pk<K>" (fp8_promotion_k) and "_precise"
+  // (precise_math) follow, e.g. "pingpong_64x16x128_c1x1_persistent_kparts4_swap". The sm_80 backend's: "ms_128x256x64_s3" (tile, stages).
   std::string name() const;
   // Parses name(); nullopt if it is not one.
   static std::optional<KernelConfig> parse(const std::string& name);

@@ -7,6 +7,8 @@
 namespace evtc::backend {
 
 backend::EmittedKernel emit_dense_kernel(const Graph& g, const GemmDesc& gemm, const KernelConfig& config) {
+  // K in parts: the product's kernel (transposed or not) and the epilogue of `g` after it.
+  if (config.k_parts > 1) return cutlass3::emit_parts_kernel(g, gemm, config);
   // A transposed kernel (swap-AB) is the transposed problem's kernel; the run path swaps its
   // arguments to match (runtime::BoundCall::abi).
   if (config.swap_ab) {

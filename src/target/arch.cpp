@@ -59,6 +59,7 @@ const ArchFeatures& arch_features(int arch) {
                                  .overlapped_fp8_promotion = true,
                                  .any_tile_n = true,
                                  .swap_ab = true,
+                                 .k_parts = true,
                                  .family = "Hopper",
                                  .backend = 90};
   // sm_100a: CUTLASS 4.2's tcgen05 (UMMA) kernels, one or two SMs per MMA, with its sm90-style

@@ -14,13 +14,13 @@ namespace evtc {
 std::string KernelConfig::name() const {
   if (schedule == MainloopSchedule::multistage)
     return fmt::format("ms_{}x{}x{}_s{}{}", tile_m, tile_n, tile_k, stages, precise_math ? "_precise" : "");
-  return fmt::format("{}_{}x{}x{}_c{}x{}_{}{}{}{}{}",
+  return fmt::format("{}_{}x{}x{}_c{}x{}_{}{}{}{}{}{}",
                      schedule == MainloopSchedule::cooperative ? "coop" : "pingpong", tile_m,
                      tile_n, tile_k, cluster_m, cluster_n,
                      scheduler == TileSchedulerKind::persistent ? std::string("persistent")
                      : splits > 1                               ? fmt::format("splitk{}", splits)
                                                                 : std::string("streamk"),
-                     swap_ab ? "_swap" : "", fp8_fast_accum ? "_fastacc" : "",
+                     k_parts > 1 ? fmt::format("_kparts{}", k_parts) : "", swap_ab ? "_swap" : "", fp8_fast_accum ? "_fastacc" : "",
                      fp8_promotion_k > 0 ? fmt::format("_pk{}", fp8_promotion_k) : "",
                      precise_math ? "_precise" : "");
 }
@@ -93,7 +93,7 @@ std::optional<KernelConfig> KernelConfig::parse(const std::string& name) {
     return c;
   }
   static const std::regex re(
-      R"((coop|pingpong)_(\d+)x(\d+)x(\d+)_c(\d+)x(\d+)_(persistent|streamk|splitk(\d{1,2}))(_swap)?(_fastacc)?(?:_pk(\d{3,5}))?(_precise)?)");
+      R"((coop|pingpong)_(\d+)x(\d+)x(\d+)_c(\d+)x(\d+)_(persistent|streamk|splitk(\d{1,2}))(?:_kparts(\d{1,2}))?(_swap)?(_fastacc)?(?:_pk(\d{3,5}))?(_precise)?)");
   std::smatch m;
   if (!std::regex_match(name, m, re)) return std::nullopt;
   // Sizes CUTLASS's sm90 builders take: tiles of 64, 128 or 256 rows and any multiple of 16
@@ -128,14 +128,20 @@ std::optional<KernelConfig> KernelConfig::parse(const std::string& name) {
     c.splits = std::stoi(m[8]);
     if (c.splits < 2 || c.splits > 16 || m[8].str()[0] == '0') return std::nullopt;
   }
-  c.swap_ab = m[9].matched;
-  c.fp8_fast_accum = m[10].matched;
-  if (m[11].matched) {
-    c.fp8_promotion_k = std::stoi(m[11]);
+  if (m[9].matched) {
+    // K in parts summed by a second kernel: 2 to 16 of them, with the persistent scheduler.
+    c.k_parts = std::stoi(m[9]);
+    if (c.k_parts < 2 || c.k_parts > 16 || m[9].str()[0] == '0' || c.scheduler != TileSchedulerKind::persistent)
+      return std::nullopt;
+  }
+  c.swap_ab = m[10].matched;
+  c.fp8_fast_accum = m[11].matched;
+  if (m[12].matched) {
+    c.fp8_promotion_k = std::stoi(m[12]);
     // Whole K tiles, and not combined with fast accumulation (which never promotes).
     if (c.fp8_promotion_k % c.tile_k != 0 || c.fp8_fast_accum) return std::nullopt;
   }
-  c.precise_math = m[12].matched;
+  c.precise_math = m[13].matched;
   if (c.schedule == MainloopSchedule::pingpong && c.scheduler == TileSchedulerKind::stream_k)
     return std::nullopt;  // CUTLASS's ping-pong kernel has no stream-K (nor split-K)
   if (c.schedule == MainloopSchedule::cooperative && c.tile_m < 128) return std::nullopt;
@@ -152,6 +158,10 @@ std::string epilogue_config_refusal(const Graph& g, const KernelConfig& c) {
     if (c.scheduler == TileSchedulerKind::stream_k)
       return fmt::format("configuration {} splits the K loop of output tiles (stream-K or split-K), which an "
                          "epilogue with reductions ('{}') cannot take; use a persistent configuration",
+                         c.name(), store.name);
+    if (c.k_parts > 1)
+      return fmt::format("configuration {} adds its K parts in a second kernel, whose reductions ('{}') would "
+                         "combine with atomics in no fixed order; use a configuration without _kparts",
                          c.name(), store.name);
     const bool over_kernel_m = c.swap_ab ? r.axis == ReduceAxis::row : r.axis == ReduceAxis::col;
     // nvcc: CUTLASS's reduction over M fails its layout divisibility assertions on 16-column
@@ -216,6 +226,22 @@ std::string config_refusal(const KernelConfig& c, const GemmDesc& gemm) {
   if (f.fused && !f.any_tile_n && c.splits > 1)
     return fmt::format("configuration {} asks for split-K, which evtc's {} kernels do not use", c.name(),
                        arch_name(gemm.sm, true));
+  if (c.k_parts > 1 && (!f.fused || !f.k_parts))
+    return fmt::format("configuration {} computes K in parts added by a second kernel (_kparts), which evtc's {} "
+                       "kernels do not do",
+                       c.name(), arch_name(gemm.sm, true));
+  if (c.k_parts > 1 && gemm.fp8_blockwise)
+    return fmt::format("configuration {} computes K in parts (_kparts), but a block-scaled fp8 GEMM's scales are laid "
+                       "out for one K loop",
+                       c.name());
+  if (c.k_parts > 1 && gemm.k > 0) {
+    // Each part is a batch entry of the GEMM, its operands' K slices 16-byte aligned for TMA.
+    const int64_t per_16_bytes = 16 / std::min(dtype_bytes(gemm.a_dtype), dtype_bytes(gemm.b_dtype));
+    if (gemm.k % c.k_parts != 0 || (gemm.k / c.k_parts) % per_16_bytes != 0)
+      return fmt::format("configuration {} splits K = {} into {} parts, which must each be a multiple of {} "
+                         "elements (16 bytes)",
+                         c.name(), gemm.k, c.k_parts, per_16_bytes);
+  }
   if (f.fused && !f.stream_k && c.scheduler == TileSchedulerKind::stream_k)
     return fmt::format("configuration {} asks for stream-K, which evtc's {} kernels do not use", c.name(),
                        arch_name(gemm.sm, true));

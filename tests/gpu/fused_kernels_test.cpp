@@ -91,6 +91,18 @@ TEST(FusedConfigs, TransposedKernelsOfDecodeProblems) {
   expect_matches_reference(kernel("swap_fp8"), 40, 4096, 4096, 87, ExecutionPath::fused);
 }
 
+TEST(FusedConfigs, KInPartsAddedByASecondKernel) {
+  // Four parts of a transposed GEMM and three of an untransposed gated one: M from 8 to above a
+  // tile's columns, N and K no tile multiples (K a multiple of the parts' 16-byte rows).
+  expect_matches_reference(kernel("k_parts_swap"), 56, 1000, 4128, 91, ExecutionPath::fused);
+  expect_matches_reference(kernel("k_parts_swap"), 8, 2056, 2080, 92, ExecutionPath::fused);
+  expect_matches_reference(kernel("k_parts_swap"), 136, 776, 1056, 93, ExecutionPath::fused);
+  expect_matches_reference(kernel("k_parts_gated"), 37, 2 * 500, 3096, 94, ExecutionPath::fused);
+  expect_matches_reference(kernel("k_parts_gated"), 200, 2 * 1500, 1560, 95, ExecutionPath::fused);
+  // A K that does not split into parts of whole 16-byte rows runs the unfused path.
+  expect_matches_reference(kernel("k_parts_swap"), 16, 1000, 4100, 96, ExecutionPath::fallback);
+}
+
 TEST(FusedConfigs, DefaultConfigurationsOfLinearLayersFromPrefillToDecode) {
   // On an H100 or H200 these come from the shipped table (exact and nearest shapes); elsewhere
   // from the rules. 80×5200×3000 and 40×8200×4000 borrow transposed entries of M = 64 and 32

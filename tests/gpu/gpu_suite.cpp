@@ -143,6 +143,27 @@ out D: bf16 = gelu(y + bias[n])
 out ay = amax(y)
 )",
      DType::f8e4m3, Layout::row_major, Layout::col_major, "pingpong_64x32x128_c1x1_persistent_swap"},
+    // K in parts added by a second kernel (the plain epilogue): transposed, with [n] and [m]
+    // vectors, C, the column index, row- and column-major [m,n] operands and an extra f32
+    // output; untransposed with B row-major (its K slices N-major), a gated output and an
+    // extra [m,n] output.
+    {"k_parts_swap", R"(
+input bias[n]: bf16
+input s[m]: f32
+input r[m,n]: bf16
+input q[m,n]: bf16 col_major
+h = acc * s[m] + bias[n]
+out D: bf16 = silu(h) + C + n * 0.001
+out P: f32 = h + r[m,n] - q[m,n]
+)",
+     DType::bf16, Layout::row_major, Layout::col_major, "pingpong_64x16x128_c1x1_persistent_kparts4_swap"},
+    {"k_parts_gated", R"(
+input r[m,n]: bf16
+h = acc + bias[n]
+out P: bf16 = h + r[m,n]
+out y: bf16 = swiglu(h)
+)",
+     DType::bf16, Layout::row_major, Layout::row_major, "pingpong_64x64x128_c1x1_persistent_kparts3"},
     // The default configuration of nn.Linear's operands, from the GPU's shipped table where it has one.
     {"w1_linear", "out D: bf16 = silu(acc + bias[n])", DType::bf16, Layout::row_major, Layout::col_major},
     {"reductions", R"(

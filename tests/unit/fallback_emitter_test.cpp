@@ -55,8 +55,8 @@ std::vector<std::string> body_lines(const std::string& source) {
   return lines;
 }
 
-// The statements of the init_reductions kernel that set the fp32 accumulators to their
-// identity (finish=false), or of finish_reductions that write the outputs (finish=true).
+// The statements of the evtc_plain_init_reductions kernel that set the fp32 accumulators to their
+// identity (finish=false), or of evtc_plain_finish_reductions that write the outputs (finish=true).
 std::vector<std::string> init_lines(const std::string& source, bool finish = false) {
   std::vector<std::string> lines;
   std::istringstream in(source);
@@ -156,7 +156,7 @@ TEST(FallbackEmitter, LoadsReadTheirOperandWithTheRightIndex) {
   auto has = [&](const std::string& line) {
     EXPECT_NE(body.find(line + "\n"), std::string::npos) << "missing: " << line << "\nin\n" << body;
   };
-  has(fmt::format("const float v{} = acc[i * n + j];", node_named(g, NodeKind::accum, "")));
+  has(fmt::format("const float v{} = acc_sum(acc, i * n + j, parts, part_stride);", node_named(g, NodeKind::accum, "")));
   has(fmt::format("const float v{} = to_float(static_cast<const __nv_bfloat16*>(p.ptrs[{}])[i]);",
                   node_named(g, NodeKind::col_vec, "s"), slot_of(k.sig, "s")));
   has(fmt::format("const float v{} = to_float(static_cast<const __nv_bfloat16*>(p.ptrs[{}])[j]);",
@@ -299,7 +299,7 @@ out hi = max(x)
 out lo = min(x)
 out peak = amax(x)
 )");
-  EXPECT_NE(k.source.find("#define HAS_REDUCTIONS 1\n"), std::string::npos);
+  EXPECT_NE(k.source.find("constexpr bool kHasReductions = true;\n"), std::string::npos);
   const auto inits = init_lines(k.source);
   const auto body = body_lines(k.source);
   const std::string zero = "0.0f", neg_inf = "__int_as_float(0xff800000)", pos_inf = "__int_as_float(0x7f800000)";
@@ -372,7 +372,7 @@ out peak = amax(x)
         << c.name << ": an atomic per element";
   }
   // The scratch holds every accumulator: 4 rows (m), 2 columns (n), 4 scalars.
-  const size_t at = k.source.find("#define SCRATCH_FLOATS size_t(0");
+  const size_t at = k.source.find("  return size_t(0");
   ASSERT_NE(at, std::string::npos);
   const std::string sum = k.source.substr(at, k.source.find('\n', at) - at);
   auto terms = [&](const std::string& t) {
@@ -387,7 +387,7 @@ out peak = amax(x)
 
 TEST(FallbackEmitter, NoReductionsNoInitialisation) {
   const Emitted k = emit("out D: bf16 = relu(acc)\nout pre: f32 = acc");
-  EXPECT_NE(k.source.find("#define HAS_REDUCTIONS 0\n"), std::string::npos);
+  EXPECT_NE(k.source.find("constexpr bool kHasReductions = false;\n"), std::string::npos);
   EXPECT_TRUE(init_lines(k.source).empty()) << joined(init_lines(k.source));
 }
 
@@ -395,9 +395,9 @@ TEST(FallbackEmitter, TableSizesMatchTheSignature) {
   for (const char* expr : {kEverything, "out D: bf16 = acc",
                            "input q: f32 ptr\nout D: bf16 = acc * a * b * q + bias[n]\nout s = sum(acc)"}) {
     const Emitted k = emit(expr);
-    EXPECT_NE(k.source.find(fmt::format("\n#define NUM_PTRS {}\n", k.sig.pointers.size())), std::string::npos)
+    EXPECT_NE(k.source.find(fmt::format("\nconstexpr int kNumPtrs = {};\n", k.sig.pointers.size())), std::string::npos)
         << expr;
-    EXPECT_NE(k.source.find(fmt::format("\n#define NUM_SCALARS {}\n", k.sig.scalars.size())), std::string::npos)
+    EXPECT_NE(k.source.find(fmt::format("\nconstexpr int kNumScalars = {};\n", k.sig.scalars.size())), std::string::npos)
         << expr;
   }
   const Emitted k = emit("input q: f32 ptr\nout D: bf16 = acc * a * b * q + bias[n]\nout s = sum(acc)");

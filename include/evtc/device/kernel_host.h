@@ -16,15 +16,25 @@
 namespace evtc::device {
 namespace {
 
-// The kernel `name` of the cubin `image` (a library compiled in two parts: the kernel's cubin
-// is linked into the host part), loaded on first use into every device's context.
+// The cubin `image` (a library compiled in two parts: the kernel's cubin is linked into the host
+// part), loaded on first use into every device's context; kernel_from_image: its kernel `name`.
+cudaLibrary_t library_from_image(const unsigned char* image, cudaError_t* error) {
+  static cudaLibrary_t library = nullptr;
+  static cudaError_t status = cudaSuccess;
+  static std::once_flag once;
+  std::call_once(once, [&] { status = cudaLibraryLoadData(&library, image, nullptr, nullptr, 0, nullptr, nullptr, 0); });
+  *error = status;
+  return status == cudaSuccess ? library : nullptr;
+}
+
+// Which: one cached handle per kernel of the library (0: the GEMM, 1: a second kernel).
+template <int Which = 0>
 const void* kernel_from_image(const unsigned char* image, const char* name, cudaError_t* error) {
   static cudaKernel_t kernel = nullptr;
   static cudaError_t status = cudaSuccess;
   static std::once_flag once;
   std::call_once(once, [&] {
-    cudaLibrary_t library = nullptr;
-    status = cudaLibraryLoadData(&library, image, nullptr, nullptr, 0, nullptr, nullptr, 0);
+    cudaLibrary_t library = library_from_image(image, &status);
     if (status == cudaSuccess) status = cudaLibraryGetKernel(&kernel, library, name);
   });
   *error = status;

@@ -22,4 +22,15 @@ namespace evtc::cuda {
 // in fp32 for an fp32 GEMM of the block-scaled product.
 std::string emit_fallback_kernel(const Graph& g, const KernelSignature& sig, const GemmDesc* gemm = nullptr);
 
+// The plain epilogue's device code and launch helpers, for a library of its own (above) or one
+// that computes the product itself (a fused kernel with K in parts, KernelConfig::k_parts): in
+// namespace evtc_plain, Params, params_of(args, m, n, scratch), scratch_floats(m, n) and
+// epilogue_blocks(m, n, threads, sms); the kernels, with C names so that a library built in two
+// parts finds them in its cubin (compiled unless EVTC_PART is 2):
+//   evtc_plain_epilogue(Params, const float* acc, int parts, int64_t part_stride)
+// evaluates the graph on the sum of `parts` m×n row-major fp32 products part_stride floats apart
+// (added in order), and evtc_plain_init_reductions / evtc_plain_finish_reductions(Params) set the
+// reductions' fp32 accumulators to their identities and write them out.
+std::string epilogue_device_code(const Graph& g, const KernelSignature& sig);
+
 }  // namespace evtc::cuda

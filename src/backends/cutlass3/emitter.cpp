@@ -11,6 +11,7 @@
 #include "evtc/error.hpp"
 #include "evtc/ir_text.hpp"
 #include "evtc/passes.hpp"
+#include "backends/cuda/fallback_emitter.hpp"
 #include "backends/host_code.hpp"
 #include "backends/visitor_lowering.hpp"
 #include "backends/cutlass3/target.hpp"
@@ -47,7 +48,14 @@ class Emitter : public backend::VisitorLowering {
 
   backend::EmittedKernel emit() {
     const Visitor root = lower();
-    return {assemble(root), sig_};
+    return {assemble(root), parts_graph_ ? parts_sig_ : sig_};
+  }
+  // K in parts (KernelConfig::k_parts): this emitter's graph is the product alone (an f32 D,
+  // the partial sums, row-major in the caller's M×N), and `epilogue` the caller's graph, which
+  // the second kernel runs on their sum with `epilogue`'s signature.
+  void set_parts_epilogue(const Graph& epilogue) {
+    parts_graph_ = &epilogue;
+    parts_sig_ = make_signature(epilogue);
   }
   // The visitor tree alone, for an assembler of another GEMM kind (the grouped one).
   EpilogueVisitors emit_visitors() {
@@ -297,6 +305,7 @@ class Emitter : public backend::VisitorLowering {
 
   // --- the translation unit ------------------------------------------------------------
   std::string assemble(const Visitor& root);
+  std::string parts_epilogue_launch() const;
 
   GemmDesc gemm_;
   KernelConfig cfg_;
@@ -306,6 +315,8 @@ class Emitter : public backend::VisitorLowering {
   bool index_leaves_ = false;  // m or n: include evtc/device/sm90_index.cuh
   DType aux_element_ = DType::bf16;
   bool grouped_ = false;
+  const Graph* parts_graph_ = nullptr;
+  KernelSignature parts_sig_;
 };
 
 std::string Emitter::assemble(const Visitor& root) {
@@ -340,6 +351,7 @@ std::string Emitter::assemble(const Visitor& root) {
   const bool blockwise = gemm_.fp8_blockwise;
   const bool overlapped = overlapped_fp8_promotion(cfg_, gemm_);
   s += R"(
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 
@@ -357,6 +369,13 @@ std::string Emitter::assemble(const Visitor& root) {
   if (d_sink) s += fmt::format("#include \"{}\"\n", arch_.d_sink_header());
   s += "\n";
   s += backend::parts_prelude();
+  const bool parts = parts_graph_ != nullptr;
+  if (parts) {
+    s += fmt::format("\n// K in {} parts: the GEMM writes their fp32 products to the workspace, and the plain epilogue\n"
+                     "// below adds them in order and evaluates the caller's graph:\n{}\n",
+                     cfg_.k_parts, backend::commented_graph(*parts_graph_));
+    s += cuda::epilogue_device_code(*parts_graph_, parts_sig_);
+  }
   s += "\nnamespace {\n\n";
   s += fmt::format("using ElementA = {};\nusing LayoutA = {};\n", elem_a, layout_tag(gemm_.a_layout));
   s += fmt::format("using ElementB = {};\nusing LayoutB = {};\n", elem_b, layout_tag(gemm_.b_layout));
@@ -506,7 +525,20 @@ GemmArguments gemm_arguments(const evtc_gemm_args& a, char* scratch) {
                                            : "  cute::get<1>(stride_b) = a.ldb;\n";
   // C and D: (ld, 1) row-major, (1, ld) column-major.
   s += layout_c == Layout::row_major ? "  cute::get<0>(stride_c) = a.ldc;\n" : "  cute::get<1>(stride_c) = a.ldc;\n";
-  s += layout_d == Layout::row_major ? "  cute::get<0>(stride_d) = a.ldd;\n" : "  cute::get<1>(stride_d) = a.ldd;\n";
+  if (!parts) {
+    s += layout_d == Layout::row_major ? "  cute::get<0>(stride_d) = a.ldd;\n" : "  cute::get<1>(stride_d) = a.ldd;\n";
+  } else {
+    // K in parts: part l is batch entry l, A's and B's K slices [l·K/parts, (l+1)·K/parts);
+    // D is the parts' fp32 products in the scratch, m×n apart, each row-major in the caller's
+    // M×N (column-major in a transposed kernel's).
+    s += fmt::format("  const int64_t part_k = a.k / {};\n", cfg_.k_parts);
+    s += gemm_.a_layout == Layout::row_major ? "  cute::get<2>(stride_a) = part_k;\n"
+                                             : "  cute::get<2>(stride_a) = part_k * a.lda;\n";
+    s += gemm_.b_layout == Layout::col_major ? "  cute::get<2>(stride_b) = part_k;\n"
+                                             : "  cute::get<2>(stride_b) = part_k * a.ldb;\n";
+    s += layout_d == Layout::row_major ? "  cute::get<0>(stride_d) = a.n;\n" : "  cute::get<1>(stride_d) = a.m;\n";
+    s += "  cute::get<2>(stride_d) = a.m * a.n;\n";
+  }
   s += R"(
   cutlass::KernelHardwareInfo hw;
   cudaGetDevice(&hw.device_id);
@@ -522,16 +554,24 @@ GemmArguments gemm_arguments(const evtc_gemm_args& a, char* scratch) {
   const LayoutSFB layout_sfb = ScaleConfig::tile_atom_to_shape_SFB(cute::make_shape(int(a.m), int(a.n), int(a.k), 1));
 )",
                      kFp8ScaleBlock);
-  s += R"(  GemmArguments args{
+  s += parts ? fmt::format(R"(  GemmArguments args{{
+      cutlass::gemm::GemmUniversalMode::kBatched,
+      {{int(a.m), int(a.n), int(part_k), {}}},
+      {{static_cast<const ElementA*>(a.a), stride_a, static_cast<const ElementB*>(a.b), stride_b)",
+                           cfg_.k_parts)
+             : R"(  GemmArguments args{
       cutlass::gemm::GemmUniversalMode::kGemm,
       {int(a.m), int(a.n), int(a.k), 1},
       {static_cast<const ElementA*>(a.a), stride_a, static_cast<const ElementB*>(a.b), stride_b)";
   s += blockwise ? ",\n       static_cast<const float*>(a.scale_a), layout_sfa, static_cast<const float*>(a.scale_b), layout_sfb},"
                  : "},";
+  s += fmt::format(R"(
+      {{fusion_arguments(a, scratch), static_cast<const typename GemmKernel::ElementC*>(a.c), stride_c,
+       {}, stride_d}},
+      hw}};)",
+                   parts ? "reinterpret_cast<typename GemmKernel::ElementD*>(scratch)"
+                         : "static_cast<typename GemmKernel::ElementD*>(a.d)");
   s += R"(
-      {fusion_arguments(a, scratch), static_cast<const typename GemmKernel::ElementC*>(a.c), stride_c,
-       static_cast<typename GemmKernel::ElementD*>(a.d), stride_d},
-      hw};
   using RasterOptions = typename GemmKernel::TileScheduler::RasterOrderOptions;
   args.scheduler.max_swizzle_size = a.swizzle > 0 ? a.swizzle : 1;
   args.scheduler.raster_order = a.raster == 1   ? RasterOptions::AlongM
@@ -654,21 +694,36 @@ cudaError_t launch(LaunchEntry& e, const void* kernel, cudaStream_t s) {
 }
 
 )";
-  s += backend::exports_begin(sig_.c_export());
+  if (parts) s += parts_epilogue_launch();
+  s += backend::exports_begin(parts ? parts_sig_.c_export() : sig_.c_export());
   s += R"(
 int evtc_can_implement(const evtc_gemm_args* a, char* why, size_t why_size) {
-  if (!GemmKernel::can_implement(gemm_arguments(*a, nullptr))) {
+)";
+  if (parts)
+    s += fmt::format(R"(  // Each K part a whole number of 16-byte rows of A and B (their batch strides, for TMA).
+  constexpr int64_t per_16_bytes = 16 / (sizeof(ElementA) < sizeof(ElementB) ? sizeof(ElementA) : sizeof(ElementB));
+  if (a->k % {0} != 0 || (a->k / {0}) % per_16_bytes != 0) {{
+    char text[160];
+    std::snprintf(text, sizeof(text), "K = %lld does not split into {0} parts of a multiple of %lld elements",
+                  static_cast<long long>(a->k), static_cast<long long>(per_16_bytes));
+    set_reason(why, why_size, text);
+    return EVTC_ERROR_CANNOT_IMPLEMENT;
+  }}
+)",
+                     cfg_.k_parts);
+  s += fmt::format(R"(  if (!GemmKernel::can_implement(gemm_arguments(*a, nullptr))) {{
     set_reason(why, why_size, cutlassGetStatusString(cutlass::Status::kInvalid));
     return EVTC_ERROR_CANNOT_IMPLEMENT;
-  }
+  }}
   return EVTC_OK;
-}
+}}
 
-size_t evtc_workspace_size(const evtc_gemm_args* a) {
-  return gemm_workspace_bytes(gemm_arguments(*a, nullptr)) + scratch_bytes(*a);
-}
+size_t evtc_workspace_size(const evtc_gemm_args* a) {{
+  return gemm_workspace_bytes(gemm_arguments(*a, nullptr)) + scratch_bytes(*a){};
+}}
 
-)";
+)",
+                   parts ? " + partials_bytes(*a)" : "");
   s += backend::run_begin();
   s += R"(  int device = 0;
   cudaGetDevice(&device);
@@ -703,14 +758,85 @@ size_t evtc_workspace_size(const evtc_gemm_args* a) {
     return EVTC_ERROR_LAUNCH;
   }
 )";
+  if (parts)
+    s += R"(  if (int status = run_parts_epilogue(*a, reinterpret_cast<const float*>(static_cast<char*>(workspace) + e->gemm_bytes),
+                                        s, why, why_size);
+      status != EVTC_OK)
+    return status;
+)";
   s += backend::run_end("static_cast<char*>(workspace) + e->gemm_bytes");
   return s;
 }
 
 }  // namespace
 
+std::string Emitter::parts_epilogue_launch() const {
+  return fmt::format(R"(
+// --- K in parts: the second kernel -------------------------------------------------------
+constexpr int kParts = {0};
+// The parts' fp32 products, in the scratch.
+size_t partials_bytes(const evtc_gemm_args& a) {{
+  return (size_t(kParts) * size_t(a.m) * size_t(a.n) * sizeof(float) + 255) / 256 * 256;
+}}
+
+const void* epilogue_kernel(cudaError_t* error) {{
+#if EVTC_PART == 0
+  *error = cudaSuccess;
+  return reinterpret_cast<const void*>(&evtc_plain::evtc_plain_epilogue);
+#else
+  return evtc::device::kernel_from_image<1>(evtc_kernel_image, "evtc_plain_epilogue", error);
+#endif
+}}
+
+// The plain epilogue over the sum of the parts, in the caller's M×N ({1}).
+int run_parts_epilogue(const evtc_gemm_args& a, const float* partials, cudaStream_t s, char* why, size_t why_size) {{
+  cudaError_t load_error = cudaSuccess;
+  const void* kernel = epilogue_kernel(&load_error);
+  if (!kernel) {{
+    set_reason(why, why_size, cudaGetErrorString(load_error));
+    return EVTC_ERROR_LAUNCH;
+  }}
+  const int64_t m = {2}, n = {3};
+  evtc_plain::Params p = evtc_plain::params_of(a, m, n, nullptr);
+  const int sms = a.sm_count > 0 ? a.sm_count : sm_count_of_current_device();
+  constexpr int threads = 256;
+  cudaLaunchConfig_t config{{}};
+  config.gridDim = dim3(unsigned(evtc_plain::epilogue_blocks(m, n, threads, sms)));
+  config.blockDim = dim3(threads);
+  config.stream = s;
+  int parts = kParts;
+  int64_t part_stride = m * n;
+  void* args[] = {{&p, &partials, &parts, &part_stride}};
+  if (cudaError_t err = cudaLaunchKernelExC(&config, kernel, args); err != cudaSuccess) {{
+    set_reason(why, why_size, cudaGetErrorString(err));
+    return EVTC_ERROR_LAUNCH;
+  }}
+  return EVTC_OK;
+}}
+
+)",
+                     cfg_.k_parts,
+                     cfg_.swap_ab ? "a transposed kernel's arguments have M and N exchanged" : "the kernel's own",
+                     cfg_.swap_ab ? "a.n" : "a.m", cfg_.swap_ab ? "a.m" : "a.n");
+}
+
 backend::EmittedKernel emit_kernel(const Graph& g, const GemmDesc& gemm, const KernelConfig& config) {
   return Emitter(g, gemm, config).emit();
+}
+
+backend::EmittedKernel emit_parts_kernel(const Graph& g, const GemmDesc& gemm, const KernelConfig& config) {
+  // The GEMM's own epilogue writes the product: D = acc in f32, row-major in the caller's M×N.
+  Graph product;
+  product.store("D", product.accum(), DType::f32);
+  GemmDesc kernel_gemm = gemm;
+  if (config.swap_ab) {
+    SwappedProblem swapped = swap_ab(product, gemm);
+    product = std::move(swapped.graph);
+    kernel_gemm = swapped.gemm;
+  }
+  Emitter e(product, kernel_gemm, config);
+  e.set_parts_epilogue(g);
+  return e.emit();
 }
 
 EpilogueVisitors emit_epilogue_visitors(const Graph& g, const GemmDesc& gemm,

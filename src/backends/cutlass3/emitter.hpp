@@ -24,6 +24,10 @@ namespace evtc::cutlass3 {
 // `g` must have been through the pass pipeline and be legal for `gemm` on its architecture
 // (gemm.sm, whose backend picks the Target).
 backend::EmittedKernel emit_kernel(const Graph& g, const GemmDesc& gemm, const KernelConfig& config);
+// A configuration with K in parts (KernelConfig::k_parts): the GEMM writes the parts' fp32
+// products (swap-AB applied to it alone), and a second kernel, the plain epilogue of `g`
+// (cuda::epilogue_device_code), adds them and evaluates `g` in the caller's M×N.
+backend::EmittedKernel emit_parts_kernel(const Graph& g, const GemmDesc& gemm, const KernelConfig& config);
 
 // What a visitor tree is built for: the dense GEMM, or the grouped (ptr-array) GEMM whose
 // tiles carry their group as the L coordinate (per-group row vectors and scalar pointers

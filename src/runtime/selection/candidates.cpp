@@ -216,6 +216,24 @@ std::vector<KernelConfig> whole_space(const GemmDesc& gemm, const DeviceLimits& 
         out.push_back(c);
       }
     }
+    // K in parts added by a second kernel, where the transposed tiles alone leave most
+    // multiprocessors idle (N = 1024: 16 tiles of 64 rows; cuBLAS splits K there, Nsight
+    // Compute on the H200: bench/results/20261129-1500-h200-ncu-decode.csv); and 64-row
+    // untransposed tiles over a wide N (16x10240x8192: 64 tiles of 160 columns).
+    for (int parts : {2, 3, 4, 6, 8}) {
+      for (int tn : {16, 32}) {
+        KernelConfig c = make_config(MainloopSchedule::pingpong, TileSchedulerKind::persistent, 64, tn, 128, 1, 1, 1, gemm);
+        c.swap_ab = true;
+        c.k_parts = parts;
+        out.push_back(c);
+      }
+      for (int tn : {64, 128, 160}) {
+        KernelConfig c = make_config(MainloopSchedule::pingpong, TileSchedulerKind::persistent, 64, tn,
+                                     fp8 ? 128 : tn <= 128 ? 128 : 64, 1, 1, 1, gemm);
+        c.k_parts = parts;
+        out.push_back(c);
+      }
+    }
   }
   return out;
 }
@@ -245,6 +263,14 @@ std::string prune_reason(const KernelConfig& c, const Graph& g, const GemmDesc& 
   if (padding_beyond_the_shortest_tile(c, gemm) < 0.5) return "more than half of the tile grid is padding";
   // Reductions: persistent kernels only, and 32-column epilogue subtiles for column ones.
   if (std::string why = epilogue_config_refusal(g, c); !why.empty()) return why;
+  if (c.k_parts > 1) {
+    // Like split-K: where the tiles alone leave multiprocessors idle, every part several K tiles.
+    if (tile_count(c, gemm) * c.k_parts > 2 * int64_t(device.sm_count))
+      return fmt::format("{} tiles in {} K parts are more than two waves", tile_count(c, gemm), c.k_parts);
+    if (tile_count(c, gemm) >= int64_t(device.sm_count)) return "the tiles alone fill the multiprocessors";
+    if (size_or(gemm.k) < 4 * c.k_parts * c.tile_k) return "K is too short for that many parts";
+    return {};
+  }
   if (c.splits > 1) {
     // Split-K pays where the tiles alone leave multiprocessors idle, with K long enough that
     // every part keeps several K tiles.
@@ -265,10 +291,10 @@ std::string prune_reason(const KernelConfig& c, const Graph& g, const GemmDesc& 
 }
 
 double grid_efficiency(const KernelConfig& c, const GemmDesc& gemm, const DeviceLimits& device) {
-  // Split-K runs tiles × splits units of work in waves; stream-K balances its waves.
+  // Split-K (and K in parts) runs tiles × parts units of work in waves; stream-K balances its waves.
   double waves = c.scheduler == TileSchedulerKind::stream_k ? 0.95 : wave_efficiency(c, gemm, device);
-  if (c.splits > 1) {
-    const int64_t units = tile_count(c, gemm) * c.splits;
+  if (c.splits > 1 || c.k_parts > 1) {
+    const int64_t units = tile_count(c, gemm) * c.splits * c.k_parts;
     waves = double(units) / double(ceil_div(units, device.sm_count) * device.sm_count);
   }
   return waves * padding_efficiency(c, gemm);
@@ -289,7 +315,7 @@ double heuristic_score(const KernelConfig& c, const GemmDesc& gemm, const Device
     // padding; a tile's intensity matters little.
     const int64_t units = c.scheduler == TileSchedulerKind::stream_k && c.splits == 1
                               ? int64_t(device.sm_count)
-                              : tile_count(c, gemm) * c.splits;
+                              : tile_count(c, gemm) * c.splits * c.k_parts;
     const double busy = std::min(1.0, double(units) / device.sm_count);
     return busy * padding_beyond_the_shortest_tile(c, gemm) * (0.9 + 0.1 * std::sqrt(intensity)) * sched;
   }
@@ -312,7 +338,7 @@ std::vector<KernelConfig> candidate_configs(const Graph& g, const GemmDesc& gemm
   for (const auto& [score, c] : scored) {
     auto same = [&](const std::vector<KernelConfig>& f) {
       return f[0].schedule == c.schedule && f[0].tile_m == c.tile_m && f[0].tile_n == c.tile_n &&
-             f[0].scheduler == c.scheduler && f[0].swap_ab == c.swap_ab;
+             f[0].scheduler == c.scheduler && f[0].swap_ab == c.swap_ab && f[0].k_parts == c.k_parts;
     };
     auto it = std::find_if(families.begin(), families.end(), same);
     if (it == families.end()) families.push_back({c});

@@ -121,9 +121,18 @@ FusionEstimate estimate_for(const KernelConfig& c, const GemmDesc& g, double epi
   const double base = c.schedule == MainloopSchedule::cooperative         ? kCoopBase
                       : c.tile_m >= 128 && c.tile_n >= 192 ? kWidePingpongBase
                                                            : kPingpongBase;
-  e.fused_us = kernel_us(flops, ab + epilogue_bytes, base * tuning::grid_efficiency(c, g, d) * tile_factor(c),
-                         occupancy(tuning::tile_count(c, g), r.sms), r) +
-               kEpilogueExposed * epilogue_bytes / (r.tbs * 1e6);
+  if (c.k_parts > 1) {
+    // K in parts: the GEMM writes the parts' f32 products; a second kernel reads them and
+    // writes the epilogue's outputs.
+    const double partials = double(c.k_parts) * double(g.m) * double(g.n) * 4;
+    e.fused_us = kernel_us(flops, ab + partials, base * tuning::grid_efficiency(c, g, d) * tile_factor(c),
+                           occupancy(tuning::tile_count(c, g) * c.k_parts, r.sms), r) +
+                 kernel_us(0, partials + epilogue_bytes, 1.0, 1.0, r);
+  } else {
+    e.fused_us = kernel_us(flops, ab + epilogue_bytes, base * tuning::grid_efficiency(c, g, d) * tile_factor(c),
+                           occupancy(tuning::tile_count(c, g), r.sms), r) +
+                 kEpilogueExposed * epilogue_bytes / (r.tbs * 1e6);
+  }
   e.epilogue_us = unfused.saved_bytes / (r.tbs * 1e6) + unfused.kernels * kKernelUs;
   return e;
 }
