@@ -11,7 +11,7 @@ Only the launches between cudaProfilerStart and cudaProfilerStop are profiled (t
 compiled and warmed up before). The script prints each profiled launch's row and role in order,
 which is the order of the report's kernels.
 
-    python3 bench/profile_rows.py --timeline [--calls 50] [--rows ...] [--json FILE]
+    python3 bench/profile_rows.py --timeline [--calls 50] [--rows ...] [--configs NAME,...] [--json FILE]
 
 --timeline runs without Nsight Compute: per row, evtc's fused call and the library call each run
 --calls times back to back under torch.profiler, and what the GPU did is read from its device
@@ -19,6 +19,10 @@ events (kernels, memsets, copies): per call, the device time of each kind of ope
 from the call's first operation's start to its last one's end, and the gap from one call's end
 to the next call's start (the GPU idle between calls), with a GPU sleep queued first so that the
 host stays ahead. Nothing else runs on the stream meanwhile.
+
+--configs NAME[,NAME...] runs each dense row with each named configuration instead of evtc's
+default one (the plain kernel with the same one): for example the split of a decode shape's time
+between a K-in-parts GEMM and the kernel that adds its parts.
 """
 from __future__ import annotations
 
@@ -72,8 +76,9 @@ def operands(names, m, n, gen):
     return out
 
 
-def dense_row(row, gen):
-    """(fused, plain, reference) launchers and the configuration of a dense row."""
+def dense_row(row, gen, config=None):
+    """(fused, plain, reference) launchers and the configuration of a dense row (evtc's default
+    configuration, or `config`)."""
     expr, m, n, k, names = ROWS[row]
     fp8 = "sa" in names
     dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
@@ -81,7 +86,7 @@ def dense_row(row, gen):
     w = (torch.randn(n, k, generator=gen, device="cuda") * k ** -0.25).to(dtype)
     ops = operands(names, m, n, gen)
     kw = {"a_dtype": "f8e4m3", "b_dtype": "f8e4m3"} if fp8 else {}
-    fused = evtc.compile(expr, **kw)
+    fused = evtc.compile(expr, config=config, **kw) if config else evtc.compile(expr, **kw)
     config = fused.config_for(m, n, k)
     plain = evtc.compile("out D: bf16 = acc", config=config, **kw)
     for kern in (fused, plain):
@@ -152,17 +157,26 @@ def main() -> None:
                    help="torch.profiler's device timeline of back-to-back calls instead of Nsight Compute launches")
     p.add_argument("--calls", type=int, default=50, help="calls per variant with --timeline (at least 2)")
     p.add_argument("--json", help="with --timeline: also write the results to this file")
+    p.add_argument("--configs", help="run each dense row with each of these configurations (comma-separated) "
+                                     "instead of evtc's default")
     args = p.parse_args()
     if args.calls < 2:
         p.error(f"--calls: {args.calls}; the gap between calls needs at least 2")
     unknown = [r for r in args.rows.split(",") if r not in ROWS and r not in GROUPED_ROWS]
     if unknown:
         p.error(f"--rows: unknown row(s) {', '.join(unknown)}; known: {', '.join([*ROWS, *GROUPED_ROWS])}")
+    configs = [c for c in (args.configs or "").split(",") if c]
+    if configs and any(r in GROUPED_ROWS for r in args.rows.split(",")):
+        p.error("--configs: dense rows only; the grouped row's configuration is its kernel's own")
     gen = torch.Generator("cuda").manual_seed(0)
     launches = []
     prepared = []
     for row in args.rows.split(","):
-        prepared.append((row, *(grouped_row(row, gen) if row in GROUPED_ROWS else dense_row(row, gen))))
+        if row in GROUPED_ROWS:
+            prepared.append((row, *grouped_row(row, gen)))
+        else:
+            for config in configs or [None]:
+                prepared.append((row, *dense_row(row, gen, config)))
     for row, fused, plain, (_, reference), config, kernels in prepared:
         for _ in range(3):  # compiled, loaded and warm
             fused()

@@ -540,6 +540,8 @@ def test_lm_head_dw_chunks_option_errors(argv, message, monkeypatch, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--timeline", "--calls", "1"], "--calls: 1; the gap between calls needs at least 2"),
     (["--rows", "W1-8192,decode-1x2x3"], "--rows: unknown row(s) decode-1x2x3; known: W1-8192,"),
+    (["--rows", "W1-8192,W6", "--configs", "pingpong_64x16x128_c1x1_persistent_kparts4_swap"],
+     "--configs: dense rows only"),
 ])
 def test_profile_rows_option_errors(argv, message, monkeypatch, capsys):
     pytest.importorskip("torch")

@@ -65,7 +65,8 @@ def check_swap(out, p, where):
 
 
 @pytest.mark.parametrize("parts", [2, 4])
-@pytest.mark.parametrize("m, n, k", [(1, 1000, 4128), (37, 2056, 2080), (64, 776, 1056), (136, 1000, 4160)])
+# M a multiple of 8: the [m] vector's 16-byte alignment, which legality asks of every kernel.
+@pytest.mark.parametrize("m, n, k", [(8, 1000, 4128), (40, 2056, 2080), (64, 776, 1056), (136, 1000, 4160)])
 def test_transposed_parts_match_float64(parts, m, n, k):
     p = swap_problem(m, n, k, seed=m + n)
     out = run_swap(SWAP[parts], p)

@@ -156,7 +156,7 @@ TEST(FallbackEmitter, LoadsReadTheirOperandWithTheRightIndex) {
   auto has = [&](const std::string& line) {
     EXPECT_NE(body.find(line + "\n"), std::string::npos) << "missing: " << line << "\nin\n" << body;
   };
-  has(fmt::format("const float v{} = acc_sum(acc, i * n + j, parts, part_stride);", node_named(g, NodeKind::accum, "")));
+  has(fmt::format("const float v{} = acc_sum(acc, i * n + j, part_stride);", node_named(g, NodeKind::accum, "")));
   has(fmt::format("const float v{} = to_float(static_cast<const __nv_bfloat16*>(p.ptrs[{}])[i]);",
                   node_named(g, NodeKind::col_vec, "s"), slot_of(k.sig, "s")));
   has(fmt::format("const float v{} = to_float(static_cast<const __nv_bfloat16*>(p.ptrs[{}])[j]);",

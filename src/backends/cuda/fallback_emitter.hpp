@@ -27,10 +27,11 @@ std::string emit_fallback_kernel(const Graph& g, const KernelSignature& sig, con
 // namespace evtc_plain, Params, params_of(args, m, n, scratch), scratch_floats(m, n) and
 // epilogue_blocks(m, n, threads, sms); the kernels, with C names so that a library built in two
 // parts finds them in its cubin (compiled unless EVTC_PART is 2):
-//   evtc_plain_epilogue(Params, const float* acc, int parts, int64_t part_stride)
+//   evtc_plain_epilogue(Params, const float* acc, int64_t part_stride)
 // evaluates the graph on the sum of `parts` m×n row-major fp32 products part_stride floats apart
-// (added in order), and evtc_plain_init_reductions / evtc_plain_finish_reductions(Params) set the
+// (all loaded, then added in order; it first waits for a grid it is a programmatic dependent of),
+// and evtc_plain_init_reductions / evtc_plain_finish_reductions(Params) set the
 // reductions' fp32 accumulators to their identities and write them out.
-std::string epilogue_device_code(const Graph& g, const KernelSignature& sig);
+std::string epilogue_device_code(const Graph& g, const KernelSignature& sig, int parts);
 
 }  // namespace evtc::cuda

@@ -346,6 +346,9 @@ std::string Emitter::assemble(const Visitor& root) {
                                          "kernel config " + cfg_.name());
   s += backend::host_part_device_pass_begin();
   if (cfg_.precise_math) s += "#define EVTC_PRECISE_MATH 1\n";
+  // K in parts: the GEMM lets its dependent (the plain epilogue, launched programmatically after
+  // it) start as its last tiles finish.
+  if (parts_graph_) s += "#define CUTLASS_ENABLE_GDC_FOR_SM90 1\n";
   // The architecture's CUTLASS headers.
   s += arch_.cutlass_includes(gemm_, cfg_);
   const bool blockwise = gemm_.fp8_blockwise;
@@ -374,7 +377,7 @@ std::string Emitter::assemble(const Visitor& root) {
     s += fmt::format("\n// K in {} parts: the GEMM writes their fp32 products to the workspace, and the plain epilogue\n"
                      "// below adds them in order and evaluates the caller's graph:\n{}\n",
                      cfg_.k_parts, backend::commented_graph(*parts_graph_));
-    s += cuda::epilogue_device_code(*parts_graph_, parts_sig_);
+    s += cuda::epilogue_device_code(*parts_graph_, parts_sig_, cfg_.k_parts);
   }
   s += "\nnamespace {\n\n";
   s += fmt::format("using ElementA = {};\nusing LayoutA = {};\n", elem_a, layout_tag(gemm_.a_layout));
@@ -804,9 +807,15 @@ int run_parts_epilogue(const evtc_gemm_args& a, const float* partials, cudaStrea
   config.gridDim = dim3(unsigned(evtc_plain::epilogue_blocks(m, n, threads, sms)));
   config.blockDim = dim3(threads);
   config.stream = s;
-  int parts = kParts;
+  // A programmatic dependent of the GEMM: launched while the GEMM's last tiles finish, it waits
+  // for the GEMM's results (griddepcontrol.wait) before reading them.
+  cudaLaunchAttribute dependent[1];
+  dependent[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  dependent[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = dependent;
+  config.numAttrs = 1;
   int64_t part_stride = m * n;
-  void* args[] = {{&p, &partials, &parts, &part_stride}};
+  void* args[] = {{&p, &partials, &part_stride}};
   if (cudaError_t err = cudaLaunchKernelExC(&config, kernel, args); err != cudaSuccess) {{
     set_reason(why, why_size, cudaGetErrorString(err));
     return EVTC_ERROR_LAUNCH;

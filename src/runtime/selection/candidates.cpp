@@ -219,7 +219,9 @@ std::vector<KernelConfig> whole_space(const GemmDesc& gemm, const DeviceLimits& 
     // K in parts added by a second kernel, where the transposed tiles alone leave most
     // multiprocessors idle (N = 1024: 16 tiles of 64 rows; cuBLAS splits K there, Nsight
     // Compute on the H200: bench/results/20261129-1500-h200-ncu-decode.csv); and 64-row
-    // untransposed tiles over a wide N (16x10240x8192: 64 tiles of 160 columns).
+    // untransposed tiles of 160 columns over a wide N (16x10240x8192: 64 tiles). Untransposed
+    // 64x64 and 64x128 tiles in parts were slower than these at every decode shape of the H200's
+    // sweep (bench/results/20261129-1830-h200-gemm-sweep.json).
     for (int parts : {2, 3, 4, 6, 8}) {
       for (int tn : {16, 32}) {
         KernelConfig c = make_config(MainloopSchedule::pingpong, TileSchedulerKind::persistent, 64, tn, 128, 1, 1, 1, gemm);
@@ -227,9 +229,8 @@ std::vector<KernelConfig> whole_space(const GemmDesc& gemm, const DeviceLimits& 
         c.k_parts = parts;
         out.push_back(c);
       }
-      for (int tn : {64, 128, 160}) {
-        KernelConfig c = make_config(MainloopSchedule::pingpong, TileSchedulerKind::persistent, 64, tn,
-                                     fp8 ? 128 : tn <= 128 ? 128 : 64, 1, 1, 1, gemm);
+      if (parts <= 4 && !fp8) {
+        KernelConfig c = make_config(MainloopSchedule::pingpong, TileSchedulerKind::persistent, 64, 160, 64, 1, 1, 1, gemm);
         c.k_parts = parts;
         out.push_back(c);
       }
