@@ -208,7 +208,7 @@ std::shared_ptr<const LaunchPlan> Kernel::Impl::plan_for(const runtime::BoundCal
     char why[256] = {0};
     auto can = reinterpret_cast<evtc_can_implement_fn>(plan->library->symbol("evtc_can_implement"));
     if (can(&abi, why, sizeof why) != EVTC_OK) {
-      plan->fallback_reason = fmt::format("CUTLASS cannot implement this problem: {}", why);
+      plan->fallback_reason = fmt::format("the fused kernel cannot run this problem: {}", why);
       plan->library.reset();
     } else {
       plan->workspace_bytes =

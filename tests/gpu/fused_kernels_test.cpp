@@ -99,8 +99,8 @@ TEST(FusedConfigs, KInPartsAddedByASecondKernel) {
   expect_matches_reference(kernel("k_parts_swap"), 136, 776, 1056, 93, ExecutionPath::fused);
   expect_matches_reference(kernel("k_parts_gated"), 37, 2 * 500, 3096, 94, ExecutionPath::fused);
   expect_matches_reference(kernel("k_parts_gated"), 200, 2 * 1500, 1560, 95, ExecutionPath::fused);
-  // A K that does not split into parts of whole 16-byte rows runs the unfused path.
-  expect_matches_reference(kernel("k_parts_swap"), 16, 1000, 4100, 96, ExecutionPath::fallback);
+  // A K that does not split into parts of whole 16-byte rows (4104 / 4 = 1026) runs the unfused path.
+  expect_matches_reference(kernel("k_parts_swap"), 16, 1000, 4104, 96, ExecutionPath::fallback);
 }
 
 TEST(FusedConfigs, DefaultConfigurationsOfLinearLayersFromPrefillToDecode) {

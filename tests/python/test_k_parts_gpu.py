@@ -111,10 +111,12 @@ def test_a_captured_call_and_calls_outside_capture_keep_their_own_parts():
     check_swap(out3, large, "larger call after the replay")
 
 
-def test_a_k_that_does_not_split_runs_unfused_with_the_reason():
-    p = swap_problem(16, 1000, 4100, seed=3)  # 4100 / 4 = 1025: not whole 16-byte rows
+def test_a_k_that_does_not_split_runs_unfused_with_the_reason(capfd):
+    # 4104 / 4 = 1026: not whole 16-byte rows (K itself is: legality passes it).
+    p = swap_problem(16, 1000, 4104, seed=3)
+    capfd.readouterr()
     out = run_swap(SWAP[4], p)
     assert SWAP[4].last_path == "fallback"
     check_swap(out, p, "unfused")
-    reason = SWAP[4].fallback_reason(16, 1000, 4100)
-    assert "does not split into 4 parts" in reason, reason
+    log = capfd.readouterr().err
+    assert "K = 4104 does not split into 4 parts of a multiple of 8 elements" in log, log
