@@ -264,21 +264,13 @@ std::string prune_reason(const KernelConfig& c, const Graph& g, const GemmDesc& 
   if (padding_beyond_the_shortest_tile(c, gemm) < 0.5) return "more than half of the tile grid is padding";
   // Reductions: persistent kernels only, and 32-column epilogue subtiles for column ones.
   if (std::string why = epilogue_config_refusal(g, c); !why.empty()) return why;
-  if (c.k_parts > 1) {
-    // Like split-K: where the tiles alone leave multiprocessors idle, every part several K tiles.
-    if (tile_count(c, gemm) * c.k_parts > 2 * int64_t(device.sm_count))
-      return fmt::format("{} tiles in {} K parts are more than two waves", tile_count(c, gemm), c.k_parts);
+  if (const int parts = c.splits * c.k_parts; parts > 1) {
+    // Split-K (in the kernel, or in parts added by a second kernel) pays where the tiles alone
+    // leave multiprocessors idle, with K long enough that every part keeps several K tiles.
+    if (tile_count(c, gemm) * parts > 2 * int64_t(device.sm_count))
+      return fmt::format("{} tiles split {} ways are more than two waves", tile_count(c, gemm), parts);
     if (tile_count(c, gemm) >= int64_t(device.sm_count)) return "the tiles alone fill the multiprocessors";
-    if (size_or(gemm.k) < 4 * c.k_parts * c.tile_k) return "K is too short for that many parts";
-    return {};
-  }
-  if (c.splits > 1) {
-    // Split-K pays where the tiles alone leave multiprocessors idle, with K long enough that
-    // every part keeps several K tiles.
-    if (tile_count(c, gemm) * c.splits > 2 * int64_t(device.sm_count))
-      return fmt::format("{} tiles split {} ways are more than two waves", tile_count(c, gemm), c.splits);
-    if (tile_count(c, gemm) >= int64_t(device.sm_count)) return "the tiles alone fill the multiprocessors";
-    if (size_or(gemm.k) < 4 * c.splits * c.tile_k) return "K is too short to split that many ways";
+    if (size_or(gemm.k) < 4 * parts * c.tile_k) return "K is too short to split that many ways";
     return {};
   }
   if (c.scheduler == TileSchedulerKind::stream_k) {
