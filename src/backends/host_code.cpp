@@ -52,18 +52,21 @@ extern "C" __attribute__((visibility("hidden"))) const unsigned char evtc_kernel
 )";
 }
 
-std::string kernel_loader() {
-  return R"(// The kernel's handle for the launch APIs: its own symbol when compiled whole, else the
+std::string kernel_loader(const std::string& function, const std::string& kernel, int which) {
+  // The C name (the cubin's entry) is the symbol's last component.
+  const std::string entry = kernel.substr(kernel.rfind(':') == std::string::npos ? 0 : kernel.rfind(':') + 1);
+  return fmt::format(R"(// The kernel's handle for the launch APIs: its own symbol when compiled whole, else the
 // entry of the cubin this library holds.
-const void* gemm_kernel(cudaError_t* error) {
+const void* {0}(cudaError_t* error) {{
 #if EVTC_PART == 0
   *error = cudaSuccess;
-  return reinterpret_cast<const void*>(&evtc_gemm_kernel);
+  return reinterpret_cast<const void*>(&{1});
 #else
-  return evtc::device::kernel_from_image(evtc_kernel_image, "evtc_gemm_kernel", error);
+  return evtc::device::kernel_from_image<{3}>(evtc_kernel_image, "{2}", error);
 #endif
-}
-)";
+}}
+)",
+                     function, kernel, entry, which);
 }
 
 std::string exports_begin(const std::string& signature_export) {

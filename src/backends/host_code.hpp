@@ -20,8 +20,11 @@ std::string host_part_device_pass_begin();
 std::string parts_prelude();
 // The host part's declaration of the device part's image (EVTC_PART 2).
 std::string kernel_image_declaration();
-// gemm_kernel(error): the kernel `evtc_gemm_kernel` as the launch APIs take it.
-std::string kernel_loader();
+// `function`(error): the kernel `kernel` (an extern "C" __global__ function, possibly qualified by
+// its namespace) as the launch APIs take it, with the library's handle cache `which` (0 for the
+// GEMM, 1 for a second kernel: evtc/device/kernel_host.h).
+std::string kernel_loader(const std::string& function = "gemm_kernel", const std::string& kernel = "evtc_gemm_kernel",
+                          int which = 0);
 // The end of the host part's anonymous namespace and the start of its C exports: the ABI
 // version and the kernel's signature (KernelSignature::c_export).
 std::string exports_begin(const std::string& signature_export);

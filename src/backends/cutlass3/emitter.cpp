@@ -782,15 +782,7 @@ size_t partials_bytes(const evtc_gemm_args& a) {{
   return (size_t(kParts) * size_t(a.m) * size_t(a.n) * sizeof(float) + 255) / 256 * 256;
 }}
 
-const void* epilogue_kernel(cudaError_t* error) {{
-#if EVTC_PART == 0
-  *error = cudaSuccess;
-  return reinterpret_cast<const void*>(&evtc_plain::evtc_plain_epilogue);
-#else
-  return evtc::device::kernel_from_image<1>(evtc_kernel_image, "evtc_plain_epilogue", error);
-#endif
-}}
-
+{4}
 // The plain epilogue over the sum of the parts, in the caller's M×N ({1}).
 int run_parts_epilogue(const evtc_gemm_args& a, const float* partials, cudaStream_t s, char* why, size_t why_size) {{
   cudaError_t load_error = cudaSuccess;
@@ -826,7 +818,8 @@ int run_parts_epilogue(const evtc_gemm_args& a, const float* partials, cudaStrea
 )",
                      cfg_.k_parts,
                      cfg_.swap_ab ? "a transposed kernel's arguments have M and N exchanged" : "the kernel's own",
-                     cfg_.swap_ab ? "a.n" : "a.m", cfg_.swap_ab ? "a.m" : "a.n");
+                     cfg_.swap_ab ? "a.n" : "a.m", cfg_.swap_ab ? "a.m" : "a.n",
+                     backend::kernel_loader("epilogue_kernel", "evtc_plain::evtc_plain_epilogue", 1));
 }
 
 backend::EmittedKernel emit_kernel(const Graph& g, const GemmDesc& gemm, const KernelConfig& config) {
