@@ -35,7 +35,13 @@ std::string parts_prelude() {
 )";
 }
 
-std::string host_part_device_pass_begin() {
+std::string host_part_device_pass_begin(bool host_launches_kernels) {
+  if (host_launches_kernels)
+    return R"(
+// The host part launches kernels of its own (the reductions' fixed-order finish, <<<>>>): its
+// device pass (nvcc -c compiles every file for the GPU too) compiles them, so it reads the file.
+#if 1
+)";
   return R"(
 // The host part's device pass (nvcc -c compiles every file for the GPU too) has nothing to
 // compile: the kernel is the device part's. Skipping the file there saves its parse and

@@ -14,8 +14,10 @@ std::string commented_graph(const Graph& g);
 // The file's first lines: what it builds (`what`), the graph's hash, `details` and the graph.
 std::string source_banner(const std::string& what, const Graph& g, const std::string& details);
 // Opens the file's body, which the host part's device pass skips (closed by run_end): follows
-// the banner.
-std::string host_part_device_pass_begin();
+// the banner. Not skipped where the host part launches kernels of its own (the reductions'
+// finish, `host_launches_kernels`): their device code must be in the host part's image, or
+// their launches fail with "invalid device function".
+std::string host_part_device_pass_begin(bool host_launches_kernels);
 // EVTC_PART: 0 compiles the file whole; 1 the kernel alone into a cubin; 2 the host part.
 std::string parts_prelude();
 // The host part's declaration of the device part's image (EVTC_PART 2).

@@ -78,6 +78,8 @@ TEST(Sm80Emitter, OpArgumentsGatedOutputsAndReductions) {
   // The same scratch and fixed-order finishers as the Hopper kernels.
   EXPECT_TRUE(has(s, "constexpr char kReductionAxes[] = \"cra\";")) << s;
   EXPECT_TRUE(has(s, "void finish_reductions(")) << s;
+  // whose kernels the host part launches: its device pass reads the file (not skipped).
+  EXPECT_FALSE(has(s, "EVTC_PART == 2 && defined(__CUDA_ARCH__)")) << s;
   EXPECT_TRUE(has(s, "constexpr int kEpilogueWarps = 8;")) << s;
 }
 

@@ -255,6 +255,17 @@ TEST(Sm90Emitter, ReductionOverMIsCutlassRowReduction) {
   EXPECT_EQ(s.find("Sm90ColReduction"), std::string::npos);
 }
 
+TEST(Sm90Emitter, HostPartsDevicePassReadsTheFileWhereTheHostLaunchesTheReductionsFinish) {
+  // The reductions' finish is launched from the host part (<<<>>>): its device pass must
+  // compile those kernels, or they fail at launch with "invalid device function" in a library
+  // compiled in two parts. Without reductions the pass skips the file.
+  const std::string skip = "#if !(defined(EVTC_PART) && EVTC_PART == 2 && defined(__CUDA_ARCH__))";
+  const std::string with = emit("out D: bf16 = acc; out r = row_sum(acc)").source;
+  EXPECT_NE(with.find("finish_reductions"), std::string::npos);
+  EXPECT_EQ(with.find(skip), std::string::npos);
+  EXPECT_NE(emit("out D: bf16 = acc").source.find(skip), std::string::npos);
+}
+
 TEST(Sm90Emitter, ReductionOpsUseTheirCutlassOperatorAndIdentity) {
   struct Case {
     const char* expr;

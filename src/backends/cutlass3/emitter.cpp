@@ -344,7 +344,7 @@ std::string Emitter::assemble(const Visitor& root) {
     if (n.kind == NodeKind::source) layout_c = n.layout;
   std::string s = backend::source_banner(fmt::format("one CUTLASS Sm{} GEMM with a fused epilogue", gemm_.sm), g_,
                                          "kernel config " + cfg_.name());
-  s += backend::host_part_device_pass_begin();
+  s += backend::host_part_device_pass_begin(!reductions_.empty());
   if (cfg_.precise_math) s += "#define EVTC_PRECISE_MATH 1\n";
   // K in parts: the GEMM lets its dependent (the plain epilogue, launched programmatically after
   // it) start as its last tiles finish.

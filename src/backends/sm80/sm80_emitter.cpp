@@ -181,7 +181,7 @@ std::string Sm80Emitter::assemble(const Visitor& root) {
   const int warps = (cfg_.tile_m / warp.m) * (cfg_.tile_n / warp.n);
   std::string s = backend::source_banner("one CUTLASS 2.x multistage GEMM (sm_80 code) with a fused epilogue", g_,
                                          "kernel config " + cfg_.name());
-  s += backend::host_part_device_pass_begin();
+  s += backend::host_part_device_pass_begin(!reductions_.empty());
   if (cfg_.precise_math) s += "#define EVTC_PRECISE_MATH 1\n";
   s += R"(
 #include <cutlass/cutlass.h>
