@@ -168,7 +168,7 @@ TEST(TuningCandidates, DecodeProblemsGetNarrowTilesAndSplitK) {
   }
 }
 
-TEST(TuningCandidates, BetweenSixtyFourAnd384RowsTransposedTilesHoldOrSplitM) {
+TEST(TuningCandidates, UpTo384RowsTransposedTilesHoldOrSplitM) {
   const Graph plain = lowered("out D: bf16 = acc");
   auto transposed = [](const std::vector<KernelConfig>& cands) {
     std::vector<std::string> out;
@@ -194,9 +194,18 @@ TEST(TuningCandidates, BetweenSixtyFourAnd384RowsTransposedTilesHoldOrSplitM) {
                   "coop_128x112x64_c1x1_persistent_swap"));
   EXPECT_TRUE(has(transposed(candidate_configs(plain, problem(300, 35840, 5120), {}, 0)),
                   "coop_128x160x64_c4x1_persistent_swap"));
-  // Decode sizes keep their own transposed set, and 385 rows and more none.
-  EXPECT_FALSE(has(transposed(candidate_configs(plain, problem(64, 5120, 3072), {}, 0)),
-                   "coop_128x64x64_c4x1_persistent_swap"));
+  // Decode sizes get the same tiles in 4x1 clusters (cuBLAS's 64x64 and 112x64 there), the
+  // ping-pong ones also with K tiles of 64; at 16 rows one tile of 16 columns. 385 rows and
+  // more get no transposed tile.
+  const auto at64 = transposed(candidate_configs(plain, problem(64, 5120, 3072), {}, 0));
+  for (const char* name : {"coop_128x64x64_c4x1_persistent_swap", "coop_128x32x64_c1x1_persistent_swap",
+                           "pingpong_64x64x128_c4x1_persistent_swap", "pingpong_64x64x64_c4x1_persistent_swap",
+                           "pingpong_64x32x64_c4x1_persistent_swap"})
+    EXPECT_TRUE(has(at64, name)) << name;
+  const auto at16 = transposed(candidate_configs(plain, problem(16, 37888, 3584), {}, 0));
+  EXPECT_TRUE(has(at16, "pingpong_64x16x64_c4x1_persistent_swap"));
+  EXPECT_FALSE(has(at16, "pingpong_64x32x64_c4x1_persistent_swap"));
+  EXPECT_FALSE(has(at80, "pingpong_64x80x64_c4x1_persistent_swap"));
   EXPECT_TRUE(transposed(candidate_configs(plain, problem(400, 16384, 4096), {}, 0)).empty());
   // A row sum (over the transposed kernel's M) compiles at 80 columns, not at 112: wider
   // transposed tiles are pruned.

@@ -147,16 +147,17 @@ std::vector<KernelConfig> whole_space(const GemmDesc& gemm, const DeviceLimits& 
       }
     }
   }
-  // Between 64 and 384 rows: the transposed problem in cooperative 128-row tiles (N in their
-  // rows), M split into one to four tiles of M / t columns rounded up to 16, alone or in 4x1
-  // clusters (the activations' tile multicast along N); and 64-row ping-pong transposed tiles
-  // holding M in one or two tiles, in 4x1 clusters. cuBLAS runs such tiles there (Nsight
-  // Compute on the H200: transposed 128x88 in 4x1 clusters at 88x11008x4096, 128x104 in 4x2
-  // at 200x7168x5120, 64x104 with split-K at 100x3072x8192;
-  // bench/results/20261128-2109-h200-ncu-mid-m.csv), and 64- and 128-row tiles pad such an M
-  // to whole tiles (bench/results/20261128-2123-h200-gemm-sweep-mid-m-transposed-coop.json:
-  // 1.003x cuBLAS at 88x11008x4096, 1.010x at 96x16384x3072, 1.051x at 200x7168x5120).
-  if (const int64_t m = size_or(gemm.m); m > 64 && m <= 384 && !fp8) {
+  // Up to 384 rows: the transposed problem in cooperative 128-row tiles (N in their rows), M
+  // split into one to four tiles of M / t columns rounded up to 16, alone or in 4x1 clusters
+  // (the activations' tile multicast along N); and 64-row ping-pong transposed tiles holding M
+  // in one or two tiles, in 4x1 clusters. cuBLAS runs such tiles there (Nsight Compute on the
+  // H200: transposed 128x88 in 4x1 clusters at 88x11008x4096, 128x104 in 4x2 at
+  // 200x7168x5120, 64x104 with split-K at 100x3072x8192; at M = 64, 112x64 and 64x64 in 4x1
+  // clusters at 64x10240x8192 and 64x4608x3584: bench/results/20261128-2109-h200-ncu-mid-m.csv,
+  // 20261129-1500-h200-ncu-decode.csv), and 64- and 128-row tiles pad such an M to whole
+  // tiles (bench/results/20261128-2123-h200-gemm-sweep-mid-m-transposed-coop.json: 1.003x
+  // cuBLAS at 88x11008x4096, 1.010x at 96x16384x3072, 1.051x at 200x7168x5120).
+  if (const int64_t m = size_or(gemm.m); m <= 384 && !fp8) {
     auto add = [&](KernelConfig c) {
       c.swap_ab = true;
       if (std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
@@ -166,9 +167,11 @@ std::vector<KernelConfig> whole_space(const GemmDesc& gemm, const DeviceLimits& 
         for (int cluster : {1, 4})
           add(make_config(MainloopSchedule::cooperative, TileSchedulerKind::persistent, 128, *w, tile_k, cluster, 1, 1,
                           gemm));
+    // At M <= 64 also K tiles of 64 (twice the stages: cuBLAS's 64x64 tiles there run 13).
     for (int tiles = 1; tiles <= 2; ++tiles)
       if (const auto w = transposed_width_splitting(m, tiles); w && *w <= 192)
-        add(make_config(MainloopSchedule::pingpong, TileSchedulerKind::persistent, 64, *w, 128, 4, 1, 1, gemm));
+        for (int tk : m <= 64 ? std::vector<int>{128, 64} : std::vector<int>{128})
+          add(make_config(MainloopSchedule::pingpong, TileSchedulerKind::persistent, 64, *w, tk, 4, 1, 1, gemm));
   }
   if (!small_grid(gemm, device)) return out;
   // Small grids: 64-row ping-pong tiles narrow enough that every multiprocessor gets a tile,
