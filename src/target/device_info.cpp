@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 
@@ -25,6 +26,16 @@ std::optional<DeviceInfo> current_device() {
     cudaGetLastError();
   known[device] = info;
   return info;
+}
+
+int resident_cluster_ctas(int sm_count, int cluster_size) {
+  if (cluster_size <= 1) return sm_count;
+  // cudaOccupancyMaxActiveClusters on an H200, one CTA per multiprocessor (2026-11-29).
+  if (sm_count == 132) {
+    if (cluster_size >= 16) return 112;
+    if (cluster_size >= 4) return 120;
+  }
+  return std::max(cluster_size, sm_count / cluster_size * cluster_size);
 }
 
 }  // namespace evtc

@@ -15,4 +15,12 @@ struct DeviceInfo {
 // nullopt without a usable device.
 std::optional<DeviceInfo> current_device();
 
+// CTAs resident at once in clusters of `cluster_size` CTAs, one CTA per multiprocessor: the
+// persistent grid of a kernel in such clusters (the fused kernels launch as many clusters as
+// cudaOccupancyMaxActiveClusters reports). Whole clusters fit in a GPC, so where the GPCs'
+// multiprocessor counts are no multiple of the size this is below sm_count / size × size:
+// measured on the H200 (132 multiprocessors), 132 in clusters of 2, 120 in clusters of 4 and
+// of 8, 112 in clusters of 16. Other multiprocessor counts: whole clusters of the count.
+int resident_cluster_ctas(int sm_count, int cluster_size);
+
 }  // namespace evtc

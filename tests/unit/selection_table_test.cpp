@@ -8,6 +8,7 @@
 #include "evtc/expression.hpp"
 #include "evtc/passes.hpp"
 #include "evtc/runtime.hpp"
+#include "target/device_info.hpp"
 #include "runtime/selection/candidates.hpp"
 #include "runtime/selection/cost_model.hpp"
 #include "runtime/selection/tuning_store.hpp"
@@ -127,6 +128,25 @@ TEST(SelectionTable, NearestEntriesAreComparedAtTheProblemsRowTiles) {
   EXPECT_EQ(config_of(200, 16384, 3072), "pingpong_128x160x64_c2x1_persistent");
   // The last row tile's padding is the problem's, whatever the tile: M = 250 is not penalised.
   EXPECT_EQ(config_of(250, 16384, 3072), "pingpong_128x160x64_c2x1_persistent");
+}
+
+TEST(SelectionTable, ANearestEntryInClustersOfFourIsNotTakenWhereItsGridNeedsAnotherWave) {
+  // A wave of 4x1 clusters holds 120 tiles on 132 multiprocessors (resident_cluster_ctas). At
+  // 8x8192x8192 the entry at 16x10240x8192 (transposed 64x16 in 4x1 clusters: 160 tiles, two
+  // waves) would run 128 tiles in two waves where unclustered tiles take one: the next nearest
+  // entry's are taken. Measured on the H200: 1.19x cuBLAS for the first, 1.01x for the second
+  // (bench/results/20261129-2127-h200-gemm-sweep-off-grid-m64-clusters.json).
+  const SelectionTable t = parse_table(
+      table_json(entry(16, 10240, 8192, "pingpong_64x16x128_c4x1_persistent_swap") + "," +
+                 entry(16, 7168, 18432, "pingpong_64x16x128_c1x1_persistent_swap")),
+      "t.json");
+  auto config_of = [&](int64_t m, int64_t n, int64_t k) { return match(t, m, n, k, 132)->entry->config.name(); };
+  EXPECT_EQ(config_of(8, 8192, 8192), "pingpong_64x16x128_c1x1_persistent_swap");
+  // 9000 columns: 141 tiles, two waves either way: the nearest entry carries over.
+  EXPECT_EQ(config_of(8, 9000, 8192), "pingpong_64x16x128_c4x1_persistent_swap");
+  EXPECT_EQ(resident_cluster_ctas(132, 4), 120);
+  EXPECT_EQ(resident_cluster_ctas(132, 2), 132);
+  EXPECT_EQ(resident_cluster_ctas(114, 4), 112);
 }
 
 // A problem of M×N×K (bf16, A row-major, B column-major: GemmDesc's defaults).

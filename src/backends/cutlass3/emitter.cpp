@@ -641,19 +641,46 @@ bool same_call(const LaunchEntry& e, const evtc_gemm_args& a, void* workspace, i
 
 )";
   s += backend::kernel_loader();
+  s += fmt::format("\n// The tile scheduler: persistent (its workspace does not depend on the grid), else stream-K.\n"
+                   "constexpr bool kPersistentScheduler = {};\n",
+                   cfg_.scheduler == TileSchedulerKind::persistent);
   s += R"(
+// Clusters of this kernel resident at once on `device` (0: unknown). Whole clusters fit in a
+// GPC, so where the GPCs' multiprocessor counts are no multiple of the cluster's size fewer than
+// sm_count / size run at once: 30 clusters of 4 on an H200's 132 multiprocessors. Given it,
+// CUTLASS's persistent scheduler launches that many clusters; without it, its estimate (29 of
+// 4 there).
+int resident_clusters(const void* kernel, int device) {
+  constexpr int size = int(cute::size(ClusterShape{}));
+  if (size <= 1) return 0;
+  static std::mutex mutex;
+  static int known[64] = {};
+  std::lock_guard<std::mutex> lock(mutex);
+  if (device >= 0 && device < 64 && known[device] > 0) return known[device];
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(cute::size<0>(ClusterShape{}), cute::size<1>(ClusterShape{}), 1);
+  config.blockDim = GemmKernel::get_block_shape();
+  config.dynamicSmemBytes = GemmKernel::SharedStorageSize;
+  cudaLaunchAttribute cluster[1];
+  cluster[0].id = cudaLaunchAttributeClusterDimension;
+  cluster[0].val.clusterDim.x = cute::size<0>(ClusterShape{});
+  cluster[0].val.clusterDim.y = cute::size<1>(ClusterShape{});
+  cluster[0].val.clusterDim.z = 1;
+  config.attrs = cluster;
+  config.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  if (device >= 0 && device < 64) known[device] = clusters;
+  return clusters;
+}
+
 // What GemmUniversalAdapter::initialize does, into a cache entry.
 cutlass::Status prepare(LaunchEntry& e, const void* kernel, const evtc_gemm_args& a, void* workspace, int device,
                         cudaStream_t s) {
   e.valid = false;
-  e.args = gemm_arguments(a, nullptr);
-  e.gemm_bytes = gemm_workspace_bytes(e.args);
-  char* scratch = static_cast<char*>(workspace) + e.gemm_bytes;
-  e.args = gemm_arguments(a, scratch);
-  cutlass::Status status = GemmKernel::initialize_workspace(e.args, workspace, s, nullptr);
-  if (status != cutlass::Status::kSuccess) return status;
-  e.params = GemmKernel::to_underlying_arguments(e.args, workspace);
-  e.grid = GemmKernel::get_grid_shape(e.params);
   constexpr int smem = GemmKernel::SharedStorageSize;
   if (smem >= (48 << 10) &&
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) {
@@ -665,6 +692,18 @@ cutlass::Status prepare(LaunchEntry& e, const void* kernel, const evtc_gemm_args
     cudaGetLastError();
     return cutlass::Status::kErrorInternal;
   }
+  e.args = gemm_arguments(a, nullptr);
+  e.gemm_bytes = gemm_workspace_bytes(e.args);
+  char* scratch = static_cast<char*>(workspace) + e.gemm_bytes;
+  e.args = gemm_arguments(a, scratch);
+  // The persistent scheduler's grid: the clusters resident at once (CUTLASS takes it where it
+  // fits within the multiprocessor count given). Its workspace does not depend on the grid;
+  // stream-K's does, so stream-K kernels keep CUTLASS's estimate, as their workspace size did.
+  if (kPersistentScheduler) e.args.hw_info.max_active_clusters = resident_clusters(kernel, device);
+  cutlass::Status status = GemmKernel::initialize_workspace(e.args, workspace, s, nullptr);
+  if (status != cutlass::Status::kSuccess) return status;
+  e.params = GemmKernel::to_underlying_arguments(e.args, workspace);
+  e.grid = GemmKernel::get_grid_shape(e.params);
   e.key = a;
   e.key.ptrs = nullptr;
   e.key.scalars = nullptr;

@@ -1,6 +1,7 @@
 #include "runtime/selection/candidates.hpp"
 
 #include "runtime/shared_memory_model.hpp"
+#include "target/device_info.hpp"
 
 #include <fmt/format.h>
 
@@ -66,19 +67,22 @@ double padding_beyond_the_shortest_tile(const KernelConfig& c, const GemmDesc& g
   return padding_efficiency(c, padded);
 }
 
-// Tiles per wave the persistent grid runs: whole clusters on the multiprocessors.
+// Tiles per wave the persistent grid runs: the clusters resident at once.
 int64_t tiles_per_wave(const KernelConfig& c, const DeviceLimits& d) {
-  const int cluster = c.cluster_m * c.cluster_n;
-  return std::max<int64_t>(cluster, d.sm_count / cluster * cluster);
+  return resident_cluster_ctas(d.sm_count, c.cluster_m * c.cluster_n);
 }
 
-// Fraction of the waves' tile slots doing work, tiles rounded up to whole clusters.
+// Fraction of the multiprocessors' time over the waves doing work, tiles rounded up to whole
+// clusters: a wave of clusters of 4 holds 120 tiles on a 132-multiprocessor GPU, and takes as
+// long as a wave of 132 (measured on the H200: at 8x8192x8192, 128 transposed 64x16 tiles took
+// 1.19x cuBLAS's time in 4x1 clusters, two waves, against 1.01x alone, one wave;
+// bench/results/20261129-2127-h200-gemm-sweep-off-grid-m64-clusters.json).
 double wave_efficiency(const KernelConfig& c, const GemmDesc& given, const DeviceLimits& d) {
   const GemmDesc g = tiled_problem(c, given);
   const int64_t tm = ceil_div(ceil_div(size_or(g.m), c.tile_m), c.cluster_m) * c.cluster_m;
   const int64_t tn = ceil_div(ceil_div(size_or(g.n), c.tile_n), c.cluster_n) * c.cluster_n;
-  const int64_t slots = ceil_div(tm * tn, tiles_per_wave(c, d)) * tiles_per_wave(c, d);
-  return double(tile_count(c, given)) / double(slots);
+  const int64_t waves = ceil_div(tm * tn, tiles_per_wave(c, d));
+  return double(tile_count(c, given)) / double(waves * std::max<int64_t>(d.sm_count, tiles_per_wave(c, d)));
 }
 
 KernelConfig make_config(MainloopSchedule sched, TileSchedulerKind scheduler, int tm, int tn, int tk, int cm, int cn,
