@@ -159,8 +159,8 @@ GemmDesc gemm(int64_t m, int64_t n, int64_t k) {
 }
 
 TEST(SelectionTable, ABorrowedTransposedTileWidensToOneTileAcrossM) {
-  auto widened = [&](const std::string& config, int64_t m, int64_t n, int64_t k) {
-    const auto c = one_token_tile(*KernelConfig::parse(config), gemm(m, n, k), {132});
+  auto widened = [&](const std::string& config, int64_t m, int64_t n, int64_t k, int64_t measured_m = 64) {
+    const auto c = one_token_tile(*KernelConfig::parse(config), gemm(m, n, k), {132}, measured_m);
     return c ? c->name() : std::string("kept");
   };
   // The M = 64 entry's 64x64 transposed tile takes two tiles across 80 rows: 160 tiles, two
@@ -172,10 +172,20 @@ TEST(SelectionTable, ABorrowedTransposedTileWidensToOneTileAcrossM) {
   // Rounded up to 16 columns, and clusters and K tile kept.
   EXPECT_EQ(widened("pingpong_64x16x256_c2x1_persistent_swap", 20, 8192, 4096),
             "pingpong_64x32x256_c2x1_persistent_swap");
-  // One tile across M already, an untransposed tile, or M beyond the widest transposed tile.
+  // An untransposed 64-row tile splits 80 rows the same way (214 tiles of 64x48 at
+  // 80x5120x3072): the transposed tile holding M instead; not where the row tiles fit one
+  // wave, or M fits one row tile.
+  EXPECT_EQ(widened("pingpong_64x48x128_c1x1_persistent", 80, 5120, 3072), "pingpong_64x80x128_c1x1_persistent_swap");
+  EXPECT_EQ(widened("pingpong_64x160x64_c1x2_persistent", 100, 16384, 2048),
+            "pingpong_64x112x128_c1x1_persistent_swap");
+  EXPECT_EQ(widened("pingpong_64x64x128_c1x1_persistent", 100, 3072, 8192), "kept");
+  // Measured at M = 128, where its two row tiles were the fastest: kept.
+  EXPECT_EQ(widened("pingpong_64x160x64_c1x2_persistent", 100, 16384, 2048, 128), "kept");
+  EXPECT_EQ(widened("pingpong_64x48x128_c1x1_persistent", 48, 9216, 3072), "kept");
+  // One tile across M already, or M beyond the widest transposed tile.
   EXPECT_EQ(widened("pingpong_64x64x128_c1x1_persistent_swap", 56, 16384, 2048), "kept");
-  EXPECT_EQ(widened("pingpong_64x64x128_c1x1_persistent", 80, 16384, 2048), "kept");
   EXPECT_EQ(widened("pingpong_64x64x128_c1x1_persistent_swap", 130, 16384, 2048), "kept");
+  EXPECT_EQ(widened("pingpong_128x64x64_c1x1_persistent", 130, 16384, 2048), "kept");
   // Every widened tile is one evtc builds (KernelConfig::parse checks it).
   for (int m = 17; m <= 128; ++m)
     for (const char* config : {"pingpong_64x16x256_c1x1_persistent_swap", "pingpong_64x32x128_c1x1_persistent_swap",

@@ -60,16 +60,30 @@ tuning::DeviceLimits current_device_limits() {
 }
 
 std::optional<KernelConfig> one_token_tile(const KernelConfig& c, const GemmDesc& gemm,
-                                           const tuning::DeviceLimits& device) {
+                                           const tuning::DeviceLimits& device, int64_t measured_m) {
   // Measured on the H200 at 80×5120×3072: the M = 64 entry's 64×64 transposed tile runs 160
   // tiles at 1.855× cuBLAS, 64×80 runs 80 at 1.039×
   // (bench/results/20261128-1742-h200-gemm-sweep-mid-m-transposed.json; the old and new picks
   // at six shapes: 20261128-1759-h200-gemm-sweep-widened-transposed.json).
   // Where the two tiles across M fit one wave they run side by side and share B in L2:
   // 40×3072×3072 keeps the M = 32 entry's 64×32 tile (96 tiles, 0.921×).
-  if (!c.swap_ab || gemm.m <= c.tile_n) return std::nullopt;
+  // An untransposed entry's 64-row tiles split such an M the same way (two row tiles, B read
+  // once by each): at 80x5120x3072 the M = 64 entry's untransposed 64x48 tile, 214 tiles, took
+  // 2.01x cuBLAS (bench/results/20261129-2140-h200-gemm-shapes-off-grid.json), the transposed
+  // 64x80 tile 1.04-1.05x (-2123/-2132/-2142 there).
+  const int64_t rows = c.swap_ab ? c.tile_n : c.tile_m;
+  if (gemm.m <= rows) return std::nullopt;
   const auto width = tuning::transposed_width_holding(gemm.m);
   if (!width || tuning::tile_count(c, gemm) <= device.sm_count) return std::nullopt;
+  if (!c.swap_ab) {
+    // Only a tile that held its own shape's M in one row tile: an entry measured at a larger M
+    // split its own rows too, and was the fastest there.
+    if (measured_m <= 0 || measured_m > c.tile_m) return std::nullopt;
+    KernelConfig t = KernelConfig::of(MainloopSchedule::pingpong, 64, *width, 1);
+    t.tile_k = c.tile_k == 64 && !is_fp8(gemm.a_dtype) ? 128 : c.tile_k;
+    t.swap_ab = true;
+    return t;
+  }
   KernelConfig wide = c;
   wide.tile_n = *width;
   return wide;
@@ -140,7 +154,7 @@ std::optional<TableChoice> table_choice(const Graph& g, const GemmDesc& gemm) {
     // A shape between the table's: M split into transposed cooperative tiles, else a borrowed
     // transposed tile widened to one tile across M.
     auto adapted = mid_m_transposed_tile(gemm, device);
-    if (!adapted || !usable(*adapted)) adapted = one_token_tile(choice.config, gemm, device);
+    if (!adapted || !usable(*adapted)) adapted = one_token_tile(choice.config, gemm, device, found->entry->m);
     if (adapted && usable(*adapted)) {
       choice.config = *adapted;
       choice.entry.order = VisitOrder{};  // the entry's order was measured on its own tile grid

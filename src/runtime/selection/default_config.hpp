@@ -54,9 +54,12 @@ std::optional<TableChoice> table_choice(const Graph& g, const GemmDesc& gemm);
 // configuration with tile_n widened to M rounded up to 16 (at most 128), so that each slice of
 // N is one tile and B streams once. At such M the kernel is bound by reading B, and a second
 // wave of tiles reads it again. nullopt where the configuration needs no widening (or M is
-// wider than any transposed tile). table_choice applies it to entries of other shapes.
+// wider than any transposed tile). An untransposed configuration measured at `measured_m`
+// rows that its tile held in one row tile, and whose row tiles split this M the same way,
+// becomes the transposed ping-pong tile holding M (64 rows of N, K tile 128, no cluster).
+// table_choice applies it to entries of other shapes.
 std::optional<KernelConfig> one_token_tile(const KernelConfig& c, const GemmDesc& gemm,
-                                           const tuning::DeviceLimits& device = {});
+                                           const tuning::DeviceLimits& device = {}, int64_t measured_m = 0);
 
 // A shape without an entry of its own whose M lies between 64 and 320 rows and is not a
 // multiple of 64: the transposed problem in cooperative 128-row tiles (128 of N each, two warp

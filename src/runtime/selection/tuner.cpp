@@ -127,7 +127,7 @@ ConfigChoice Kernel::Impl::choose_config(int64_t m, int64_t n, int64_t k) const 
         // table entry's does (selection::one_token_tile).
         if (choice.source == ConfigChoice::Source::nearest_tuned) {
           const tuning::DeviceLimits limits = selection::current_device_limits();
-          if (const auto wide = selection::one_token_tile(choice.config, g, limits);
+          if (const auto wide = selection::one_token_tile(choice.config, g, limits, r->m);
               wide && tuning::prune_reason(*wide, graph, g, limits).empty())
             choice.config = *wide;
         }
