@@ -645,6 +645,25 @@ bool same_call(const LaunchEntry& e, const evtc_gemm_args& a, void* workspace, i
                    "constexpr bool kPersistentScheduler = {};\n",
                    cfg_.scheduler == TileSchedulerKind::persistent);
   s += R"(
+// The kernel's launch configuration over `grid` on stream `s`: its block and shared memory, and
+// its cluster shape as a launch attribute (written to `cluster`).
+cudaLaunchConfig_t launch_config(dim3 grid, cudaStream_t s, cudaLaunchAttribute* cluster) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = GemmKernel::get_block_shape();
+  config.dynamicSmemBytes = GemmKernel::SharedStorageSize;
+  config.stream = s;
+  if (cute::size(ClusterShape{}) > 1) {
+    cluster->id = cudaLaunchAttributeClusterDimension;
+    cluster->val.clusterDim.x = cute::size<0>(ClusterShape{});
+    cluster->val.clusterDim.y = cute::size<1>(ClusterShape{});
+    cluster->val.clusterDim.z = 1;
+    config.attrs = cluster;
+    config.numAttrs = 1;
+  }
+  return config;
+}
+
 // Clusters of this kernel resident at once on `device` (0: unknown). Whole clusters fit in a
 // GPC, so where the GPCs' multiprocessor counts are no multiple of the cluster's size fewer than
 // sm_count / size run at once: 30 clusters of 4 on an H200's 132 multiprocessors. Given it,
@@ -657,17 +676,9 @@ int resident_clusters(const void* kernel, int device) {
   static int known[64] = {};
   std::lock_guard<std::mutex> lock(mutex);
   if (device >= 0 && device < 64 && known[device] > 0) return known[device];
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(cute::size<0>(ClusterShape{}), cute::size<1>(ClusterShape{}), 1);
-  config.blockDim = GemmKernel::get_block_shape();
-  config.dynamicSmemBytes = GemmKernel::SharedStorageSize;
-  cudaLaunchAttribute cluster[1];
-  cluster[0].id = cudaLaunchAttributeClusterDimension;
-  cluster[0].val.clusterDim.x = cute::size<0>(ClusterShape{});
-  cluster[0].val.clusterDim.y = cute::size<1>(ClusterShape{});
-  cluster[0].val.clusterDim.z = 1;
-  config.attrs = cluster;
-  config.numAttrs = 1;
+  cudaLaunchAttribute cluster{};
+  const cudaLaunchConfig_t config =
+      launch_config(dim3(cute::size<0>(ClusterShape{}), cute::size<1>(ClusterShape{}), 1), nullptr, &cluster);
   int clusters = 0;
   if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
     cudaGetLastError();
@@ -717,20 +728,8 @@ cutlass::Status prepare(LaunchEntry& e, const void* kernel, const evtc_gemm_args
 
 // GemmUniversalAdapter::run for sm90: the cluster shape as a launch attribute.
 cudaError_t launch(LaunchEntry& e, const void* kernel, cudaStream_t s) {
-  cudaLaunchConfig_t config{};
-  config.gridDim = e.grid;
-  config.blockDim = GemmKernel::get_block_shape();
-  config.dynamicSmemBytes = GemmKernel::SharedStorageSize;
-  config.stream = s;
-  cudaLaunchAttribute cluster[1];
-  if (cute::size(ClusterShape{}) > 1) {
-    cluster[0].id = cudaLaunchAttributeClusterDimension;
-    cluster[0].val.clusterDim.x = cute::size<0>(ClusterShape{});
-    cluster[0].val.clusterDim.y = cute::size<1>(ClusterShape{});
-    cluster[0].val.clusterDim.z = 1;
-    config.attrs = cluster;
-    config.numAttrs = 1;
-  }
+  cudaLaunchAttribute cluster{};
+  const cudaLaunchConfig_t config = launch_config(e.grid, s, &cluster);
   void* params[] = {&e.params};
   return cudaLaunchKernelExC(&config, kernel, params);
 }
