@@ -151,6 +151,24 @@ void choose_sizes(Case& c, std::mt19937_64& rng) {
       } catch (const Error&) {  // the case reports its own error when it runs
       }
     }
+    // Half of the others, where N holds four 64-row tiles of the transposed problem, run in 4x1
+    // clusters (the activations' tile multicast to four CTAs along N), as the H200's decode
+    // entries do: the 64-row ping-pong tile, or the 128-row cooperative one. Decided by the
+    // case's seed, as above; where the epilogue cannot take the tile the case keeps its own.
+    if (c.config.find("kparts") == std::string::npos && (c.seed >> 11) % 2 == 0 && c.n >= 4 * 64) {
+      const KernelConfig clustered = *KernelConfig::parse(
+          (c.seed >> 12) % 2 ? fmt::format("pingpong_64x{}x128_c4x1_persistent_swap", width)
+                             : fmt::format("coop_128x{}x64_c4x1_persistent_swap", width));
+      PipelineOptions popts;
+      popts.gemm = c.kernel.gemm;
+      try {
+        const Graph g = run_pipeline(parse_expression(c.kernel.text(), parse_options_for(c.kernel)), popts);
+        if (epilogue_config_refusal(g, clustered).empty() &&
+            shared_memory_refusal(g, c.kernel.gemm, clustered).empty() && config_refusal(clustered, c.kernel.gemm).empty())
+          c.config = clustered.name();
+      } catch (const Error&) {  // the case reports its own error when it runs
+      }
+    }
   } else if (c.kernel.kind != KernelKind::fp8 && pick(0, 3) == 0) {
     // A quarter of the other 16-bit cases run a tile whose width is an odd multiple of 16, as the
     // selection tables pick for grids the usual widths fill badly: one wgmma of CUTLASS's

@@ -110,14 +110,18 @@ TEST(CliBackend, FuzzShardsSplitTheRunsKernels) {
 TEST(CliBackend, FuzzRunsBuildOnlyAcceptedConfigurations) {
   const auto r = run_cli("fuzz --print --count 2100 --min-outputs 6 --max-outputs 8 --seed 20261128");
   ASSERT_EQ(r.exit_code, 0) << r.output.substr(0, 2000);
-  size_t kernels = 0, fp8_swapped = 0;
+  size_t kernels = 0, fp8_swapped = 0, in_parts = 0, clustered = 0;
   for (size_t at = 0; (at = r.output.find("\n# ", at)) != std::string::npos; ++at) {
     ++kernels;
     const std::string header = r.output.substr(at + 1, r.output.find('\n', at + 1) - at - 1);
     fp8_swapped += header.rfind("# fp8", 0) == 0 && header.find("_swap") != std::string::npos;
+    in_parts += header.find("_kparts") != std::string::npos;
+    clustered += header.find("_c4x1_persistent_swap") != std::string::npos;
   }
   EXPECT_GE(kernels, 300u);
   EXPECT_GE(fp8_swapped, 1u) << "the run should hold decode-sized fp8 cases";
+  EXPECT_GE(in_parts, 1u) << "the run should hold decode-sized cases with K in parts";
+  EXPECT_GE(clustered, 1u) << "the run should hold transposed cases in 4x1 clusters";
   EXPECT_EQ(r.output.find("has K tiles of"), std::string::npos) << r.output.substr(0, 2000);
 }
 
