@@ -128,6 +128,22 @@ void choose_sizes(Case& c, std::mt19937_64& rng) {
   // (at most 64 rows, never a tile multiple where alignment allows) with a transposed
   // configuration of 16 or 32 columns. Its K tile is 128 for every dtype: fp8's two-level
   // accumulation promotes every 128 of K (config_refusal), as the fp8 tables' decode entries do.
+  // The case's epilogue as its kernel lowers it, built once where a configuration is checked
+  // against it; nullptr where it does not lower (the case reports that error when it runs).
+  std::optional<Graph> graph;
+  bool lowered = false;
+  auto epilogue = [&]() -> const Graph* {
+    if (!lowered) {
+      lowered = true;
+      PipelineOptions popts;
+      popts.gemm = c.kernel.gemm;
+      try {
+        graph = run_pipeline(parse_expression(c.kernel.text(), parse_options_for(c.kernel)), popts);
+      } catch (const Error&) {
+      }
+    }
+    return graph ? &*graph : nullptr;
+  };
   const bool swappable = c.kernel.kind != KernelKind::gated;
   if (swappable && pick(0, 3) == 0) {
     c.m = m_aligned ? 8 * pick(1, 8) : pick(1, 64);
@@ -140,15 +156,9 @@ void choose_sizes(Case& c, std::mt19937_64& rng) {
       KernelConfig parts = *KernelConfig::parse(c.config);
       parts.k_parts = (c.seed >> 9) % 2 ? 4 : 2;
       const int64_t unit = parts.k_parts * (c.kernel.kind == KernelKind::fp8 ? 16 : 8);
-      PipelineOptions popts;
-      popts.gemm = c.kernel.gemm;
-      try {
-        const Graph g = run_pipeline(parse_expression(c.kernel.text(), parse_options_for(c.kernel)), popts);
-        if (epilogue_config_refusal(g, parts).empty()) {
-          c.config = parts.name();
-          c.k = (c.k + unit - 1) / unit * unit;
-        }
-      } catch (const Error&) {  // the case reports its own error when it runs
+      if (const Graph* g = epilogue(); g && epilogue_config_refusal(*g, parts).empty()) {
+        c.config = parts.name();
+        c.k = (c.k + unit - 1) / unit * unit;
       }
     }
     // Half of the others, where N holds four 64-row tiles of the transposed problem, run in 4x1
@@ -159,15 +169,10 @@ void choose_sizes(Case& c, std::mt19937_64& rng) {
       const KernelConfig clustered = *KernelConfig::parse(
           (c.seed >> 12) % 2 ? fmt::format("pingpong_64x{}x128_c4x1_persistent_swap", width)
                              : fmt::format("coop_128x{}x64_c4x1_persistent_swap", width));
-      PipelineOptions popts;
-      popts.gemm = c.kernel.gemm;
-      try {
-        const Graph g = run_pipeline(parse_expression(c.kernel.text(), parse_options_for(c.kernel)), popts);
-        if (epilogue_config_refusal(g, clustered).empty() &&
-            shared_memory_refusal(g, c.kernel.gemm, clustered).empty() && config_refusal(clustered, c.kernel.gemm).empty())
-          c.config = clustered.name();
-      } catch (const Error&) {  // the case reports its own error when it runs
-      }
+      if (const Graph* g = epilogue(); g && epilogue_config_refusal(*g, clustered).empty() &&
+                                       shared_memory_refusal(*g, c.kernel.gemm, clustered).empty() &&
+                                       config_refusal(clustered, c.kernel.gemm).empty())
+        c.config = clustered.name();
     }
   } else if (c.kernel.kind != KernelKind::fp8 && pick(0, 3) == 0) {
     // A quarter of the other 16-bit cases run a tile whose width is an odd multiple of 16, as the
@@ -177,14 +182,9 @@ void choose_sizes(Case& c, std::mt19937_64& rng) {
     static const char* const kFitted[] = {"pingpong_128x80x64_c1x1_persistent", "pingpong_128x112x64_c2x1_persistent",
                                           "coop_256x144x64_c1x1_persistent", "pingpong_64x176x64_c1x1_persistent"};
     const KernelConfig fitted = *KernelConfig::parse(kFitted[pick(0, 3)]);
-    PipelineOptions popts;
-    popts.gemm = c.kernel.gemm;
-    try {
-      const Graph g = run_pipeline(parse_expression(c.kernel.text(), parse_options_for(c.kernel)), popts);
-      if (epilogue_config_refusal(g, fitted).empty() && shared_memory_refusal(g, c.kernel.gemm, fitted).empty())
-        c.config = fitted.name();
-    } catch (const Error&) {  // the case reports its own error when it runs
-    }
+    if (const Graph* g = epilogue();
+        g && epilogue_config_refusal(*g, fitted).empty() && shared_memory_refusal(*g, c.kernel.gemm, fitted).empty())
+      c.config = fitted.name();
   }
 }
 
