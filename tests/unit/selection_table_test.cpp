@@ -112,6 +112,11 @@ TEST(SelectionTable, MatchesTheSameShapeElseTheNearestMeasuredM) {
   EXPECT_EQ(config_of(0, 4096, 4096), "none");
 }
 
+// The configuration `t` gives M×N×K on a 132-multiprocessor GPU (an H100 SXM or H200).
+std::string matched_config(const SelectionTable& t, int64_t m, int64_t n, int64_t k) {
+  return match(t, m, n, k, 132)->entry->config.name();
+}
+
 TEST(SelectionTable, NearestEntriesAreComparedAtTheProblemsRowTiles) {
   // M = 256's nearest entry runs 128-row tiles in 2x1 clusters: two row tiles there, three at
   // M = 384, which the clusters round up to four (a third more tiles, and waves to match). The
@@ -122,7 +127,7 @@ TEST(SelectionTable, NearestEntriesAreComparedAtTheProblemsRowTiles) {
       table_json(entry(256, 16384, 3072, "pingpong_128x160x64_c2x1_persistent") + "," +
                  entry(256, 28672, 4096, "pingpong_128x192x64_c1x1_persistent")),
       "t.json");
-  auto config_of = [&](int64_t m, int64_t n, int64_t k) { return match(t, m, n, k, 132)->entry->config.name(); };
+  auto config_of = [&](int64_t m, int64_t n, int64_t k) { return matched_config(t, m, n, k); };
   EXPECT_EQ(config_of(384, 16384, 3072), "pingpong_128x192x64_c1x1_persistent");
   // At M = 200 the clusters hold both row tiles, as at 256: the nearest entry carries over.
   EXPECT_EQ(config_of(200, 16384, 3072), "pingpong_128x160x64_c2x1_persistent");
@@ -140,7 +145,7 @@ TEST(SelectionTable, ANearestEntryInClustersOfFourIsNotTakenWhereItsGridNeedsAno
       table_json(entry(16, 10240, 8192, "pingpong_64x16x128_c4x1_persistent_swap") + "," +
                  entry(16, 7168, 18432, "pingpong_64x16x128_c1x1_persistent_swap")),
       "t.json");
-  auto config_of = [&](int64_t m, int64_t n, int64_t k) { return match(t, m, n, k, 132)->entry->config.name(); };
+  auto config_of = [&](int64_t m, int64_t n, int64_t k) { return matched_config(t, m, n, k); };
   EXPECT_EQ(config_of(8, 8192, 8192), "pingpong_64x16x128_c1x1_persistent_swap");
   // 9000 columns: 141 tiles, two waves either way: the nearest entry carries over.
   EXPECT_EQ(config_of(8, 9000, 8192), "pingpong_64x16x128_c4x1_persistent_swap");
