@@ -77,7 +77,8 @@ EXPERT_PAIRS = {"moe": [("w1", "w3")]}
 
 def merge_projections(model: nn.Module, name: str, phase: str) -> list[str]:
     """What evtc's docs tell a user to do before compiling ``model`` for ``phase``: its gate/up
-    Linear pairs, and, outside training, its stacked expert pairs, made views of one buffer."""
+    Linear pairs and q/k/v Linear stacks, and, outside training, its stacked expert pairs, made
+    views of one buffer each."""
     merged = evtc.torch.merge_projections(model)
     if phase != "train" and name in EXPERT_PAIRS:
         merged += evtc.torch.merge_projections(model, pairs=EXPERT_PAIRS[name])
@@ -576,7 +577,8 @@ def run_row(row: dict, base: nn.Module, args) -> None:
         merged = merge_projections(models["evtc"], row["model"], phase)
         row["merged_projections"] = len(merged)
         if merged:
-            notes.append(f"evtc: merge_projections made {len(merged)} gate/up pair(s) views of one buffer")
+            notes.append(f"evtc: merge_projections made {len(merged)} gate/up pair(s) and q/k/v stack(s) views of "
+                         "one buffer each")
     # dynamic=False: shapes stay static, however many shapes one class has been compiled for.
     runs = {"eager": models["eager"],
             "compile": torch.compile(models["compile"], dynamic=False,

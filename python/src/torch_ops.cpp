@@ -16,6 +16,9 @@
 //   grouped_gemm_epilogue(spec, x, w, offs, operands) -> y
 //   grouped_gemm_epilogue_merged(spec, x, sources, offs, operands) -> y
 //   interleave_pairs(gate, up, dim) -> the (gate, up) layout above, contiguous (any device)
+//   stacked_linear(a, weights, biases) -> a @ cat(weights).T (+ cat(biases)): sibling projections
+//       (q, k, v) as one GEMM, weights that are row blocks of one buffer read in place (any device)
+//   _rows_of_one_buffer(parts) -> whether stacked_linear reads those parts in place
 //   _compile_only(delta) -> depth, _take_pending_compiles() -> ["M,N,K,spec"], _path_counts(spec) -> [fused, fallback]
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -404,6 +407,58 @@ at::Tensor interleave_pairs(const at::Tensor& gate, const at::Tensor& up, int64_
   return interleave(gate, up, c10::maybe_wrap_dim(dim, gate.dim())).contiguous();
 }
 
+// Row blocks of one buffer: where `parts` (sizes equal but for dimension 0, the same strides and
+// dtype) lie one after the other along dimension 0 of one storage, the view of that storage
+// spanning them all; else nothing. evtc.torch.merge_projections stacks q/k/v projections so
+// (their weights [n_i, K] and biases [n_i]), and the op below reads such a span in place. Reads
+// sizes, strides and storages only, so it runs on fake tensors too (the FX pass's check).
+std::optional<at::Tensor> rows_of_one_buffer(at::TensorList parts) {
+  if (parts.empty()) return std::nullopt;
+  const at::Tensor& first = parts[0];
+  if (first.dim() < 1 || first.layout() != at::kStrided) return std::nullopt;
+  int64_t rows = 0, next = first.storage_offset();
+  for (const at::Tensor& t : parts) {
+    if (t.dim() != first.dim() || t.layout() != at::kStrided || t.scalar_type() != first.scalar_type() ||
+        t.device() != first.device() || !t.strides().equals(first.strides()) ||
+        !t.sizes().slice(1).equals(first.sizes().slice(1)) ||
+        t.storage().unsafeGetStorageImpl() != first.storage().unsafeGetStorageImpl() || t.storage_offset() != next)
+      return std::nullopt;
+    rows += t.size(0);
+    next += t.size(0) * t.stride(0);
+  }
+  std::vector<int64_t> sizes(first.sizes().begin(), first.sizes().end());
+  sizes[0] = rows;
+  return first.as_strided(sizes, first.strides(), first.storage_offset());
+}
+
+// The op _rows_of_one_buffer(parts): whether rows_of_one_buffer finds a span (the FX pass and
+// merge_projections ask it, so that the rule is written once).
+bool rows_of_one_buffer_op(at::TensorList parts) { return rows_of_one_buffer(parts).has_value(); }
+
+// The op stacked_linear(a, weights, biases): a @ cat(weights).T (+ cat(biases)), one GEMM for
+// sibling projections of one input (q, k and v), its [M, sum of n_i] result column blocks in
+// the weights' order. Weights (and biases) that are row blocks of one buffer are read in place
+// (one cuBLAS GEMM, nothing copied); others are concatenated first (a copy per call: correct,
+// not fast). Composite over ATen's mm/addmm: any device, captured by CUDA graphs.
+at::Tensor stacked_linear(const at::Tensor& a, at::TensorList weights, at::TensorList biases) {
+  TORCH_CHECK(a.dim() == 2, "stacked_linear: operand A has ", a.dim(), " dimensions; it must be 2-D [M, K]");
+  TORCH_CHECK(!weights.empty(), "stacked_linear: no weights were given");
+  TORCH_CHECK(biases.empty() || biases.size() == weights.size(), "stacked_linear: ", biases.size(),
+              " biases for ", weights.size(), " weights; give one per weight or none");
+  for (size_t i = 0; i < weights.size(); ++i) {
+    TORCH_CHECK(weights[i].dim() == 2 && weights[i].size(1) == a.size(1), "stacked_linear: weight ", i,
+                " has shape ", weights[i].sizes(), "; it must be [n, K] with K = ", a.size(1), " (A's columns)");
+    if (!biases.empty())
+      TORCH_CHECK(biases[i].dim() == 1 && biases[i].size(0) == weights[i].size(0), "stacked_linear: bias ", i,
+                  " has shape ", biases[i].sizes(), "; it must be [", weights[i].size(0), "] (its weight's rows)");
+  }
+  const auto span = rows_of_one_buffer(weights);
+  const at::Tensor w = span ? *span : at::cat(weights, 0);
+  if (biases.empty()) return at::mm(a, w.t());
+  const auto bias_span = rows_of_one_buffer(biases);
+  return at::addmm(bias_span ? *bias_span : at::cat(biases, 0), a, w.t());
+}
+
 void cuda_ok(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw RuntimeError(cat(what, ": ", cudaGetErrorString(e)));
 }
@@ -777,10 +832,17 @@ TORCH_LIBRARY(evtc, m) {
   m.def("_clear_merged_cache() -> int", &evtc::torch_ops::clear_merged_cache);
   m.def("_merged_n(str spec, Tensor[] sources) -> SymInt", &evtc::torch_ops::merged_n_op);
   m.def("interleave_pairs(Tensor gate, Tensor up, int dim) -> Tensor");
+  m.def("stacked_linear(Tensor a, Tensor[] weights, Tensor[] biases) -> Tensor");
+  m.def("_rows_of_one_buffer(Tensor[] parts) -> bool", &evtc::torch_ops::rows_of_one_buffer_op);
 }
 
 TORCH_LIBRARY_IMPL(evtc, CompositeImplicitAutograd, m) {
   m.impl("interleave_pairs", &evtc::torch_ops::interleave_pairs);
+}
+
+// Explicit, so that graphs keep it as one op (its fake implementation is registered from Python).
+TORCH_LIBRARY_IMPL(evtc, CompositeExplicitAutograd, m) {
+  m.impl("stacked_linear", &evtc::torch_ops::stacked_linear);
 }
 
 TORCH_LIBRARY_IMPL(evtc, CUDA, m) {

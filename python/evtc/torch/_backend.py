@@ -53,9 +53,10 @@ class PostGradPass(CustomGraphPass):
 
     def __init__(self, cast_mode: str = Settings.cast_mode, merge_gated: bool = Settings.merge_gated,
                  profitability: bool = Settings.profitability, bare_gemms: bool = Settings.bare_gemms,
-                 wait_for_compile: bool = Settings.wait_for_compile):
+                 wait_for_compile: bool = Settings.wait_for_compile, stack_siblings: bool = Settings.stack_siblings):
         self.settings = Settings(cast_mode=cast_mode, merge_gated=merge_gated, profitability=profitability,
-                                 bare_gemms=bare_gemms, wait_for_compile=wait_for_compile)
+                                 bare_gemms=bare_gemms, wait_for_compile=wait_for_compile,
+                                 stack_siblings=stack_siblings)
 
     def __getattr__(self, name: str) -> Any:
         # The settings' values as attributes too (pass.merge_gated, pass.cast_mode, ...).
@@ -92,7 +93,8 @@ def inductor_config(mode: Optional[str] = None, options: Optional[dict[str, Any]
                                f"inductor backend with evtc.torch.{ours_cls}() and your pass composed instead")
     wrapper = torch._TorchCompileInductorWrapper(mode, options or None, dynamic=None)
     patches = dict(wrapper.config)
-    for flag in ("evtc.merge_gated", "evtc.bare_gemms", "evtc.wait_for_compile", "evtc.token_logprobs"):
+    for flag in ("evtc.merge_gated", "evtc.bare_gemms", "evtc.wait_for_compile", "evtc.stack_siblings",
+                 "evtc.token_logprobs"):
         if not isinstance(settings[flag], bool):
             raise RuntimeError(f"evtc backend: {flag}={settings[flag]!r} (expected True or False)")
     lce = settings["evtc.linear_cross_entropy"]

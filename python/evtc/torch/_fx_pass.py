@@ -28,7 +28,8 @@ __all__ = ["Fusion", "FusionReport", "fuse_gemm_epilogues", "reports"]
 def fuse_gemm_epilogues(graph: fx.Graph, *, cast_mode: str = Settings.cast_mode, compile: bool = Settings.compile,
                         merge_gated: bool = Settings.merge_gated, profitability: bool = Settings.profitability,
                         bare_gemms: bool = Settings.bare_gemms,
-                        wait_for_compile: bool = Settings.wait_for_compile) -> FusionReport:
+                        wait_for_compile: bool = Settings.wait_for_compile,
+                        stack_siblings: bool = Settings.stack_siblings) -> FusionReport:
     """Rewrites the GEMM + epilogue chains of ``graph`` into evtc's fused ops.
 
     ``cast_mode`` is evtc's ("eager": round where eager rounds; "fast": round only at
@@ -41,12 +42,14 @@ def fuse_gemm_epilogues(graph: fx.Graph, *, cast_mode: str = Settings.cast_mode,
     ``wait_for_compile`` a fused op whose kernel is still compiling runs unfused (cuBLASLt + the
     plain epilogue) and switches to the fused kernel when it is ready; with it, the op's first
     call waits for the compile. A grouped (MoE) op's unfused path runs one cuBLASLt GEMM + the
-    plain epilogue per non-empty group (after reading the offsets back to the host).
+    plain epilogue per non-empty group (after reading the offsets back to the host). With
+    ``stack_siblings``, GEMMs left alone that read one input through weights stacked in one buffer
+    (q/k/v after ``evtc.torch.merge_projections``) run as one GEMM (passes/stack_siblings.py).
     """
     sync_native_level()  # a level set through Python's logging (TORCH_LOGS) reaches compile messages
     report = passes.run(graph, Settings(cast_mode=cast_mode, compile=compile, merge_gated=merge_gated,
                                         profitability=profitability, bare_gemms=bare_gemms,
-                                        wait_for_compile=wait_for_compile))
+                                        wait_for_compile=wait_for_compile, stack_siblings=stack_siblings))
     reports.append(report)
     log.debug("%s", report.summary())
     return report

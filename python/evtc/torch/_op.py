@@ -4,6 +4,7 @@
     outputs = torch.ops.evtc.gemm_epilogue_merged(spec, a, sources, operands)
     y = torch.ops.evtc.grouped_gemm_epilogue(spec, x, w, offs, operands)
     y = torch.ops.evtc.grouped_gemm_epilogue_merged(spec, x, sources, offs, operands)
+    y = torch.ops.evtc.stacked_linear(a, weights, biases)   # sibling projections (q, k, v) as one GEMM
 
 The ops are implemented in C++ (python/src/torch_ops.cpp, the library evtc/_evtc_torch.so)
 and registered with PyTorch's dispatcher there, so a call from Inductor's generated code runs
@@ -111,6 +112,23 @@ def _grouped_gemm_epilogue_fake(spec, x, w, offs, operands):
 @torch.library.register_fake("evtc::grouped_gemm_epilogue_merged")
 def _grouped_gemm_epilogue_merged_fake(spec, x, sources, offs, operands):
     return _fake_grouped(spec, x, _merged_n(spec, sources))
+
+
+STACKED_LINEAR = torch.ops.evtc.stacked_linear.default
+
+
+@torch.library.register_fake("evtc::stacked_linear")
+def _stacked_linear_fake(a, weights, biases):
+    n = sum(w.shape[0] for w in weights)
+    return a.new_empty((a.shape[0], n))
+
+
+def rows_of_one_buffer(parts: list[torch.Tensor]) -> bool:
+    """Whether ``parts`` lie one after the other along dimension 0 of one buffer (same dtype,
+    strides and trailing sizes), so that ``stacked_linear`` reads them in place: the op
+    library's rule, on real or fake tensors (a missing part, None, is none of them)."""
+    parts = list(parts)
+    return all(p is not None for p in parts) and bool(torch.ops.evtc._rows_of_one_buffer(parts))
 
 
 def gemm_epilogue(spec: str, a: torch.Tensor, b: torch.Tensor, operands: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -1,4 +1,5 @@
-"""merge_projections: a model's gate and up projections as views of one interleaved buffer.
+"""merge_projections: a model's gate and up projections as views of one interleaved buffer, and
+its sibling projections of one input (q, k and v) as consecutive rows of one buffer.
 
 Gated kernels read B with gate feature j at row 2j and up feature j at row 2j + 1. Where a
 model keeps the two projections as separate tensors, evtc's merged GEMM otherwise reads an
@@ -8,6 +9,11 @@ once and makes the two parameters its even and odd rows: the same Parameter obje
 shapes and values, so ``state_dict``, ``load_state_dict``, optimizers (which update the views,
 and so the buffer, in place) and eager code keep working, and the merged GEMM reads the buffer
 itself.
+
+Sibling projections that read the same input but are not combined by an epilogue (attention's
+q, k and v) are stacked instead: their weights become consecutive row blocks of one buffer (each
+still contiguous), so the FX pass runs them as one GEMM (``torch.ops.evtc.stacked_linear``) that
+reads the buffer in place.
 """
 from __future__ import annotations
 
@@ -26,6 +32,11 @@ DEFAULT_PAIRS = (("gate_proj", "up_proj"), ("w1", "w3"), ("gate", "up"))
 """Attribute names of (gate, up) pairs that ``merge_projections`` looks for by default: the
 ``transformers`` LLaMA/Mistral/Qwen/Gemma MLPs, Meta's LLaMA and Mixtral's (``w1``/``w3``), and
 ``gate``/``up``."""
+
+DEFAULT_STACKS = (("q_proj", "k_proj", "v_proj"), ("wq", "wk", "wv"), ("query", "key", "value"))
+"""Attribute names of sibling projections (nn.Linear) that ``merge_projections`` stacks by
+default: the ``transformers`` LLaMA/Mistral/Mixtral/Qwen/Gemma attention's, Meta's LLaMA's and
+BERT's q, k and v."""
 
 
 def _weights(module: nn.Module, name: str, parameters: bool):
@@ -69,6 +80,27 @@ def _mismatch(gate, up) -> Optional[str]:
     return None
 
 
+def _stack_mismatch(parts) -> Optional[str]:
+    """Why sibling (weight, bias) pairs cannot be stacked, or None: 2-D weights of one K, dtype
+    and device, each with a bias or none with one (their row counts may differ: grouped-query
+    attention's k and v are narrower than q)."""
+    (w0, b0) = parts[0]
+    for w, b in parts:
+        if w.dim() != 2:
+            return f"a weight has {w.dim()} dimension(s); stacked projections are 2-D"
+        if w.shape[1] != w0.shape[1]:
+            return f"the weights have {w0.shape[1]} and {w.shape[1]} input features"
+        if w.dtype != w0.dtype or w.device != w0.device:
+            return f"the weights are {w0.dtype} on {w0.device} and {w.dtype} on {w.device}"
+        if w.layout != torch.strided:
+            return "a weight is not a dense (strided) tensor"
+        if (b is None) != (b0 is None):
+            return "some projections have a bias and others none"
+        if b is not None and (b.dim() != 1 or b.dtype != b0.dtype or b.device != b0.device):
+            return f"the biases differ: {list(b0.shape)} {b0.dtype} and {list(b.shape)} {b.dtype}"
+    return None
+
+
 def _storage_owners(model: nn.Module) -> dict:
     """Every parameter and buffer of ``model`` (by name, duplicates included) per storage."""
     from torch.multiprocessing.reductions import StorageWeakRef
@@ -80,17 +112,18 @@ def _storage_owners(model: nn.Module) -> dict:
     return owners
 
 
-def _shared(gate, up, owners: dict) -> Optional[str]:
-    """Why the pair cannot move to a buffer of its own without losing something: a tensor of it
-    that shares its storage with another parameter or buffer (tied weights, which moving one
-    of them would untie), or gate and up being one tensor. None where nothing is shared, and
-    for a pair merged already (its tensors share one buffer, with each other only)."""
+def _shared(parts, owners: dict) -> Optional[str]:
+    """Why the (weight, bias) pairs cannot move to a buffer of their own without losing
+    something: a tensor of them that shares its storage with another parameter or buffer (tied
+    weights, which moving one of them would untie), or two of them being one tensor. None where
+    nothing is shared, and for projections merged already (their tensors share one buffer, with
+    each other only)."""
     from torch.multiprocessing.reductions import StorageWeakRef
 
-    (gw, gb), (uw, ub) = gate, up
-    if gw is uw:
-        return "the gate and up weights are the same tensor"
-    ours = [t for t in (gw, gb, uw, ub) if t is not None]
+    weights = [w for w, _ in parts]
+    if len({id(w) for w in weights}) != len(weights):
+        return "two of the weights are the same tensor"
+    ours = [t for pair in parts for t in pair if t is not None]
     for t in ours:
         for name, other in owners.get(StorageWeakRef(t.untyped_storage()), []):
             if not any(other is o for o in ours):
@@ -111,10 +144,50 @@ def _interleave_in_place(gate: torch.Tensor, up: torch.Tensor, dim: int) -> None
         raise _evtc.InternalError("merge_projections made views that the merged GEMM does not read in place")
 
 
-def merge_projections(model: nn.Module, pairs: Optional[Sequence[Sequence[str]]] = None) -> list[str]:
+def _stack_in_place(tensors: list[torch.Tensor]) -> None:
+    """Moves ``tensors`` (tensors or Parameters, kept as objects) into one new buffer, one after
+    the other along dimension 0, each a contiguous view of it."""
+    with torch.no_grad():
+        buffer = torch.cat([t.detach() for t in tensors], 0)
+        start = 0
+        for t in tensors:
+            rows = t.shape[0]
+            t.data = buffer[start:start + rows]
+            start += rows
+    from ._op import rows_of_one_buffer
+
+    if not rows_of_one_buffer(tensors):  # the views are what the op reads in place
+        raise _evtc.InternalError("merge_projections made views that the stacked GEMM does not read in place")
+
+
+def _stack(module: nn.Module, names, where: str, owners: dict, explicit: bool) -> bool:
+    """Stacks the sibling projections ``names`` of ``module``; False (logged) where they cannot be."""
+    from ._op import rows_of_one_buffer
+
+    parts = [_weights(module, name, False) for name in names]
+    why = _stack_mismatch(parts) or _shared(parts, owners)
+    if why is None and any(_is_sharded(w) for w, _ in parts):
+        why = "the weights are DTensors (FSDP2 or tensor parallelism), which cannot be views of one buffer"
+    if why is not None:
+        if explicit:
+            raise _evtc.UserError(f"merge_projections: {where}: {why}")
+        log.debug("merge_projections: %s not stacked: %s", where, why)
+        return False
+    weights, biases = [w for w, _ in parts], [b for _, b in parts if b is not None]
+    if not rows_of_one_buffer(weights):
+        _stack_in_place(weights)
+    if biases and not rows_of_one_buffer(biases):
+        _stack_in_place(biases)
+    return True
+
+
+def merge_projections(model: nn.Module, pairs: Optional[Sequence[Sequence[str]]] = None,
+                      stacks: Optional[Sequence[Sequence[str]]] = None) -> list[str]:
     """Makes each (gate, up) projection pair of ``model`` two views of one interleaved buffer,
     so that evtc's merged gated GEMM reads the weights themselves: no per-call copy, and the
-    merge runs under CUDA graphs and in training, where weights change in place.
+    merge runs under CUDA graphs and in training, where weights change in place. Stacks each
+    group of sibling projections of one input (q, k, v) into consecutive rows of one buffer,
+    which the FX pass then runs as one GEMM (``torch.ops.evtc.stacked_linear``).
 
     ``pairs`` lists (gate, up) attribute names to look for on every submodule. By default
     (:data:`DEFAULT_PAIRS`) each is an ``nn.Linear`` pair (weight, and bias if both have one),
@@ -126,20 +199,31 @@ def merge_projections(model: nn.Module, pairs: Optional[Sequence[Sequence[str]]]
     match: a pair that is found but cannot be merged, or names found nowhere, raise
     :class:`evtc.UserError`.
 
+    ``stacks`` lists groups of sibling ``nn.Linear`` attribute names (by default
+    :data:`DEFAULT_STACKS`, q/k/v); weights of one input size, dtype and device, all with a bias
+    or none, are stacked (their output sizes may differ, as grouped-query attention's do). Each
+    weight stays a contiguous tensor. Giving only ``pairs`` or only ``stacks`` looks for those
+    alone; named groups must match as named pairs must.
+
     The Parameter objects stay (optimizers made before keep working), with the same names,
     shapes and values; DistributedDataParallel keeps the views. Call it after moving the model to
     its device and dtype: ``.to()`` and ``copy.deepcopy`` give each parameter its own storage
     again, after which evtc merges by copying (correct, but without the benefits above). FSDP2
     (``fully_shard``) refuses non-contiguous parameters, and its sharded DTensor parameters
     cannot be views of one buffer: a model sharded so raises :class:`evtc.UserError` here.
-    Returns the merged pairs, as ``"path: gate + up"``; pairs merged already are listed again,
-    unchanged.
+    Returns the merged pairs and stacks, as ``"path: gate + up"`` and ``"path: q_proj + k_proj +
+    v_proj"``; those merged already are listed again, unchanged.
     """
-    explicit = pairs is not None
-    wanted = [tuple(p) for p in (pairs if explicit else DEFAULT_PAIRS)]
+    explicit = pairs is not None or stacks is not None
+    wanted = [tuple(p) for p in (pairs if pairs is not None else () if explicit else DEFAULT_PAIRS)]
     for p in wanted:
         if len(p) != 2 or not all(isinstance(n, str) and n for n in p):
             raise _evtc.ArgumentTypeError(f"pairs: each entry is two attribute names (gate, up), got {p!r}")
+    groups = list(stacks if stacks is not None else () if explicit else DEFAULT_STACKS)
+    for g in groups:
+        if isinstance(g, str) or len(g) < 2 or not all(isinstance(n, str) and n for n in g):
+            raise _evtc.ArgumentTypeError(f"stacks: each entry is two or more attribute names (q, k, v), got {g!r}")
+    groups = [tuple(g) for g in groups]
     merged, found = [], set()
     owners = _storage_owners(model)
     for path, module in model.named_modules():
@@ -149,7 +233,7 @@ def merge_projections(model: nn.Module, pairs: Optional[Sequence[Sequence[str]]]
                 continue
             found.add((gate_name, up_name))
             where = f"{path or type(model).__name__}: {gate_name} + {up_name}"
-            why = _mismatch(gate, up) or _shared(gate, up, owners)
+            why = _mismatch(gate, up) or _shared((gate, up), owners)
             if why is not None:
                 if explicit:
                     raise _evtc.UserError(f"merge_projections: {where}: {why}")
@@ -166,8 +250,14 @@ def merge_projections(model: nn.Module, pairs: Optional[Sequence[Sequence[str]]]
             if gb is not None and not interleaved_in_place(gb, ub, -1):
                 _interleave_in_place(gb, ub, -1)
             merged.append(where)
-    if explicit and (missing := [p for p in wanted if p not in found]):
-        raise _evtc.UserError("merge_projections: no submodule has both of " +
-                              ", ".join(f"({g!r}, {u!r})" for g, u in missing))
-    log.info("merge_projections: %d pair(s) merged", len(merged))
+        for names in groups:
+            if not all(isinstance(getattr(module, n, None), nn.Linear) for n in names):
+                continue
+            found.add(names)
+            where = f"{path or type(model).__name__}: {' + '.join(names)}"
+            if _stack(module, names, where, owners, stacks is not None):
+                merged.append(where)
+    if explicit and (missing := [p for p in [*wanted, *groups] if p not in found]):
+        raise _evtc.UserError("merge_projections: no submodule has all of " + ", ".join(repr(p) for p in missing))
+    log.info("merge_projections: %d pair(s) and stack(s) merged", len(merged))
     return merged

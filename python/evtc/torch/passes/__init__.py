@@ -3,7 +3,9 @@
 1. ``merge_gated``: two GEMMs that share A and meet in a gated activation (LLaMA's gate and up
    projections), or one GEMM whose halves do (a fused gate_up projection split with chunk),
    become one gated GEMM over interleaved weights with its epilogue;
-2. ``fuse_chains``: every other GEMM and its pointwise consumers become one fused op.
+2. ``fuse_chains``: every other GEMM and its pointwise consumers become one fused op;
+3. ``stack_siblings``: GEMMs left alone that read one input through weights stacked in one
+   buffer (attention's q, k and v after ``evtc.torch.merge_projections``) become one GEMM.
 
 Each fusion is made only where the cost model (``profitability``) expects it to be faster
 than cuBLAS plus Inductor's kernels, and a GEMM with nothing to fuse runs in evtc's kernel only
@@ -18,7 +20,8 @@ from dataclasses import dataclass, field
 from torch import fx
 
 from .._fusion import Fusion, stable_topological_sort
-from . import fuse_chains, merge_gated
+from . import fuse_chains, merge_gated, stack_siblings
+from .stack_siblings import Stacked
 
 
 @dataclass(frozen=True)
@@ -44,26 +47,38 @@ class Settings:
     # epilogue) until it is ready; True: its first call waits for the compile (benchmarks).
     # EVTC_WAIT_FOR_COMPILE=1 makes every kernel wait.
     wait_for_compile: bool = False
+    # Run GEMMs left unfused that read one input through weights stacked in one buffer (q, k, v
+    # after evtc.torch.merge_projections) as one GEMM over that buffer (passes/stack_siblings.py).
+    stack_siblings: bool = True
 
 
 @dataclass
 class FusionReport:
     fused: list[Fusion] = field(default_factory=list)
     refused: list[tuple[str, str]] = field(default_factory=list)  # (GEMM node, reason)
+    stacked: list[Stacked] = field(default_factory=list)  # sibling GEMMs run as one (not fused)
 
     @property
     def fused_gemms(self) -> int:
         """GEMMs fused (a merged op counts the GEMMs it replaced)."""
         return sum(max(len(f.merged), 1) for f in self.fused)
 
+    def _unfused(self) -> set[str]:
+        """The GEMMs left unfused: each once, however many candidates it was refused in."""
+        fused = {g for f in self.fused for g in (f.merged or [f.gemm])}
+        return {name for name, _ in self.refused} - fused
+
     @property
     def gemms(self) -> int:
-        """GEMMs in the graph: fused and refused."""
-        return self.fused_gemms + len(self.refused)
+        """GEMMs in the graph: fused and left unfused (stacked ones included)."""
+        return self.fused_gemms + len(self._unfused())
 
     def summary(self) -> str:
-        reasons = Counter(r for _, r in self.refused)
+        stacked = {g for s in self.stacked for g in s.gemms}
+        reasons = Counter(r for name, r in self.refused if name not in stacked)
         text = f"fused {self.fused_gemms} of {self.gemms} GEMMs"
+        if self.stacked:
+            text += f"; {len(stacked)} unfused ones run as {len(self.stacked)} stacked GEMM(s)"
         for reason, count in reasons.most_common():
             text += f"\n  refused x{count}: {reason}"
         for f in self.fused:
@@ -74,17 +89,19 @@ class FusionReport:
                 cost = (f"; {e['fused_us']:.1f} us fused vs {e['cublas_us']:.1f} + {e['epilogue_us']:.1f} us "
                         f"unfused ({e['basis']})")
             text += f"\n  fused {what} -> {', '.join(f.outputs)} (graph {f.hash}{cost})"
+        for s in self.stacked:
+            text += f"\n  stacked {s.describe()}"
         return text
 
 
-PIPELINE = (merge_gated.run, fuse_chains.run)
+PIPELINE = (merge_gated.run, fuse_chains.run, stack_siblings.run)
 
 
 def run(graph: fx.Graph, settings: Settings) -> FusionReport:
     report = FusionReport()
     for p in PIPELINE:
         p(graph, settings, report)
-    if report.fused:
+    if report.fused or report.stacked:
         stable_topological_sort(graph)
         graph.lint()
     return report
