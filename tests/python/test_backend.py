@@ -71,6 +71,14 @@ def test_merge_gated_takes_a_boolean():
         inductor_config(None, {"evtc.merge_gated": "always"})
 
 
+def test_stack_siblings_takes_a_boolean_and_reaches_the_pass():
+    assert inductor_config(None, {})["post_grad_custom_post_pass"].stack_siblings is True
+    p = inductor_config(None, {"evtc.stack_siblings": False})["post_grad_custom_post_pass"]
+    assert p.stack_siblings is False and p.uuid() != PostGradPass().uuid()
+    with pytest.raises(RuntimeError, match="evtc.stack_siblings='yes'"):
+        inductor_config(None, {"evtc.stack_siblings": "yes"})
+
+
 def test_the_backward_graph_is_compiled_with_the_pass_and_the_mode(monkeypatch):
     # AOT autograd compiles a training graph's backward at the first backward call, after the
     # backend has returned: the pass and the mode's configuration must reach it as well.
