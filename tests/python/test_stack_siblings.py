@@ -261,3 +261,17 @@ def test_compiled_training_matches_eager_with_the_stack_kept():
         opt_ref.step()
     assert rows_of_one_buffer(weights(model))
     assert sum(len(r.stacked) for r in evtc.torch.reports) == 1  # the forward graph's
+
+
+def test_dynamic_shapes_stack_once_for_every_size():
+    torch.manual_seed(5)
+    model = Attention(bias=True)
+    evtc.torch.merge_projections(model)
+    evtc.torch.reports.clear()
+    compiled = torch.compile(model, backend="evtc", dynamic=True)
+    with torch.no_grad():
+        for tokens in (5, 7, 11):
+            x = torch.randn(2, tokens, K)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-6)
+    stacked = [s for r in evtc.torch.reports for s in r.stacked]
+    assert len(stacked) == 1 and not isinstance(stacked[0].m, int)  # one graph, M symbolic
