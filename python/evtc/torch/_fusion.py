@@ -223,6 +223,12 @@ def _flat(items: list) -> list:
 
 def fake_outputs(op, inputs: list, spec: str):
     """The fused op's result on the chain's fake tensors (its node's meta["val"])."""
+    return fake_call(op, [spec, *inputs])
+
+
+def fake_call(op, inputs: list):
+    """``op(*inputs)`` on the fake tensors of the input nodes (lists of nodes as lists), in their
+    fake mode: the meta["val"] of a node inserted with those inputs."""
     from torch._guards import detect_fake_mode
 
     def value(x):
@@ -235,7 +241,7 @@ def fake_outputs(op, inputs: list, spec: str):
 
         mode = FakeTensorMode(allow_non_fake_inputs=True)
     with mode:
-        return op(spec, *args)
+        return op(*args)
 
 
 def replace(graph: fx.Graph, chain: Chain, spec: str, op, inputs: list, kernel_hash: str, expr: str,

@@ -22,7 +22,8 @@ from torch import fx
 
 from .. import _op
 from .._chain import val
-from .merge_gated import ADDMM, MM, _a_key, _plain
+from .._fusion import fake_call
+from .merge_gated import ADDMM, MM, _a_key, _gemm_parts, _plain
 
 log = logging.getLogger("evtc.torch")
 aten = torch.ops.aten
@@ -62,7 +63,7 @@ def _candidates(graph: fx.Graph):
     for node in graph.nodes:
         if node.op != "call_function" or node.target not in (MM, ADDMM) or not _plain(node):
             continue
-        a, b, bias = (node.args[1], node.args[2], node.args[0]) if node.target is ADDMM else (*node.args[:2], None)
+        a, b, bias, _ = _gemm_parts(node)
         w, out, ta = _weight(b), val(node), val(a)
         if w is None or out is None or ta is None or ta.dim() != 2:
             continue
@@ -103,22 +104,12 @@ def _replace(graph: fx.Graph, run) -> Stacked:
     column slice."""
     position = {n: i for i, n in enumerate(graph.nodes)}
     first = min((g for g, _, _ in run), key=position.__getitem__)
-    a = first.args[1] if first.target is ADDMM else first.args[0]
+    a = _gemm_parts(first)[0]
     weights = [w for _, w, _ in run]
     biases = [b for _, _, b in run if b is not None]
     with graph.inserting_before(first):
         op = graph.call_function(_op.STACKED_LINEAR, (a, weights, biases))
-    fake_a = val(a)
-    fake = [val(w) for w in weights], [val(b) for b in biases]
-    from torch._guards import detect_fake_mode
-
-    mode = detect_fake_mode([fake_a, *fake[0], *fake[1]])
-    if mode is None:
-        from torch._subclasses.fake_tensor import FakeTensorMode
-
-        mode = FakeTensorMode(allow_non_fake_inputs=True)
-    with mode:
-        op.meta["val"] = _op.STACKED_LINEAR(fake_a, *fake)
+    op.meta["val"] = fake_call(_op.STACKED_LINEAR, [a, weights, biases])
     start = 0
     cursor = op
     for gemm, w, _ in run:
@@ -129,11 +120,11 @@ def _replace(graph: fx.Graph, run) -> Stacked:
         gemm.replace_all_uses_with(part)
         cursor, start = part, start + rows
     for gemm, _, _ in run:
-        b = gemm.args[2] if gemm.target is ADDMM else gemm.args[1]
+        b = _gemm_parts(gemm)[1]
         graph.erase_node(gemm)
         if isinstance(b, fx.Node) and not b.users:
             graph.erase_node(b)
-    return Stacked([g.name for g, _, _ in run], fake_a.shape[0], start, fake_a.shape[1])
+    return Stacked([g.name for g, _, _ in run], val(a).shape[0], start, val(a).shape[1])
 
 
 def run(graph: fx.Graph, settings, report) -> None:
