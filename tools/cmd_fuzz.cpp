@@ -124,10 +124,6 @@ void choose_sizes(Case& c, std::mt19937_64& rng) {
   c.m = m_aligned ? 8 * (2 * pick(5, 45) + 1) : 8 * pick(9, 90) + pick(1, 7);
   c.n = 16 * pick(5, 40);
   c.k = (c.kernel.kind == KernelKind::fp8 ? 16 : 8) * pick(8, 40);
-  // A quarter of the cases that have a transposed kernel (no gated output) run decode-sized M
-  // (at most 64 rows, never a tile multiple where alignment allows) with a transposed
-  // configuration of 16 or 32 columns. Its K tile is 128 for every dtype: fp8's two-level
-  // accumulation promotes every 128 of K (config_refusal), as the fp8 tables' decode entries do.
   // The case's epilogue as its kernel lowers it, built once where a configuration is checked
   // against it; nullptr where it does not lower (the case reports that error when it runs).
   std::optional<Graph> graph;
@@ -144,6 +140,10 @@ void choose_sizes(Case& c, std::mt19937_64& rng) {
     }
     return graph ? &*graph : nullptr;
   };
+  // A quarter of the cases that have a transposed kernel (no gated output) run decode-sized M
+  // (at most 64 rows, never a tile multiple where alignment allows) with a transposed
+  // configuration of 16 or 32 columns. Its K tile is 128 for every dtype: fp8's two-level
+  // accumulation promotes every 128 of K (config_refusal), as the fp8 tables' decode entries do.
   const bool swappable = c.kernel.kind != KernelKind::gated;
   if (swappable && pick(0, 3) == 0) {
     c.m = m_aligned ? 8 * pick(1, 8) : pick(1, 64);
