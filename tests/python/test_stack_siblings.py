@@ -275,3 +275,27 @@ def test_dynamic_shapes_stack_once_for_every_size():
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-6)
     stacked = [s for r in evtc.torch.reports for s in r.stacked]
     assert len(stacked) == 1 and not isinstance(stacked[0].m, int)  # one graph, M symbolic
+
+
+def test_fsdp2_sharded_stacks_are_refused_when_named_and_skipped_by_default(tmp_path, caplog):
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:
+        pytest.skip("FSDP2 (fully_shard) is not available")
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        model = Attention()
+        fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
+        with pytest.raises(evtc.UserError, match=r"Attention: q_proj \+ k_proj \+ v_proj: the weights are DTensors "
+                                                 r"\(FSDP2 or tensor parallelism\), which cannot be views of one buffer"):
+            evtc.torch.merge_projections(model, stacks=[("q_proj", "k_proj", "v_proj")])
+        with caplog.at_level(logging.DEBUG, logger="evtc"):
+            assert evtc.torch.merge_projections(model) == []
+        assert "not stacked: the weights are DTensors" in caplog.text
+    finally:
+        dist.destroy_process_group()
