@@ -17,10 +17,14 @@ configuration given: the configuration a user gets) and the library call it repl
     plain   out D: bf16 = acc                     vs torch.mm(a, w.t())
     silu    out D: bf16 = silu(acc + bias[n])     vs torch.mm(a, w.t())  (the plain GEMM of the same N)
     swiglu  out D: bf16 = swiglu(acc)  (M x N/2)  vs torch.mm(a, w.t())  (merged gate/up layers only)
+    residual  out D: bf16 = acc + r[m,n]          vs torch.mm(a, w.t())  (the plain GEMM of the same N)
     fp8     out D: bf16 = acc * sa[m] * sb[n]     vs torch._scaled_mm(a, w.t(), scale_a=sa.view(-1, 1),
                                                      scale_b=sb.view(1, -1), out_dtype=torch.bfloat16)
 
-A is M x K row-major, w the N x K nn.Linear weight (row-major) and B = w.t(). Shapes: M in
+A is M x K row-major, w the N x K nn.Linear weight (row-major) and B = w.t() (--layout rc, the
+default). --layout rr passes B as a K x N row-major matrix (a backward pass's data gradient,
+dY @ W) and --layout cr also A column-major (its weight gradient, dY.t() @ X); the library call
+gets the same operands. Shapes: M in
 {16, 32, 64, 128, 256, 1024, 4096, 8192, 16384} x the (N, K) of real linear layers (LAYERS);
 --m restricts M, --shapes replaces the grid, --off-grid times a fixed list of shapes outside it
 (other M, N and K) to check that results carry over, --max-shapes keeps that many shapes per set
@@ -94,8 +98,10 @@ with the timed shapes' entries replaced; a transposed winner keeps the old entry
 fallback where none was timed.
 
 --configs NAME[,NAME...] times the named configurations at every shape instead of the listed
-candidates (besides evtc's default configuration, which every sweep times): for example a
-selection rule's old and new picks, at shapes where only one of them is a candidate.
+candidates: for example a selection rule's old and new picks, at shapes where only one of them
+is a candidate. Such a sweep needs neither --evtc nor --table-out (without --table-out it writes
+only its results file), and may time any set and --layout: e.g. the residual set, whose [m,n]
+operand the tables' D = acc does not have.
 
 --dry-run prints the shapes (and, sweeping, the candidate-listing command) and exits without
 importing torch or evtc.
@@ -188,6 +194,11 @@ SWEEP_SETS = ("plain", "fp8")
 # The library call's key among a sweep's timed variants.
 REFERENCE = "reference"
 CONFIG_NAME = re.compile(r"^(coop|pingpong|ms)_\S+$")
+# Operand layouts (--layout): A's and B's, "r" row-major or "c" column-major. rc is nn.Linear's
+# forward (B = w.t()), rr a backward pass's data gradient (dY @ W: B is the K x N weight itself,
+# row-major), cr its weight gradient (dY.t() @ X: A column-major). The selection tables are
+# measured with rc.
+LAYOUTS = {"rc": ("row", "col"), "rr": ("row", "row"), "cr": ("col", "row")}
 TORCH_DTYPES = {"bf16": "bfloat16", "f16": "float16", "f32": "float32",
                 "f8e4m3": "float8_e4m3fn", "f8e5m2": "float8_e5m2"}
 
@@ -200,27 +211,34 @@ class SetSpec:
     fp8: bool = False
     gated: bool = False  # output M x N/2; only merged gate/up layers
 
-    def compile_options(self) -> dict:
+    def compile_options(self, layout: str = "rc") -> dict:
         # Undeclared operands default to bf16 in the Python API; the scales are f32.
-        return {"a_dtype": "f8e4m3", "b_dtype": "f8e4m3", "operand_dtype": "f32"} if self.fp8 else {}
+        a_layout, b_layout = LAYOUTS[layout]
+        options = {"a_layout": a_layout, "b_layout": b_layout}
+        if self.fp8:
+            options.update({"a_dtype": "f8e4m3", "b_dtype": "f8e4m3", "operand_dtype": "f32"})
+        return options
 
     @property
     def dtype(self) -> str:
         """A and B's dtype: the selection table's key."""
         return "f8e4m3" if self.fp8 else "bf16"
 
-    def cli_arguments(self) -> list[str]:
-        """The expression and dtype options of `evtc tune` for this set (the CLI's undeclared
-        operands take the A/B dtype, so the fp8 set's f32 scales are declared)."""
+    def cli_arguments(self, layout: str = "rc") -> list[str]:
+        """The expression, dtype and layout options of `evtc tune` for this set (the CLI's
+        undeclared operands take the A/B dtype, so the fp8 set's f32 scales are declared)."""
+        layouts = ["--layout-a", layout[0], "--layout-b", layout[1]]
         if not self.fp8:
-            return [self.expr]
-        return ["input sa[m]: f32\ninput sb[n]: f32\n" + self.expr, "--dtype", "f8e4m3"]
+            return [self.expr, *layouts]
+        return ["input sa[m]: f32\ninput sb[n]: f32\n" + self.expr, "--dtype", "f8e4m3", *layouts]
 
 
 SETS = {s.name: s for s in (
     SetSpec("plain", PLAIN_EXPR, "torch.mm(a, w.t())"),
     SetSpec("silu", "out D: bf16 = silu(acc + bias[n])", "torch.mm(a, w.t()) (the plain GEMM, same N)"),
     SetSpec("swiglu", "out D: bf16 = swiglu(acc)", "torch.mm(a, w.t()) (the plain GEMM, same N)", gated=True),
+    SetSpec("residual", "input r[m,n]: bf16\nout D: bf16 = acc + r",
+            "torch.mm(a, w.t()) (the plain GEMM, same N)"),
     SetSpec("fp8", "out D: bf16 = acc * sa[m] * sb[n]",
             "torch._scaled_mm(a, w.t(), scale_a=sa.view(-1, 1), scale_b=sb.view(1, -1), out_dtype=torch.bfloat16)",
             fp8=True),
@@ -313,7 +331,7 @@ def weight_copies(weight_bytes: int, rotate_bytes: int, most: int = 64) -> int:
     return max(1, min(most, rotate_bytes // max(weight_bytes, 1) + 1))
 
 
-def weight_bytes(spec: SetSpec, shape: Shape) -> int:
+def weight_bytes(spec: SetSpec, shape: Shape) -> int:  # noqa: ARG001 (every layout alike)
     return shape.n * shape.k * (1 if spec.fp8 else 2)
 
 
@@ -339,8 +357,8 @@ class Rotation:
 
 @dataclass
 class Problem:
-    a: object
-    weights: list  # B = w.t() of each copy (K x N, column-major)
+    a: object  # M x K, in the run's layout
+    weights: list  # B of each copy (K x N): w.t() of an N x K weight (layout rc), or a K x N one
     operands: dict = field(default_factory=dict)
 
     @property
@@ -348,24 +366,30 @@ class Problem:
         return self.weights[0]
 
 
-def make_problem(spec: SetSpec, shape: Shape, rotate_bytes: int, seed: int) -> Problem:
+def make_problem(spec: SetSpec, shape: Shape, rotate_bytes: int, seed: int, layout: str = "rc") -> Problem:
     import torch
 
     torch.manual_seed(seed)
     m, n, k = shape.m, shape.n, shape.k
     dev = "cuda"
+    a_col_major, b_col_major = LAYOUTS[layout][0] == "col", LAYOUTS[layout][1] == "col"
     if spec.fp8:
         a = (torch.randn(m, k, device=dev) * 0.5).to(torch.float8_e4m3fn)
         w = (torch.randn(n, k, device=dev) * 0.5).to(torch.float8_e4m3fn)
         operands = {"sa": torch.randn(m, device=dev).abs() + 0.5, "sb": torch.randn(n, device=dev).abs() + 0.5}
     else:
-        # Entries of a @ w.t() of about unit size, whatever K.
-        a = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
-        w = (torch.randn(n, k, device=dev) * k ** -0.5).to(torch.bfloat16)
-        operands = {"bias": torch.randn(n, device=dev, dtype=torch.bfloat16)} if spec.name == "silu" else {}
+        # Entries of a @ b of about unit size, whatever K.
+        a = torch.randn(k, m, device=dev, dtype=torch.bfloat16).t() if a_col_major else \
+            torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+        w = (torch.randn(*((n, k) if b_col_major else (k, n)), device=dev) * k ** -0.5).to(torch.bfloat16)
+        operands = {}
+        if spec.name == "silu":
+            operands["bias"] = torch.randn(n, device=dev, dtype=torch.bfloat16)
+        if spec.name == "residual":
+            operands["r"] = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
     copies = weight_copies(weight_bytes(spec, shape), rotate_bytes)
     weights = [w] + [w.clone() for _ in range(copies - 1)]
-    return Problem(a, [x.t() for x in weights], operands)
+    return Problem(a, [x.t() if b_col_major else x for x in weights], operands)
 
 
 def epilogue64(spec: SetSpec, acc, operands: dict, rows: slice):
@@ -378,6 +402,8 @@ def epilogue64(spec: SetSpec, acc, operands: dict, rows: slice):
         # evtc's gated layout: column 2j is gate feature j, column 2j+1 up feature j.
         g, u = acc[:, 0::2], acc[:, 1::2]
         return g * torch.sigmoid(g) * u
+    if spec.name == "residual":
+        return acc + operands["r"][rows].double()
     if spec.fp8:
         return acc * operands["sa"][rows].double()[:, None] * operands["sb"].double()[None, :]
     return acc
@@ -691,7 +717,7 @@ def measure_row(spec: SetSpec, kernel, shape: Shape, args, timer: Timer) -> dict
     problem = outputs = None
     try:
         describe_kernel(kernel, shape, row)
-        problem = make_problem(spec, shape, args.rotate_mb << 20, args.seed)
+        problem = make_problem(spec, shape, args.rotate_mb << 20, args.seed, args.layout)
         row["weight_copies"] = len(problem.weights)
         outputs = nan_outputs(kernel, shape.m, shape.n)
         check_first_call(spec, kernel, problem, outputs, row)
@@ -721,7 +747,7 @@ def run_compare(args, plan: dict[str, list[Shape]]) -> int:
     kernels, set_errors, jobs = {}, {}, []
     for name, shapes in plan.items():
         try:
-            kernels[name] = evtc.compile(SETS[name].expr, **SETS[name].compile_options())
+            kernels[name] = evtc.compile(SETS[name].expr, **SETS[name].compile_options(args.layout))
             jobs += default_compile_jobs(name, kernels[name], shapes)
         except Exception as e:  # every row of the set fails with it; the other sets go on
             set_errors[name] = f"{type(e).__name__}: {str(e)[:2000]}"
@@ -762,10 +788,10 @@ def run_compare(args, plan: dict[str, list[Shape]]) -> int:
 
 # --- sweep mode -------------------------------------------------------------------------------
 
-def candidate_command(evtc_cli: str, shape: Shape, spec: SetSpec) -> list[str]:
-    # B is w.t() (column-major), as the timed calls pass it.
-    return [evtc_cli, "tune", *spec.cli_arguments(), "-s", shape.mnk, "--max-candidates", "0",
-            "--list-candidates", "--layout-b", "c"]
+def candidate_command(evtc_cli: str, shape: Shape, spec: SetSpec, layout: str = "rc") -> list[str]:
+    # A and B in the layouts the timed calls pass them in (rc: B = w.t(), column-major).
+    return [evtc_cli, "tune", *spec.cli_arguments(layout), "-s", shape.mnk, "--max-candidates", "0",
+            "--list-candidates"]
 
 
 def parse_candidates(text: str) -> list[str]:
@@ -777,8 +803,8 @@ def parse_candidates(text: str) -> list[str]:
     return names
 
 
-def list_candidates(evtc_cli: str, shape: Shape, spec: SetSpec) -> list[str]:
-    cmd = candidate_command(evtc_cli, shape, spec)
+def list_candidates(evtc_cli: str, shape: Shape, spec: SetSpec, layout: str) -> list[str]:
+    cmd = candidate_command(evtc_cli, shape, spec, layout)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, EVTC_LOG="warning"))
     if proc.returncode != 0:
         raise RuntimeError(f"{shlex.join(cmd)} exited with {proc.returncode}: {(proc.stderr or proc.stdout)[-800:]}")
@@ -788,12 +814,13 @@ def list_candidates(evtc_cli: str, shape: Shape, spec: SetSpec) -> list[str]:
     return names
 
 
-def all_candidates(evtc_cli: str, shapes: list[Shape], spec: SetSpec) -> tuple[dict[Shape, list[str]], dict[Shape, str]]:
+def all_candidates(evtc_cli: str, shapes: list[Shape], spec: SetSpec,
+                   layout: str) -> tuple[dict[Shape, list[str]], dict[Shape, str]]:
     """Every shape's candidates (the listings run in parallel: they compile nothing) and the
     errors of shapes whose listing failed."""
     found, errors = {}, {}
     with concurrent.futures.ThreadPoolExecutor(min(16, os.cpu_count() or 4)) as pool:
-        futures = {pool.submit(list_candidates, evtc_cli, s, spec): s for s in shapes}
+        futures = {pool.submit(list_candidates, evtc_cli, s, spec, layout): s for s in shapes}
         for future in concurrent.futures.as_completed(futures):
             shape = futures[future]
             try:
@@ -910,7 +937,8 @@ def seeded_candidates(candidates: dict[Shape, list[str]], paths: list[str], top:
     return out
 
 
-def compile_candidates(evtc, candidates: dict[Shape, list[str]], spec: SetSpec) -> tuple[dict, dict[str, str]]:
+def compile_candidates(evtc, candidates: dict[Shape, list[str]], spec: SetSpec,
+                       layout: str) -> tuple[dict, dict[str, str]]:
     """One kernel per distinct candidate, compiled once, all in parallel; the kernels and the
     errors (of building or compiling) by configuration name."""
     kernels, errors, jobs = {}, {}, []
@@ -919,7 +947,7 @@ def compile_candidates(evtc, candidates: dict[Shape, list[str]], spec: SetSpec) 
             if name in kernels or name in errors:
                 continue
             try:
-                kernels[name] = evtc.compile(spec.expr, config=name, **spec.compile_options())
+                kernels[name] = evtc.compile(spec.expr, config=name, **spec.compile_options(layout))
                 jobs.append((name, kernels[name].compile_async(shape.m, shape.n, shape.k)))
             except Exception as e:
                 errors[name] = f"{type(e).__name__}: {e}"
@@ -974,7 +1002,7 @@ def time_orders(evtc, spec: SetSpec, shape: Shape, names: list[str], problem: Pr
     errors = {}
     for name in names:
         for order in evtc._evtc.visit_orders():  # the orders the tuner tries
-            kernel = evtc.compile(spec.expr, config=name, visit_order=order, **spec.compile_options())
+            kernel = evtc.compile(spec.expr, config=name, visit_order=order, **spec.compile_options(args.layout))
             if why := try_candidate(kernel, problem, outputs, ref):
                 errors[f"{name}@{order}"] = why
             else:
@@ -1023,7 +1051,7 @@ def sweep_shape(spec: SetSpec, shape: Shape, names: list[str], kernels: dict, co
                 args, timer: Timer) -> dict:
     import torch
 
-    problem = make_problem(spec, shape, args.rotate_mb << 20, args.seed)
+    problem = make_problem(spec, shape, args.rotate_mb << 20, args.seed, args.layout)
     ref = reference_output(spec, problem)
     outputs = nan_outputs(default_kernel, shape.m, shape.n)
     rotation = Rotation(problem.weights)
@@ -1118,7 +1146,7 @@ def run_sweep(args, spec: SetSpec, shapes: list[Shape]) -> int:
         # Named configurations at every shape, listed by nobody: e.g. a rule's old and new picks.
         candidates, list_errors = {s: list(args.configs) for s in shapes}, {}
     else:
-        candidates, list_errors = all_candidates(args.evtc, shapes, spec)
+        candidates, list_errors = all_candidates(args.evtc, shapes, spec, args.layout)
         if args.skip is not None:
             candidates = skip_candidates(candidates, args.skip)
         if args.table_base:
@@ -1128,12 +1156,12 @@ def run_sweep(args, spec: SetSpec, shapes: list[Shape]) -> int:
         candidates = refine_candidates(candidates, args.refine, args.refine_top, args.retime)
     if args.seed_from:
         candidates = seeded_candidates(candidates, args.seed_from, args.seed_top, args.seed_neighbours)
-    kernels, compile_errors = compile_candidates(evtc, candidates, spec)
+    kernels, compile_errors = compile_candidates(evtc, candidates, spec, args.layout)
     data = run_metadata(torch, evtc, args, "sweep")
     data.update({"set": spec.name, "epilogue": spec.expr, "error_bound": ERROR_BOUND, "compile_errors": compile_errors,
                  "listing_errors": {s.mnk: e for s, e in list_errors.items()}, "shapes": []})
     base = result_base(args.out, data["gpu"], "gemm-sweep")
-    default_kernel = evtc.compile(spec.expr, **spec.compile_options())
+    default_kernel = evtc.compile(spec.expr, **spec.compile_options(args.layout))
     timer = Timer(not args.no_backlog, args.alternate)
     timed = [s for s in shapes if s in candidates]
     for i, shape in enumerate(timed, 1):
@@ -1148,6 +1176,9 @@ def run_sweep(args, spec: SetSpec, shapes: list[Shape]) -> int:
         log(f"{i}/{len(timed)} {sweep_line(result)}")
     data["starved_batches"] = timer.starved
     write_json(data, base + ".json")
+    if not args.table_out:
+        print(f"wrote {base}.json", flush=True)
+        return 0 if all("best" in r for r in data["shapes"]) else 1
     doc = table_document(data["shapes"], data["gpu"], data["command"], data["date"], data.get("sm_count"), spec)
     missing = len(timed) - len(doc["entries"]) + (len(shapes) - len(timed) if old_table is None else 0)
     if old_table is not None:
@@ -1269,7 +1300,7 @@ def run_metadata(torch, evtc, args, mode: str) -> dict:
             "date": now.isoformat(timespec="seconds"), "command": command_line(), "env": env,
             "rounds": args.rounds, "calls": args.calls, "warmup_ms": args.warmup_ms,
             "rotate_mb": args.rotate_mb, "backlog": not args.no_backlog, "alternate": args.alternate,
-            "seed": args.seed}
+            "seed": args.seed, "layout": args.layout}
 
 
 def write_json(data: dict, path: str) -> None:
@@ -1465,6 +1496,9 @@ def parse_args(argv: Optional[list[str]] = None):
     p.add_argument("--no-backlog", action="store_true",
                    help="time without queueing calls behind a GPU sleep (host launch cost included)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--layout", choices=tuple(LAYOUTS), default="rc",
+                   help="A's and B's layouts, r(ow-major) or c(olumn-major): rc nn.Linear's forward (default), "
+                        "rr a backward data gradient (B the K x N weight), cr a weight gradient (A column-major)")
     p.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent / "results"))
     p.add_argument("--alternate", action="store_true",
                    help="time the variants call by call in turn within each round's batch, rather than each "
@@ -1484,7 +1518,8 @@ def parse_args(argv: Optional[list[str]] = None):
     sweep = p.add_argument_group("sweep mode")
     sweep.add_argument("--sweep", action="store_true", help="time every tuning candidate of each shape (plain, bf16)")
     sweep.add_argument("--evtc", metavar="PATH", help="the evtc command-line tool (lists the candidates)")
-    sweep.add_argument("--table-out", metavar="FILE", help="where the selection table is written")
+    sweep.add_argument("--table-out", metavar="FILE",
+                       help="where the selection table is written (a --configs sweep writes one only if given)")
     sweep.add_argument("--refine", nargs="+", metavar="SWEEP.json",
                        help="time only the candidates these earlier sweeps did not try, and their fastest there")
     sweep.add_argument("--retime", type=parse_regex, default=None, metavar="REGEX",
@@ -1528,11 +1563,18 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
         p.error("--m restricts the grid; --off-grid has its own M values")
     if args.compile_only and (args.sweep or args.table_from or args.table_times_from or args.table):
         p.error("--compile-only belongs to the comparison (the sweep compiles its own candidates)")
+    if args.layout != "rc" and any(SETS[name].fp8 for name in args.sets or []):
+        p.error("--layout: the fp8 set's reference, torch._scaled_mm, takes A row-major and B column-major only (rc)")
     if args.sweep:
-        if not args.evtc or not args.table_out:
-            p.error("--sweep needs --evtc PATH and --table-out FILE")
-        if args.sets and (len(args.sets) != 1 or args.sets[0] not in SWEEP_SETS):
-            p.error(f"--sweep measures one set: {' or '.join(SWEEP_SETS)}")
+        if not args.configs and (not args.evtc or not args.table_out):
+            p.error("--sweep needs --evtc PATH and --table-out FILE (or --configs NAME,...)")
+        if args.sets and len(args.sets) != 1:
+            p.error("--sweep measures one set")
+        if args.sets and args.sets[0] not in SWEEP_SETS and (args.table_out or not args.configs):
+            p.error(f"a selection table is measured with the {' or '.join(SWEEP_SETS)} set; another set sweeps "
+                    "--configs only, without --table-out")
+        if args.table_out and args.layout != "rc":
+            p.error("--table-out: the selection tables are measured with A row-major and B column-major (--layout rc)")
         if args.orders_from and args.refine:
             p.error("--orders-from times a table's configurations; --refine lists candidates: give one")
         if args.orders_top < 0:
@@ -1592,10 +1634,10 @@ def print_plan(args, plan: dict[str, list[Shape]]) -> None:
             print(f"  {s.mnk:>20}  {s.label:<34} weight copies {copies}")
     if args.sweep:
         first = next(iter(plan.values()))[:1]
-        if first:
+        if first and not args.configs:
             spec = SETS[args.sets[0]]
-            print(f"\ncandidates per shape, e.g.: {shlex.join(candidate_command(args.evtc, first[0], spec))}")
-        print(f"table: {args.table_out}")
+            print(f"\ncandidates per shape, e.g.: {shlex.join(candidate_command(args.evtc, first[0], spec, args.layout))}")
+        print(f"table: {args.table_out or '(none: --configs without --table-out)'}")
     print(f"\n{sum(len(s) for s in plan.values())} shapes in all")
 
 

@@ -233,6 +233,27 @@ def test_an_fp8_sweep_lists_candidates_with_declared_f32_scales_and_writes_the_f
     assert g.main(["--sweep", "--set", "fp8", "--quick", "--evtc", "evtc", "--table-out", "t.json", "--dry-run"]) == 0
 
 
+def test_layouts_reach_the_candidate_listing_and_kernels_and_only_rc_writes_a_table(capsys):
+    g = load_gemm_shapes()
+    shape = g.Shape("m", "l", 4096, 2048, 8192)
+    cmd = g.candidate_command("evtc", shape, g.SETS["plain"], "cr")
+    assert (cmd[cmd.index("--layout-a") + 1], cmd[cmd.index("--layout-b") + 1]) == ("c", "r")
+    assert g.SETS["residual"].compile_options("rr") == {"a_layout": "row", "b_layout": "row"}
+    assert g.SETS["fp8"].compile_options()["b_layout"] == "col"
+    # The residual set sweeps named configurations only, and writes no table.
+    configs = ["--sweep", "--configs", "coop_256x128x64_c1x2_persistent", "--dry-run"]
+    assert g.main([*configs, "--set", "residual", "--layout", "rr"]) == 0
+    assert "table: (none" in capsys.readouterr().out
+    for argv, message in (
+            ([*configs, "--set", "residual", "--table-out", "t.json"], "another set sweeps --configs only"),
+            ([*configs, "--table-out", "t.json", "--layout", "rr"], "--table-out: the selection tables are measured"),
+            (["--set", "fp8", "--layout", "rr", "--dry-run"], "the fp8 set's reference"),
+            (["--sweep", "--evtc", "x", "--dry-run"], "--sweep needs --evtc PATH and --table-out FILE")):
+        with pytest.raises(SystemExit):
+            g.parse_args(argv)
+        assert message in capsys.readouterr().err
+
+
 def test_matmul_heuristics_matches_evtc_candidates_by_tile_cluster_and_split():
     sys.path.insert(0, str(ROOT / "bench"))
     spec = importlib.util.spec_from_file_location("bench_matmul_heuristics", ROOT / "bench" / "matmul_heuristics.py")
