@@ -52,7 +52,8 @@ and the summary: geometric mean of evtc / reference over all shapes, M <= 64 and
 largest ratio, and how many shapes are above 1.04, per set. Choices tuned earlier on this
 machine (`evtc tune`) are used by the default kernel; EVTC_TUNE=off measures the untuned default.
 
-Sweep mode (--sweep; the plain set, or --set fp8 for fp8 A/B, whose table is the fp8 one). For each
+Sweep mode (--sweep; the plain set, --set fp8 for fp8 A/B, whose table is the fp8 one, or --set
+residual, whose table ("kind": "residual") serves epilogues with one [m,n] operand). For each
 shape, `PATH_TO_EVTC_CLI tune 'out D: bf16 = acc' -s MxNxK --max-candidates 0 --list-candidates
 --layout-b c` (fp8: the set's expression with `--dtype f8e4m3`) lists the candidate
 configurations; every distinct candidate compiles once (`evtc.compile(expr, config=name)`, in
@@ -190,7 +191,10 @@ ERROR_BOUND = 2e-2  # relative L2 error of a bf16 output against the float64 ref
 ABOVE = 1.04  # the summary counts shapes where evtc takes longer than this times the reference
 # The sets a sweep measures (their D = the accumulator, scaled row- and column-wise for fp8): the
 # selection tables' per-dtype keys.
-SWEEP_SETS = ("plain", "fp8")
+SWEEP_SETS = ("plain", "fp8", "residual")
+# A table's "kind": the epilogue class it was measured with where not D = acc (fp8: its scales),
+# which the library matches to an epilogue (selection::table_choice).
+TABLE_KINDS = {"residual": "residual"}
 # The library call's key among a sweep's timed variants.
 REFERENCE = "reference"
 CONFIG_NAME = re.compile(r"^(coop|pingpong|ms)_\S+$")
@@ -1114,8 +1118,10 @@ def table_document(results: list[dict], gpu: str, command: str, measured: str, s
     doc = {"format": 1, "gpu": gpu, "gpu_class": gpu_slug(gpu)}
     if sm_count:
         doc["sm_count"] = sm_count  # a GPU class without a table borrows one of as many multiprocessors
-    doc.update({"dtype": spec.dtype, "epilogue": spec.expr, "measured": measured, "command": command,
-                "entries": entries})
+    doc.update({"dtype": spec.dtype, "epilogue": spec.expr, "measured": measured, "command": command})
+    if spec.name in TABLE_KINDS:
+        doc["kind"] = TABLE_KINDS[spec.name]
+    doc["entries"] = entries
     return doc
 
 
@@ -1571,7 +1577,7 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
         if args.sets and len(args.sets) != 1:
             p.error("--sweep measures one set")
         if args.sets and args.sets[0] not in SWEEP_SETS and (args.table_out or not args.configs):
-            p.error(f"a selection table is measured with the {' or '.join(SWEEP_SETS)} set; another set sweeps "
+            p.error(f"a selection table is measured with the {', '.join(SWEEP_SETS)} set; another set sweeps "
                     "--configs only, without --table-out")
         if args.table_out and args.layout != "rc":
             p.error("--table-out: the selection tables are measured with A row-major and B column-major (--layout rc)")

@@ -240,12 +240,17 @@ def test_layouts_reach_the_candidate_listing_and_kernels_and_only_rc_writes_a_ta
     assert (cmd[cmd.index("--layout-a") + 1], cmd[cmd.index("--layout-b") + 1]) == ("c", "r")
     assert g.SETS["residual"].compile_options("rr") == {"a_layout": "row", "b_layout": "row"}
     assert g.SETS["fp8"].compile_options()["b_layout"] == "col"
+    # A residual table says what it was measured with; the D = acc ones have no kind.
+    result = {"m": 1024, "n": 4096, "k": 4096, "label": "x", "cublas_ms": 0.05, "best": "a", "best_ms": 0.05,
+              "candidates": {"a": 0.05}, "errors": {}}
+    assert g.table_document([result], "NVIDIA H200", "cmd", "date", 132, g.SETS["residual"])["kind"] == "residual"
+    assert "kind" not in g.table_document([result], "NVIDIA H200", "cmd", "date", 132, g.SETS["plain"])
     # The residual set sweeps named configurations only, and writes no table.
     configs = ["--sweep", "--configs", "coop_256x128x64_c1x2_persistent", "--dry-run"]
     assert g.main([*configs, "--set", "residual", "--layout", "rr"]) == 0
     assert "table: (none" in capsys.readouterr().out
     for argv, message in (
-            ([*configs, "--set", "residual", "--table-out", "t.json"], "another set sweeps --configs only"),
+            ([*configs, "--set", "silu", "--table-out", "t.json"], "another set sweeps --configs only"),
             ([*configs, "--table-out", "t.json", "--layout", "rr"], "--table-out: the selection tables are measured"),
             (["--set", "fp8", "--layout", "rr", "--dry-run"], "the fp8 set's reference"),
             (["--sweep", "--evtc", "x", "--dry-run"], "--sweep needs --evtc PATH and --table-out FILE")):
