@@ -41,8 +41,10 @@ TEST(SelectionTable, EveryShippedTableParsesAndItsConfigurationsAreBuildable) {
       g.m = e.m;
       g.n = e.n;
       g.k = e.k;
-      // A shipped choice is one the tuner could have made: legal, and not pruned for its shape.
-      EXPECT_EQ(tuning::prune_reason(e.config, run_pipeline(parse_expression("out D: bf16 = acc")), g), "")
+      // A shipped choice is one the tuner could have made: legal, and not pruned for its shape
+      // with the epilogue it was measured with.
+      const char* measured = t.kind == TableKind::residual ? "out D: bf16 = acc + r[m,n]" : "out D: bf16 = acc";
+      EXPECT_EQ(tuning::prune_reason(e.config, run_pipeline(parse_expression(measured)), g), "")
           << t.file << " " << e.m << "x" << e.n << "x" << e.k << " " << e.config.name();
       // A transposed winner names the untransposed configuration gated epilogues take instead.
       if (e.config.swap_ab)
@@ -75,6 +77,46 @@ TEST(SelectionTable, ErrorsNameTheFileAndTheField) {
             std::string::npos);
   EXPECT_NE(error_of(table_json(entry(0, 4096, 4096, "coop_128x256x64_c2x1_persistent"))).find("positive"),
             std::string::npos);
+  EXPECT_NE(error_of(R"({"format": 1, "gpu": "g", "gpu_class": "h200", "dtype": "bf16", "kind": "gelu",
+                         "entries": []})")
+                .find("x.json: kind 'gelu' is not one a table is measured with"),
+            std::string::npos);
+}
+
+TEST(SelectionTable, AResidualTableServesEpiloguesWithOneMNOperand) {
+  const SelectionTable t = parse_table(
+      R"({"format": 1, "gpu": "NVIDIA H200", "gpu_class": "h200", "dtype": "bf16", "kind": "residual", "entries": [
+          {"m": 1024, "n": 4096, "k": 4096, "config": "pingpong_128x128x64_c2x1_persistent", "ms": 0.05,
+           "cublas_ms": 0.05}]})",
+      "r.json");
+  EXPECT_EQ(t.kind, TableKind::residual);
+  EXPECT_EQ(t.smallest_m(), 1024);
+  // Its times include reading r besides writing D.
+  EXPECT_EQ(t.epilogue_bytes(1024, 4096), 4.0 * 1024 * 4096);
+  EXPECT_EQ(parse_table(table_json(entry(16, 4096, 4096, "coop_128x256x64_c2x1_persistent")), "p.json")
+                .epilogue_bytes(1024, 4096),
+            2.0 * 1024 * 4096);
+  // The H200's shipped residual table is found by its kind, and the H100 borrows it (same chip).
+  const SelectionTable* residual = table_for("h200", DType::bf16, 0, TableKind::residual);
+  ASSERT_NE(residual, nullptr);
+  EXPECT_EQ(residual->kind, TableKind::residual);
+  EXPECT_NE(residual, table_for("h200", DType::bf16));
+  EXPECT_EQ(table_for("h200", DType::bf16)->kind, TableKind::plain);
+  EXPECT_EQ(table_for("h200", DType::f16, 0, TableKind::residual), residual);
+  EXPECT_EQ(table_for("h100", DType::bf16, residual->sm_count, TableKind::residual), residual);
+  EXPECT_EQ(table_for("h200", DType::f8e4m3, 0, TableKind::residual), nullptr);
+  // One 16-bit [m,n] operand (or C) and one 16-bit [m,n] output, the accumulator read once.
+  for (const char* one : {"out D: bf16 = acc + r[m,n]", "out D: bf16 = acc * s[n] + r[m,n]",
+                          "input r[m,n]: f16\nout D: f16 = silu(acc + b[n]) + r"})
+    EXPECT_TRUE(operand_epilogue(run_pipeline(parse_expression(one)))) << one;
+  for (const char* other : {"out D: bf16 = acc",                                 // light
+                            "input r[m,n]: f32\nout D: bf16 = acc + r",          // a 4-byte operand
+                            "out D: f32 = acc + r[m,n]",                         // a 4-byte output
+                            "out D: bf16 = acc + r[m,n] + q[m,n]",               // two operands
+                            "out D: bf16 = acc + r[m,n]\nout E: bf16 = acc",     // two outputs
+                            "out D: bf16 = acc + r[m,n]; out s = row_sum(acc)",  // a reduction
+                            "out D: bf16 = acc * s[n] + acc + r[m,n]"})          // acc read twice
+    EXPECT_FALSE(operand_epilogue(run_pipeline(parse_expression(other)))) << other;
 }
 
 TEST(SelectionTable, AnEntryCarriesItsVisitingOrder) {
@@ -296,6 +338,20 @@ TEST(SelectionTable, DecodeSizedEntriesTakeHeavierEpiloguesWithoutReductionsOnSm
     EXPECT_TRUE(few_accumulators(*KernelConfig::parse(small))) << small;
   for (const char* big : {"pingpong_64x160x64_c1x1_persistent", "pingpong_128x192x64_c2x1_persistent"})
     EXPECT_FALSE(few_accumulators(*KernelConfig::parse(big))) << big;
+}
+
+TEST(SelectionTable, BRowMajorTakesTheEntriesFrom1024RowsOn) {
+  GemmDesc g = gemm(kOtherLayoutRows, 1600, 6400);
+  g.b_layout = Layout::row_major;  // GPT-2's Conv1D weight, or W in dY·W
+  EXPECT_TRUE(other_layout_entries(g));
+  g.m = kOtherLayoutRows - 1;
+  EXPECT_FALSE(other_layout_entries(g));
+  g.m = 8192;
+  g.a_layout = Layout::col_major;  // a weight gradient: keeps the rules
+  EXPECT_FALSE(other_layout_entries(g));
+  g.a_layout = Layout::row_major;
+  g.a_dtype = g.b_dtype = DType::f8e4m3;  // fp8 has only its own layout's measurements
+  EXPECT_FALSE(other_layout_entries(g));
 }
 
 TEST(SelectionTable, AMeasurementHoldsAtItsShapeAndAtItsWeightsOnTheSameTileGrid) {

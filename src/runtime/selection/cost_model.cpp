@@ -220,8 +220,9 @@ bool selection::measured_here(const selection::TableChoice& t, const GemmDesc& g
 namespace {
 
 // Where the shipped table measured this configuration (selection/shipped_table.hpp), the model is
-// anchored to the measurement: at the entry's shape, evtc's kernel with a plain 16-bit D and
-// cuBLAS's GEMM took the table's times; here, each is that time scaled by the model's ratio
+// anchored to the measurement: at the entry's shape, evtc's kernel with the table's epilogue
+// (a plain 16-bit D, or D = acc + r[m,n] for a residual table) and cuBLAS's GEMM took the
+// table's times; here, each is that time scaled by the model's ratio
 // of here to there. On the table's own shapes the plain GEMM's price is then the measured time.
 void anchor_to_table(FusionEstimate& e, const selection::TableChoice& t, const GemmDesc& g) {
   if (t.entry.ms <= 0 || t.entry.cublas_ms <= 0) return;
@@ -229,9 +230,11 @@ void anchor_to_table(FusionEstimate& e, const selection::TableChoice& t, const G
   there.m = t.entry.m;
   there.n = t.entry.n;
   there.k = t.entry.k;
-  // The entry's own configuration, which its times measured (the choice may adapt it to here).
-  const FusionEstimate plain =
-      estimate_for(t.entry.config, there, double(there.m) * there.n * 2, 0, UnfusedWork{});
+  // The entry's own configuration, which its times measured (the choice may adapt it to here),
+  // with the epilogue the table measured (D, and a residual table's [m,n] operand).
+  const selection::SelectionTable* table = selection::shipped_table_named(t.table);
+  const double measured_bytes = table ? table->epilogue_bytes(there.m, there.n) : double(there.m) * there.n * 2;
+  const FusionEstimate plain = estimate_for(t.entry.config, there, measured_bytes, 0, UnfusedWork{});
   e.fused_us *= t.entry.ms * 1e3 / plain.fused_us;
   e.cublas_us *= t.entry.cublas_ms * 1e3 / plain.cublas_us;
   e.basis = fmt::format("table {} at {}x{}x{}", t.table, t.entry.m, t.entry.n, t.entry.k);

@@ -40,6 +40,27 @@ bool light_epilogue(const Graph& g) {
 
 bool few_accumulators(const KernelConfig& c) { return accumulators_per_thread(c) <= kFewAccumulators; }
 
+bool other_layout_entries(const GemmDesc& gemm) {
+  return !is_fp8(gemm.a_dtype) && gemm.a_layout == Layout::row_major && gemm.m >= kOtherLayoutRows;
+}
+
+bool operand_epilogue(const Graph& g) {
+  int stores = 0, full_operands = 0, acc_reads = 0;
+  for (const Node& n : g.nodes()) {
+    if (n.kind == NodeKind::reduce || n.kind == NodeKind::pair) return false;
+    if (n.kind == NodeKind::aux || n.kind == NodeKind::source) {
+      if (dtype_bytes(n.dtype) > 2) return false;
+      ++full_operands;
+    }
+    if (n.kind == NodeKind::store) {
+      if (dtype_bytes(n.dtype) > 2 || n.shape != Shape::full) return false;
+      ++stores;
+    }
+    for (NodeId in : n.inputs) acc_reads += g.node(in).kind == NodeKind::accum;
+  }
+  return stores == 1 && full_operands == 1 && acc_reads <= 1;
+}
+
 bool decode_table_epilogue(const Graph& g, const GemmDesc& gemm) {
   if (gemm.m <= 0 || gemm.m > kDecodeRows) return false;
   for (const Node& n : g.nodes())
@@ -131,17 +152,35 @@ std::optional<TableChoice> table_choice(const Graph& g, const GemmDesc& gemm) {
   const bool fp8 = is_fp8(gemm.a_dtype);
   if (fp8 && (gemm.fp8_fast_accum || gemm.fp8_blockwise)) return std::nullopt;
   // The tables are measured with nn.Linear's operands: A row-major, B column-major (W of N×K).
-  if (gemm.a_layout != Layout::row_major || gemm.b_layout != Layout::col_major) return std::nullopt;
+  // 16-bit GEMMs of B row-major (GPT-2's Conv1D weights, a backward pass's data gradients) take
+  // their entries from kOtherLayoutRows rows on (other_layout_entries).
+  if ((gemm.a_layout != Layout::row_major || gemm.b_layout != Layout::col_major) &&
+      !other_layout_entries(gemm))
+    return std::nullopt;
   const bool light = light_epilogue(g);
-  if (!light && !decode_table_epilogue(g, gemm)) return std::nullopt;
+  const bool one_operand = !light && !fp8 && operand_epilogue(g);
+  if (!light && !one_operand && !decode_table_epilogue(g, gemm)) return std::nullopt;
   const auto dev = current_device();
   if (!dev || dev->arch != gemm.sm) return std::nullopt;
+  tuning::DeviceLimits device;
+  if (dev->sm_count > 0) device.sm_count = dev->sm_count;
+  // An epilogue with one [m,n] operand: the residual table's entry from its smallest M on (it
+  // was measured with such an epilogue, on tiles whose registers hold the operand's fragment).
+  if (one_operand)
+    if (const SelectionTable* residual =
+            table_for(gpu_class_of(dev->name), gemm.a_dtype, dev->sm_count, TableKind::residual);
+        residual && gemm.m >= residual->smallest_m())
+      if (const auto found = match(*residual, gemm.m, gemm.n, gemm.k, dev->sm_count);
+          found && tuning::prune_reason(found->entry->config, g, gemm, device).empty()) {
+        TableChoice choice{found->entry->config, *found->entry, found->exact, residual->file};
+        if (!found->exact) choice.entry.order = VisitOrder{};  // measured on its own tile grid
+        return choice;
+      }
+  if (!light && !decode_table_epilogue(g, gemm)) return std::nullopt;
   const SelectionTable* table = table_for(gpu_class_of(dev->name), gemm.a_dtype, dev->sm_count);
   if (!table) return std::nullopt;
   const auto found = match(*table, gemm.m, gemm.n, gemm.k, dev->sm_count);
   if (!found) return std::nullopt;
-  tuning::DeviceLimits device;
-  if (dev->sm_count > 0) device.sm_count = dev->sm_count;
   auto usable = [&](const KernelConfig& c) {
     // At least 3 main-loop stages included; a heavier epilogue only on a tile of few accumulators.
     return tuning::prune_reason(c, g, gemm, device).empty() && (light || few_accumulators(c));

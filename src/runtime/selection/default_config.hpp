@@ -26,6 +26,21 @@ constexpr int64_t kDecodeRows = 64;
 // whose registers leave room for an epilogue's [m,n] operands and extra outputs beside them.
 constexpr int64_t kFewAccumulators = 64;
 bool few_accumulators(const KernelConfig& c);
+// 16-bit GEMMs of A row-major and B row-major (K×N: GPT-2's Conv1D weights, dY·W in a backward
+// pass) take the tables' entries (measured with B column-major) from this many rows on. Timed
+// on the H200 with B row-major (bench/gemm_shapes.py --layout rr; bench/results/20261130-0333-
+// h200-gemm-sweep-layout-rr.json) the entries' configurations took 0.978x torch.mm (geo-mean of
+// 7 shapes from 4096 rows on; 0.84-0.99x at GPT-2 XL's), within 1.5 % of the fastest of ten
+// configurations at five and 2.2-2.7 % behind it at two. With A column-major (a weight gradient,
+// dY^T·X: M and N the layer's sizes, K the tokens) the entries borrowed by shapes the grid does
+// not have took 1.07-1.17x against 0.99-1.10x for the fastest (-0334-h200-gemm-sweep-layout-cr
+// .json): such GEMMs keep the rules.
+constexpr int64_t kOtherLayoutRows = 1024;
+bool other_layout_entries(const GemmDesc& gemm);
+// One 16-bit [m,n] output and one 16-bit [m,n] operand (an aux or C: a residual), the
+// accumulator read once, no reduction or gated halves: the o and down projections'
+// `acc + residual`, which take the residual table (TableKind::residual) where it has entries.
+bool operand_epilogue(const Graph& g);
 // An epilogue heavier than a light one that still takes a decode-sized table entry (on a tile
 // of few accumulators): M at most kDecodeRows and no reduction. The table measured the entry
 // with D = acc; at such M the kernel's time is B's streaming, which an [m,n] operand of M rows
@@ -36,7 +51,9 @@ bool decode_table_epilogue(const Graph& g, const GemmDesc& gemm);
 // The shipped table's configuration for this problem on the current GPU, with the entry it came
 // from: for sm_90a kernels of 16-bit A (row-major) and B (column-major) with a light epilogue (the tables are measured with
 // D = acc; light epilogues keep their main loop's speed, measured in bench/gemm_shapes.py's
-// silu and swiglu sets) or, at decode-sized M, a heavier one without reductions on an entry of
+// silu and swiglu sets), an epilogue with one [m,n] operand from the residual table's
+// smallest M on (operand_epilogue; that table measured `acc + r[m,n]`) or, at decode-sized M,
+// a heavier one without reductions on an entry of
 // few accumulators (decode_table_epilogue), and of fp8 A and B with the default two-level accumulation (the fp8
 // tables are measured with D = acc * sa[m] * sb[n], and their entries are taken at other shapes
 // unadapted), where the configuration also suits this problem (its pruning rules, and at least 3

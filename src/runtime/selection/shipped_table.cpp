@@ -48,6 +48,13 @@ SelectionTable parse_table(const std::string& json, const std::string& file) {
   const auto dtype = parse_dtype(field<std::string>(j, "dtype", where));
   if (!dtype) throw RuntimeError(fmt::format("{}: dtype '{}' is not one of evtc's", where, j["dtype"].get<std::string>()));
   t.dtype = *dtype;
+  if (j.contains("kind")) {
+    const std::string kind = field<std::string>(j, "kind", where);
+    if (kind != "residual")
+      throw RuntimeError(fmt::format("{}: kind '{}' is not one a table is measured with (residual, or none for "
+                                     "D = acc)", where, kind));
+    t.kind = TableKind::residual;
+  }
   const auto entries = field<nlohmann::json>(j, "entries", where);
   if (!entries.is_array()) throw RuntimeError(where + ": 'entries' is not an array");
   for (size_t i = 0; i < entries.size(); ++i) {
@@ -104,14 +111,15 @@ std::string gpu_class_of(const std::string& device_name) {
   return "";
 }
 
-const SelectionTable* table_for(const std::string& gpu_class, DType ab, int sm_count) {
+const SelectionTable* table_for(const std::string& gpu_class, DType ab, int sm_count, TableKind kind) {
   if (gpu_class.empty()) return nullptr;
   // f16 runs the same main loops at the same speed as bf16.
   const DType measured = ab == DType::f16 ? DType::bf16 : ab;
+  auto fits = [&](const SelectionTable& t) { return t.dtype == measured && t.kind == kind && !t.entries.empty(); };
   for (const SelectionTable& t : shipped_tables())
-    if (t.gpu_class == gpu_class && t.dtype == measured && !t.entries.empty()) return &t;
+    if (t.gpu_class == gpu_class && fits(t)) return &t;
   for (const SelectionTable& t : shipped_tables())
-    if (sm_count > 0 && t.sm_count == sm_count && t.dtype == measured && !t.entries.empty()) return &t;
+    if (sm_count > 0 && t.sm_count == sm_count && fits(t)) return &t;
   return nullptr;
 }
 
