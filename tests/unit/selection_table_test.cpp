@@ -354,6 +354,62 @@ TEST(SelectionTable, BRowMajorTakesTheEntriesFrom1024RowsOn) {
   EXPECT_FALSE(other_layout_entries(g));
 }
 
+TEST(SelectionTable, OnAnH200ResidualsAndBRowMajorTakeTheirEntries) {
+  // What an H200 chooses (no GPU needed: the device is given, the tables are embedded).
+  const std::optional<DeviceInfo> h200 = DeviceInfo{"NVIDIA H200", 90, 132};
+  const Graph residual = run_pipeline(parse_expression("out D: bf16 = acc + r[m,n]"));
+  const Graph plain = run_pipeline(parse_expression("out D: bf16 = acc"));
+  const SelectionTable* residual_table = shipped_table_named("h200-bf16-residual.json");
+  const SelectionTable* plain_table = shipped_table_named("h200-bf16.json");
+  ASSERT_NE(residual_table, nullptr);
+  ASSERT_NE(plain_table, nullptr);
+  auto entry_of = [](const SelectionTable* t, int64_t m, int64_t n, int64_t k) {
+    for (const TableEntry& e : t->entries)
+      if (e.m == m && e.n == n && e.k == k) return e.config.name();
+    return std::string("none");
+  };
+  // A residual at a measured shape takes that shape's residual entry.
+  auto c = table_choice_on(residual, gemm(8192, 2048, 2048), h200);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->table, "h200-bf16-residual.json");
+  EXPECT_TRUE(c->exact);
+  EXPECT_EQ(c->config.name(), entry_of(residual_table, 8192, 2048, 2048));
+  // Off the table's shapes, from its smallest M on: its nearest entry.
+  c = table_choice_on(residual, gemm(3000, 5120, 14336), h200);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->table, "h200-bf16-residual.json");
+  EXPECT_FALSE(c->exact);
+  // Below it (and above decode sizes) the rules: no table.
+  EXPECT_FALSE(table_choice_on(residual, gemm(512, 4096, 4096), h200).has_value());
+  // D = acc keeps the plain table.
+  c = table_choice_on(plain, gemm(8192, 4096, 4096), h200);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->table, "h200-bf16.json");
+  EXPECT_EQ(c->config.name(), entry_of(plain_table, 8192, 4096, 4096));
+  // B row-major: the same entries from 1024 rows on, the rules below; A column-major the rules.
+  GemmDesc rr = gemm(8192, 4096, 4096);
+  rr.b_layout = Layout::row_major;
+  c = table_choice_on(plain, rr, h200);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->config.name(), entry_of(plain_table, 8192, 4096, 4096));
+  rr.m = 256;
+  EXPECT_FALSE(table_choice_on(plain, rr, h200).has_value());
+  GemmDesc cr = gemm(8192, 4096, 4096);
+  cr.a_layout = Layout::col_major;
+  cr.b_layout = Layout::row_major;
+  EXPECT_FALSE(table_choice_on(plain, cr, h200).has_value());
+  c = table_choice_on(residual, [] { GemmDesc g = gemm(8192, 1600, 6400); g.b_layout = Layout::row_major; return g; }(),
+                      h200);
+  ASSERT_TRUE(c.has_value());  // GPT-2's Conv1D projection with its residual
+  EXPECT_EQ(c->config.name(), entry_of(residual_table, 8192, 1600, 6400));
+  // An H100 borrows the H200's residual table (same multiprocessors); another architecture none.
+  c = table_choice_on(residual, gemm(8192, 2048, 2048), DeviceInfo{"NVIDIA H100 80GB HBM3", 90, 132});
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->table, "h200-bf16-residual.json");
+  EXPECT_FALSE(table_choice_on(residual, gemm(8192, 2048, 2048), DeviceInfo{"NVIDIA A100", 80, 108}).has_value());
+  EXPECT_FALSE(table_choice_on(residual, gemm(8192, 2048, 2048), std::nullopt).has_value());
+}
+
 TEST(SelectionTable, AMeasurementHoldsAtItsShapeAndAtItsWeightsOnTheSameTileGrid) {
   // What lets a GEMM with nothing to fuse leave cuBLAS (FusionEstimate::measured): the 16-row
   // entry's transposed 64x16 tile holds M = 9..16 in one 16-column tile, as it held 16.

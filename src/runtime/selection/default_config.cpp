@@ -143,6 +143,10 @@ std::optional<KernelConfig> mid_m_transposed_tile(const GemmDesc& gemm, const tu
 }
 
 std::optional<TableChoice> table_choice(const Graph& g, const GemmDesc& gemm) {
+  return table_choice_on(g, gemm, current_device());
+}
+
+std::optional<TableChoice> table_choice_on(const Graph& g, const GemmDesc& gemm, const std::optional<DeviceInfo>& dev) {
   // Tables are measured on GPUs whose kernels are verified there, and apply on such a GPU only.
   if (!backend_features(gemm.sm, gemm.a_dtype).verified || gemm.m <= 0 || gemm.n <= 0 || gemm.k <= 0)
     return std::nullopt;
@@ -160,7 +164,6 @@ std::optional<TableChoice> table_choice(const Graph& g, const GemmDesc& gemm) {
   const bool light = light_epilogue(g);
   const bool one_operand = !light && !fp8 && operand_epilogue(g);
   if (!light && !one_operand && !decode_table_epilogue(g, gemm)) return std::nullopt;
-  const auto dev = current_device();
   if (!dev || dev->arch != gemm.sm) return std::nullopt;
   tuning::DeviceLimits device;
   if (dev->sm_count > 0) device.sm_count = dev->sm_count;

@@ -9,6 +9,7 @@
 #include "evtc/kernel_config.hpp"
 #include "runtime/selection/candidates.hpp"
 #include "runtime/selection/shipped_table.hpp"
+#include "target/device_info.hpp"
 
 namespace evtc::selection {
 
@@ -65,6 +66,9 @@ struct TableChoice {
   std::string table;  // its file name, e.g. "h100-bf16.json"
 };
 std::optional<TableChoice> table_choice(const Graph& g, const GemmDesc& gemm);
+// The same on the device `dev` (current_device() for table_choice): what a GPU of that name and
+// multiprocessor count would choose.
+std::optional<TableChoice> table_choice_on(const Graph& g, const GemmDesc& gemm, const std::optional<DeviceInfo>& dev);
 
 // A transposed configuration borrowed from a smaller M, whose tiles (tile_n of M's rows each)
 // take two or more across this problem's M in more tiles than one wave holds: the same
