@@ -189,12 +189,9 @@ OFF_GRID = (
 PLAIN_EXPR = "out D: bf16 = acc"
 ERROR_BOUND = 2e-2  # relative L2 error of a bf16 output against the float64 reference
 ABOVE = 1.04  # the summary counts shapes where evtc takes longer than this times the reference
-# The sets a sweep measures (their D = the accumulator, scaled row- and column-wise for fp8): the
-# selection tables' per-dtype keys.
+# The sets a selection table is measured with (D = the accumulator, scaled row- and column-wise
+# for fp8; plus an [m,n] operand for the residual table, SetSpec.table_kind).
 SWEEP_SETS = ("plain", "fp8", "residual")
-# A table's "kind": the epilogue class it was measured with where not D = acc (fp8: its scales),
-# which the library matches to an epilogue (selection::table_choice).
-TABLE_KINDS = {"residual": "residual"}
 # The library call's key among a sweep's timed variants.
 REFERENCE = "reference"
 CONFIG_NAME = re.compile(r"^(coop|pingpong|ms)_\S+$")
@@ -214,6 +211,9 @@ class SetSpec:
     reference: str
     fp8: bool = False
     gated: bool = False  # output M x N/2; only merged gate/up layers
+    # The "kind" of the table this set measures, where not D = acc (fp8: its scales): the
+    # epilogue class the library matches it to (selection::table_choice).
+    table_kind: Optional[str] = None
 
     def compile_options(self, layout: str = "rc") -> dict:
         # Undeclared operands default to bf16 in the Python API; the scales are f32.
@@ -242,7 +242,7 @@ SETS = {s.name: s for s in (
     SetSpec("silu", "out D: bf16 = silu(acc + bias[n])", "torch.mm(a, w.t()) (the plain GEMM, same N)"),
     SetSpec("swiglu", "out D: bf16 = swiglu(acc)", "torch.mm(a, w.t()) (the plain GEMM, same N)", gated=True),
     SetSpec("residual", "input r[m,n]: bf16\nout D: bf16 = acc + r",
-            "torch.mm(a, w.t()) (the plain GEMM, same N)"),
+            "torch.mm(a, w.t()) (the plain GEMM, same N)", table_kind="residual"),
     SetSpec("fp8", "out D: bf16 = acc * sa[m] * sb[n]",
             "torch._scaled_mm(a, w.t(), scale_a=sa.view(-1, 1), scale_b=sb.view(1, -1), out_dtype=torch.bfloat16)",
             fp8=True),
@@ -335,7 +335,7 @@ def weight_copies(weight_bytes: int, rotate_bytes: int, most: int = 64) -> int:
     return max(1, min(most, rotate_bytes // max(weight_bytes, 1) + 1))
 
 
-def weight_bytes(spec: SetSpec, shape: Shape) -> int:  # noqa: ARG001 (every layout alike)
+def weight_bytes(spec: SetSpec, shape: Shape) -> int:
     return shape.n * shape.k * (1 if spec.fp8 else 2)
 
 
@@ -1119,8 +1119,8 @@ def table_document(results: list[dict], gpu: str, command: str, measured: str, s
     if sm_count:
         doc["sm_count"] = sm_count  # a GPU class without a table borrows one of as many multiprocessors
     doc.update({"dtype": spec.dtype, "epilogue": spec.expr, "measured": measured, "command": command})
-    if spec.name in TABLE_KINDS:
-        doc["kind"] = TABLE_KINDS[spec.name]
+    if spec.table_kind:
+        doc["kind"] = spec.table_kind
     doc["entries"] = entries
     return doc
 

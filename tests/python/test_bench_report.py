@@ -245,7 +245,7 @@ def test_layouts_reach_the_candidate_listing_and_kernels_and_only_rc_writes_a_ta
               "candidates": {"a": 0.05}, "errors": {}}
     assert g.table_document([result], "NVIDIA H200", "cmd", "date", 132, g.SETS["residual"])["kind"] == "residual"
     assert "kind" not in g.table_document([result], "NVIDIA H200", "cmd", "date", 132, g.SETS["plain"])
-    # The residual set sweeps named configurations only, and writes no table.
+    # A --configs sweep writes no table without --table-out, in any layout.
     configs = ["--sweep", "--configs", "coop_256x128x64_c1x2_persistent", "--dry-run"]
     assert g.main([*configs, "--set", "residual", "--layout", "rr"]) == 0
     assert "table: (none" in capsys.readouterr().out

@@ -17,6 +17,41 @@
 namespace evtc {
 
 namespace selection {
+namespace {
+
+// What tells the tables' epilogue classes apart (light_epilogue, operand_epilogue): the outputs,
+// the [m,n] operands (aux or C) and how many nodes read the accumulator (gate/up halves not
+// counted).
+struct EpilogueTraits {
+  int stores = 0, operands = 0, acc_reads = 0;
+  bool wide_store = false;     // an output of more than 2 bytes an element
+  bool partial_store = false;  // an output not of [m,n]
+  bool wide_operand = false;   // an [m,n] operand of more than 2 bytes an element
+  bool reduces = false, gated = false;
+};
+
+EpilogueTraits traits_of(const Graph& g) {
+  EpilogueTraits t;
+  for (const Node& n : g.nodes()) {
+    t.reduces |= n.kind == NodeKind::reduce;
+    t.gated |= n.kind == NodeKind::pair;
+    if (n.kind == NodeKind::aux || n.kind == NodeKind::source) {
+      ++t.operands;
+      t.wide_operand |= dtype_bytes(n.dtype) > 2;
+    }
+    if (n.kind == NodeKind::store) {
+      ++t.stores;
+      t.wide_store |= dtype_bytes(n.dtype) > 2;
+      t.partial_store |= n.shape != Shape::full;
+    }
+    if (n.kind != NodeKind::pair)
+      for (NodeId in : n.inputs) t.acc_reads += g.node(in).kind == NodeKind::accum;
+  }
+  return t;
+}
+
+}  // namespace
+
 // One 16-bit output ([m,n], or [m,n/2] gated), no [m,n] operand (aux or C), no reduction, and
 // the accumulator read once (or by the gate/up halves only): the epilogues the 192-column
 // tiles were measured with, and ones like them that keep beside 192 accumulators a thread
@@ -24,18 +59,8 @@ namespace selection {
 // tanh(gelu(acc·sa[m]·sb[n] + bias[n])·0.5 + 1); spills: three outputs and an [m,n] operand,
 // or acc read at three places, at 256×192 and ping-pong 128×192).
 bool light_epilogue(const Graph& g) {
-  int stores = 0, acc_reads = 0;
-  for (const Node& n : g.nodes()) {
-    if (n.kind == NodeKind::reduce) return false;
-    if (n.kind == NodeKind::aux || n.kind == NodeKind::source) return false;
-    if (n.kind == NodeKind::store) {
-      if (dtype_bytes(n.dtype) > 2) return false;
-      ++stores;
-    }
-    if (n.kind != NodeKind::pair)
-      for (NodeId in : n.inputs) acc_reads += g.node(in).kind == NodeKind::accum;
-  }
-  return stores == 1 && acc_reads <= 1;
+  const EpilogueTraits t = traits_of(g);
+  return !t.reduces && t.operands == 0 && t.stores == 1 && !t.wide_store && t.acc_reads <= 1;
 }
 
 bool few_accumulators(const KernelConfig& c) { return accumulators_per_thread(c) <= kFewAccumulators; }
@@ -45,20 +70,9 @@ bool other_layout_entries(const GemmDesc& gemm) {
 }
 
 bool operand_epilogue(const Graph& g) {
-  int stores = 0, full_operands = 0, acc_reads = 0;
-  for (const Node& n : g.nodes()) {
-    if (n.kind == NodeKind::reduce || n.kind == NodeKind::pair) return false;
-    if (n.kind == NodeKind::aux || n.kind == NodeKind::source) {
-      if (dtype_bytes(n.dtype) > 2) return false;
-      ++full_operands;
-    }
-    if (n.kind == NodeKind::store) {
-      if (dtype_bytes(n.dtype) > 2 || n.shape != Shape::full) return false;
-      ++stores;
-    }
-    for (NodeId in : n.inputs) acc_reads += g.node(in).kind == NodeKind::accum;
-  }
-  return stores == 1 && full_operands == 1 && acc_reads <= 1;
+  const EpilogueTraits t = traits_of(g);
+  return !t.reduces && !t.gated && t.operands == 1 && !t.wide_operand && t.stores == 1 && !t.wide_store &&
+         !t.partial_store && t.acc_reads <= 1;
 }
 
 bool decode_table_epilogue(const Graph& g, const GemmDesc& gemm) {
@@ -163,7 +177,6 @@ std::optional<TableChoice> table_choice_on(const Graph& g, const GemmDesc& gemm,
     return std::nullopt;
   const bool light = light_epilogue(g);
   const bool one_operand = !light && !fp8 && operand_epilogue(g);
-  if (!light && !one_operand && !decode_table_epilogue(g, gemm)) return std::nullopt;
   if (!dev || dev->arch != gemm.sm) return std::nullopt;
   tuning::DeviceLimits device;
   if (dev->sm_count > 0) device.sm_count = dev->sm_count;
