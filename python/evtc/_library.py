@@ -60,7 +60,7 @@ def build_kernel_library(path: PathLike, kernels: Union[PathLike, dict, list]) -
     ``kernels`` is a kernel list: the path of its JSON file (as :func:`record_kernels` writes),
     the list as a dict, or its ``"kernels"`` entries as a list. Needs nvcc and CUTLASS, not a
     GPU. Returns ``{"dir", "kernels", "added", "compiled", "seconds", "errors"}``; kernels that
-    failed to compile are left out and named in ``errors``. Errors are :class:`evtc.Error`\ s: a
+    failed to compile are left out and named in ``errors``. Each error is an :class:`evtc.Error`: a
     kernel list file that cannot be read is a :class:`evtc.UserError` naming it."""
     folder = _path(path, "path")
     if isinstance(kernels, list):
