@@ -573,3 +573,23 @@ def test_profile_rows_option_errors(argv, message, monkeypatch, capsys):
     pytest.importorskip("torch")
     pytest.importorskip("evtc")
     assert message in bench_main_error("profile_rows", argv, monkeypatch, capsys)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--m", "64,x"], "'64,x' is not a comma-separated list of integers"),
+    (["--m", "64,0"], "--m: every M must be positive"),
+    (["--calls", "0"], "--rounds, --calls and --rotate-mb must be positive"),
+])
+def test_residual_forms_option_errors(argv, message, monkeypatch, capsys):
+    assert message in bench_main_error("residual_forms", argv, monkeypatch, capsys)
+
+
+def test_residual_forms_says_it_needs_a_gpu(monkeypatch, capsys):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("evtc")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the benchmark would run")
+    module = load_bench("residual_forms")
+    monkeypatch.setattr(sys, "argv", ["residual_forms.py", "--quick"])
+    assert module.main() == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
