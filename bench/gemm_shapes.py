@@ -18,6 +18,7 @@ configuration given: the configuration a user gets) and the library call it repl
     silu    out D: bf16 = silu(acc + bias[n])     vs torch.mm(a, w.t())  (the plain GEMM of the same N)
     swiglu  out D: bf16 = swiglu(acc)  (M x N/2)  vs torch.mm(a, w.t())  (merged gate/up layers only)
     residual  out D: bf16 = acc + r[m,n]          vs torch.mm(a, w.t())  (the plain GEMM of the same N)
+    residual_c  out D: bf16 = acc + C             the same sum, its operand read as the collective's C
     fp8     out D: bf16 = acc * sa[m] * sb[n]     vs torch._scaled_mm(a, w.t(), scale_a=sa.view(-1, 1),
                                                      scale_b=sb.view(1, -1), out_dtype=torch.bfloat16)
 
@@ -243,6 +244,7 @@ SETS = {s.name: s for s in (
     SetSpec("swiglu", "out D: bf16 = swiglu(acc)", "torch.mm(a, w.t()) (the plain GEMM, same N)", gated=True),
     SetSpec("residual", "input r[m,n]: bf16\nout D: bf16 = acc + r",
             "torch.mm(a, w.t()) (the plain GEMM, same N)", table_kind="residual"),
+    SetSpec("residual_c", "out D: bf16 = acc + C", "torch.mm(a, w.t()) (the plain GEMM, same N)"),
     SetSpec("fp8", "out D: bf16 = acc * sa[m] * sb[n]",
             "torch._scaled_mm(a, w.t(), scale_a=sa.view(-1, 1), scale_b=sb.view(1, -1), out_dtype=torch.bfloat16)",
             fp8=True),
@@ -391,6 +393,8 @@ def make_problem(spec: SetSpec, shape: Shape, rotate_bytes: int, seed: int, layo
             operands["bias"] = torch.randn(n, device=dev, dtype=torch.bfloat16)
         if spec.name == "residual":
             operands["r"] = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
+        if spec.name == "residual_c":
+            operands["C"] = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
     copies = weight_copies(weight_bytes(spec, shape), rotate_bytes)
     weights = [w] + [w.clone() for _ in range(copies - 1)]
     return Problem(a, [x.t() if b_col_major else x for x in weights], operands)
@@ -408,6 +412,8 @@ def epilogue64(spec: SetSpec, acc, operands: dict, rows: slice):
         return g * torch.sigmoid(g) * u
     if spec.name == "residual":
         return acc + operands["r"][rows].double()
+    if spec.name == "residual_c":
+        return acc + operands["C"][rows].double()
     if spec.fp8:
         return acc * operands["sa"][rows].double()[:, None] * operands["sb"].double()[None, :]
     return acc

@@ -58,6 +58,11 @@ ROWS = {
     "decode-64x4608x3584": ("out D: bf16 = acc", 64, 4608, 3584, ()),
     "decode-16x1024x4096": ("out D: bf16 = acc", 16, 1024, 4096, ()),
     "decode-64x1024x4096": ("out D: bf16 = acc", 64, 1024, 4096, ()),
+    # The o and down projections' residual add, read as an [m,n] operand (r) or as the
+    # collective's source C, against the plain GEMM of the same configuration.
+    "residual-8192x4096x4096": ("input r[m,n]: bf16\nout D: bf16 = acc + r", 8192, 4096, 4096, ("r",)),
+    "residual-8192x4096x11008": ("input r[m,n]: bf16\nout D: bf16 = acc + r", 8192, 4096, 11008, ("r",)),
+    "residual_c-8192x4096x4096": ("out D: bf16 = acc + C", 8192, 4096, 4096, ("C",)),
 }
 # Grouped rows (W6): (expression, groups, rows per group, N, K); the reference is torch._grouped_mm.
 GROUPED_ROWS = {
