@@ -5,7 +5,7 @@ shipped configuration-selection table.
 
     python3 bench/gemm_shapes.py [--sets plain,silu,swiglu,fp8] [--m 16,64,...] [--shapes MxNxK,...]
                                  [--off-grid] [--max-shapes N] [--quick] [--rounds 5] [--calls 20]
-                                 [--warmup-ms 100] [--rotate-mb 256] [--no-backlog] [--seed 0]
+                                 [--passes 1] [--warmup-ms 100] [--rotate-mb 256] [--no-backlog] [--seed 0]
                                  [--out bench/results] [--dry-run]
     python3 bench/gemm_shapes.py --table bench/results/STAMP-h100-gemm-shapes.json   # only print the table
     python3 bench/gemm_shapes.py --sweep --evtc PATH_TO_EVTC_CLI --table-out FILE.json
@@ -45,7 +45,11 @@ sleep so that the host stays ahead of the GPU and the events time the kernels, n
 launch cost (--no-backlog times with the host in the loop). --alternate times the variants call
 by call in turn within one batch per round instead (evtc, reference, evtc, ...), so that both
 run at the same clock and power state: under the power limit a batch of one kernel's calls
-can otherwise run at another clock than the next batch's.
+can otherwise run at another clock than the next batch's. --passes N times the whole shape list N
+times over, so that one shape's passes lie minutes apart, and reports each shape's median over
+the passes (its pass ratios kept): the summary then also counts the shapes above 1.04 in every
+pass and gives the largest spread of one shape's passes. At M >= 1024 one run's count of shapes
+above 1.04 moved by several shapes between runs of the same table (bench/README.md).
 
 Writes <out>/<stamp>-<gpu>-gemm-shapes.json (after every row) and .png (evtc time over the
 reference's per shape, grouped by M; skipped without matplotlib), then prints a Markdown table
@@ -748,6 +752,33 @@ def row_line(row: dict) -> str:
     return text + (f" FAILED: {row['failure']}" if row.get("failed") else "")
 
 
+def merge_passes(rows: list[dict]) -> dict:
+    """One shape's rows from several passes over the shape list (--passes) as one: the first
+    pass's row, with the median over the passes of evtc's time, the reference's and their ratio
+    (each pass's ratio kept in `pass_ratios`). The row fails if any pass failed."""
+    if len(rows) == 1:
+        return rows[0]
+    merged = dict(rows[0])
+    merged["passes"] = len(rows)
+    merged["pass_ratios"] = [r.get("ratio") for r in rows]
+    failures = [f"pass {i}: {r.get('failure') or 'not timed'}" for i, r in enumerate(rows, 1)
+                if r.get("failed") or r.get("ratio") is None]
+    if failures:
+        merged["failed"], merged["failure"] = True, "; ".join(failures)
+        return merged
+    for key in ("evtc_ms", "ref_ms", "ratio"):
+        merged[key] = statistics.median(r[key] for r in rows)
+    merged["ratio_rounds"] = [x for r in rows for x in r.get("ratio_rounds", [])]
+    merged["rel_err"] = max(r["rel_err"] for r in rows if r.get("rel_err") is not None) \
+        if any(r.get("rel_err") is not None for r in rows) else None
+    merged["starved_batches"] = sum(r.get("starved_batches", 0) for r in rows)
+    shape = Shape(merged["model"], merged["layer"], merged["m"], merged["n"], merged["k"])
+    merged["evtc_tflops"], merged["ref_tflops"] = tflops(shape, merged["evtc_ms"]), tflops(shape, merged["ref_ms"])
+    if merged.get("predicted_ms"):
+        merged["predicted_over_measured"] = merged["predicted_ms"] / merged["evtc_ms"]
+    return merged
+
+
 def run_compare(args, plan: dict[str, list[Shape]]) -> int:
     import torch
     import evtc
@@ -774,17 +805,21 @@ def run_compare(args, plan: dict[str, list[Shape]]) -> int:
                  "error_bound": ERROR_BOUND, "compile_errors": compile_errors, "rows": []})
     base = result_base(args.out, data["gpu"], "gemm-shapes")
     timer = Timer(not args.no_backlog, args.alternate)
-    total, done = sum(len(s) for s in plan.values()), 0
-    for name, shapes in plan.items():
-        for shape in shapes:
+    order = [(name, shape) for name, shapes in plan.items() for shape in shapes]
+    total, done = len(order) * args.passes, 0
+    by_shape: dict[tuple[str, Shape], list[dict]] = {}
+    # --passes N: the whole list N times over, so that one shape's passes lie minutes apart.
+    for p in range(1, args.passes + 1):
+        for name, shape in order:
             if name in set_errors:
                 row = {**new_row(SETS[name], shape), "failed": True, "failure": set_errors[name]}
             else:
                 row = measure_row(SETS[name], kernels[name], shape, args, timer)
-            data["rows"].append(row)
+            by_shape.setdefault((name, shape), []).append(row)
+            data["rows"] = [merge_passes(by_shape[key]) for key in order if key in by_shape]
             write_json(data, base + ".json")  # after every row: a run stopped early keeps its rows
             done += 1
-            log(f"{done}/{total} {row_line(row)}")
+            log(f"{done}/{total} {f'pass {p}/{args.passes} ' if args.passes > 1 else ''}{row_line(row)}")
     data["summary"] = summarize(data["rows"])
     data["starved_batches"] = timer.starved
     write_json(data, base + ".json")
@@ -1312,7 +1347,7 @@ def run_metadata(torch, evtc, args, mode: str) -> dict:
             "date": now.isoformat(timespec="seconds"), "command": command_line(), "env": env,
             "rounds": args.rounds, "calls": args.calls, "warmup_ms": args.warmup_ms,
             "rotate_mb": args.rotate_mb, "backlog": not args.no_backlog, "alternate": args.alternate,
-            "seed": args.seed, "layout": args.layout}
+            "seed": args.seed, "layout": args.layout, "passes": getattr(args, "passes", 1)}
 
 
 def write_json(data: dict, path: str) -> None:
@@ -1341,6 +1376,12 @@ def ratio_stats(rows: list[dict]) -> dict:
             "max_ratio": worst["ratio"] if worst else None,
             "max_ratio_shape": f"{worst['m']}x{worst['n']}x{worst['k']} ({worst['label']})" if worst else None,
             f"above_{ABOVE}": sum(1 for r in ok if r["ratio"] > ABOVE),
+            # --passes: the shapes above ABOVE in every pass, and the largest spread of one
+            # shape's pass ratios (its slowest pass over its fastest).
+            f"above_{ABOVE}_every_pass": sum(1 for r in ok if len(r.get("pass_ratios") or []) > 1
+                                              and min(r["pass_ratios"]) > ABOVE),
+            "largest_pass_spread": max((max(r["pass_ratios"]) / min(r["pass_ratios"]) for r in ok
+                                        if len(r.get("pass_ratios") or []) > 1), default=None),
             "model_error_geomean": geomean([max(r["predicted_over_measured"], 1 / r["predicted_over_measured"])
                                             for r in ok if r.get("predicted_over_measured")]),
             "model_within_5pct": sum(1 for r in ok if r.get("predicted_over_measured")
@@ -1367,6 +1408,10 @@ def summary_lines(summary: dict) -> list[str]:
                      f"(M <= 64: {fmt(s['geomean_ratio_m_le_64'], '.3f')}, M >= 128: "
                      f"{fmt(s['geomean_ratio_m_ge_128'], '.3f')}); max {fmt(s['max_ratio'], '.3f')} at "
                      f"{s['max_ratio_shape'] or '–'}; {s[f'above_{ABOVE}']} above {ABOVE}; {s['failed']} failed")
+        if s.get("largest_pass_spread"):
+            lines.append(f"  - over the passes (ratios are their medians): {s[f'above_{ABOVE}_every_pass']} shapes above "
+                         f"{ABOVE} in every pass; one shape's passes differ by up to "
+                         f"{100 * (s['largest_pass_spread'] - 1):.1f} %")
         if s.get("replaced"):
             lines.append(f"  - alone under the FX pass: {s['replaced']} shapes move to evtc's kernel, geo-mean "
                          f"{fmt(s['replaced_geomean_ratio'], '.3f')} there (max {fmt(s['replaced_max_ratio'], '.3f')}); "
@@ -1375,9 +1420,11 @@ def summary_lines(summary: dict) -> list[str]:
 
 
 def markdown_table(data: dict) -> str:
+    passes = data.get("passes", 1)
     lines = [f"{data['gpu']}, torch {data['torch']}, evtc {data.get('evtc')}, {data['date']}: median ms per call over "
              f"{data['rounds']} rounds x {data['calls']} calls, evtc and the reference interleaved, weights rotated "
-             f"over copies of more than {data['rotate_mb']} MB in all; evtc's default configuration.", "",
+             f"over copies of more than {data['rotate_mb']} MB in all; evtc's default configuration"
+             + (f"; each time the median of {passes} passes over the shape list." if passes > 1 else "."), "",
              "| set | layer | M | N | K | evtc ms | ref ms | evtc / ref | evtc TFLOP/s | ref TFLOP/s | config | path "
              "| rel-L2 | status |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -1500,6 +1547,8 @@ def parse_args(argv: Optional[list[str]] = None):
     p.add_argument("--max-shapes", type=int, default=None, help="at most this many shapes per set, evenly spread")
     p.add_argument("--quick", action="store_true", help="3 rounds x 10 calls, at most 12 shapes per set")
     p.add_argument("--rounds", type=int, default=None, help="rounds of timed calls (default 5; sweep and --quick 3)")
+    p.add_argument("--passes", type=int, default=1, metavar="N",
+                   help="compare mode: time the whole shape list N times over and report each shape's median")
     p.add_argument("--calls", type=int, default=None,
                    help="timed calls per variant and round (default 20; sweep and --quick 10)")
     p.add_argument("--warmup-ms", type=float, default=100.0, help="warm-up per shape, in ms of calls (default 100)")
@@ -1577,6 +1626,10 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
         p.error("--compile-only belongs to the comparison (the sweep compiles its own candidates)")
     if args.layout != "rc" and any(SETS[name].fp8 for name in args.sets or []):
         p.error("--layout: the fp8 set's reference, torch._scaled_mm, takes A row-major and B column-major only (rc)")
+    if args.passes < 1:
+        p.error("--passes must be at least 1")
+    if args.passes > 1 and (args.sweep or args.compile_only or args.table_from or args.table_times_from or args.table):
+        p.error("--passes belongs to the comparison (a sweep's rounds already interleave its candidates)")
     if args.sweep:
         if not args.configs and (not args.evtc or not args.table_out):
             p.error("--sweep needs --evtc PATH and --table-out FILE (or --configs NAME,...)")

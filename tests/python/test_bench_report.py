@@ -98,6 +98,40 @@ def test_the_summary_counts_the_gemms_the_fx_pass_moves_to_evtc():
     assert any("alone under the FX pass: 1 shapes move to evtc's kernel, geo-mean 0.900" in line for line in lines)
 
 
+def test_passes_give_each_shape_the_median_of_its_passes_and_the_summary_their_spread():
+    g = load_gemm_shapes()
+
+    def row(m, ratio, failed=False):
+        r = {"set": "plain", "label": "x", "model": "X", "layer": "y", "m": m, "n": 4096, "k": 4096, "failed": failed,
+             "config": "c", "rel_err": 1.7e-3, "ratio_rounds": [ratio], "predicted_ms": 0.1}
+        if not failed:
+            r.update(evtc_ms=0.1 * ratio, ref_ms=0.1, ratio=ratio)
+        else:
+            r["failure"] = "rel-L2 error 1e-01 above 0.02"
+        return r
+
+    one = g.merge_passes([row(4096, 1.10)])
+    assert one["ratio"] == 1.10 and "pass_ratios" not in one
+    steady = g.merge_passes([row(4096, 1.05), row(4096, 1.06), row(4096, 1.08)])
+    assert steady["ratio"] == 1.06 and steady["pass_ratios"] == [1.05, 1.06, 1.08] and steady["passes"] == 3
+    assert steady["evtc_ms"] == pytest.approx(0.106) and steady["ratio_rounds"] == [1.05, 1.06, 1.08]
+    assert steady["predicted_over_measured"] == pytest.approx(0.1 / 0.106)
+    noisy = g.merge_passes([row(8192, 1.10), row(8192, 0.99), row(8192, 1.01)])
+    assert noisy["ratio"] == 1.01  # above 1.04 once, not in the median
+    broken = g.merge_passes([row(16, 0.9), row(16, 0.9, failed=True)])
+    assert broken["failed"] and broken["failure"] == "pass 2: rel-L2 error 1e-01 above 0.02"
+    s = g.ratio_stats([steady, noisy, broken])
+    assert s["above_1.04"] == 1 and s["above_1.04_every_pass"] == 1 and s["failed"] == 1
+    assert s["largest_pass_spread"] == pytest.approx(1.10 / 0.99)
+    lines = g.summary_lines({"plain": s})
+    assert any("1 shapes above 1.04 in every pass; one shape's passes differ by up to 11.1 %" in line
+               for line in lines)
+    # One pass: no pass statistics.
+    single = g.ratio_stats([row(64, 1.2)])
+    assert single["largest_pass_spread"] is None and single["above_1.04_every_pass"] == 0
+    assert not any("every pass" in line for line in g.summary_lines({"plain": single}))
+
+
 def test_refined_sweeps_and_tables_take_each_shape_from_the_latest_sweep(tmp_path):
     g = load_gemm_shapes()
 
@@ -344,6 +378,9 @@ def test_a_refining_sweep_keeps_the_faster_untransposed_fallback():
      "argument --skip: not a regular expression"),
     (["--sweep", "--evtc", "x", "--table-out", "t.json", "--compile-only"],
      "--compile-only belongs to the comparison .the sweep compiles its own candidates."),
+    (["--passes", "0"], "--passes must be at least 1"),
+    (["--sweep", "--evtc", "x", "--table-out", "t.json", "--passes", "2"],
+     "--passes belongs to the comparison"),
 ])
 def test_sweep_options_that_need_refine_or_a_regex_say_so(argv, message, capsys):
     g = load_gemm_shapes()
