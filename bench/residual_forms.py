@@ -25,7 +25,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from result_files import result_base, save_png  # noqa: E402
+from result_files import pyplot, result_base, save_png  # noqa: E402
+from timing_args import add_timing_arguments, checked_timing_arguments, geomean  # noqa: E402
 
 # (model, layer, N, K): projections whose output a residual add follows.
 LAYERS = [
@@ -40,11 +41,6 @@ VARIANTS = ("mm", "addmm", "mm_add", "evtc")
 ERROR_BOUND = 2e-2
 
 
-def geomean(values):
-    values = [v for v in values if v]
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
-
-
 def relative_error(y, want) -> float:
     import torch
 
@@ -55,23 +51,9 @@ def relative_error(y, want) -> float:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--m", default="64,4096,8192", help="token counts (M), comma-separated")
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--calls", type=int, default=20)
-    p.add_argument("--rotate-mb", type=int, default=256)
-    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
-    p.add_argument("--quick", action="store_true", help="3 rounds x 10 calls")
+    add_timing_arguments(p, "64,4096,8192", "3 rounds x 10 calls")
     args = p.parse_args()
-    try:
-        m_values = [int(v) for v in args.m.split(",")]
-    except ValueError:
-        p.error(f"--m: {args.m!r} is not a comma-separated list of integers")
-    if any(m <= 0 for m in m_values):
-        p.error("--m: every M must be positive")
-    if args.quick:
-        args.rounds, args.calls = 3, 10
-    if min(args.rounds, args.calls, args.rotate_mb) <= 0:
-        p.error("--rounds, --calls and --rotate-mb must be positive")
+    m_values = checked_timing_arguments(p, args)
 
     import torch
 
@@ -158,14 +140,8 @@ def main() -> int:
               f"{r['addmm_over_mm']:.3f} | {r['mm_add_over_mm']:.3f} | {r['evtc_over_mm']:.3f} | "
               f"{r['evtc_over_addmm']:.3f} | `{r['config']}` |")
     print("\ngeo-mean: " + ", ".join(f"{k} {v:.3f}" for k, v in summary.items()))
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is missing: no plot")
-    else:
+    plt = pyplot()
+    if plt is not None:
         fig, ax = plt.subplots(figsize=(10, 4.5))
         labels = [f"{r['model']} {r['layer']}\n{r['m']}×{r['n']}×{r['k']}" for r in rows]
         width = 0.27

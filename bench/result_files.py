@@ -45,3 +45,17 @@ def save_png(fig, base: str) -> None:
     fig.tight_layout()
     fig.savefig(base + ".png", dpi=120)
     print(f"wrote {base}.png")
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (files only, no display), or None, saying so, where
+    matplotlib is not installed: the results' JSON is written either way."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is missing: no plot")
+        return None
+    return plt

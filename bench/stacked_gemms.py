@@ -24,7 +24,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from result_files import result_base, save_png  # noqa: E402
+from result_files import pyplot, result_base, save_png  # noqa: E402
+from timing_args import add_timing_arguments, checked_timing_arguments, geomean  # noqa: E402
 
 # (model, hidden K, q features, k/v features each, biased): the q/k/v projections of public models.
 LAYERS = [
@@ -38,29 +39,11 @@ LAYERS = [
 ]
 
 
-def geomean(values):
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--m", default="1,16,64,256,1024,8192", help="token counts (M), comma-separated")
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--calls", type=int, default=20)
-    p.add_argument("--rotate-mb", type=int, default=256)
-    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
-    p.add_argument("--quick", action="store_true", help="3 rounds x 10 calls, M 16, 64 and 1024")
+    add_timing_arguments(p, "1,16,64,256,1024,8192", "3 rounds x 10 calls, M 16, 64 and 1024")
     args = p.parse_args()
-    try:
-        m_values = [int(v) for v in args.m.split(",")]
-    except ValueError:
-        p.error(f"--m: {args.m!r} is not a comma-separated list of integers")
-    if any(m <= 0 for m in m_values):
-        p.error("--m: every M must be positive")
-    if args.quick:
-        args.rounds, args.calls, m_values = 3, 10, [16, 64, 1024]
-    if min(args.rounds, args.calls, args.rotate_mb) <= 0:
-        p.error("--rounds, --calls and --rotate-mb must be positive")
+    m_values = checked_timing_arguments(p, args, quick_m=[16, 64, 1024])
 
     import torch
     import torch.nn.functional as F
@@ -139,14 +122,8 @@ def main() -> int:
               f"{r['stacked_ms']:.4f} | {r['ratio']:.3f} |")
     print("\ngeo-mean per M: " + ", ".join(f"M={m}: {v:.3f}" for m, v in summary.items() if m != "all") +
           f"; all: {summary['all']:.3f}")
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is missing: no plot")
-    else:
+    plt = pyplot()
+    if plt is not None:
         fig, ax = plt.subplots(figsize=(9, 4.5))
         for model, *_ in LAYERS:
             pts = [(r["m"], r["ratio"]) for r in rows if r["model"] == model and r["ratio"]]

@@ -617,8 +617,9 @@ def test_profile_rows_option_errors(argv, message, monkeypatch, capsys):
     (["--m", "64,0"], "--m: every M must be positive"),
     (["--calls", "0"], "--rounds, --calls and --rotate-mb must be positive"),
 ])
-def test_residual_forms_option_errors(argv, message, monkeypatch, capsys):
-    assert message in bench_main_error("residual_forms", argv, monkeypatch, capsys)
+@pytest.mark.parametrize("bench", ["residual_forms", "stacked_gemms"])
+def test_timed_benchmarks_option_errors(bench, argv, message, monkeypatch, capsys):
+    assert message in bench_main_error(bench, argv, monkeypatch, capsys)
 
 
 def test_residual_forms_says_it_needs_a_gpu(monkeypatch, capsys):
