@@ -1364,6 +1364,21 @@ def geomean(values: list[float]) -> Optional[float]:
     return statistics.geometric_mean(values) if values else None
 
 
+def within(x: Optional[float], tolerance: float = 0.05) -> bool:
+    return x is not None and abs(x - 1) <= tolerance
+
+
+def model_checks(r: dict) -> tuple[Optional[float], Optional[float]]:
+    """The cost model against a row's measurement, beside predicted_over_measured (evtc's time):
+    its evtc / cuBLAS ratio over the measured ratio (what its decisions compare), and its cuBLAS
+    time over the measured one (the table's time of cuBLAS, from an earlier run: how far the two
+    runs' clocks lie apart)."""
+    if not (r.get("predicted_ms") and r.get("predicted_cublas_ms") and r.get("evtc_ms") and r.get("ref_ms")):
+        return None, None
+    return ((r["predicted_ms"] / r["predicted_cublas_ms"]) / (r["evtc_ms"] / r["ref_ms"]),
+            r["predicted_cublas_ms"] / r["ref_ms"])
+
+
 def ratio_stats(rows: list[dict]) -> dict:
     """Geometric means of evtc / reference (rows that failed excluded: their times mean
     nothing), the largest ratio and its shape, and the shapes above ABOVE."""
@@ -1384,8 +1399,10 @@ def ratio_stats(rows: list[dict]) -> dict:
                                         if len(r.get("pass_ratios") or []) > 1), default=None),
             "model_error_geomean": geomean([max(r["predicted_over_measured"], 1 / r["predicted_over_measured"])
                                             for r in ok if r.get("predicted_over_measured")]),
-            "model_within_5pct": sum(1 for r in ok if r.get("predicted_over_measured")
-                                     and abs(r["predicted_over_measured"] - 1) <= 0.05),
+            "model_within_5pct": sum(1 for r in ok if within(r.get("predicted_over_measured"))),
+            "model_checked": sum(1 for r in ok if r.get("predicted_over_measured")),
+            "model_ratio_within_5pct": sum(1 for r in ok if within(model_checks(r)[0])),
+            "model_cublas_within_5pct": sum(1 for r in ok if within(model_checks(r)[1])),
             "by_source": {src: sum(1 for r in ok if (r.get("config_source") or "").split(" ")[0] == src)
                           for src in ("table", "heuristic", "tuned", "given", "nearest")},
             # GEMMs alone under the FX pass: those it moves to evtc's kernel, their measured ratio,
@@ -1408,6 +1425,10 @@ def summary_lines(summary: dict) -> list[str]:
                      f"(M <= 64: {fmt(s['geomean_ratio_m_le_64'], '.3f')}, M >= 128: "
                      f"{fmt(s['geomean_ratio_m_ge_128'], '.3f')}); max {fmt(s['max_ratio'], '.3f')} at "
                      f"{s['max_ratio_shape'] or '–'}; {s[f'above_{ABOVE}']} above {ABOVE}; {s['failed']} failed")
+        if s.get("model_checked"):
+            lines.append(f"  - cost model, within 5 % of the measurement at: evtc's time {s['model_within_5pct']} of "
+                         f"{s['model_checked']} shapes; evtc / cuBLAS {s['model_ratio_within_5pct']}; cuBLAS's time (the "
+                         f"table's, from an earlier run) {s['model_cublas_within_5pct']}")
         if s.get("largest_pass_spread"):
             lines.append(f"  - over the passes (ratios are their medians): {s[f'above_{ABOVE}_every_pass']} shapes above "
                          f"{ABOVE} in every pass; one shape's passes differ by up to "
@@ -1711,7 +1732,8 @@ def print_results_file(path: str) -> None:
         data = json.load(f)
     print(markdown_table(data))
     print()
-    print("\n".join(summary_lines(data.get("summary") or summarize(data["rows"]))))
+    # Summarized again from the rows: files written before a statistic existed get it too.
+    print("\n".join(summary_lines(summarize(data["rows"]))))
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -132,6 +132,25 @@ def test_passes_give_each_shape_the_median_of_its_passes_and_the_summary_their_s
     assert not any("every pass" in line for line in g.summary_lines({"plain": single}))
 
 
+def test_the_summary_checks_the_cost_model_by_time_by_ratio_and_by_its_cublas_time():
+    g = load_gemm_shapes()
+    # Both kernels ran 10 % faster than when the table measured them: the model's times miss by
+    # 10 %, its ratio (what the FX pass's decisions compare) holds.
+    clocks = {"m": 8192, "n": 4096, "k": 4096, "label": "a", "ratio": 1.0, "evtc_ms": 0.9, "ref_ms": 0.9,
+              "predicted_ms": 1.0, "predicted_cublas_ms": 1.0, "predicted_over_measured": 1.0 / 0.9}
+    # The model's time holds, but it expected cuBLAS to be 10 % slower than it ran.
+    ratio = {"m": 64, "n": 4096, "k": 4096, "label": "b", "ratio": 1.0, "evtc_ms": 1.0, "ref_ms": 1.0,
+             "predicted_ms": 1.0, "predicted_cublas_ms": 1.1, "predicted_over_measured": 1.0}
+    unpriced = {"m": 16, "n": 4096, "k": 4096, "label": "c", "ratio": 1.0, "evtc_ms": 1.0, "ref_ms": 1.0}
+    assert g.model_checks(clocks) == (pytest.approx(1.0), pytest.approx(1.0 / 0.9))
+    assert g.model_checks(unpriced) == (None, None)
+    s = g.ratio_stats([clocks, ratio, unpriced])
+    assert (s["model_checked"], s["model_within_5pct"], s["model_ratio_within_5pct"], s["model_cublas_within_5pct"]) \
+        == (2, 1, 1, 0)
+    assert any("cost model, within 5 % of the measurement at: evtc's time 1 of 2 shapes; evtc / cuBLAS 1; "
+               "cuBLAS's time" in line for line in g.summary_lines({"plain": s}))
+
+
 def test_refined_sweeps_and_tables_take_each_shape_from_the_latest_sweep(tmp_path):
     g = load_gemm_shapes()
 
