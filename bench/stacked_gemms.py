@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 
@@ -50,7 +49,7 @@ def main() -> int:
 
     import evtc.torch  # noqa: F401  (the op library)
     from evtc.torch._op import rows_of_one_buffer
-    from gemm_shapes import Timer
+    from gemm_shapes import Rotation, Timer, relative_error, rotating, weight_copies
 
     if not torch.cuda.is_available():
         print("stacked_gemms.py needs a CUDA GPU", file=sys.stderr)
@@ -62,7 +61,7 @@ def main() -> int:
     for i, ((model, k, nq, nkv, biased), m) in enumerate(shapes, 1):
         widths = (nq, nkv, nkv)
         n = sum(widths)
-        copies = max(1, min(64, math.ceil(args.rotate_mb * 2**20 / (n * k * 2))))
+        copies = weight_copies(n * k * 2, args.rotate_mb << 20)
         g = torch.Generator(device="cuda").manual_seed(i)
         sets = []
         for _ in range(copies):
@@ -74,23 +73,15 @@ def main() -> int:
             assert rows_of_one_buffer(ws)
             sets.append((ws, bs))
         a = torch.randn(m, k, generator=g, device="cuda").to(torch.bfloat16)
-        turn = {"separate": 0, "stacked": 0}
-
-        def separate():
-            ws, bs = sets[turn["separate"] % copies]
-            turn["separate"] += 1
-            return [F.linear(a, w, b) for w, b in zip(ws, bs)]
-
-        def stacked():
-            ws, bs = sets[turn["stacked"] % copies]
-            turn["stacked"] += 1
-            return torch.ops.evtc.stacked_linear(a, ws, [b for b in bs if b is not None])
+        rotation = Rotation(sets)
+        separate = rotating(lambda s: [F.linear(a, w, b) for w, b in zip(*s)], rotation)
+        stacked = rotating(lambda s: torch.ops.evtc.stacked_linear(a, s[0], [b for b in s[1] if b is not None]),
+                           rotation)
 
         ws, bs = sets[0]
         want = torch.cat([a.double() @ w.double().T + (b.double() if b is not None else 0) for w, b in zip(ws, bs)], 1)
-        got = torch.ops.evtc.stacked_linear(a, ws, [b for b in bs if b is not None]).double()
-        err = ((got - want).norm() / want.norm()).item()
-        ok = err <= 2e-2
+        err, why = relative_error(torch.ops.evtc.stacked_linear(a, ws, [b for b in bs if b is not None]), want)
+        ok = why is None
         failed += not ok
         timer.warm_up({"separate": separate, "stacked": stacked}, 100.0)
         medians, per_round, errors = timer.interleaved({"separate": separate, "stacked": stacked}, args.rounds,
