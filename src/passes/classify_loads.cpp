@@ -95,8 +95,25 @@ OperandPlacement place_operand(std::span<const int64_t> sizes, std::span<const i
   const std::string what = fmt::format("an operand of shape {}", dims_text(sizes));
   if (sizes.size() != strides.size()) return refuse(fmt::format("{} has {} strides", what, strides.size()));
   if (full.empty()) return refuse("the epilogue's shape has no dimensions");
-  if (sizes.size() > full.size())
-    return refuse(fmt::format("{} has more dimensions than the result {}", what, dims_text(full)));
+  if (sizes.size() > full.size()) {
+    // The same M×N values with M split differently (a [4, 1024, N] activation saved by a
+    // training graph's forward, read beside the backward's [4096, N] GEMM result): the leading
+    // dimensions flatten into the rows, as the op library's reshape does at run time (a view
+    // where their strides nest, else a copy).
+    const size_t lead = sizes.size() - 1;
+    int64_t rows = 1, full_rows = 1;
+    for (size_t i = 0; i < lead; ++i) rows *= sizes[i];
+    for (size_t i = 0; i + 1 < full.size(); ++i) full_rows *= full[i];
+    if (rows != full_rows || (sizes.back() != full.back() && sizes.back() != 1))
+      return refuse(fmt::format("{} has more dimensions than the result {}", what, dims_text(full)));
+    const std::optional<int64_t> nested = flat_stride(sizes.first(lead), strides.first(lead));
+    const int64_t flat_sizes[2] = {rows, sizes.back()};
+    const int64_t flat_strides[2] = {nested.value_or(sizes.back()), nested ? strides.back() : 1};
+    const int64_t flat_full[2] = {full_rows, full.back()};
+    OperandPlacement flat = place_operand(flat_sizes, flat_strides, flat_full);
+    flat.needs_copy |= !nested && flat.load != LoadClass::not_fusable;
+    return flat;
+  }
   // Broadcast to `full`: missing leading dimensions and dimensions of size 1 get stride 0.
   const size_t pad = full.size() - sizes.size();
   std::vector<int64_t> st(full.size(), 0);

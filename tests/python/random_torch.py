@@ -23,6 +23,12 @@ UNARY = [
 ]
 BINARY = ["h + {o}", "h * {o}", "h - {o}", "{o} - h", "torch.maximum(h, {o})", "torch.minimum(h, {o})",
           "h * torch.sigmoid({o})"]
+# The activations' derivatives of a backward pass (an incoming gradient and the activation's input
+# or output), with an operand of h's dtype, as autograd passes them.
+DERIVATIVES = ["torch.ops.aten.silu_backward(h, {o}.to(h.dtype))", "torch.ops.aten.silu_backward({o}.to(h.dtype), h)",
+               "torch.ops.aten.gelu_backward(h, {o}.to(h.dtype))", "torch.ops.aten.gelu_backward(h, {o}.to(h.dtype), approximate='tanh')",
+               "torch.ops.aten.sigmoid_backward(h, torch.sigmoid({o}).to(h.dtype))", "torch.ops.aten.tanh_backward(h, torch.tanh({o}).to(h.dtype))",
+               "torch.ops.aten.threshold_backward(h, {o}.to(h.dtype), 0.0)"]
 # operand kinds: name -> (shape in terms of M and N, how the source refers to it)
 OPERANDS = {
     "bias": ("[N]", "bias"),
@@ -79,10 +85,13 @@ def generate(seed: int, index: int) -> RandomFunction:
     outputs = []
     steps = rng.randint(1, 5)
     for step in range(steps):
-        if rng.random() < 0.55:
+        roll = rng.random()
+        if roll < 0.5:
             expr = rng.choice(UNARY)
-        else:
+        elif roll < 0.9:
             expr = rng.choice(BINARY).replace("{o}", operand())
+        else:
+            expr = rng.choice(DERIVATIVES).replace("{o}", operand())
         expr = expr.replace("{c}", repr(round(rng.uniform(0.25, 3.0), 2)))
         lines.append(f"h = {expr}")
         if rng.random() < 0.15:

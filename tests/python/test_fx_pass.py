@@ -163,6 +163,51 @@ def test_refused_chains_leave_the_graph_unchanged(fn, inputs, reason):
     assert reason in report.summary()
 
 
+ATEN = torch.ops.aten
+
+
+@pytest.mark.parametrize("fn, inputs, fragment", [
+    # the incoming gradient from the GEMM, the activation's input (or output) an [m,n] operand
+    (lambda x, w, g: ATEN.silu_backward.default(x @ w.t(), g), (X, W, ((M, N), BF16)), "sigmoid"),
+    (lambda x, w, g: ATEN.gelu_backward.default(x @ w.t(), g), (X, W, ((M, N), BF16)), "erf"),
+    (lambda x, w, g: ATEN.gelu_backward.default(x @ w.t(), g, approximate="tanh"), (X, W, ((M, N), BF16)), "tanh"),
+    (lambda x, w, y: ATEN.sigmoid_backward.default(x @ w.t(), y), (X, W, ((M, N), BF16)), "1.0 -"),
+    (lambda x, w, y: ATEN.tanh_backward.default(x @ w.t(), y), (X, W, ((M, N), BF16)), "1.0 -"),
+    (lambda x, w, g: ATEN.threshold_backward.default(x @ w.t(), g, 0.0), (X, W, ((M, N), BF16)), "where"),
+    # the activation's input from the GEMM, the gradient an operand
+    (lambda x, w, dy: ATEN.silu_backward.default(dy, x @ w.t()), (X, W, ((M, N), BF16)), "sigmoid"),
+])
+def test_activation_derivatives_join_the_chain(fn, inputs, fragment):
+    gm, report = fuse(fn, *inputs)
+    assert len(report.fused) == 1, report.summary()
+    assert [op for op in ops_of(gm) if op.__name__.endswith("_backward.default")] == []
+    assert fragment in report.fused[0].expr
+
+
+def test_swiglu_backward_after_the_down_projections_data_gradient_is_one_op():
+    # autograd's SwiGLU backward: d_up = dh * silu(g), d_gate = silu_backward(dh * u, g), with
+    # dh the down projection's data gradient (dy @ W_down: W_down row-major, K × N)
+    # dh viewed as the forward's [batch, seq, N], d_up viewed back to [M, N] for its weight
+    # gradient before d_gate is computed (the order of autograd's graph); silu(g) recomputed
+    # from the saved g, as AOT autograd's partitioner has it
+    def fn(dy, w_down, g, u):
+        dh = (dy @ w_down).view(4, M // 4, N)
+        d_up = (dh * F.silu(g)).view(M, N)
+        return d_up, ATEN.silu_backward.default(dh * u, g).view(M, N)
+
+    saved = ((4, M // 4, N), BF16)
+    gm, report = fuse(fn, ((M, K), BF16), ((K, N), BF16), saved, saved)
+    assert len(report.fused) == 1, report.summary()
+    gm.graph.eliminate_dead_code()  # as Inductor does: silu(g) has no reader left
+    ops = ops_of(gm)
+    assert ops.count(torch.ops.evtc.gemm_epilogue.default) == 1
+    for op in (ATEN.silu_backward.default, ATEN.mul.Tensor, ATEN.silu.default):
+        assert op not in ops, report.fused[0].expr
+    # g and u are read; silu(g) is computed in the epilogue, not read
+    assert report.fused[0].expr.count("[m,n]") == 2, report.fused[0].expr
+    assert "silu(" in report.fused[0].expr
+
+
 def test_llama_mlp_without_merging_takes_the_other_gemm_as_an_operand():
     gm = trace(lambda x, w1, w3: F.silu(x @ w1.t()) * (x @ w3.t()), X, W, W)
     report = evtc.torch.fuse_gemm_epilogues(gm.graph, compile=False, profitability=False, merge_gated=False)

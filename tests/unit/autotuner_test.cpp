@@ -527,10 +527,14 @@ TEST(DefaultConfig, EpiloguesStagingManyMatricesGetNarrowerTiles) {
   EXPECT_EQ(default_config(lowered(kBiasSilu), p).name(), "pingpong_128x192x64_c2x1_persistent");
   EXPECT_EQ(default_config(lowered("out D: bf16 = acc * gate[m,n]"), p).name(),
             "coop_128x256x64_c2x1_persistent");
-  // ...three aux operands and three [m,n] outputs (a backward epilogue) would leave it one.
+  // ...a bf16 and an f32 aux operand would leave it two: 128×128 then...
+  const Graph wide = lowered("input r[m,n]: bf16; input s[m,n]: f32; out D: bf16 = acc * r + s");
+  EXPECT_EQ(default_config_for_shape(wide, p).tile_n, 256);
+  EXPECT_EQ(default_config(wide, p).name(), "coop_128x128x64_c2x1_persistent");
+  // ...and three aux operands and three [m,n] outputs (a backward epilogue) take ping-pong
+  // 128×128, whose two tiles' stages fit beside them.
   const Graph heavy = lowered(
       "f = acc * a1[m,n] + a2[m,n] * a3[m,n]; out D: bf16 = f; out g1: bf16 = f * a1[m,n]; "
       "out g2: bf16 = silu(f)");
-  EXPECT_EQ(default_config_for_shape(heavy, p).tile_n, 256);
-  EXPECT_EQ(default_config(heavy, p).name(), "coop_128x128x64_c2x1_persistent");
+  EXPECT_EQ(default_config(heavy, p).name(), "pingpong_128x128x64_c2x1_persistent");
 }

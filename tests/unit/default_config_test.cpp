@@ -48,6 +48,23 @@ TEST(DefaultConfig, SeveralWavesByMainLoopLengthAndLastWave) {
   EXPECT_EQ(default_for("out D: f32 = silu(acc + bias[n])", 8192, 8192, 8192), "coop_128x256x64_c2x1_persistent");
 }
 
+TEST(DefaultConfig, EpiloguesMovingSeveralMatricesTakePingpongAtAnyK) {
+  // autograd's SwiGLU derivative after the down projection's data gradient: two [m,n] operands
+  // read, two outputs written (bench/results/20261130-0925-h200-training-epilogue-configs.json).
+  const char* dswiglu =
+      "input g[m,n]: bf16; input u[m,n]: bf16; dh = bf16(acc); s = sigmoid(g)\n"
+      "out du: bf16 = dh * (g * s)\nout D: bf16 = dh * u * s * (1.0 + g * (1.0 - s))";
+  EXPECT_EQ(default_for(dswiglu, 4096, 11008, 4096), "pingpong_128x128x64_c2x1_persistent");
+  EXPECT_EQ(default_for(dswiglu, 8192, 4096, 11008), "pingpong_128x128x64_c2x1_persistent");
+  // One matrix besides D keeps the cooperative tile (the residual above); f32 ones and
+  // reductions keep their rules (128×256, narrowed to 128×128 for its stages).
+  EXPECT_EQ(default_for("input r[m,n]: bf16; input s[m,n]: f32; out D: bf16 = acc * r + s", 8192, 4096, 4096),
+            "coop_128x128x64_c2x1_persistent");
+  EXPECT_EQ(default_for("input r[m,n]: bf16; input s[m,n]: bf16; out D: bf16 = acc * r + s; out db = col_sum(acc)",
+                        8192, 4096, 4096),
+            "coop_128x128x64_c2x1_persistent");
+}
+
 TEST(DefaultConfig, LightEpiloguesTakePingpong128x192WhereItsGridFillsItsWaves) {
   // bench/results/20261124-2334 and -2336-h200-visit-order.json.
   EXPECT_EQ(default_for(kSwiglu, 8192, 11264, 2048), "pingpong_128x192x64_c2x1_persistent");

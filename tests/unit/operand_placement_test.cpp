@@ -44,6 +44,22 @@ TEST(OperandPlacement, RefusalsSayWhy) {
   EXPECT_NE(place({2, 8, 16}, {128, 16, 1}, {8, 16}).why.find("more dimensions"), std::string::npos);
 }
 
+TEST(OperandPlacement, MoreLeadingDimensionsOfTheSameRowsFlatten) {
+  // A training graph's saved [4, 1024, N] activation beside its backward's [4096, N] GEMM result.
+  const OperandPlacement same = place({4, 1024, 16}, {1024 * 16, 16, 1}, {4096, 16});
+  EXPECT_EQ(same.load, LoadClass::aux_row_major);
+  EXPECT_FALSE(same.needs_copy);
+  EXPECT_EQ(place({4, 1024, 1}, {1024, 1, 1}, {4096, 16}).load, LoadClass::col_vec);
+  EXPECT_EQ(place({1, 1, 16}, {16, 16, 1}, {16}).load, LoadClass::row_vec);
+  // Rows whose strides do not nest: read through a copy (the op library's reshape makes one).
+  const OperandPlacement gapped = place({4, 1024, 16}, {2 * 1024 * 16, 16, 1}, {4096, 16});
+  EXPECT_EQ(gapped.load, LoadClass::aux_row_major);
+  EXPECT_TRUE(gapped.needs_copy);
+  // Other rows, or another N, are still refused.
+  EXPECT_EQ(place({4, 1000, 16}, {16000, 16, 1}, {4096, 16}).load, LoadClass::not_fusable);
+  EXPECT_EQ(place({4, 1024, 8}, {8192, 8, 1}, {4096, 16}).load, LoadClass::not_fusable);
+}
+
 TEST(MatrixLayout, RowsColumnsOrNeither) {
   EXPECT_EQ(matrix_layout(4, 8, 8, 1), Layout::row_major);
   EXPECT_EQ(matrix_layout(4, 8, 1, 4), Layout::col_major);  // w.t() of a row-major 8×4

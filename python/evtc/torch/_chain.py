@@ -101,6 +101,9 @@ class Chain:
     gemm_dtype: Optional[torch.dtype] = None
     # The GEMMs a merged chain replaces (with a runtime-interleaved B, or a constant one).
     merged_from: list[fx.Node] = field(default_factory=list)
+    # Outside activations the epilogue computes from their own input instead of reading them
+    # (recomputed_operand): node -> value name.
+    recomputed: dict[fx.Node, str] = field(default_factory=dict)
     values: int = 0  # value names defined so far (v0, v1, ...)
     roots: int = 0  # nodes the chain started with (before grow took in consumers)
 
@@ -109,10 +112,14 @@ class Chain:
         return tuple(self.full_shape[:-1]) + (self.full_shape[-1] // 2,)
 
     def define(self, node: fx.Node, expr: str) -> None:
+        self.exprs[node] = self.value(expr)
+
+    def value(self, expr: str) -> str:
+        """A new value name defined as ``expr``."""
         name = f"v{self.values}"
         self.values += 1
         self.lines.append(f"{name} = {expr}")
-        self.exprs[node] = name
+        return name
 
 
 def cast_to(dtype: torch.dtype, expr: str) -> str:
@@ -188,9 +195,81 @@ def operand(chain: Chain, node: fx.Node, half: bool = False) -> str:
     return name
 
 
+# Outside tensors the epilogue computes again instead of reading them: a backward graph's
+# pointwise functions of a saved activation (AOT autograd's partitioner saves the gate projection's
+# g and recomputes silu(g), its sigmoid and 1 + g·(1 - sigmoid(g)) for SwiGLU's derivative, the
+# last two in f32). Computed in the epilogue from g, the fused op reads g once instead of those
+# [m,n] tensors, and no kernel of its own has to write them.
+RECOMPUTE_NODES = 24  # at most this many outside ops computed again for one operand
+
+
+def recomputed_operand(chain: Chain, x: fx.Node, half: bool) -> Optional[str]:
+    """For an outside [m,n] tensor made by pointwise ops from other outside tensors, of which at
+    most one [m,n] tensor the chain does not read yet, no wider than ``x``: the epilogue's value
+    computing it from them; None where that does not apply (it is then read as an operand)."""
+    if x in chain.recomputed:
+        return chain.recomputed[x]
+    if chain.grouped or half or x.op != "call_function" or x.target not in POINTWISE or x.target in COMPARISONS:
+        return None
+    t = val(x)
+    if t is None or t.dtype not in EVTC_DTYPES:
+        return None
+    try:
+        if classify(t, chain.full_shape) not in (AUX, AUX_COL):
+            return None  # vectors cost little to read
+    except Refused:
+        return None
+    # Which outside tensors x is computed from, through pointwise ops only.
+    ops: list[fx.Node] = []
+    leaves: list[fx.Node] = []
+    stack, seen = [x], set()
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n is not x and (n in chain.exprs or n in chain.operands or n in chain.recomputed or
+                           n.op != "call_function" or n.target not in POINTWISE or n.target in COMPARISONS):
+            leaves.append(n)
+            continue
+        ops.append(n)
+        if len(ops) > RECOMPUTE_NODES:
+            return None
+        stack.extend(n.all_input_nodes)
+    new_matrices = []
+    for leaf in leaves:
+        lt = val(leaf)
+        if leaf in chain.exprs or leaf in chain.operands or leaf in chain.recomputed or lt is None:
+            continue
+        try:
+            if classify(lt, chain.full_shape) in (AUX, AUX_COL):
+                new_matrices.append(lt)
+        except Refused:
+            return None
+    if len(new_matrices) > 1 or any(m.element_size() > t.element_size() for m in new_matrices):
+        return None
+    saved = (dict(chain.operands), list(chain.declarations), list(chain.lines), chain.values, dict(chain.recomputed))
+    try:
+        # Each op in graph order, rounded as eager rounds it, its inputs recomputed the same way.
+        for n in sorted(ops, key=_graph_position(x.graph)):
+            expr = POINTWISE[n.target](chain, n)
+            chain.recomputed[n] = chain.value(expr if val(n).dtype == torch.bool else cast_to(val(n).dtype, expr))
+    except Refused:
+        chain.operands, chain.declarations, chain.lines, chain.values, chain.recomputed = saved
+        return None
+    return chain.recomputed[x]
+
+
+def _graph_position(graph: fx.Graph):
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    return lambda n: order[n]
+
+
 def arg_expr(chain: Chain, x: Any, half: bool = False) -> str:
     if isinstance(x, fx.Node):
-        return chain.exprs[x] if x in chain.exprs else operand(chain, x, half or chain.in_half)
+        if x in chain.exprs:
+            return chain.exprs[x]
+        return recomputed_operand(chain, x, half or chain.in_half) or operand(chain, x, half or chain.in_half)
     if isinstance(x, (int, float, bool)):
         return const(x)
     raise Refused(f"argument {x!r} is neither a tensor nor a number")
@@ -237,6 +316,46 @@ def _gelu(chain, n):
     if fn is None:
         raise Refused(f"gelu with approximate={approximate!r}")
     return f"{fn}({arg_expr(chain, n.args[0])})"
+
+
+# The derivatives autograd writes for activations (a training graph's backward pass): each is one
+# ATen kernel that computes in f32 and rounds once, as the epilogue does with the formula here.
+# ``dy`` is the incoming gradient; ``x`` the activation's input, or ``y`` its output.
+def _silu_backward(chain, n):
+    dy, x = arg_expr(chain, n.args[0]), arg_expr(chain, n.args[1])
+    return f"{dy} * (sigmoid({x}) * (1.0 + {x} * (1.0 - sigmoid({x}))))"
+
+
+def _sigmoid_backward(chain, n):
+    dy, y = arg_expr(chain, n.args[0]), arg_expr(chain, n.args[1])
+    return f"{dy} * ((1.0 - {y}) * {y})"
+
+
+def _tanh_backward(chain, n):
+    dy, y = arg_expr(chain, n.args[0]), arg_expr(chain, n.args[1])
+    return f"{dy} * (1.0 - {y} * {y})"
+
+
+def _threshold_backward(chain, n):
+    # relu's derivative is threshold_backward(dy, x, 0): dy where x > threshold, else 0.
+    dy, x, t = arg_expr(chain, n.args[0]), arg_expr(chain, n.args[1]), arg_expr(chain, n.args[2])
+    return f"where({x} <= {t}, 0.0, {dy})"
+
+
+def _gelu_backward(chain, n):
+    approximate = n.kwargs.get("approximate", n.args[2] if len(n.args) > 2 else "none")
+    dy, x = arg_expr(chain, n.args[0]), arg_expr(chain, n.args[1])
+    if approximate == "none":
+        # d/dx x·Φ(x) = Φ(x) + x·φ(x)
+        return (f"{dy} * (0.5 * (1.0 + erf({x} * {const(math.sqrt(0.5))})) + "
+                f"{x} * (exp({x} * {x} * (-0.5)) * {const(1 / math.sqrt(2 * math.pi))}))")
+    if approximate == "tanh":
+        # t = tanh(√(2/π)·(x + 0.044715·x³)); d/dx ½x(1 + t) = ½(1 + t) + ½x(1 - t²)·√(2/π)(1 + 3·0.044715·x²)
+        beta = const(math.sqrt(2 / math.pi))
+        t = f"tanh({beta} * ({x} + 0.044715 * {x} * {x} * {x}))"
+        return (f"{dy} * (0.5 * (1.0 + {t}) + 0.5 * {x} * ((1.0 - {t} * {t}) * {beta} * "
+                f"(1.0 + {const(3 * 0.044715)} * {x} * {x})))")
+    raise Refused(f"gelu_backward with approximate={approximate!r}")
 
 
 def _pow(chain, n):
@@ -304,6 +423,11 @@ POINTWISE: dict[Any, Callable[[Chain, fx.Node], str]] = {
     aten.reciprocal.default: _call("reciprocal"),
     aten.erf.default: _call("erf"),
     aten.gelu.default: _gelu,
+    aten.silu_backward.default: _silu_backward,
+    aten.sigmoid_backward.default: _sigmoid_backward,
+    aten.tanh_backward.default: _tanh_backward,
+    aten.threshold_backward.default: _threshold_backward,
+    aten.gelu_backward.default: _gelu_backward,
     aten.pow.Tensor_Scalar: _pow,
     aten.clamp.default: _clamp, aten.clamp.Tensor: _clamp,
     aten.clamp_min.default: lambda c, n: f"max({arg_expr(c, n.args[0])}, {arg_expr(c, n.args[1])})",
@@ -390,7 +514,7 @@ def absorbable(chain: Chain, n: fx.Node) -> Optional[str]:
 def absorb(chain: Chain, n: fx.Node) -> None:
     """Adds ``n`` to the chain (raises Refused, leaving the chain unchanged, if it cannot)."""
     t = val(n)
-    saved = (dict(chain.operands), list(chain.declarations))
+    saved = (dict(chain.operands), list(chain.declarations), list(chain.lines), chain.values, dict(chain.recomputed))
     half = any(i in chain.half for i in _chain_inputs(chain, n))
     try:
         if n.target is SLICE:
@@ -409,7 +533,7 @@ def absorb(chain: Chain, n: fx.Node) -> None:
             # A comparison's 0/1 needs no rounding; it stays f32 until a cast or an op widens it.
             chain.define(n, expr if t.dtype == torch.bool else cast_to(t.dtype, expr))
     except Refused:
-        chain.operands, chain.declarations = saved
+        chain.operands, chain.declarations, chain.lines, chain.values, chain.recomputed = saved
         raise
     finally:
         chain.in_half = False

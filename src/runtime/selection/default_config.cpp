@@ -63,6 +63,12 @@ bool light_epilogue(const Graph& g) {
   return !t.reduces && t.operands == 0 && t.stores == 1 && !t.wide_store && t.acc_reads <= 1;
 }
 
+bool moves_matrices_besides_d(const Graph& g) {
+  const EpilogueTraits t = traits_of(g);
+  return !t.reduces && !t.gated && !t.wide_store && !t.wide_operand && !t.partial_store &&
+         t.operands + t.stores - 1 >= kMatricesBesidesD;
+}
+
 bool few_accumulators(const KernelConfig& c) { return accumulators_per_thread(c) <= kFewAccumulators; }
 
 bool other_layout_entries(const GemmDesc& gemm) {
@@ -231,6 +237,7 @@ std::optional<TableChoice> table_choice_on(const Graph& g, const GemmDesc& gemm,
 }  // namespace selection
 
 using selection::light_epilogue;
+using selection::moves_matrices_besides_d;
 using selection::reduces_over_m;
 
 // Blackwell (compile-checked, never timed): one 128-row MMA per SM with the widest tile its
@@ -369,8 +376,19 @@ KernelConfig default_config_for_shape(const Graph& g, const GemmDesc& gemm) {
   // multiprocessor, each half the work) where the main loop is short (K ≤ 2048: the
   // ping-pong schedule hides the epilogue behind the other tile's main loop) or where its
   // finer tiles fill the last wave clearly better (1024×14336×4096: 0.97 against 0.85).
+  //
+  // An epilogue that moves several [m,n] tensors besides D (operands read, more outputs written:
+  // a backward pass's activation derivatives) takes ping-pong 128×128 at any K: each warp group's
+  // loads and stores of those tensors overlap the other's main loop, where the cooperative kernel
+  // stalls both warp groups on them. With one such tensor the cooperative tile stays: at
+  // 8192×4096×4096, `acc + r[m,n]` took 365 µs on cooperative 128×256 and 390 µs on ping-pong
+  // 128×128 (docs/backend.md, "The residual epilogue: where its time goes"). Measured on the H200 with autograd's SwiGLU derivative after
+  // the down projection's data gradient (two bf16 [m,n] operands, two bf16 outputs) at
+  // 4096×11008×4096, B row-major: ping-pong 128×128 0.545 ms, 128×160 0.553 ms, cooperative
+  // 128×128 (what the rule below gave) 0.632 ms, cooperative 128×256 0.834 ms; cuBLAS's GEMM alone
+  // 0.485 ms (bench/results/20261130-0925-h200-training-epilogue-configs.json).
   const KernelConfig pingpong = KernelConfig::of(MainloopSchedule::pingpong, 128, 128, 2);
-  if ((gemm.k > 0 && gemm.k <= 2048) ||
+  if ((gemm.k > 0 && gemm.k <= 2048) || moves_matrices_besides_d(g) ||
       tuning::grid_efficiency(pingpong, gemm, device) > tuning::grid_efficiency(c, gemm, device) + 0.05)
     c = pingpong;
   // A light epilogue (light_epilogue: one 16-bit output, no [m,n] operand or C, no reduction,

@@ -18,6 +18,11 @@ namespace evtc::selection {
 bool light_epilogue(const Graph& g);
 // A column or whole-matrix reduction.
 bool reduces_over_m(const Graph& g);
+// At least kMatricesBesidesD [m,n] tensors moved besides D ([m,n] operands read, outputs beyond
+// the first written), all 16-bit, with no reduction and no gated pair: the epilogues whose
+// traffic the ping-pong schedule overlaps with the main loop (default_config_for_shape).
+constexpr int kMatricesBesidesD = 3;
+bool moves_matrices_besides_d(const Graph& g);
 
 // Decode-sized problems: at most this many rows of M. Their main loop streams B, and the tiles
 // that pull it through the most multiprocessors are 64-row ping-pong or transposed ones.
