@@ -137,6 +137,14 @@ def test_where_over_a_boolean_tensor_from_outside_stays_outside(caplog):
            "a condition the epilogue computes, such as x > 0, fuses)" in caplog.text
 
 
+def test_the_debug_log_shows_each_chains_epilogue(caplog):
+    # refused ones too: the expression is what a refusal's numbers are about
+    with caplog.at_level("DEBUG", logger="evtc.torch"):
+        fuse(lambda x, w, r: F.silu(x @ w.t()) * r, X, W, ((M, N), BF16))
+    assert f"mm at {M}x{N}x{K} with its epilogue:" in caplog.text
+    assert "  input x0[m,n]: bf16" in caplog.text and "silu(" in caplog.text
+
+
 def test_three_dimensional_linear_chain_keeps_its_shape():
     def fn(x, w, bias):
         return F.gelu(F.linear(x, w, bias))

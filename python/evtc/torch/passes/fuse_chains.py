@@ -3,6 +3,8 @@ follow it become one fused op, where legal and where the cost model says it pays
 cannot be fused leave the graph unchanged; the reason goes into the report."""
 from __future__ import annotations
 
+import logging
+
 from torch import fx
 
 from ... import _library
@@ -13,6 +15,8 @@ from .._fusion import (Fusion, check_output_shapes, escaping, expression, grow_t
 from .._gemm import GEMMS, UNSUPPORTED_GEMMS, start_chain
 from . import profitability
 
+
+log = logging.getLogger("evtc.torch")
 
 # Where no nvcc exists, only kernels a kernel library holds can run fused.
 NO_COMPILER = ("no nvcc here to compile its kernel, and no kernel library holds it (see "
@@ -45,6 +49,9 @@ def fuse(graph: fx.Graph, chain: Chain, settings) -> Fusion:
                            names, merged)
     kernel = spec_kernel_or_refuse(spec)
     m, n, k = problem_size(chain)
+    # What is decided on: the epilogue as evtc gets it (the report's line says what was decided).
+    log.debug("evtc: %s at %sx%sx%s with its epilogue:\n%s", chain.gemm.name, m, n, k,
+              "\n".join("  " + line for line in expr.splitlines()))
     if is_static(chain):
         if reason := kernel.fallback_reason(m, n, k):
             raise Refused(reason)
