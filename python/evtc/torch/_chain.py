@@ -121,6 +121,18 @@ class Chain:
         self.lines.append(f"{name} = {expr}")
         return name
 
+    def snapshot(self) -> tuple:
+        """What an attempt to add to the chain may change, for restore()."""
+        return dict(self.operands), list(self.declarations), list(self.lines), self.values, dict(self.recomputed)
+
+    def restore(self, saved: tuple) -> None:
+        self.operands, self.declarations, self.lines, self.values, self.recomputed = saved
+
+    def has(self, n: fx.Node) -> bool:
+        """Whether the epilogue already has ``n``'s value: a chain value, an operand it reads, or
+        one it computes again."""
+        return n in self.exprs or n in self.operands or n in self.recomputed
+
 
 def cast_to(dtype: torch.dtype, expr: str) -> str:
     """The expression rounded as eager rounds a tensor of ``dtype`` (f32 needs no rounding)."""
@@ -219,27 +231,30 @@ def recomputed_operand(chain: Chain, x: fx.Node, half: bool) -> Optional[str]:
             return None  # vectors cost little to read
     except Refused:
         return None
-    # Which outside tensors x is computed from, through pointwise ops only.
+    # The pointwise ops x is computed from, inputs before their users, and the tensors they read.
     ops: list[fx.Node] = []
     leaves: list[fx.Node] = []
-    stack, seen = [x], set()
-    while stack:
-        n = stack.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        if n is not x and (n in chain.exprs or n in chain.operands or n in chain.recomputed or
-                           n.op != "call_function" or n.target not in POINTWISE or n.target in COMPARISONS):
+    entered: set[fx.Node] = set()  # ops visited, counted before their inputs (bounds the depth)
+
+    def visit(n: fx.Node) -> bool:  # False: more ops than RECOMPUTE_NODES
+        if n in entered or n in leaves:
+            return True
+        if n is not x and (chain.has(n) or n.op != "call_function" or n.target not in POINTWISE or
+                           n.target in COMPARISONS):
             leaves.append(n)
-            continue
+            return True
+        entered.add(n)
+        if len(entered) > RECOMPUTE_NODES or not all(visit(i) for i in n.all_input_nodes):
+            return False
         ops.append(n)
-        if len(ops) > RECOMPUTE_NODES:
-            return None
-        stack.extend(n.all_input_nodes)
+        return True
+
+    if not visit(x):
+        return None
     new_matrices = []
     for leaf in leaves:
         lt = val(leaf)
-        if leaf in chain.exprs or leaf in chain.operands or leaf in chain.recomputed or lt is None:
+        if chain.has(leaf) or lt is None:
             continue
         try:
             if classify(lt, chain.full_shape) in (AUX, AUX_COL):
@@ -248,21 +263,16 @@ def recomputed_operand(chain: Chain, x: fx.Node, half: bool) -> Optional[str]:
             return None
     if len(new_matrices) > 1 or any(m.element_size() > t.element_size() for m in new_matrices):
         return None
-    saved = (dict(chain.operands), list(chain.declarations), list(chain.lines), chain.values, dict(chain.recomputed))
+    saved = chain.snapshot()
     try:
-        # Each op in graph order, rounded as eager rounds it, its inputs recomputed the same way.
-        for n in sorted(ops, key=_graph_position(x.graph)):
+        # Each op rounded as eager rounds it, its inputs computed again before it.
+        for n in ops:
             expr = POINTWISE[n.target](chain, n)
             chain.recomputed[n] = chain.value(expr if val(n).dtype == torch.bool else cast_to(val(n).dtype, expr))
     except Refused:
-        chain.operands, chain.declarations, chain.lines, chain.values, chain.recomputed = saved
+        chain.restore(saved)
         return None
     return chain.recomputed[x]
-
-
-def _graph_position(graph: fx.Graph):
-    order = {n: i for i, n in enumerate(graph.nodes)}
-    return lambda n: order[n]
 
 
 def arg_expr(chain: Chain, x: Any, half: bool = False) -> str:
@@ -514,7 +524,7 @@ def absorbable(chain: Chain, n: fx.Node) -> Optional[str]:
 def absorb(chain: Chain, n: fx.Node) -> None:
     """Adds ``n`` to the chain (raises Refused, leaving the chain unchanged, if it cannot)."""
     t = val(n)
-    saved = (dict(chain.operands), list(chain.declarations), list(chain.lines), chain.values, dict(chain.recomputed))
+    saved = chain.snapshot()
     half = any(i in chain.half for i in _chain_inputs(chain, n))
     try:
         if n.target is SLICE:
@@ -533,7 +543,7 @@ def absorb(chain: Chain, n: fx.Node) -> None:
             # A comparison's 0/1 needs no rounding; it stays f32 until a cast or an op widens it.
             chain.define(n, expr if t.dtype == torch.bool else cast_to(t.dtype, expr))
     except Refused:
-        chain.operands, chain.declarations, chain.lines, chain.values, chain.recomputed = saved
+        chain.restore(saved)
         raise
     finally:
         chain.in_half = False
