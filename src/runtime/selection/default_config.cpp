@@ -380,13 +380,14 @@ KernelConfig default_config_for_shape(const Graph& g, const GemmDesc& gemm) {
   // An epilogue that moves several [m,n] tensors besides D (operands read, more outputs written:
   // a backward pass's activation derivatives) takes ping-pong 128×128 at any K: each warp group's
   // loads and stores of those tensors overlap the other's main loop, where the cooperative kernel
-  // stalls both warp groups on them. With one such tensor the cooperative tile stays: at
-  // 8192×4096×4096, `acc + r[m,n]` took 365 µs on cooperative 128×256 and 390 µs on ping-pong
-  // 128×128 (docs/backend.md, "The residual epilogue: where its time goes"). Measured on the H200 with autograd's SwiGLU derivative after
-  // the down projection's data gradient (two bf16 [m,n] operands, two bf16 outputs) at
+  // stalls both warp groups on them. Measured on the H200 with autograd's SwiGLU derivative
+  // after the down projection's data gradient (two bf16 [m,n] operands, two bf16 outputs) at
   // 4096×11008×4096, B row-major: ping-pong 128×128 0.545 ms, 128×160 0.553 ms, cooperative
-  // 128×128 (what the rule below gave) 0.632 ms, cooperative 128×256 0.834 ms; cuBLAS's GEMM alone
-  // 0.485 ms (bench/results/20261130-0925-h200-training-epilogue-configs.json).
+  // 128×128 (what the rule below gave) 0.632 ms, cooperative 128×256 0.834 ms; cuBLAS's GEMM
+  // alone 0.485 ms (bench/results/20261130-0925-h200-training-epilogue-configs.json). With one
+  // such tensor the cooperative tile stays: at 8192×4096×4096, `acc + r[m,n]` took 365 µs on
+  // cooperative 128×256 and 390 µs on ping-pong 128×128 (docs/backend.md, "The residual
+  // epilogue: where its time goes").
   const KernelConfig pingpong = KernelConfig::of(MainloopSchedule::pingpong, 128, 128, 2);
   if ((gemm.k > 0 && gemm.k <= 2048) || moves_matrices_besides_d(g) ||
       tuning::grid_efficiency(pingpong, gemm, device) > tuning::grid_efficiency(c, gemm, device) + 0.05)
