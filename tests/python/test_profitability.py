@@ -244,3 +244,12 @@ def test_merged_gate_and_up_save_reading_both_halves_and_writing_the_product():
                     ((5632, 2048), BF16), ((5632, 2048), BF16), ((2048, 5632), BF16))
     (f,) = [f for f in report.fused if f.merged]
     assert f.estimate["saved_bytes"] == 8192 * 11264 * 2 + 8192 * 5632 * 2
+
+
+def test_an_epilogue_of_its_own_reads_its_matrix_operands_unfused():
+    # r[m,n] read by the chain whose value feeds another GEMM: unfused, Inductor's kernel reads
+    # the GEMM's result and r and writes the value.
+    report = decide(lambda x, w1, r, w2: (F.silu(x @ w1.t()) * r) @ w2.t(), ((8192, 4096), BF16),
+                    ((4096, 4096), BF16), ((8192, 4096), BF16), ((4096, 4096), BF16))
+    (f,) = report.fused
+    assert f.estimate["saved_bytes"] == 3 * 8192 * 4096 * 2

@@ -8,6 +8,7 @@
 #include "evtc/grouped.hpp"
 #include "evtc/passes.hpp"
 #include "evtc/runtime.hpp"
+#include "runtime/selection/cost_model.hpp"
 
 using namespace evtc;
 
@@ -115,6 +116,40 @@ TEST(CostModel, LargeEpiloguesPayAndNothingToSaveDoesNot) {
   EXPECT_FALSE(views.profitable()) << views.describe();
   EXPECT_EQ(views.epilogue_us, 0.0);
   EXPECT_NE(views.describe().find("unfused (model"), std::string::npos);
+}
+
+TEST(CostModel, EpiloguesMovingSeveralMatricesPayTheirTrafficOnLargeProblems) {
+  // SwiGLU's derivative after the down projection's data gradient (bench/results/
+  // 20261130-1158-h200-dswiglu-by-size.json): unfused, cuBLAS writes dh, and Inductor's kernel
+  // reads it back with g and u and writes the two gradients. Fused it paid at 4096 rows and lost
+  // at 8192.
+  const char* dswiglu =
+      "input g[m,n]: bf16; input u[m,n]: bf16; dh = bf16(acc); s = sigmoid(g)\n"
+      "out du: bf16 = dh * (g * s)\nout D: bf16 = dh * u * s * (1.0 + g * (1.0 - s))";
+  CompileOptions rr;
+  rr.gemm.b_layout = Layout::row_major;
+  const Kernel kernel(parse_expression(dswiglu), rr);
+  const auto unfused = [](int64_t m, int64_t n) {
+    UnfusedWork w;
+    w.saved_bytes = 5.0 * double(m) * double(n) * 2;  // dh read back, g, u, the two gradients
+    w.kernels = 1;
+    return w;
+  };
+  const FusionEstimate small = kernel.estimate(4096, 11008, 4096, unfused(4096, 11008));
+  EXPECT_TRUE(small.profitable()) << small.describe();
+  for (auto [m, n] : {std::pair<int64_t, int64_t>{8192, 11008}, {8192, 14336}}) {
+    const FusionEstimate large = kernel.estimate(m, n, 4096, unfused(m, n));
+    EXPECT_FALSE(large.profitable()) << m << "x" << n << ": " << large.describe();
+  }
+  // The whole of the epilogue's traffic, against half of it for one matrix besides D.
+  GemmDesc big;
+  big.m = 8192;
+  big.n = 14336;
+  big.k = 4096;
+  EXPECT_EQ(epilogue_exposed_share(lowered(dswiglu), big), 1.0);
+  EXPECT_EQ(epilogue_exposed_share(lowered("input r[m,n]: bf16; out D: bf16 = acc + r"), big), kEpilogueExposed);
+  big.m = 4096;
+  EXPECT_EQ(epilogue_exposed_share(lowered(dswiglu), big), kEpilogueExposed);
 }
 
 TEST(CostModel, AFusionThatWritesMoreThanItSavesSaysSo) {

@@ -91,15 +91,22 @@ double tile_factor(const KernelConfig& c) {
   return std::min(1.0, (double(c.tile_m) * c.tile_n / (c.tile_m + c.tile_n)) / 64.0);
 }
 
-// The share of the epilogue's own traffic (outputs written, [m,n] operands read) that the
-// main loop does not hide: each tile's epilogue runs after its main loop (cooperative) or
-// beside the other warp group's (ping-pong), and its loads and stores then compete with the
-// next tile's. Fitted to fused kernels timed alone on the H200 (one and two bf16 outputs, an
-// f32 operand and output; same file): within about 15 %.
-constexpr double kEpilogueExposed = 0.5;
+// Epilogues that move two or more 16-bit [m,n] tensors besides D (selection::matrices_besides_d)
+// leave all of that traffic exposed on large problems. Timed on the H200 (`evtc run --bench`,
+// ping-pong 128×128, B row-major; bench/results/20261130-1158-h200-dswiglu-by-size.json),
+// SwiGLU's derivative after the down projection's data gradient (two bf16 operands, two bf16
+// outputs) ran behind the same configuration's plain GEMM by about half its traffic at the
+// model's bandwidth at 4096×11008 and 4096×14336 (0.05 ms: 0.545 against 0.495 ms, 0.702 against
+// 0.647), and by 0.8 and 1.2 times it at 8192×11008 and 8192×14336 (1.237 against 1.106 ms, 1.627
+// against 1.357). There it was slower than cuBLAS's GEMM (0.985 and 1.170 ms) plus the derivative's
+// own kernel, which the model had put it ahead of. The threshold lies between the sizes measured.
+double epilogue_exposed_share(const Graph& g, const GemmDesc& gemm) {
+  const bool large = double(gemm.m) * double(gemm.n) >= kLargeEpilogueElements;
+  return large && selection::matrices_besides_d(g) >= 2 ? 1.0 : kEpilogueExposed;
+}
 
 FusionEstimate estimate_for(const KernelConfig& c, const GemmDesc& g, double epilogue_bytes, double extra_ab_bytes,
-                            const UnfusedWork& unfused) {
+                            const UnfusedWork& unfused, double exposed) {
   const Rates r = rates_for(g.a_dtype);
   tuning::DeviceLimits d;
   d.sm_count = r.sms;
@@ -131,7 +138,7 @@ FusionEstimate estimate_for(const KernelConfig& c, const GemmDesc& g, double epi
   } else {
     e.fused_us = kernel_us(flops, ab + epilogue_bytes, base * tuning::grid_efficiency(c, g, d) * tile_factor(c),
                            occupancy(tuning::tile_count(c, g), r.sms), r) +
-                 kEpilogueExposed * epilogue_bytes / (r.tbs * 1e6);
+                 exposed * epilogue_bytes / (r.tbs * 1e6);
   }
   e.epilogue_us = unfused.saved_bytes / (r.tbs * 1e6) + unfused.kernels * kKernelUs;
   return e;
@@ -249,7 +256,8 @@ FusionEstimate Kernel::estimate(int64_t m, int64_t n, int64_t k, const UnfusedWo
   g.n = n;
   g.k = k;
   const ConfigChoice choice = config_choice(m, n, k);
-  FusionEstimate e = estimate_for(choice.config, g, epilogue_bytes(impl_->signature, m, n), 0, unfused);
+  FusionEstimate e = estimate_for(choice.config, g, epilogue_bytes(impl_->signature, m, n), 0, unfused,
+                                  epilogue_exposed_share(impl_->graph, g));
   if (choice.source == ConfigChoice::Source::table)
     if (const auto t = selection::table_choice(impl_->graph, g); t && t->config == choice.config)
       anchor_to_table(e, *t, g);

@@ -23,6 +23,9 @@ bool reduces_over_m(const Graph& g);
 // traffic the ping-pong schedule overlaps with the main loop (default_config_for_shape).
 constexpr int kMatricesBesidesD = 3;
 bool moves_matrices_besides_d(const Graph& g);
+// How many [m,n] tensors such an epilogue moves besides D; 0 for one with a reduction, a gated
+// pair, or an operand or output that is not a 16-bit [m,n] tensor.
+int matrices_besides_d(const Graph& g);
 
 // Decode-sized problems: at most this many rows of M. Their main loop streams B, and the tiles
 // that pull it through the most multiprocessors are 64-row ping-pong or transposed ones.
