@@ -58,6 +58,7 @@ DTYPE = torch.bfloat16
 SEED = 0
 CACHE_LEN = 1023  # decode: KV-cache positions before the new token
 DECODE_BATCH = 64  # decode: sequences, one new token each (--decode-batch)
+TRAIN_BATCH = 4  # the layer models' training rows: sequences of 1024 tokens (--train-batch)
 LAYER_MODELS = ("llama", "gpt2", "moe", "llama_mlp")
 # An LM head and its cross-entropy (hidden 4096, 8192 tokens), vocab 32,000 and 128,256: training only.
 LOSS_MODELS = {"lm_head_32k": 32000, "lm_head_128k": 128256}
@@ -312,7 +313,7 @@ def make_inputs(name: str, phase: str, model: nn.Module, seed: int = SEED + 1) -
         labels = torch.randint(0, model.lm_head.out_features, (8, 1024), generator=gen, device="cuda")
         labels[:, -1] = -100
         return (x, labels)
-    batch, seq = {"prefill": (8, 1024), "decode": (DECODE_BATCH, 1), "train": (4, 1024)}[phase]
+    batch, seq = {"prefill": (8, 1024), "decode": (DECODE_BATCH, 1), "train": (TRAIN_BATCH, 1024)}[phase]
     x = torch.randn(batch, seq, model.hidden, generator=gen, device="cuda", dtype=DTYPE)
     if phase != "decode" or not model.heads:
         return (x,)
@@ -327,7 +328,7 @@ def make_inputs(name: str, phase: str, model: nn.Module, seed: int = SEED + 1) -
 def row_notes(name: str, phase: str, mode: str, model: nn.Module) -> list[str]:
     notes = []
     if phase == "train" and name in LAYER_MODELS:
-        notes.append("batch 4 x 1024 (memory)")
+        notes.append(f"batch {TRAIN_BATCH} x 1024" + (" (memory)" if TRAIN_BATCH == 4 else ""))
     if name in LOSS_MODELS:
         notes.append("8 x 1024 tokens; the model's output is its loss; evtc runs it as linear_cross_entropy "
                      "(logits saved up to 1 GiB, recomputed above), which fused/gemms do not count")
@@ -769,10 +770,15 @@ def parse_args():
                         "evtc.torch.merge_projections makes each pair views of one buffer, as docs/python.md advises)")
     p.add_argument("--decode-batch", type=int, default=DECODE_BATCH, metavar="N",
                    help=f"decode rows: N sequences of one new token (default {DECODE_BATCH})")
+    p.add_argument("--train-batch", type=int, default=TRAIN_BATCH, metavar="N",
+                   help=f"the layer models' training rows: N sequences of 1024 tokens (default {TRAIN_BATCH}, "
+                        "which fits the GPU's memory beside eager and two compiled copies)")
     p.add_argument("--table", metavar="FILE.json", help="print the Markdown table of a results file and exit")
     args = p.parse_args()
     if args.decode_batch < 1:
         p.error(f"--decode-batch must be at least 1, got {args.decode_batch}")
+    if args.train_batch < 1:
+        p.error(f"--train-batch must be at least 1, got {args.train_batch}")
     args.warmup, args.iters = (2, 5) if args.quick else (3, 20)
     if args.rounds is None:
         args.rounds = 3 if args.quick else 5
@@ -842,8 +848,9 @@ def main() -> None:
         with open(args.table) as f:
             print(markdown_table(json.load(f)))
         return
-    global DECODE_BATCH
+    global DECODE_BATCH, TRAIN_BATCH
     DECODE_BATCH = args.decode_batch
+    TRAIN_BATCH = args.train_batch
     if not torch.cuda.is_available():
         sys.exit("bench/models.py needs a CUDA GPU")
     # Dynamo decides at trace time whether parameters may become constants, from this global
@@ -858,7 +865,7 @@ def main() -> None:
             "date": now.isoformat(timespec="seconds"), "warmup": args.warmup,
             "timed": args.rounds * math.ceil(args.iters / args.rounds), "rounds": args.rounds, "evtc_options": args.evtc_options,
             "freezing": args.freezing, "merge_projections": args.merge_projections,
-            "decode_batch": args.decode_batch, "rows": []}
+            "decode_batch": args.decode_batch, "train_batch": args.train_batch, "rows": []}
 
     def add(row: dict) -> None:
         data["rows"].append(row)

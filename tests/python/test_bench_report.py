@@ -471,6 +471,23 @@ def test_models_decode_batch_reaches_the_row_notes_and_must_be_positive(monkeypa
     assert "input (16, 1, hidden)" in models.row_notes("llama_mlp", "decode", "cudagraphs", mlp)
 
 
+def test_models_train_batch_reaches_the_inputs_notes_and_must_be_positive(monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    models = load_train_steps().models
+    monkeypatch.setattr(sys, "argv", ["models.py", "--train-batch", "0"])
+    with pytest.raises(SystemExit):
+        models.parse_args()
+    assert "--train-batch must be at least 1, got 0" in capsys.readouterr().err
+    monkeypatch.setattr(sys, "argv", ["models.py", "--train-batch", "8"])
+    assert models.parse_args().train_batch == 8
+    mlp = SimpleNamespace(heads=0)
+    assert "batch 4 x 1024 (memory)" in models.row_notes("llama_mlp", "train", "default", mlp)
+    monkeypatch.setattr(models, "TRAIN_BATCH", 8)
+    assert "batch 8 x 1024" in models.row_notes("llama_mlp", "train", "default", mlp)
+    assert "batch 8 x 1024 (memory)" not in models.row_notes("llama_mlp", "train", "default", mlp)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--steps", "0"], "--steps must be 1 or more"),
     (["--lr", "0"], "--lr must be positive"),
