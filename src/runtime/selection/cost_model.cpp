@@ -100,9 +100,10 @@ double tile_factor(const KernelConfig& c) {
 // 0.647), and by 0.8 and 1.2 times it at 8192×11008 and 8192×14336 (1.237 against 1.106 ms, 1.627
 // against 1.357). There it was slower than cuBLAS's GEMM (0.985 and 1.170 ms) plus the derivative's
 // own kernel, which the model had put it ahead of. The threshold lies between the sizes measured.
-// These kernels ran alone in short bursts, where cuBLAS runs faster than inside a model (at
-// 4096×11008 the derivative took 1.13× cuBLAS there, 0.996× torch.mm in the llama_mlp training
-// row): the rule refuses on the safe side of what a whole model would show.
+// Those are `evtc run --bench` times, where cuBLAS came out faster than torch.mm timed by
+// bench/models.py --kernels (at 4096×11008 the derivative took 1.13× cuBLAS there and 0.996×
+// torch.mm in the llama_mlp training row): the rule refuses on the safe side until a training
+// row at 8192 rows measures it.
 double epilogue_exposed_share(const Graph& g, const GemmDesc& gemm) {
   const bool large = double(gemm.m) * double(gemm.n) >= kLargeEpilogueElements;
   return large && selection::matrices_besides_d(g) >= 2 ? 1.0 : kEpilogueExposed;
