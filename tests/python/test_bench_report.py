@@ -667,3 +667,55 @@ def test_residual_forms_says_it_needs_a_gpu(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["residual_forms.py", "--quick"])
     assert module.main() == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def load_epilogue_sizes():
+    sys.path.insert(0, str(ROOT / "bench"))  # its sibling modules result_files and models
+    spec = importlib.util.spec_from_file_location("bench_epilogue_sizes", ROOT / "bench" / "epilogue_sizes.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--sizes", "4096x11008"], "--sizes: a size is MxNxK with three positive integers, got '4096x11008'"),
+    (["--sizes", "0x8x8"], "--sizes: a size is MxNxK"),
+    (["--exprs", "dswiglu,gelu"], "--exprs: unknown 'gelu'; choose from plain, dswiglu, swiglu_forward"),
+    (["--expr", "relu"], "--expr takes NAME=EXPR_OR_FILE, got 'relu'"),
+    (["--rounds", "0"], "--rounds must be at least 1, got 0"),
+])
+def test_epilogue_sizes_option_errors(argv, message, capsys):
+    bench = load_epilogue_sizes()
+    with pytest.raises(SystemExit):
+        bench.parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_epilogue_sizes_builds_every_kernel_before_timing_and_reports_the_model(tmp_path):
+    bench = load_epilogue_sizes()
+    expr_file = tmp_path / "relu.evt"
+    expr_file.write_text("out D: bf16 = relu(acc)")
+    args = bench.parse_args(["--exprs", "dswiglu", "--expr", f"relu:row={expr_file}",
+                             "--configs", "default,pingpong_128x128x64_c2x1_persistent", "--sizes", "520x1032x264"])
+    assert args.sizes == [(520, 1032, 264)]
+    assert args.epilogues["relu"] == ("out D: bf16 = relu(acc)", "row")
+    entries = bench.kernels(args)
+    assert [(e["expr"], e["config"], e["b_layout"]) for e in entries] == [
+        ("dswiglu", "default", "row"), ("dswiglu", "pingpong_128x128x64_c2x1_persistent", "row"),
+        ("relu", "default", "row"), ("relu", "pingpong_128x128x64_c2x1_persistent", "row")]
+    assert {o.name for o in entries[0]["kernel"].inputs} == {"g", "u"}
+    assert entries[1]["kernel"].config_for(4096, 11008, 4096) == "pingpong_128x128x64_c2x1_persistent"
+    numbers = bench.model(entries[0]["kernel"], 4096, 11008, 4096)
+    assert numbers["model_fused_us"] > numbers["model_cublas_us"] > 0
+    # A configuration that does not exist fails before any GPU work, naming it.
+    bad = bench.parse_args(["--exprs", "plain", "--configs", "coop_999x1x64_c1x1_persistent"])
+    with pytest.raises(Exception, match="999"):
+        bench.kernels(bad)
+    rows = [{"expr": "dswiglu", "config": "default", "runs": "pingpong_128x128x64_c2x1_persistent", "b_layout": "row",
+             "m": 4096, "n": 11008, "k": 4096, "fused_ms": 0.5, "mm_ms": 0.48, "fused_over_mm": 0.5 / 0.48,
+             "model_fused_us": 550.0, "model_cublas_us": 494.7}]
+    assert "| dswiglu | 4096×11008×4096 | default | pingpong_128x128x64_c2x1_persistent | 0.5000 | 0.4800 | 1.042 | 1.100 |" \
+        in bench.table(rows)
+    assert "+10.0% of the measured" in bench.line(rows[0])
+    bench.plot(rows, str(tmp_path / "plot"))
+    assert (tmp_path / "plot.png").exists() or "matplotlib" not in sys.modules
