@@ -454,49 +454,46 @@ def test_train_steps_judges_evtc_by_the_spread_of_the_two_plain_variants():
     assert "| llama_mlp | default | 2 | 1.25 | 0.005 | 0.01 | 0 | yes | 2 / 8 |" in table
 
 
-def test_models_decode_batch_reaches_the_row_notes_and_must_be_positive(monkeypatch, capsys):
+@pytest.mark.parametrize("option, attribute", [("--decode-batch", "decode_batch"), ("--train-batch", "train_batch")])
+def test_models_batch_options_must_be_positive(option, attribute, monkeypatch, capsys):
+    models = load_train_steps().models
+    monkeypatch.setattr(sys, "argv", ["models.py", option, "0"])
+    with pytest.raises(SystemExit):
+        models.parse_args()
+    assert f"{option} must be at least 1, got 0" in capsys.readouterr().err
+    monkeypatch.setattr(sys, "argv", ["models.py", option, "16"])
+    assert getattr(models.parse_args(), attribute) == 16
+
+
+def test_models_batches_reach_the_row_notes(monkeypatch):
     from types import SimpleNamespace
 
     models = load_train_steps().models
-    monkeypatch.setattr(sys, "argv", ["models.py", "--decode-batch", "0"])
-    with pytest.raises(SystemExit):
-        models.parse_args()
-    assert "--decode-batch must be at least 1, got 0" in capsys.readouterr().err
-    monkeypatch.setattr(sys, "argv", ["models.py", "--decode-batch", "16"])
-    assert models.parse_args().decode_batch == 16
-    monkeypatch.setattr(models, "DECODE_BATCH", 16)
     layer, mlp = SimpleNamespace(heads=32), SimpleNamespace(heads=0)
+    assert "batch 4 x 1024 (memory)" in models.row_notes("llama_mlp", "train", "default", mlp)
+    monkeypatch.setattr(models, "DECODE_BATCH", 16)
+    monkeypatch.setattr(models, "TRAIN_BATCH", 8)
     assert "batch 16, KV cache of 1023 positions, static address" in models.row_notes("llama", "decode", "cudagraphs",
                                                                                         layer)
     assert "input (16, 1, hidden)" in models.row_notes("llama_mlp", "decode", "cudagraphs", mlp)
+    notes = models.row_notes("llama_mlp", "train", "default", mlp)
+    assert "batch 8 x 1024" in notes and "batch 8 x 1024 (memory)" not in notes
 
 
-def test_models_train_batch_reaches_the_inputs_notes_and_must_be_positive(monkeypatch, capsys):
-    from types import SimpleNamespace
-
-    models = load_train_steps().models
-    monkeypatch.setattr(sys, "argv", ["models.py", "--train-batch", "0"])
-    with pytest.raises(SystemExit):
-        models.parse_args()
-    assert "--train-batch must be at least 1, got 0" in capsys.readouterr().err
-    monkeypatch.setattr(sys, "argv", ["models.py", "--train-batch", "8"])
-    assert models.parse_args().train_batch == 8
-    mlp = SimpleNamespace(heads=0)
-    assert "batch 4 x 1024 (memory)" in models.row_notes("llama_mlp", "train", "default", mlp)
-    monkeypatch.setattr(models, "TRAIN_BATCH", 8)
-    assert "batch 8 x 1024" in models.row_notes("llama_mlp", "train", "default", mlp)
-    assert "batch 8 x 1024 (memory)" not in models.row_notes("llama_mlp", "train", "default", mlp)
-
-
-@pytest.mark.parametrize("argv, message", [
-    (["--steps", "0"], "--steps must be 1 or more"),
-    (["--lr", "0"], "--lr must be positive"),
-    (["--models", "llama,bert"], "unknown \\['bert'\\]; choose from"),
+@pytest.mark.parametrize("script, argv, message", [
+    ("train_steps", ["--steps", "0"], "--steps must be 1 or more"),
+    ("train_steps", ["--lr", "0"], "--lr must be positive"),
+    ("train_steps", ["--models", "llama,bert"], "unknown \\['bert'\\]; choose from"),
+    ("epilogue_sizes", ["--sizes", "4096x11008"], "--sizes: a size is MxNxK with three positive integers, got '4096x11008'"),
+    ("epilogue_sizes", ["--sizes", "0x8x8"], "--sizes: a size is MxNxK"),
+    ("epilogue_sizes", ["--exprs", "dswiglu,gelu"], "--exprs: unknown 'gelu'; choose from plain, dswiglu, swiglu_forward"),
+    ("epilogue_sizes", ["--expr", "relu"], "--expr takes NAME=EXPR_OR_FILE, got 'relu'"),
+    ("epilogue_sizes", ["--rounds", "0"], "--rounds must be at least 1, got 0"),
 ])
-def test_train_steps_option_errors(argv, message, capsys):
-    t = load_train_steps()
+def test_bench_option_errors(script, argv, message, capsys):
+    bench = load_train_steps() if script == "train_steps" else load_epilogue_sizes()
     with pytest.raises(SystemExit):
-        t.parse_args(argv)
+        bench.parse_args(argv)
     assert re.search(message, capsys.readouterr().err)
 
 
@@ -675,20 +672,6 @@ def load_epilogue_sizes():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-@pytest.mark.parametrize("argv, message", [
-    (["--sizes", "4096x11008"], "--sizes: a size is MxNxK with three positive integers, got '4096x11008'"),
-    (["--sizes", "0x8x8"], "--sizes: a size is MxNxK"),
-    (["--exprs", "dswiglu,gelu"], "--exprs: unknown 'gelu'; choose from plain, dswiglu, swiglu_forward"),
-    (["--expr", "relu"], "--expr takes NAME=EXPR_OR_FILE, got 'relu'"),
-    (["--rounds", "0"], "--rounds must be at least 1, got 0"),
-])
-def test_epilogue_sizes_option_errors(argv, message, capsys):
-    bench = load_epilogue_sizes()
-    with pytest.raises(SystemExit):
-        bench.parse_args(argv)
-    assert message in capsys.readouterr().err
 
 
 def test_epilogue_sizes_builds_every_kernel_before_timing_and_reports_the_model(tmp_path):
