@@ -192,7 +192,7 @@ def test_activation_derivatives_join_the_chain(fn, inputs, fragment):
     assert fragment in report.fused[0].expr
 
 
-def test_swiglu_backward_after_the_down_projections_data_gradient_is_one_op():
+def test_swiglu_backward_after_the_down_projections_data_gradient_is_one_op(caplog):
     # autograd's SwiGLU backward: d_up = dh * silu(g), d_gate = silu_backward(dh * u, g), with
     # dh the down projection's data gradient (dy @ W_down: W_down row-major, K × N)
     # dh viewed as the forward's [batch, seq, N], d_up viewed back to [M, N] for its weight
@@ -204,8 +204,12 @@ def test_swiglu_backward_after_the_down_projections_data_gradient_is_one_op():
         return d_up, ATEN.silu_backward.default(dh * u, g).view(M, N)
 
     saved = ((4, M // 4, N), BF16)
-    gm, report = fuse(fn, ((M, K), BF16), ((K, N), BF16), saved, saved)
+    with caplog.at_level("DEBUG", logger="evtc.torch"):
+        gm, report = fuse(fn, ((M, K), BF16), ((K, N), BF16), saved, saved)
     assert len(report.fused) == 1, report.summary()
+    # The debug log says what the epilogue computes again instead of reading.
+    assert (f"evtc: mm computes silu in its epilogue (1 op(s)) from tensors it reads, instead of reading it: "
+            f"{M * N * 2 / 1e6:.1f} MB not read") in caplog.text
     gm.graph.eliminate_dead_code()  # as Inductor does: silu(g) has no reader left
     ops = ops_of(gm)
     assert ops.count(torch.ops.evtc.gemm_epilogue.default) == 1

@@ -11,7 +11,7 @@ from ... import _library
 from .. import _op, _spec
 from .._chain import Chain, Refused
 from .._fusion import (Fusion, check_output_shapes, escaping, expression, grow_trimmed, is_static, kernel_options,
-                       problem_size, replace, spec_kernel_or_refuse)
+                       problem_size, replace, spec_kernel_or_refuse, value_bytes)
 from .._gemm import GEMMS, UNSUPPORTED_GEMMS, start_chain
 from . import profitability
 
@@ -52,6 +52,14 @@ def fuse(graph: fx.Graph, chain: Chain, settings) -> Fusion:
     # What is decided on: the epilogue as evtc gets it (the report's line says what was decided).
     log.debug("evtc: %s at %sx%sx%s with its epilogue:\n%s", chain.gemm.name, m, n, k,
               "\n".join("  " + line for line in expr.splitlines()))
+    if chain.recomputed:
+        # Tensors from outside the chain that the epilogue computes again rather than reads
+        # (recomputed_operand): always when the tensors they come from are read anyway.
+        members = set(chain.nodes)
+        instead = [x for x in chain.recomputed if any(u in members for u in x.users)]
+        log.debug("evtc: %s computes %s in its epilogue (%d op(s)) from tensors it reads, instead of reading "
+                  "%s: %.1f MB not read", chain.gemm.name, ", ".join(x.name for x in instead), len(chain.recomputed),
+                  "it" if len(instead) == 1 else "them", sum(value_bytes(x) for x in instead) / 1e6)
     if is_static(chain):
         if reason := kernel.fallback_reason(m, n, k):
             raise Refused(reason)
