@@ -147,7 +147,8 @@ def measure(entries: list[dict], sizes, rounds: int) -> list[dict]:
             outs = {o.name: torch.empty(o.size(m, n), device="cuda", dtype=dtype[o.dtype]) for o in kernel.outputs}
             steps = {"fused": lambda: kernel(a, b, out=outs, **operands), "mm": lambda: torch.mm(a, b)}
             times, per_round = time_interleaved(steps, 3, 20 * rounds, rounds)
-            row = {"expr": e["expr"], "config": e["config"], "runs": kernel.config_for(m, n, k),
+            # "fused" or "fallback" (cuBLASLt + the plain epilogue): a row that did not run fused says so.
+            row = {"expr": e["expr"], "config": e["config"], "runs": kernel.config_for(m, n, k), "path": kernel.last_path,
                    "b_layout": e["b_layout"], "m": m, "n": n, "k": k, "fused_ms": times["fused"],
                    "mm_ms": times["mm"], "fused_over_mm": times["fused"] / times["mm"], "rounds": per_round,
                    **model(kernel, m, n, k)}
@@ -159,7 +160,8 @@ def measure(entries: list[dict], sizes, rounds: int) -> list[dict]:
 
 def line(r: dict) -> str:
     error = r["model_fused_us"] / (r["fused_ms"] * 1e3) - 1
-    return (f"{r['expr']} {r['m']}x{r['n']}x{r['k']} {r['config']} ({r['runs']}): fused {r['fused_ms']:.4f} ms, "
+    path = "" if r.get("path") in (None, "fused") else f" [ran the {r['path']} path]"
+    return (f"{r['expr']} {r['m']}x{r['n']}x{r['k']} {r['config']} ({r['runs']}){path}: fused {r['fused_ms']:.4f} ms, "
             f"torch.mm {r['mm_ms']:.4f} ms, {r['fused_over_mm']:.3f}x; model {r['model_fused_us']:.1f} us "
             f"({error:+.1%} of the measured)")
 

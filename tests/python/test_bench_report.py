@@ -700,5 +700,7 @@ def test_epilogue_sizes_builds_every_kernel_before_timing_and_reports_the_model(
     assert "| dswiglu | 4096×11008×4096 | default | pingpong_128x128x64_c2x1_persistent | 0.5000 | 0.4800 | 1.042 | 1.100 |" \
         in bench.table(rows)
     assert "+10.0% of the measured" in bench.line(rows[0])
+    assert "[ran the" not in bench.line(rows[0])
+    assert "(pingpong_128x128x64_c2x1_persistent) [ran the fallback path]: fused" in bench.line({**rows[0], "path": "fallback"})
     bench.plot(rows, str(tmp_path / "plot"))
     assert (tmp_path / "plot.png").exists() or "matplotlib" not in sys.modules
