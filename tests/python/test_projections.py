@@ -5,6 +5,7 @@ them under CUDA graphs on traced (fake CUDA) values. Skipped where torch is not 
 from __future__ import annotations
 
 import copy
+import functools
 
 import pytest
 
@@ -18,19 +19,12 @@ from torch.fx.experimental.proxy_tensor import make_fx  # noqa: E402
 import evtc  # noqa: E402
 import evtc.torch  # noqa: E402
 from evtc._gated import interleaved_in_place  # noqa: E402
+from torch_cases import SwigluMlp  # noqa: E402
 
 HIDDEN, FFN = 24, 40
 
 
-class Mlp(nn.Module):
-    def __init__(self, bias: bool = False):
-        super().__init__()
-        self.gate_proj = nn.Linear(HIDDEN, FFN, bias=bias)
-        self.up_proj = nn.Linear(HIDDEN, FFN, bias=bias)
-        self.down_proj = nn.Linear(FFN, HIDDEN, bias=False)
-
-    def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+Mlp = functools.partial(SwigluMlp, HIDDEN, FFN)
 
 
 class Experts(nn.Module):

@@ -23,7 +23,7 @@ import torch.nn.functional as F  # noqa: E402
 import evtc  # noqa: E402
 import evtc.torch  # noqa: E402
 from evtc.torch._op import spec_kernel  # noqa: E402
-from torch_cases import CASES, M, N, K, randn, x_w  # noqa: E402
+from torch_cases import CASES, M, N, K, SwigluMlp, randn, x_w  # noqa: E402
 
 
 def poison_allocator():
@@ -86,26 +86,13 @@ def train_mlp(backend, steps=6, seed=0):
     return losses
 
 
-class SwigluMLP(nn.Module):
-    """A LLaMA-style MLP at sizes that are not tile multiples."""
-
-    def __init__(self, hidden=520, ffn=1032):
-        super().__init__()
-        self.gate = nn.Linear(hidden, ffn, bias=False)
-        self.up = nn.Linear(hidden, ffn, bias=False)
-        self.down = nn.Linear(ffn, hidden, bias=False)
-
-    def forward(self, x):
-        return self.down(F.silu(self.gate(x)) * self.up(x))
-
-
 def swiglu_gradients(backend, dtype=torch.bfloat16):
     """The weights' gradients of mean(out²) over a [4, 250, 520] batch (the saved activations
     are 3-D beside the backward's [1000, N] GEMM results), the same weights and input in each
     dtype."""
     torch.manual_seed(7)
-    model = SwigluMLP().cuda().to(torch.bfloat16).to(dtype)
-    x = randn(4, 250, 520).to(dtype)
+    model = SwigluMlp(K, N).cuda().to(torch.bfloat16).to(dtype)  # sizes that are not tile multiples
+    x = randn(4, M // 4, K).to(dtype)
     compiled = torch.compile(model, backend=backend) if backend else model
     (compiled(x).float() ** 2).mean().backward()
     return [p.grad for p in model.parameters()]

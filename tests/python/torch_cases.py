@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 # Sizes that are not tile multiples (tiles are 128 or 256 wide); N and K keep 16-byte rows.
@@ -152,3 +153,16 @@ CASES = [
     Case("unsupported_b_strides", lambda x, w: F.silu(x @ w[:, ::2]),
          lambda: (randn(M, K), randn(K, 2 * N, scale=K ** -0.5)), 0),
 ]
+
+
+class SwigluMlp(nn.Module):
+    """A LLaMA-style MLP, down(silu(gate(x)) · up(x)), with Hugging Face's projection names."""
+
+    def __init__(self, hidden: int, ffn: int, bias: bool = False):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, ffn, bias=bias)
+        self.up_proj = nn.Linear(hidden, ffn, bias=bias)
+        self.down_proj = nn.Linear(ffn, hidden, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
