@@ -36,6 +36,20 @@ def run(graph: fx.Graph, settings, report) -> None:
             report.refused.append((node.name, str(why)))
 
 
+def _log_epilogue(chain: Chain, expr: str, m, n, k) -> None:
+    """What is decided on: the epilogue as evtc gets it (the report's line says what was decided),
+    and the tensors from outside the chain that it computes again rather than reads
+    (recomputed_operand: always where the tensors they come from are read anyway)."""
+    log.debug("evtc: %s at %sx%sx%s with its epilogue:\n%s", chain.gemm.name, m, n, k,
+              "\n".join("  " + line for line in expr.splitlines()))
+    if chain.recomputed:
+        members = set(chain.nodes)
+        instead = [x for x in chain.recomputed if any(u in members for u in x.users)]
+        log.debug("evtc: %s computes %s in its epilogue (%d op(s)) from tensors it reads, instead of reading "
+                  "%s: %.1f MB not read", chain.gemm.name, ", ".join(x.name for x in instead), len(chain.recomputed),
+                  "it" if len(instead) == 1 else "them", sum(value_bytes(x) for x in instead) / 1e6)
+
+
 def fuse(graph: fx.Graph, chain: Chain, settings) -> Fusion:
     """Replaces a grown chain with its fused op (raises Refused, leaving the graph unchanged,
     when it cannot or should not be fused)."""
@@ -49,17 +63,8 @@ def fuse(graph: fx.Graph, chain: Chain, settings) -> Fusion:
                            names, merged)
     kernel = spec_kernel_or_refuse(spec)
     m, n, k = problem_size(chain)
-    # What is decided on: the epilogue as evtc gets it (the report's line says what was decided).
-    log.debug("evtc: %s at %sx%sx%s with its epilogue:\n%s", chain.gemm.name, m, n, k,
-              "\n".join("  " + line for line in expr.splitlines()))
-    if chain.recomputed:
-        # Tensors from outside the chain that the epilogue computes again rather than reads
-        # (recomputed_operand): always when the tensors they come from are read anyway.
-        members = set(chain.nodes)
-        instead = [x for x in chain.recomputed if any(u in members for u in x.users)]
-        log.debug("evtc: %s computes %s in its epilogue (%d op(s)) from tensors it reads, instead of reading "
-                  "%s: %.1f MB not read", chain.gemm.name, ", ".join(x.name for x in instead), len(chain.recomputed),
-                  "it" if len(instead) == 1 else "them", sum(value_bytes(x) for x in instead) / 1e6)
+    if log.isEnabledFor(logging.DEBUG):
+        _log_epilogue(chain, expr, m, n, k)
     if is_static(chain):
         if reason := kernel.fallback_reason(m, n, k):
             raise Refused(reason)
