@@ -9,6 +9,8 @@
 #include "evtc/passes.hpp"
 #include "evtc/runtime.hpp"
 #include "runtime/selection/cost_model.hpp"
+#include "runtime/selection/default_config.hpp"
+#include "runtime/shared_memory_model.hpp"
 
 using namespace evtc;
 
@@ -55,8 +57,18 @@ TEST(DefaultConfig, EpiloguesMovingSeveralMatricesTakePingpongAtAnyK) {
   const char* dswiglu =
       "input g[m,n]: bf16; input u[m,n]: bf16; dh = bf16(acc); s = sigmoid(g)\n"
       "out du: bf16 = dh * (g * s)\nout D: bf16 = dh * u * s * (1.0 + g * (1.0 - s))";
+  // Two operands and two outputs leave a 128×160 tile three main-loop stages: 128×128.
   EXPECT_EQ(default_for(dswiglu, 4096, 11008, 4096), "pingpong_128x128x64_c2x1_persistent");
   EXPECT_EQ(default_for(dswiglu, 8192, 4096, 11008), "pingpong_128x128x64_c2x1_persistent");
+  // SwiGLU's forward half in training (u read; g and silu(g)·u written): 128×160 keeps four
+  // (bench/results/20261130-1414-h200-epilogue-sizes.json).
+  const char* forward_half = "input u[m,n]: bf16; g = bf16(acc); out y0: bf16 = g; out D: bf16 = bf16(bf16(silu(g)) * u)";
+  EXPECT_EQ(default_for(forward_half, 4096, 11008, 4096), "pingpong_128x160x64_c2x1_persistent");
+  EXPECT_EQ(default_for(forward_half, 8192, 14336, 4096), "pingpong_128x160x64_c2x1_persistent");
+  EXPECT_EQ(default_for(forward_half, 8192, 5632, 2048), "pingpong_128x160x64_c2x1_persistent");
+  EXPECT_EQ(mainloop_stages(KernelConfig::of(MainloopSchedule::pingpong, 128, 160, 2), GemmDesc{},
+                            epilogue_smem_bytes(lowered(forward_half), KernelConfig::of(MainloopSchedule::pingpong, 128, 160, 2))),
+            selection::kHeavyEpilogueStages);
   // One matrix besides D keeps the cooperative tile (the residual above); f32 ones and
   // reductions keep their rules (128×256, narrowed to 128×128 for its stages).
   EXPECT_EQ(default_for("input r[m,n]: bf16; input s[m,n]: f32; out D: bf16 = acc * r + s", 8192, 4096, 4096),

@@ -106,7 +106,7 @@ double tile_factor(const KernelConfig& c) {
 // row at 8192 rows measures it.
 double epilogue_exposed_share(const Graph& g, const GemmDesc& gemm) {
   const bool large = double(gemm.m) * double(gemm.n) >= kLargeEpilogueElements;
-  return large && selection::matrices_besides_d(g) >= 2 ? 1.0 : kEpilogueExposed;
+  return large && selection::moves_matrices_besides_d(g) ? 1.0 : kEpilogueExposed;
 }
 
 FusionEstimate estimate_for(const KernelConfig& c, const GemmDesc& g, double epilogue_bytes, double extra_ab_bytes,

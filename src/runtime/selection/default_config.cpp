@@ -333,6 +333,27 @@ std::optional<KernelConfig> one_wave_config(const GemmDesc& g, int sms) {
   return best;
 }
 
+// Epilogues moving kMatricesBesidesD or more 16-bit [m,n] tensors besides D: ping-pong 128×160
+// where that tile keeps kHeavyEpilogueStages main-loop stages beside the epilogue's staged
+// tensors, else ping-pong 128×128. Measured on the H200, each epilogue in both configurations in
+// one run (bench/results/20261130-1414-h200-epilogue-sizes.json, interleaved with torch.mm; and
+// 20261130-0925 and -1132/-1150 with `evtc run --bench`, one configuration per process):
+//   - SwiGLU's forward half (the gate GEMM reading u, writing g and silu(g)·u; B column-major:
+//     one operand and two outputs, four stages on 128×160) at 4096 and 8192 × 11008 and 14336 × 4096:
+//     128×160 took 0.544, 0.733, 1.174 and 1.538 ms against 0.589, 0.781, 1.205 and 1.663 on
+//     cooperative 128×256 (the rule before) and 0.522, 0.785, 1.250 and 1.583 on ping-pong
+//     128×128; with `--bench` 0.498-0.513 and 1.508-1.554 against 0.530 and 1.587-1.633 on
+//     cooperative 128×256 at the first and last size;
+//   - SwiGLU's derivative after the down projection's data gradient (B row-major: two operands
+//     and two outputs, three stages on 128×160, four on 128×128) at the same sizes: 128×160
+//     0.581, 0.769, 1.280 and 1.748 ms against 0.581, 0.778, 1.298 and 1.719 on 128×128, and
+//     0.553 against 0.542-0.545 with `--bench`: even, so 128×128 stays.
+KernelConfig heavy_epilogue_tile(const Graph& g, const GemmDesc& gemm) {
+  const KernelConfig wide = KernelConfig::of(MainloopSchedule::pingpong, 128, 160, 2);
+  if (mainloop_stages(wide, gemm, epilogue_smem_bytes(g, wide)) >= selection::kHeavyEpilogueStages) return wide;
+  return KernelConfig::of(MainloopSchedule::pingpong, 128, 128, 2);
+}
+
 }  // namespace
 
 KernelConfig default_config_for_shape(const Graph& g, const GemmDesc& gemm) {
@@ -380,18 +401,15 @@ KernelConfig default_config_for_shape(const Graph& g, const GemmDesc& gemm) {
   // finer tiles fill the last wave clearly better (1024×14336×4096: 0.97 against 0.85).
   //
   // An epilogue that moves several [m,n] tensors besides D (operands read, more outputs written:
-  // a backward pass's activation derivatives) takes ping-pong 128×128 at any K: each warp group's
-  // loads and stores of those tensors overlap the other's main loop, where the cooperative kernel
-  // stalls both warp groups on them. Measured on the H200 with autograd's SwiGLU derivative
-  // after the down projection's data gradient (two bf16 [m,n] operands, two bf16 outputs) at
-  // 4096×11008×4096, B row-major: ping-pong 128×128 0.545 ms, 128×160 0.553 ms, cooperative
-  // 128×128 (what the rule below gave) 0.632 ms, cooperative 128×256 0.834 ms; cuBLAS's GEMM
-  // alone 0.485 ms (bench/results/20261130-0925-h200-training-epilogue-configs.json). With one
-  // such tensor the cooperative tile stays: at 8192×4096×4096, `acc + r[m,n]` took 365 µs on
+  // a training step's activations and their derivatives) takes ping-pong at any K: each warp
+  // group's loads and stores of those tensors overlap the other's main loop, where the
+  // cooperative kernel stalls both warp groups on them (heavy_epilogue_tile). With one such
+  // tensor the cooperative tile stays: at 8192×4096×4096, `acc + r[m,n]` took 365 µs on
   // cooperative 128×256 and 390 µs on ping-pong 128×128 (docs/backend.md, "The residual
   // epilogue: where its time goes").
+  if (moves_matrices_besides_d(g)) return heavy_epilogue_tile(g, gemm);
   const KernelConfig pingpong = KernelConfig::of(MainloopSchedule::pingpong, 128, 128, 2);
-  if ((gemm.k > 0 && gemm.k <= 2048) || moves_matrices_besides_d(g) ||
+  if ((gemm.k > 0 && gemm.k <= 2048) ||
       tuning::grid_efficiency(pingpong, gemm, device) > tuning::grid_efficiency(c, gemm, device) + 0.05)
     c = pingpong;
   // A light epilogue (light_epilogue: one 16-bit output, no [m,n] operand or C, no reduction,

@@ -21,7 +21,10 @@ bool reduces_over_m(const Graph& g);
 // At least kMatricesBesidesD [m,n] tensors moved besides D ([m,n] operands read, outputs beyond
 // the first written), all 16-bit, with no reduction and no gated pair: the epilogues whose
 // traffic the ping-pong schedule overlaps with the main loop (default_config_for_shape).
-constexpr int kMatricesBesidesD = 3;
+constexpr int kMatricesBesidesD = 2;
+// Main-loop stages the wider ping-pong tile (128×160) of such an epilogue must keep beside the
+// tensors the epilogue stages; with fewer it takes 128×128 (default_config.cpp, heavy_epilogue_tile).
+constexpr int kHeavyEpilogueStages = 4;
 bool moves_matrices_besides_d(const Graph& g);
 // How many [m,n] tensors such an epilogue moves besides D; 0 for one with a reduction, a gated
 // pair, or an operand or output that is not a 16-bit [m,n] tensor.
