@@ -32,6 +32,9 @@ from datetime import datetime, timezone
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from result_files import result_base  # noqa: E402
+
 # name: (expression, M, N, K, torch reference of h = x @ w.T); w is N×K (K-major).
 WORKLOADS = {
     "W1 4096^3 silu(acc+bias)": ("out D: bf16 = silu(acc + bias[n])", 4096, 4096, 4096,
@@ -208,10 +211,7 @@ def main() -> None:
             f"cuBLAS {t['cublas']:.4f} ms; deploy first call {row['deploy_first_call_ms']:.1f} ms, "
             f"outputs equal: {same_as_deploy}")
 
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M")
-    short = gpu.replace("NVIDIA ", "").split()[0].lower()
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"{stamp}-{short}-aot")
+    path = result_base(args.out, gpu, "aot")
     with open(path + ".json", "w") as f:
         json.dump(data, f, indent=2)
     try:

@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-from result_files import save_png  # noqa: E402
+from result_files import result_base, save_png  # noqa: E402
 
 
 def expression(name: str) -> str:
@@ -113,10 +113,8 @@ def main() -> int:
               f"host part {row['host_part_s']:.1f} s, in parallel) | whole file {row['whole_s']:.1f} s | "
               f"cicc {row['device_part_phases_s'].get('cicc', 0):.1f} s", flush=True)
     shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(args.out, exist_ok=True)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M")
     host = os.environ.get("EVTC_BENCH_HOST", platform.node().split(".")[0] or "host")
-    base = os.path.join(args.out, f"{stamp}-{host}-compile-phases")
+    base = result_base(args.out, None, "compile-phases", slug=host)
     with open(base + ".json", "w") as f:
         json.dump(result, f, indent=1)
     print(f"wrote {base}.json")

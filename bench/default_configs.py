@@ -22,7 +22,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from result_files import result_base  # noqa: E402
 
 M_VALUES = (128, 1024, 8192)
 SETS = {
@@ -132,16 +134,15 @@ def main() -> int:
     rows = []
     for name in args.only or list(SETS):
         rows += run_set(args.evtc, name, raw, env)
-    gpu = torch.cuda.get_device_name().replace("NVIDIA ", "").split()[0].lower()
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M")
+    base = result_base(args.out, torch.cuda.get_device_name(), "default-configs")
     ratios = [r["default_over_best"] for r in rows if "default_over_best" in r]
     summary = {"gpu": torch.cuda.get_device_name(), "target_default_over_best": TARGET,
                "within_target": sum(r <= TARGET for r in ratios), "shapes": len(rows),
                "worst_default_over_best": max(ratios) if ratios else None,
                "geomean_default_over_cublas": statistics.geometric_mean(
                    [r["default_over_cublas"] for r in rows if "default_over_cublas" in r]) if ratios else None}
-    (out / f"{stamp}-{gpu}-default-configs.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
-    plot(rows, out / f"{stamp}-{gpu}-default-configs.png")
+    pathlib.Path(base + ".json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
+    plot(rows, pathlib.Path(base + ".png"))
     print(f"{'set':6} {'shape':>18} {'default':>38} {'def/best':>8} {'def/cuBLAS':>10} {'best/cuBLAS':>11}  best")
     for r in rows:
         print(f"{r['set']:6} {r['m']:>6}x{r['n']}x{r['k']:<6} {r['default']:>38} "

@@ -41,7 +41,6 @@ import os
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 
 # NVLink multicast (NVLS, symmetric-memory multicast) stays off in every rank: not every machine
 # with several GPUs supports it, and a collective that tries it there fails.
@@ -56,6 +55,7 @@ from torch import nn  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from models import LlamaLayer, LlamaMLP, loss_of  # noqa: E402
+from result_files import result_base  # noqa: E402
 
 STRATEGIES = ("ddp", "fsdp2", "tp")
 VARIANTS = ("float64", "compile", "evtc")
@@ -293,10 +293,7 @@ def main() -> int:
             "kernels": per_kernel, "cache_entries": len(entries),
             "each_kernel_compiled_once": once, "grads_ok": grads_ok, "losses_ok": losses_ok, "ok": ok,
         }
-        os.makedirs(args.out, exist_ok=True)
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M")
-        gpu = torch.cuda.get_device_name().split()[-1].lower()
-        stem = os.path.join(args.out, f"{stamp}-{gpu}-distributed-{args.strategy}")
+        stem = result_base(args.out, torch.cuda.get_device_name(), f"distributed-{args.strategy}")
         with open(stem + ".json", "w") as f:
             json.dump(report, f, indent=1)
         try:

@@ -23,7 +23,6 @@ import json
 import os
 import sys
 import time
-from datetime import datetime, timezone
 
 # A hit in Inductor's FX-graph or AOT-autograd cache skips evtc's pass (no FusionReport to read).
 os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
@@ -36,6 +35,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import evtc  # noqa: E402
 import evtc.torch  # noqa: E402
 from random_torch import generate, make_inputs  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from result_files import result_base  # noqa: E402
 
 
 def cast(t, dtype):
@@ -143,10 +145,7 @@ def main() -> int:
     passed = sum(1 for r in rows if r.get("pass"))
     print(f"{passed} of {len(rows)} random functions passed (fused, ran fused, within tolerance); "
           f"{failures} failed; {total_s:.1f} s", flush=True)
-    os.makedirs(args.out, exist_ok=True)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M")
-    gpu = torch.cuda.get_device_name().split()[-1].lower()
-    path = os.path.join(args.out, f"{stamp}-{gpu}-fuzz-torch.json")
+    path = result_base(args.out, torch.cuda.get_device_name(), "fuzz-torch") + ".json"
     with open(path, "w") as fh:
         json.dump({"seed": args.seed, "count": len(rows), "passed": passed, "failed": failures,
                    "trace_s": trace_s, "compile_s": compile_s, "total_s": total_s,

@@ -14,10 +14,8 @@ output), eager PyTorch, torch.compile and torch.compile(mode="max-autotune-no-cu
 Writes <out>/<stamp>-<gpu>-w4.json and a PNG bar chart of time relative to the plain GEMM.
 """
 import argparse
-import datetime
 import json
 import os
-import re
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
@@ -26,6 +24,7 @@ import triton.testing
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fp8_scaled_mm import FusedKernel, compile_library  # noqa: E402  (the C-ABI caller)
+from result_files import result_base  # noqa: E402
 
 EXPR = "out y: bf16 = swiglu7(acc)"
 DEFAULT_CONFIGS = "default,pingpong_128x128x64_c2x1_persistent,coop_256x128x64_c2x1_persistent"
@@ -107,10 +106,8 @@ def main():
     }
     for c, r in result["speedup_of_best_evtc"].items():
         print(f"  best evtc ({best[1]}) speedup over {c}: {r:.3f}x")
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M")
-    slug = "h200" if "H200" in dev else re.sub(r"[^a-z0-9]+", "-", dev.lower()).strip("-")
-    os.makedirs(opts.out, exist_ok=True)
-    path = os.path.join(opts.out, f"{stamp}-{slug}-w4.json")
+    stem = result_base(opts.out, dev, "w4")
+    path = stem + ".json"
     with open(path, "w") as f:
         json.dump(result, f, indent=2)
     try:
@@ -125,7 +122,7 @@ def main():
         ax.set_xlabel("time relative to the plain cuBLAS GEMM (lower is better)")
         ax.set_title(f"W4 swiglu7 {m}x{n}x{k} on {dev}")
         fig.tight_layout()
-        fig.savefig(path.replace(".json", ".png"), dpi=120)
+        fig.savefig(stem + ".png", dpi=120)
     except ImportError:
         print("matplotlib missing: no plot")
     print(f"wrote {path}")

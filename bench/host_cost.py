@@ -30,7 +30,6 @@ import pstats
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
 
 import torch
 import torch._inductor.config
@@ -38,6 +37,9 @@ import torch.nn.functional as F
 
 import evtc
 import evtc.torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from result_files import result_base  # noqa: E402
 
 M, N, K = 1000, 1016, 2048
 EXPR = "out D: bf16 = silu(acc + bias[n])"
@@ -153,11 +155,8 @@ def main() -> int:
         pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
         print(text.getvalue())
         result["profile_top"] = text.getvalue()
-    gpu = torch.cuda.get_device_name().replace("NVIDIA ", "").split()[0].lower()
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M")
-    out_dir = pathlib.Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"{stamp}-{gpu}-host-cost.json").write_text(json.dumps(result, indent=1))
+    base = result_base(args.out, torch.cuda.get_device_name(), "host-cost")
+    pathlib.Path(base + ".json").write_text(json.dumps(result, indent=1))
     for key, value in result.items():
         if key != "profile_top":
             print(f"{key:28} {value}")

@@ -36,7 +36,9 @@ import os
 import pathlib
 import re
 import sys
-from datetime import datetime
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from result_files import result_base  # noqa: E402
 
 # nvmmhNvidiaGpu_t values of the GPUs evtc ships tables for.
 PREDEFINED_GPU = {"h100": 9000, "h200": 9003}
@@ -179,8 +181,7 @@ def main() -> int:
         "shortlist_geomean": geomean([r["shortlist"] for r in rows if "shortlist" in r]),
     }
     print(json.dumps(summary, indent=2))
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"{datetime.now().strftime('%Y%m%d-%H%M')}-{args.gpu}-matmul-heuristics.json")
+    path = result_base(args.out, None, "matmul-heuristics", slug=args.gpu) + ".json"
     with open(path, "w") as f:
         json.dump({"library_version": heuristics.version, "gpu": args.gpu, "precision": PRECISION.decode(),
                    "target": "CUTLASS3", "sweeps": args.sweeps, "count": args.count, "summary": summary,

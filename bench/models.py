@@ -48,6 +48,9 @@ from torch._dynamo.utils import counters  # noqa: E402
 
 import evtc.torch  # noqa: E402  (registers backend="evtc")
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from result_files import result_base  # noqa: E402
+
 # Every row compiles new copies of the same classes; their forward code collects one Dynamo
 # cache entry per (backend, mode, phase), past the default limit of 8, after which Dynamo would
 # silently run them eagerly.
@@ -859,8 +862,7 @@ def main() -> None:
     torch._inductor.config.freezing = args.freezing
     gpu = torch.cuda.get_device_name()
     now = datetime.now(timezone.utc)
-    os.makedirs(args.out, exist_ok=True)
-    base_path = os.path.join(args.out, f"{now:%Y%m%d-%H%M}-{gpu.replace('NVIDIA ', '').split()[0].lower()}-models")
+    base_path = result_base(args.out, gpu, "models")
     data = {"gpu": gpu, "torch": torch.__version__, "transformers": transformers_version(),
             "date": now.isoformat(timespec="seconds"), "warmup": args.warmup,
             "timed": args.rounds * math.ceil(args.iters / args.rounds), "rounds": args.rounds, "evtc_options": args.evtc_options,

@@ -13,19 +13,28 @@ def gpu_slug(device_name: str) -> str:
     return device_name.split()[-1].lower()
 
 
-def result_base(out_dir: str, device_name: str, kind: str) -> str:
-    """The path, without extension, of a result of `kind` measured now on `device_name` (the
-    folder is created). A run of the same kind already written there in the same minute keeps
-    its files: this one's name takes a suffix, -2, -3, ..."""
+def result_base(out_dir: str, device_name: str | None, kind: str, *, slug: str | None = None) -> str:
+    """The path, without extension, of a result of `kind` measured now on `device_name`:
+    <out_dir>/<UTC stamp>-<gpu_slug(device_name)>-<kind>, the folder created. `slug`, where given,
+    stands as-is for the GPU's part (device_name may then be None). A result already there under
+    that name keeps its files: this one's name takes a suffix, -2, -3, ... The name is claimed by
+    creating an empty <base>.json, which the caller overwrites, so that runs started at the same
+    moment get different names."""
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M")
     os.makedirs(out_dir, exist_ok=True)
-    name = f"{stamp}-{gpu_slug(device_name)}-{kind}"
+    name = f"{stamp}-{gpu_slug(device_name) if slug is None else slug}-{kind}"
     taken = {f.split(".", 1)[0] for f in os.listdir(out_dir)}
-    base, n = name, 1
-    while base in taken:
+    n = 1
+    while True:
+        base = name if n == 1 else f"{name}-{n}"
+        if base not in taken:
+            try:
+                claim = os.open(os.path.join(out_dir, base + ".json"), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
+                os.close(claim)
+                return os.path.join(out_dir, base)
+            except FileExistsError:
+                pass  # another run claimed it after the listing
         n += 1
-        base = f"{name}-{n}"
-    return os.path.join(out_dir, base)
 
 
 def write_do_bench_results(out_dir: str, device_name: str, kind: str, rounds: int, shapes: list, torch_version: str) -> str:

@@ -19,18 +19,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fp8_scaled_mm import FusedKernel, compile_library  # noqa: E402  (the C-ABI caller)
 from gated_w4 import swiglu7  # noqa: E402
+from result_files import result_base  # noqa: E402
 
 # name: (expression, M, N, K, gated, configs); B is N×K (K-major), as nn.Linear stores it.
 GATED = ["pingpong_128x128x64_c2x1_persistent", "coop_128x256x64_c2x1_persistent",
@@ -192,10 +191,8 @@ def main() -> int:
         rows.append(run_workload(w, expr, m, n, k, gated, {c: paths[(w, c)] for c in configs}, opts.rounds,
                                  opts.sustain, orders))
     gpu = torch.cuda.get_device_name()
-    slug = "h200" if "H200" in gpu else re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-")
-    stamp = datetime.now().strftime("%Y%m%d-%H%M")
-    os.makedirs(opts.out, exist_ok=True)
-    path = os.path.join(opts.out, f"{stamp}-{slug}-visit-order.json")
+    stem = result_base(opts.out, gpu, "visit-order")
+    path = stem + ".json"
     with open(path, "w") as f:
         method = (f"sustained: {opts.rounds} rounds; in each, every variant runs alone for {opts.sustain} s, "
                   "then 20 calls are timed; median" if opts.sustain > 0 else
@@ -219,7 +216,7 @@ def main() -> int:
         ax.set_title(f"Tile visiting order, {gpu}")
         ax.legend(fontsize=7)
         fig.tight_layout()
-        fig.savefig(path.replace(".json", ".png"), dpi=120)
+        fig.savefig(stem + ".png", dpi=120)
     except ImportError:
         log("matplotlib missing: no plot")
     log(f"wrote {path}")

@@ -574,6 +574,37 @@ def test_a_second_result_of_the_same_kind_in_the_same_minute_keeps_the_first(tmp
     assert result_files.result_base(str(tmp_path), "NVIDIA H200", "models") == str(tmp_path / "20261128-1212-h200-models")
 
 
+def test_result_base_claims_its_name_so_that_runs_started_together_get_different_ones(tmp_path, monkeypatch):
+    sys.path.insert(0, str(ROOT / "bench"))
+    import datetime
+
+    import result_files
+
+    class Frozen(datetime.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return cls(2026, 11, 28, 12, 12, tzinfo=tz)
+
+    monkeypatch.setattr(result_files.datetime, "datetime", Frozen)
+    earlier = tmp_path / "20261128-1212-h200-models.json"
+    earlier.write_text('{"rows": [1]}')
+    # Neither caller writes anything between the calls: only the claim tells them apart.
+    first = result_files.result_base(str(tmp_path), "NVIDIA H200", "models")
+    second = result_files.result_base(str(tmp_path), "NVIDIA H200", "models")
+    assert first == str(tmp_path / "20261128-1212-h200-models-2")
+    assert second == str(tmp_path / "20261128-1212-h200-models-3")
+    assert pathlib.Path(first + ".json").exists() and pathlib.Path(second + ".json").exists()
+    assert earlier.read_text() == '{"rows": [1]}'
+    # A name claimed after the folder was listed (another process) is skipped, not shared.
+    listdir = result_files.os.listdir
+    monkeypatch.setattr(result_files.os, "listdir", lambda d: [f for f in listdir(d) if "-4" not in f])
+    (tmp_path / "20261128-1212-h200-models-4.json").write_text("{}")
+    assert result_files.result_base(str(tmp_path), "NVIDIA H200", "models") == str(tmp_path / "20261128-1212-h200-models-5")
+    assert (tmp_path / "20261128-1212-h200-models-4.json").read_text() == "{}"
+    assert result_files.result_base(str(tmp_path), None, "compile-phases", slug="Node7") == str(
+        tmp_path / "20261128-1212-Node7-compile-phases")
+
+
 def test_the_recorded_command_names_no_path_of_the_working_tree(monkeypatch, tmp_path):
     g = load_gemm_shapes()
     monkeypatch.chdir(tmp_path)
