@@ -133,8 +133,9 @@ TEST(CostModel, LargeEpiloguesPayAndNothingToSaveDoesNot) {
 TEST(CostModel, EpiloguesMovingSeveralMatricesPayTheirTrafficOnLargeProblems) {
   // SwiGLU's derivative after the down projection's data gradient: unfused, cuBLAS writes dh,
   // and Inductor's kernel reads it back with g and u and writes the two gradients. Timed in the
-  // llama_mlp training row against torch.mm (bench/results/20261130-1443 and -1441-h200-models-
-  // *.json): 0.996-1.008x at 4096x11008 and 1.119x at 8192x11008, where Inductor's kernel takes
+  // llama_mlp training row against torch.mm (bench/results/20261130-1443-h200-models-llama_mlp-
+  // train-default-2.json, -1441-...-batch8-every-fusion-debug.log): 0.996-1.008x at 4096x11008
+  // and 1.119x at 8192x11008, where Inductor's kernel takes
   // about a tenth and a sixth of the GEMM. At 8192x14336 `evtc run --bench` had it 1.39x cuBLAS
   // (bench/results/20261130-1158-h200-dswiglu-by-size.json), and no model row measured it.
   const char* dswiglu =
@@ -157,7 +158,8 @@ TEST(CostModel, EpiloguesMovingSeveralMatricesPayTheirTrafficOnLargeProblems) {
   EXPECT_FALSE(large.profitable()) << large.describe();
   // SwiGLU's forward half (u read; g and silu(g)·u written) on ping-pong 128×160: 0.948x
   // torch.mm at 4096x11008x4096 in the training row, where Inductor's kernel reads g and u and
-  // writes silu(g)·u (-1424: every fusion made, 1.044x plain compile against 1.026x without it).
+  // writes silu(g)·u (-1424-...-every-fusion-pingpong-128x160.json: every fusion made, 1.044x
+  // plain compile, against 1.026x for the default then, which fused only the derivative).
   const Kernel forward(parse_expression(
       "input u[m,n]: bf16; g = bf16(acc); out y0: bf16 = g; out D: bf16 = bf16(bf16(silu(g)) * u)"));
   const FusionEstimate half = forward.estimate(4096, 11008, 4096, unfused(4096, 11008, 3));

@@ -33,9 +33,11 @@ constexpr double kKernelUs = 3.0;
 // on 128×160, 0.948× against the model's 1.119× at 4096×11008×4096, 1.095× against 1.183× at
 // 8192×11008×4096, 1.04-1.07× against 1.217× at 8192×5632×2048; SwiGLU's derivative on
 // 128×128, 0.996-1.008× against 1.128× at 4096×11008×4096, 1.119× against 1.213× at
-// 8192×11008×4096, 1.15-1.27× against 1.235× at 8192×5632×2048 (bench/results/20261130-1424,
-// -1432, -1434, -1441 and -1443-h200-models-*.json). At 0.97 the model still prices them about
-// 7 % above those timings. 64-row ping-pong tiles (decode and small-tile picks) keep 0.93.
+// 8192×11008×4096, 1.15-1.27× against 1.235× at 8192×5632×2048 (bench/results/20261130-1424-
+// h200-models-llama_mlp-train-every-fusion-pingpong-128x160.json, -1441-...-batch8-every-fusion-
+// debug.log, -1432-...-hf-train-pingpong-128x160.json, -1443-...-llama_mlp-train-default-2.json).
+// At 0.97 the model still prices them about 7 % above those timings. 64-row ping-pong tiles
+// (decode and small-tile picks) keep 0.93.
 constexpr double kCublasBase = 0.97, kCoopBase = 0.95, kPingpongBase = 0.93, kPingpong128Base = 0.97;
 // The memory bandwidth a kernel reaches when its tile grid does not fill the multiprocessors:
 // cuBLAS splits K for such problems, evtc's persistent kernels do not.
@@ -109,8 +111,11 @@ double tile_factor(const KernelConfig& c) {
 // own kernel, which the model had put it ahead of. The threshold lies between the sizes measured.
 // Those are `evtc run --bench` times, where cuBLAS came out faster than torch.mm timed by
 // bench/models.py --kernels (at 4096×11008 the derivative took 1.13× cuBLAS there and 0.996×
-// torch.mm in the llama_mlp training row): the rule refuses on the safe side until a training
-// row at 8192 rows measures it.
+// torch.mm in the llama_mlp training row). The training row at 8192 rows (--train-batch 8)
+// measured the derivative at 1.119-1.147× torch.mm, about even with cuBLAS plus Inductor's
+// kernel: with the 128-row ping-pong rate below, the model fuses it at 8192×11008 (the row took
+// 0.999× plain compile with it and without it) and refuses it at 8192×14336, which no row has
+// measured (bench/results/20261130-1434 and -1451-h200-models-llama_mlp-train-batch8-*.json).
 double epilogue_exposed_share(const Graph& g, const GemmDesc& gemm) {
   const bool large = double(gemm.m) * double(gemm.n) >= kLargeEpilogueElements;
   return large && selection::moves_matrices_besides_d(g) ? 1.0 : kEpilogueExposed;
