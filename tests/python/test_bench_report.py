@@ -552,7 +552,9 @@ def test_token_scoring_refuses_a_token_count_that_is_not_whole_sequences(monkeyp
     assert "--tokens must be a positive multiple of 1024" in capsys.readouterr().err
 
 
-def test_a_second_result_of_the_same_kind_in_the_same_minute_keeps_the_first(tmp_path, monkeypatch):
+@pytest.fixture
+def result_files_at_a_fixed_minute(monkeypatch):
+    """bench/result_files.py with its clock stopped at 2026-11-28 12:12 UTC."""
     sys.path.insert(0, str(ROOT / "bench"))
     import datetime
 
@@ -564,6 +566,11 @@ def test_a_second_result_of_the_same_kind_in_the_same_minute_keeps_the_first(tmp
             return cls(2026, 11, 28, 12, 12, tzinfo=tz)
 
     monkeypatch.setattr(result_files.datetime, "datetime", Frozen)
+    return result_files
+
+
+def test_a_second_result_of_the_same_kind_in_the_same_minute_keeps_the_first(tmp_path, result_files_at_a_fixed_minute):
+    result_files = result_files_at_a_fixed_minute
     first = result_files.result_base(str(tmp_path), "NVIDIA H200", "gemm-shapes")
     assert first == str(tmp_path / "20261128-1212-h200-gemm-shapes")
     (tmp_path / "20261128-1212-h200-gemm-shapes.json").write_text("{}")
@@ -574,18 +581,9 @@ def test_a_second_result_of_the_same_kind_in_the_same_minute_keeps_the_first(tmp
     assert result_files.result_base(str(tmp_path), "NVIDIA H200", "models") == str(tmp_path / "20261128-1212-h200-models")
 
 
-def test_result_base_claims_its_name_so_that_runs_started_together_get_different_ones(tmp_path, monkeypatch):
-    sys.path.insert(0, str(ROOT / "bench"))
-    import datetime
-
-    import result_files
-
-    class Frozen(datetime.datetime):
-        @classmethod
-        def now(cls, tz=None):
-            return cls(2026, 11, 28, 12, 12, tzinfo=tz)
-
-    monkeypatch.setattr(result_files.datetime, "datetime", Frozen)
+def test_result_base_claims_its_name_so_that_runs_started_together_get_different_ones(tmp_path, monkeypatch,
+                                                                                       result_files_at_a_fixed_minute):
+    result_files = result_files_at_a_fixed_minute
     earlier = tmp_path / "20261128-1212-h200-models.json"
     earlier.write_text('{"rows": [1]}')
     # Neither caller writes anything between the calls: only the claim tells them apart.
