@@ -61,7 +61,7 @@ TEST(DefaultConfig, EpiloguesMovingSeveralMatricesTakePingpongAtAnyK) {
   EXPECT_EQ(default_for(dswiglu, 4096, 11008, 4096), "pingpong_128x128x64_c2x1_persistent");
   EXPECT_EQ(default_for(dswiglu, 8192, 4096, 11008), "pingpong_128x128x64_c2x1_persistent");
   // SwiGLU's forward half in training (u read; g and silu(g)·u written): 128×160 keeps four
-  // (bench/results/20261130-1414-h200-epilogue-sizes.json).
+  // (bench/results/20261130-1414-h200-epilogue-sizes-training-epilogues.json).
   const char* forward_half = "input u[m,n]: bf16; g = bf16(acc); out y0: bf16 = g; out D: bf16 = bf16(bf16(silu(g)) * u)";
   EXPECT_EQ(default_for(forward_half, 4096, 11008, 4096), "pingpong_128x160x64_c2x1_persistent");
   EXPECT_EQ(default_for(forward_half, 8192, 14336, 4096), "pingpong_128x160x64_c2x1_persistent");

@@ -336,10 +336,12 @@ std::optional<KernelConfig> one_wave_config(const GemmDesc& g, int sms) {
 // Epilogues moving kMatricesBesidesD or more 16-bit [m,n] tensors besides D: ping-pong 128×160
 // where that tile keeps kHeavyEpilogueStages main-loop stages beside the epilogue's staged
 // tensors, else ping-pong 128×128. Measured on the H200, each epilogue in both configurations in
-// one run (bench/results/20261130-1414-h200-epilogue-sizes.json, interleaved with torch.mm; and
-// 20261130-0925 and -1132/-1150 with `evtc run --bench`, one configuration per process):
+// one run (bench/results/20261130-1414-h200-epilogue-sizes-training-epilogues.json, interleaved
+// with torch.mm; and 20261130-0925 and -1132/-1150 with `evtc run --bench`, one configuration per
+// process):
 //   - SwiGLU's forward half (the gate GEMM reading u, writing g and silu(g)·u; B column-major:
-//     one operand and two outputs, four stages on 128×160) at 4096 and 8192 × 11008 and 14336 × 4096:
+//     one operand and two outputs, four stages on 128×160) at 4096 and 8192 × 11008 and 14336 ×
+//     4096:
 //     128×160 took 0.544, 0.733, 1.174 and 1.538 ms against 0.589, 0.781, 1.205 and 1.663 on
 //     cooperative 128×256 (the rule before) and 0.522, 0.785, 1.250 and 1.583 on ping-pong
 //     128×128; with `--bench` 0.498-0.513 and 1.508-1.554 against 0.530 and 1.587-1.633 on
