@@ -52,6 +52,11 @@ const CLI::Validator& visit_order_value();
 void add_arch_option(CLI::App* sub, std::string& arch);
 std::optional<int> arch_option(const std::string& arch);
 
+// --cast-mode: where the epilogue rounds (evtc/passes.hpp, CastMode; its names are
+// cast_mode_names()), default eager.
+void add_cast_mode_option(CLI::App* sub, std::string& mode);
+CastMode cast_mode_option(const std::string& mode);
+
 // The GEMM options run, compile and tune share: --dtype (A's, and B's unless --dtype-b),
 // --dtype-b, --layout-a, --layout-b and --fast-accum (fp8 only).
 struct GemmFlags {

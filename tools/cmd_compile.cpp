@@ -14,7 +14,7 @@ namespace evtc::cli {
 
 Command add_compile_command(CLI::App& app) {
   struct Args {
-    std::string expr, config, emit, arch;
+    std::string expr, config, emit, arch, cast_mode = "eager";
     GemmFlags gemm;
     bool emit_only = false, fallback = false, precise = false;
   };
@@ -28,12 +28,14 @@ Command add_compile_command(CLI::App& app) {
   sub->add_flag("--fallback", a->fallback, "Also compile the unfused fallback epilogue");
   sub->add_flag("--precise", a->precise, "Full-precision transcendental math");
   add_arch_option(sub, a->arch);
+  add_cast_mode_option(sub, a->cast_mode);
   return {sub, [a] {
             const ParseOptions popts = a->gemm.parse_options();
             CompileOptions opts;
             opts.gemm = a->gemm.desc();
             opts.precise_math = a->precise;
             opts.arch = arch_option(a->arch);
+            opts.cast_mode = cast_mode_option(a->cast_mode);
             if (!a->config.empty()) opts.config = KernelConfig::parse(a->config);  // config_value() checked it
             Kernel kernel(parse_expression_arg(a->expr, popts), opts);
             const std::string not_fusable = kernel.fallback_reason(0, 0, 0);

@@ -45,7 +45,7 @@ int run(const RunArgs& ra) {
   opts.gemm = gemm;
   opts.precise_math = ra.precise;
   opts.arch = arch_option(ra.arch);
-  if (ra.cast_mode == "fast") opts.cast_mode = CastMode::fast;  // --cast-mode's check: eager or fast
+  opts.cast_mode = cast_mode_option(ra.cast_mode);
   if (!ra.config.empty()) opts.config = KernelConfig::parse(ra.config);  // config_value() has checked it
   if (!ra.visit_order.empty()) opts.visit_order = VisitOrder::parse(ra.visit_order);  // visit_order_value() checked it
   // The cost of a disk-cache hit in a new process is measured from here: the CUDA context
@@ -190,9 +190,7 @@ Command add_run_command(CLI::App& app) {
                   "The tile scheduler's visiting order, e.g. along_n_s8 (default: the configuration's measured "
                   "order, else CUTLASS's)")
       ->check(visit_order_value());
-  sub->add_option("--cast-mode", ra->cast_mode, "Round where eager PyTorch rounds (eager), or only at outputs (fast)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"eager", "fast"}));
+  add_cast_mode_option(sub, ra->cast_mode);
   sub->add_option("--seed", ra->seed, "Random seed for the inputs")->capture_default_str()->check(seed_value());
   sub->add_option("--json", ra->json, "Write the results as JSON to this file");
   return {sub, [ra] { return run(*ra); }};

@@ -1,4 +1,5 @@
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <signal.h>
 #include <unistd.h>
@@ -91,6 +92,20 @@ const CLI::Validator& dtype_value() {
       },
       fmt::format("{{{}}}", fmt::join(float_dtype_names(), ",")));
   return v;
+}
+
+void add_cast_mode_option(CLI::App* sub, std::string& mode) {
+  sub->add_option("--cast-mode", mode,
+                  "Round where eager PyTorch rounds (eager), only at outputs (fast), or as a compiler fusing the "
+                  "ops does: the GEMM's result and the outputs (compile)")
+      ->capture_default_str()
+      ->check(CLI::IsMember(cast_mode_names()));
+}
+
+CastMode cast_mode_option(const std::string& mode) {
+  if (const auto m = cast_mode_named(mode)) return *m;
+  throw UserError(fmt::format("--cast-mode: unknown mode '{}' (expected one of {})", mode,
+                              fmt::join(cast_mode_names(), ", ")));
 }
 
 void add_arch_option(CLI::App* sub, std::string& arch) {

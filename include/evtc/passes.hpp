@@ -16,10 +16,20 @@
 namespace evtc {
 
 // How casts are placed (see docs/passes.md):
-//  eager: round where PyTorch eager would materialise a lower-precision tensor, so fused
-//         results follow eager's rounding;
-//  fast:  compute in f32 throughout and round once at each store.
-enum class CastMode { eager, fast };
+//  eager:   round where PyTorch eager would materialise a lower-precision tensor, so fused
+//           results follow eager's rounding;
+//  fast:    compute in f32 throughout and round once at each store;
+//  compile: round as a compiler fusing the ops does (Inductor): the GEMM's own 16-bit result,
+//           which the library GEMM writes, stays rounded; other roundings to bf16 or f16 between
+//           ops are elided and those ops compute in f32; casts to other types (fp8) stay.
+enum class CastMode { eager, fast, compile };
+
+// The modes' names ("eager", "fast", "compile"), as options, the CLI and Python spell them.
+std::string_view cast_mode_name(CastMode mode);
+// The mode of that name, if it is one.
+std::optional<CastMode> cast_mode_named(std::string_view name);
+// Every mode's name, in the order above.
+const std::vector<std::string>& cast_mode_names();
 
 // An operand bound as an M×N view: its logical shape and element strides.
 // A dimension of size 1 or stride 0 is broadcast.

@@ -356,7 +356,8 @@ def compile(expr: str, *, a_dtype: DType = "bf16", b_dtype: DType = "bf16", a_la
     Dtypes are names (``"bf16"``, ``"f8e4m3"``, ...) or torch dtypes (``torch.bfloat16``).
     ``a_dtype``/``b_dtype`` and ``a_layout``/``b_layout`` (``"row"`` or ``"col"``) describe the
     GEMM's operands the fused kernel is built for (other layouts run unfused); ``cast_mode``
-    is ``"eager"`` (round where PyTorch eager would) or ``"fast"``; ``config`` fixes a kernel
+    is ``"eager"`` (round where PyTorch eager would), ``"fast"`` (only at outputs) or ``"compile"``
+    (as a compiler fusing the ops would: the GEMM's result and the outputs); ``config`` fixes a kernel
     configuration (e.g. ``"coop_128x256x64_c2x1_persistent"``); ``operand_dtype`` and
     ``output_dtype`` are the dtypes of operands and [m,n] outputs the expression does not
     declare. With ``wait_for_compile=False`` a call whose fused kernel is not compiled yet runs

@@ -19,16 +19,27 @@ Node store_without_same_rounding(const Graph& built, Node store) {
   return store;
 }
 
+namespace {
+
+bool sixteen_bit_float(DType t) { return t == DType::bf16 || t == DType::f16; }
+
+}  // namespace
+
 Graph normalize_casts(const Graph& g, const PipelineOptions& options) {
-  const bool fast = options.cast_mode == CastMode::fast;
-  return rewrite_graph(g, [fast](GraphRewriter& rw, NodeId, Node n) {
+  const CastMode mode = options.cast_mode;
+  return rewrite_graph(g, [mode](GraphRewriter& rw, NodeId, Node n) {
     switch (n.kind) {
       case NodeKind::cast:
-        if (fast) return n.inputs[0];
+        if (mode == CastMode::fast) return n.inputs[0];
+        // A compiler fusing the ops computes them in f32 and rounds only what it writes; the
+        // GEMM's own result is written by the library GEMM, rounded.
+        if (mode == CastMode::compile && sixteen_bit_float(n.dtype) &&
+            rw.built().node(n.inputs[0]).kind != NodeKind::accum)
+          return n.inputs[0];
         if (auto in = value_preserving_cast_operand(rw.built(), n)) return *in;
         break;
       case NodeKind::compute:
-        if (fast) n.dtype = DType::f32;
+        if (mode == CastMode::fast || (mode == CastMode::compile && sixteen_bit_float(n.dtype))) n.dtype = DType::f32;
         break;
       case NodeKind::store: n = store_without_same_rounding(rw.built(), std::move(n)); break;
       default: break;
@@ -38,3 +49,35 @@ Graph normalize_casts(const Graph& g, const PipelineOptions& options) {
 }
 
 }  // namespace evtc::passes
+
+namespace evtc {
+
+namespace {
+
+constexpr std::pair<CastMode, std::string_view> kCastModes[] = {
+    {CastMode::eager, "eager"}, {CastMode::fast, "fast"}, {CastMode::compile, "compile"}};
+
+}  // namespace
+
+std::string_view cast_mode_name(CastMode mode) {
+  for (const auto& [m, name] : kCastModes)
+    if (m == mode) return name;
+  return "eager";
+}
+
+std::optional<CastMode> cast_mode_named(std::string_view name) {
+  for (const auto& [m, spelled] : kCastModes)
+    if (spelled == name) return m;
+  return std::nullopt;
+}
+
+const std::vector<std::string>& cast_mode_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> out;
+    for (const auto& [m, name] : kCastModes) out.emplace_back(name);
+    return out;
+  }();
+  return names;
+}
+
+}  // namespace evtc

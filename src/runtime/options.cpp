@@ -1,6 +1,7 @@
 #include "evtc/options.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <nlohmann/json.hpp>
 
@@ -30,9 +31,10 @@ CompileOptions compile_options(const OptionText& o) {
   c.gemm.b_dtype = dtype_option(o.b_dtype, "b_dtype");
   c.gemm.a_layout = layout_option(o.a_layout, "a_layout");
   c.gemm.b_layout = layout_option(o.b_layout, "b_layout");
-  if (o.cast_mode == "eager") c.cast_mode = CastMode::eager;
-  else if (o.cast_mode == "fast") c.cast_mode = CastMode::fast;
-  else throw UserError(fmt::format("cast_mode: unknown mode '{}' (expected 'eager' or 'fast')", o.cast_mode));
+  if (const auto mode = cast_mode_named(o.cast_mode)) c.cast_mode = *mode;
+  else
+    throw UserError(fmt::format("cast_mode: unknown mode '{}' (expected one of '{}')", o.cast_mode,
+                                fmt::join(cast_mode_names(), "', '")));
   c.precise_math = o.precise_math;
   c.gemm.fp8_blockwise = o.fp8_blockwise;
   if (std::string why = fp8_blockwise_refusal(c.gemm); !why.empty()) throw UserError(why);
@@ -86,7 +88,7 @@ OptionText option_text(const GemmDesc& gemm, CastMode cast_mode, bool precise_ma
   o.b_dtype = dtype_name(gemm.b_dtype);
   o.a_layout = gemm.a_layout == Layout::row_major ? "row" : "col";
   o.b_layout = gemm.b_layout == Layout::row_major ? "row" : "col";
-  o.cast_mode = cast_mode == CastMode::fast ? "fast" : "eager";
+  o.cast_mode = std::string(cast_mode_name(cast_mode));
   o.precise_math = precise_math;
   o.fp8_blockwise = gemm.fp8_blockwise;
   if (config) o.config = config->name();

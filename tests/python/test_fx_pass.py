@@ -2,6 +2,8 @@
 dtypes and strides the pass reads. Skipped where torch is not installed."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 torch = pytest.importorskip("torch", reason="the FX pass tests need torch")
@@ -218,6 +220,20 @@ def test_swiglu_backward_after_the_down_projections_data_gradient_is_one_op(capl
     # g and u are read; silu(g) is computed in the epilogue, not read
     assert report.fused[0].expr.count("[m,n]") == 2, report.fused[0].expr
     assert "silu(" in report.fused[0].expr
+
+
+def test_fused_ops_round_as_inductor_by_default_and_as_eager_on_request():
+    # The default cast mode rounds as Inductor's kernel would (the GEMM's result and the outputs;
+    # docs/passes.md, "normalize_casts"): plain torch.compile's numerics, not eager's.
+    fn = lambda x, w, u: F.silu(x @ w.t()) * u  # noqa: E731
+    inputs = (X, W, ((M, N), BF16))
+    _, report = fuse(fn, *inputs)
+    assert json.loads(report.fused[0].spec)["options"]["cast_mode"] == "compile"
+    gm = trace(fn, *inputs)
+    eager = evtc.torch.fuse_gemm_epilogues(gm.graph, compile=False, profitability=False, cast_mode="eager")
+    assert json.loads(eager.fused[0].spec)["options"]["cast_mode"] == "eager"
+    with pytest.raises(Exception, match="cast_mode: unknown mode 'slow'"):
+        evtc.compile("out D = acc", cast_mode="slow")
 
 
 def test_llama_mlp_without_merging_takes_the_other_gemm_as_an_operand():

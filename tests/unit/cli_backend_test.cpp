@@ -296,7 +296,7 @@ TEST(CliBackend, ChoicesAreListedInHelpAndCheckedAlike) {
   EXPECT_EQ(help.exit_code, 0) << help.output;
   EXPECT_NE(help.output.find("--dtype TEXT:{f32,f16,bf16,f8e4m3,f8e5m2}=bf16"), std::string::npos) << help.output;
   EXPECT_NE(help.output.find("--layout-b TEXT:{r,c}=r"), std::string::npos) << help.output;
-  EXPECT_NE(help.output.find("--cast-mode TEXT:{eager,fast}"), std::string::npos) << help.output;
+  EXPECT_NE(help.output.find("--cast-mode TEXT:{eager,fast,compile}"), std::string::npos) << help.output;
   const std::string bad_dtype = "--dtype: unknown dtype 'f7' (expected f32, f16, bf16, f8e4m3, f8e5m2)";
   for (const char* cmd : {"run 'out D = acc' -m 8 -n 8 -k 8 --dtype f7", "ref 'out D = acc' -m 8 -n 8 -k 8 --dtype f7",
                           "explain 'out D = acc' --dtype f7", "tune 'out D = acc' -s 8x8x8 --dtype f7"}) {

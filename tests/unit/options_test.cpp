@@ -42,6 +42,10 @@ TEST(Options, ErrorsNameTheOption) {
   }
   EXPECT_NE(message(R"({"b_layout": "diagonal"})").find("b_layout: unknown layout"), std::string::npos);
   EXPECT_NE(message(R"({"cast_mode": 1})").find("option cast_mode: expected a string"), std::string::npos);
+  EXPECT_NE(message(R"({"cast_mode": "slow"})").find("cast_mode: unknown mode 'slow' (expected one of 'eager', 'fast', "
+                                                     "'compile')"),
+            std::string::npos);
+  EXPECT_EQ(compile_options(option_text_from_json(R"({"cast_mode": "compile"})")).cast_mode, CastMode::compile);
   EXPECT_NE(message(R"({"tile": "big"})").find("unknown kernel option 'tile'"), std::string::npos);
   EXPECT_NE(message(R"({"config": "fast"})").find("config: 'fast' is not a kernel configuration"),
             std::string::npos);

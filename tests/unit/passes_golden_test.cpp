@@ -5,7 +5,7 @@
 // it is refused.
 //
 // Input files may start with directives for the options:
-//   #! cast_mode fast
+//   #! cast_mode fast (or eager, compile)
 //   #! gemm m=128 n=256 k=64 a=bf16 b=bf16 a_layout=row_major b_layout=col_major sm=90
 //   #! view NAME ROWS COLS ROW_STRIDE COL_STRIDE
 // Run with EVTC_UPDATE_GOLDEN=1 to rewrite the expected files from the current output.
@@ -79,8 +79,9 @@ PipelineOptions parse_directives(const std::string& text) {
     if (what == "cast_mode") {
       std::string mode;
       words >> mode;
-      if (mode != "fast" && mode != "eager") throw std::invalid_argument("bad cast mode " + mode);
-      o.cast_mode = mode == "fast" ? CastMode::fast : CastMode::eager;
+      const auto named = cast_mode_named(mode);
+      if (!named) throw std::invalid_argument("bad cast mode " + mode);
+      o.cast_mode = *named;
     } else if (what == "gemm") {
       std::string kv;
       while (words >> kv) {

@@ -455,6 +455,31 @@ TEST(PassNormalizeCasts, EagerKeepsNarrowingCastsAndFastRemovesThem) {
             "%4 = store D %3 : f32[m,n]\n");
 }
 
+// compile: the GEMM's own 16-bit result stays rounded (the library GEMM writes it), roundings to
+// bf16 or f16 between ops go and those ops compute in f32, fp8 roundings stay (as Inductor
+// elides only 16-bit downcast-upcast pairs between fused ops).
+TEST(PassNormalizeCasts, CompileKeepsTheGemmsRoundingAndFp8CastsAndElidesTheRest) {
+  Graph g;
+  auto acc = g.accum();
+  auto h = cast(acc, DType::bf16);
+  auto s = cast(g.compute(Op::silu, {h}, {}, DType::bf16), DType::bf16);
+  auto q = cast(cast(s, DType::f8e4m3), DType::bf16);  // a fake quantisation, as written
+  g.store("D", cast(g.compute(Op::mul, {q, g.aux("u", DType::bf16)}, {}, DType::bf16), DType::bf16), DType::bf16);
+  PipelineOptions compile;
+  compile.cast_mode = CastMode::compile;
+  EXPECT_EQ(after("normalize_casts", g, compile),
+            "%0 = accum : f32[m,n]\n"
+            "%1 = cast %0 : bf16[m,n]\n"
+            "%2 = silu %1 : f32[m,n]\n"
+            "%3 = cast %2 : f8e4m3[m,n]\n"
+            "%4 = aux u : bf16[m,n]\n"
+            "%5 = mul %3, %4 : f32[m,n]\n"
+            "%6 = store D %5 : bf16[m,n]\n");
+  EXPECT_EQ(cast_mode_named("compile"), CastMode::compile);
+  EXPECT_EQ(cast_mode_name(CastMode::compile), "compile");
+  EXPECT_FALSE(cast_mode_named("slow").has_value());
+}
+
 TEST(PassNormalizeCasts, CastBeforeAStoreOfAnotherTypeStays) {
   Graph g;
   g.store("D", cast(g.accum(), DType::bf16), DType::f8e4m3);  // rounds twice, as written

@@ -30,8 +30,10 @@ class Settings:
     PostGradPass's, and (``evtc.<name>``, all but ``compile``) torch.compile's options
     (evtc.torch.EVTC_OPTIONS)."""
 
-    # "eager": round where eager rounds; "fast": round only at the fused op's outputs.
-    cast_mode: str = "eager"
+    # "compile": round as Inductor's kernels would, which the fused op replaces (the GEMM's own
+    # result, which cuBLAS writes, and the outputs; 16-bit roundings between ops elided, as
+    # Inductor elides them); "eager": round where eager rounds; "fast": round only at outputs.
+    cast_mode: str = "compile"
     # Start each new kernel's nvcc compile in the background (the FX pass alone may not).
     compile: bool = True
     # Merge GEMMs that share their input and meet in a gated activation (LLaMA's gate/up
