@@ -432,51 +432,38 @@ TEST(PassFoldActivations, ScalarAndBroadcastOperandsFoldToo) {
 
 // --- normalize_casts ---------------------------------------------------------------------------
 
-TEST(PassNormalizeCasts, EagerKeepsNarrowingCastsAndFastRemovesThem) {
+// The three modes on one graph: the accumulator rounded to bf16, silu computed in bf16, a fake
+// fp8 quantisation as written, a product with a bf16 operand in bf16, and a widening cast before
+// an f32 store. eager keeps every narrowing cast (fp8 -> bf16 widens, so it goes in every mode);
+// fast removes every cast and computes in f32; compile keeps the GEMM's own rounding (the library
+// GEMM writes it) and the fp8 one, and elides the other 16-bit roundings, as Inductor does
+// between the ops it fuses.
+TEST(PassNormalizeCasts, EachModeKeepsItsRoundings) {
   Graph g;
-  auto acc = g.accum();
-  auto h = cast(acc, DType::bf16);
-  auto y = g.compute(Op::relu, {h}, {}, DType::bf16);
-  g.store("D", cast(y, DType::f32) * 2.0, DType::f32);
-  EXPECT_EQ(after("normalize_casts", g),
-            "%0 = accum : f32[m,n]\n"
-            "%1 = cast %0 : bf16[m,n]\n"
-            "%2 = relu %1 : bf16[m,n]\n"
-            "%3 = const 2 : f32\n"
-            "%4 = mul %2, %3 : f32[m,n]\n"
-            "%5 = store D %4 : f32[m,n]\n");
-  PipelineOptions fast;
-  fast.cast_mode = CastMode::fast;
-  EXPECT_EQ(after("normalize_casts", g, fast),
-            "%0 = accum : f32[m,n]\n"
-            "%1 = relu %0 : f32[m,n]\n"
-            "%2 = const 2 : f32\n"
-            "%3 = mul %1, %2 : f32[m,n]\n"
-            "%4 = store D %3 : f32[m,n]\n");
-}
-
-// compile: the GEMM's own 16-bit result stays rounded (the library GEMM writes it), roundings to
-// bf16 or f16 between ops go and those ops compute in f32, fp8 roundings stay (as Inductor
-// elides only 16-bit downcast-upcast pairs between fused ops).
-TEST(PassNormalizeCasts, CompileKeepsTheGemmsRoundingAndFp8CastsAndElidesTheRest) {
-  Graph g;
-  auto acc = g.accum();
-  auto h = cast(acc, DType::bf16);
+  auto h = cast(g.accum(), DType::bf16);
   auto s = cast(g.compute(Op::silu, {h}, {}, DType::bf16), DType::bf16);
-  auto q = cast(cast(s, DType::f8e4m3), DType::bf16);  // a fake quantisation, as written
-  g.store("D", cast(g.compute(Op::mul, {q, g.aux("u", DType::bf16)}, {}, DType::bf16), DType::bf16), DType::bf16);
-  PipelineOptions compile;
-  compile.cast_mode = CastMode::compile;
-  EXPECT_EQ(after("normalize_casts", g, compile),
-            "%0 = accum : f32[m,n]\n"
-            "%1 = cast %0 : bf16[m,n]\n"
-            "%2 = silu %1 : f32[m,n]\n"
-            "%3 = cast %2 : f8e4m3[m,n]\n"
-            "%4 = aux u : bf16[m,n]\n"
-            "%5 = mul %3, %4 : f32[m,n]\n"
-            "%6 = store D %5 : bf16[m,n]\n");
-  EXPECT_EQ(cast_mode_named("compile"), CastMode::compile);
-  EXPECT_EQ(cast_mode_name(CastMode::compile), "compile");
+  auto q = cast(cast(s, DType::f8e4m3), DType::bf16);
+  auto y = g.compute(Op::mul, {q, g.aux("u", DType::bf16)}, {}, DType::bf16);
+  g.store("D", cast(y, DType::f32) * 2.0, DType::f32);
+  const std::pair<CastMode, std::string> cases[] = {
+      {CastMode::eager,
+       "%0 = accum : f32[m,n]\n%1 = cast %0 : bf16[m,n]\n%2 = silu %1 : bf16[m,n]\n%3 = cast %2 : f8e4m3[m,n]\n"
+       "%4 = aux u : bf16[m,n]\n%5 = mul %3, %4 : bf16[m,n]\n%6 = const 2 : f32\n%7 = mul %5, %6 : f32[m,n]\n"
+       "%8 = store D %7 : f32[m,n]\n"},
+      {CastMode::fast,
+       "%0 = accum : f32[m,n]\n%1 = silu %0 : f32[m,n]\n%2 = aux u : bf16[m,n]\n%3 = mul %1, %2 : f32[m,n]\n"
+       "%4 = const 2 : f32\n%5 = mul %3, %4 : f32[m,n]\n%6 = store D %5 : f32[m,n]\n"},
+      {CastMode::compile,
+       "%0 = accum : f32[m,n]\n%1 = cast %0 : bf16[m,n]\n%2 = silu %1 : f32[m,n]\n%3 = cast %2 : f8e4m3[m,n]\n"
+       "%4 = aux u : bf16[m,n]\n%5 = mul %3, %4 : f32[m,n]\n%6 = const 2 : f32\n%7 = mul %5, %6 : f32[m,n]\n"
+       "%8 = store D %7 : f32[m,n]\n"},
+  };
+  for (const auto& [mode, want] : cases) {
+    PipelineOptions o;
+    o.cast_mode = mode;
+    EXPECT_EQ(after("normalize_casts", g, o), want) << cast_mode_name(mode);
+    EXPECT_EQ(cast_mode_named(cast_mode_name(mode)), mode);
+  }
   EXPECT_FALSE(cast_mode_named("slow").has_value());
 }
 
