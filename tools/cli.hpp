@@ -53,7 +53,7 @@ void add_arch_option(CLI::App* sub, std::string& arch);
 std::optional<int> arch_option(const std::string& arch);
 
 // --cast-mode: where the epilogue rounds (evtc/passes.hpp, CastMode; its names are
-// cast_mode_names()), default eager.
+// cast_mode_names(), which the option's validator checks), default eager.
 void add_cast_mode_option(CLI::App* sub, std::string& mode);
 CastMode cast_mode_option(const std::string& mode);
 

@@ -297,6 +297,12 @@ TEST(CliBackend, ChoicesAreListedInHelpAndCheckedAlike) {
   EXPECT_NE(help.output.find("--dtype TEXT:{f32,f16,bf16,f8e4m3,f8e5m2}=bf16"), std::string::npos) << help.output;
   EXPECT_NE(help.output.find("--layout-b TEXT:{r,c}=r"), std::string::npos) << help.output;
   EXPECT_NE(help.output.find("--cast-mode TEXT:{eager,fast,compile}"), std::string::npos) << help.output;
+  for (const char* cmd : {"run 'out D = acc' -m 8 -n 8 -k 8 --cast-mode slow",
+                          "compile 'out D = acc' --cast-mode slow --emit-only --emit /dev/null"}) {
+    const auto r = run_cli(cmd);
+    EXPECT_EQ(r.exit_code, 2) << cmd << ": " << r.output;
+    EXPECT_NE(r.output.find("--cast-mode: slow not in {eager,fast,compile}"), std::string::npos) << cmd << ": " << r.output;
+  }
   const std::string bad_dtype = "--dtype: unknown dtype 'f7' (expected f32, f16, bf16, f8e4m3, f8e5m2)";
   for (const char* cmd : {"run 'out D = acc' -m 8 -n 8 -k 8 --dtype f7", "ref 'out D = acc' -m 8 -n 8 -k 8 --dtype f7",
                           "explain 'out D = acc' --dtype f7", "tune 'out D = acc' -s 8x8x8 --dtype f7"}) {

@@ -33,7 +33,8 @@ def fuse_gemm_epilogues(graph: fx.Graph, *, cast_mode: str = Settings.cast_mode,
     """Rewrites the GEMM + epilogue chains of ``graph`` into evtc's fused ops.
 
     ``cast_mode`` is evtc's ("compile", the default: round as Inductor's kernels would, the GEMM's
-    result and the outputs; "eager": round where eager rounds; "fast": round only at outputs). With ``compile``, each new kernel starts compiling in the background right away.
+    result and the outputs; "eager": round where eager rounds; "fast": round only at outputs).
+    With ``compile``, each new kernel starts compiling in the background right away.
     ``merge_gated`` merges GEMMs that meet in a gated activation (under CUDA graphs only with
     frozen weights: see passes/merge_gated.py). With ``profitability``, a chain is fused only
     where the cost model expects it to be faster than cuBLAS + Inductor's kernels. With

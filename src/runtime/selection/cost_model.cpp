@@ -100,7 +100,7 @@ double tile_factor(const KernelConfig& c) {
   return std::min(1.0, (double(c.tile_m) * c.tile_n / (c.tile_m + c.tile_n)) / 64.0);
 }
 
-// Epilogues that move two or more 16-bit [m,n] tensors besides D (selection::matrices_besides_d)
+// Epilogues that move two or more 16-bit [m,n] tensors besides D (selection::moves_matrices_besides_d)
 // leave all of that traffic exposed on large problems. Timed on the H200 (`evtc run --bench`,
 // ping-pong 128×128, B row-major; bench/results/20261130-1158-h200-dswiglu-by-size.json),
 // SwiGLU's derivative after the down projection's data gradient (two bf16 operands, two bf16

@@ -63,13 +63,11 @@ bool light_epilogue(const Graph& g) {
   return !t.reduces && t.operands == 0 && t.stores == 1 && !t.wide_store && t.acc_reads <= 1;
 }
 
-int matrices_besides_d(const Graph& g) {
+bool moves_matrices_besides_d(const Graph& g) {
   const EpilogueTraits t = traits_of(g);
-  if (t.reduces || t.gated || t.wide_store || t.wide_operand || t.partial_store) return 0;
-  return std::max(0, t.operands + t.stores - 1);
+  return !t.reduces && !t.gated && !t.wide_store && !t.wide_operand && !t.partial_store &&
+         t.operands + t.stores - 1 >= kMatricesBesidesD;
 }
-
-bool moves_matrices_besides_d(const Graph& g) { return matrices_besides_d(g) >= kMatricesBesidesD; }
 
 bool few_accumulators(const KernelConfig& c) { return accumulators_per_thread(c) <= kFewAccumulators; }
 

@@ -26,9 +26,6 @@ constexpr int kMatricesBesidesD = 2;
 // tensors the epilogue stages; with fewer it takes 128×128 (default_config.cpp, heavy_epilogue_tile).
 constexpr int kHeavyEpilogueStages = 4;
 bool moves_matrices_besides_d(const Graph& g);
-// How many [m,n] tensors such an epilogue moves besides D; 0 for one with a reduction, a gated
-// pair, or an operand or output that is not a 16-bit [m,n] tensor.
-int matrices_besides_d(const Graph& g);
 
 // Decode-sized problems: at most this many rows of M. Their main loop streams B, and the tiles
 // that pull it through the most multiprocessors are 64-row ping-pong or transposed ones.

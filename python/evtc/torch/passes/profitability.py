@@ -83,9 +83,10 @@ def unfused_path(chain: Chain, outs: list[fx.Node]) -> UnfusedPath:
     Unfused, the epilogue reads the GEMM's result back (``inter`` bytes) and the chain's [m,n]
     operands, and writes each chain value that must exist in memory: one read by a library
     kernel or the graph's output, or by more than one consumer; a value read only by one kernel
-    Inductor makes is computed inside that kernel instead and never written. Fused, evtc's kernel writes every value (the cost
-    model counts those writes), and a consumer that would have computed a value reads it. An
-    epilogue kernel of its own is saved only where some value is not computed in a consumer."""
+    Inductor makes is computed inside that kernel instead and never written. Fused, evtc's kernel
+    writes every value (the cost model counts those writes), and a consumer that would have
+    computed a value reads it. An epilogue kernel of its own is saved only where some value is not
+    computed in a consumer."""
     members = set(chain.nodes)
     root = chain.exprs.get(chain.gemm)
     computes = any(n not in chain.merged_from and n is not chain.gemm and n.target not in RESHAPES
