@@ -410,6 +410,46 @@ TEST(SelectionTable, OnAnH200ResidualsAndBRowMajorTakeTheirEntries) {
   EXPECT_FALSE(table_choice_on(residual, gemm(8192, 2048, 2048), std::nullopt).has_value());
 }
 
+TEST(SelectionTable, ARowMajorBPassesOverEntriesWhoseTilesItWouldStageWithANarrowSwizzle) {
+  const std::optional<DeviceInfo> h200 = DeviceInfo{"NVIDIA H200", 90, 132};
+  const Graph residual = run_pipeline(parse_expression("out D: bf16 = acc + r[m,n]"));
+  // GPT-2's MLP down projection with its residual: the residual table's own entry there is
+  // ping-pong 128x144, measured with B column-major; a row-major B of 144 columns (288 bytes)
+  // would be staged with a 32-byte swizzle.
+  GemmDesc rc = gemm(4096, 1600, 6400);
+  auto c = table_choice_on(residual, rc, h200);
+  ASSERT_TRUE(c.has_value());
+  ASSERT_EQ(c->config.tile_n, 144) << "the residual table's entry at 4096x1600x6400 changed: pick another shape";
+  EXPECT_TRUE(c->exact);
+  EXPECT_EQ(tuning::operand_layout_refusal(c->config, rc), "");
+  GemmDesc rr = rc;
+  rr.b_layout = Layout::row_major;
+  const std::string why = tuning::operand_layout_refusal(c->config, rr);
+  EXPECT_NE(why.find("reads B row-major"), std::string::npos) << why;
+  EXPECT_NE(why.find("144 tile columns of bf16 make 288-byte rows"), std::string::npos) << why;
+  EXPECT_NE(tuning::prune_reason(c->config, residual, rr).find("32 bytes wide"), std::string::npos);
+  // The lookup takes the nearest entry whose tiles the layout keeps instead.
+  c = table_choice_on(residual, rr, h200);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_FALSE(c->exact);
+  EXPECT_EQ(c->table, "h200-bf16-residual.json");
+  EXPECT_EQ(tuning::operand_layout_refusal(c->config, rr), "") << c->config.name();
+  // Widths of a multiple of 64 bytes keep every layout; a transposed kernel reads Bᵀ as its A
+  // (column-major: its 64-row tiles are 128 bytes) and a row-major Aᵀ as its B.
+  KernelConfig wide = KernelConfig::of(MainloopSchedule::pingpong, 128, 160, 2);
+  EXPECT_EQ(tuning::operand_layout_refusal(wide, rr), "");
+  KernelConfig swapped = KernelConfig::of(MainloopSchedule::pingpong, 64, 16, 1);
+  swapped.swap_ab = true;
+  EXPECT_EQ(tuning::operand_layout_refusal(swapped, rr), "");  // A row-major: Aᵀ is K-major
+  GemmDesc cr = rr;
+  cr.a_layout = Layout::col_major;  // a weight gradient: Aᵀ is read along the kernel's N
+  EXPECT_NE(tuning::operand_layout_refusal(swapped, cr).find("16 tile columns of bf16 make 32-byte rows"),
+            std::string::npos);
+  // And the tuner never times such a tile.
+  for (const KernelConfig& k : tuning::candidate_configs(residual, rr))
+    EXPECT_EQ(tuning::operand_layout_refusal(k, rr), "") << k.name();
+}
+
 TEST(SelectionTable, AMeasurementHoldsAtItsShapeAndAtItsWeightsOnTheSameTileGrid) {
   // What lets a GEMM with nothing to fuse leave cuBLAS (FusionEstimate::measured): the 16-row
   // entry's transposed 64x16 tile holds M = 9..16 in one 16-column tile, as it held 16.

@@ -248,6 +248,34 @@ std::vector<KernelConfig> whole_space(const GemmDesc& gemm, const DeviceLimits& 
 
 }  // namespace
 
+std::string operand_layout_refusal(const KernelConfig& c, const GemmDesc& gemm) {
+  // The kernel's A and B after any swap-AB: the transposed kernel reads Bᵀ as its A, Aᵀ as its B.
+  auto flip = [](Layout l) { return l == Layout::row_major ? Layout::col_major : Layout::row_major; };
+  const Layout a_layout = c.swap_ab ? flip(gemm.b_layout) : gemm.a_layout;
+  const Layout b_layout = c.swap_ab ? flip(gemm.a_layout) : gemm.b_layout;
+  const DType a_type = c.swap_ab ? gemm.b_dtype : gemm.a_dtype;
+  const DType b_type = c.swap_ab ? gemm.a_dtype : gemm.b_dtype;
+  // CUTLASS's shared-memory layout for an operand contiguous along M (A column-major) or N (B
+  // row-major) swizzles 128 bytes of that axis where the tile's extent is a multiple of 128
+  // bytes, else 64, else 32. Measured on the H200 with B row-major, bias and residual in the
+  // epilogue (bench/results/20261130-1707-h200-gemm-sweep-layout-rr-tile-widths.json), ping-pong
+  // 128x112 and 128x144 (32-byte swizzle) took 1.5-2.0x the time of 128x128 or 128x160 at five
+  // shapes: 240.7 against 131.6 us at 4096x1600x6400 (GPT-2's MLP down projection in a training
+  // step, where the residual table's entry, measured with B column-major, is 128x144).
+  auto refusal = [&](const char* operand, const char* layout, const char* extent_of, int extent, DType t) {
+    const int64_t bytes = int64_t(extent) * dtype_bytes(t);
+    if (bytes % 64 == 0) return std::string();
+    return fmt::format("the kernel reads {} {}, and {} {} of {} make {}-byte rows of it in shared memory, which "
+                       "CUTLASS swizzles 32 bytes wide (slow; a multiple of 64 bytes is not)",
+                       operand, layout, extent, extent_of, dtype_name(t), bytes);
+  };
+  if (a_layout == Layout::col_major)
+    if (std::string why = refusal("A", "column-major", "tile rows", c.tile_m, a_type); !why.empty()) return why;
+  if (b_layout == Layout::row_major)
+    if (std::string why = refusal("B", "row-major", "tile columns", c.tile_n, b_type); !why.empty()) return why;
+  return {};
+}
+
 std::string prune_reason(const KernelConfig& c, const Graph& g, const GemmDesc& gemm,
                          const DeviceLimits& device) {
   if (!KernelConfig::parse(c.name())) return "not a configuration CUTLASS's sm90 kernels build";
@@ -262,6 +290,7 @@ std::string prune_reason(const KernelConfig& c, const Graph& g, const GemmDesc& 
     return "fewer than 3 main-loop stages fit in shared memory beside the epilogue's";
   if (c.swap_ab)
     if (std::string why = swap_ab_refusal(g, gemm); !why.empty()) return "no transposed kernel: " + why;
+  if (std::string why = operand_layout_refusal(c, gemm); !why.empty()) return why;
   const GemmDesc tiled = tiled_problem(c, gemm);
   const int64_t tiles_m = ceil_div(size_or(tiled.m), c.tile_m);
   const int64_t tiles_n = ceil_div(size_or(tiled.n), c.tile_n);

@@ -25,7 +25,8 @@ struct DeviceLimits {
 // Pruned before compiling: configurations CUTLASS cannot build (see KernelConfig::parse),
 // ping-pong tiles whose accumulators do not fit one warp group's registers, clusters wider
 // than the problem's tile grid, main-loop stages that do not fit shared memory, tiles mostly
-// outside the problem (M or N far below the tile), stream-K where the persistent grid
+// outside the problem (M or N far below the tile), tiles staging a row-major B or column-major
+// A with a 32-byte swizzle (operand_layout_refusal), stream-K where the persistent grid
 // already fills its waves, and — for epilogues with reductions — stream-K (the reductions
 // combine one partial per tile and warp; a K-split tile would be counted twice). fp8's
 // two-level accumulation counts its accumulators twice.
@@ -36,6 +37,13 @@ std::vector<KernelConfig> candidate_configs(const Graph& g, const GemmDesc& gemm
 // Why a configuration is pruned for this problem; empty if it is kept.
 std::string prune_reason(const KernelConfig& c, const Graph& g, const GemmDesc& gemm,
                          const DeviceLimits& device = {});
+
+// Why a configuration's tiles of an operand read along M or N (B row-major, A column-major, as
+// the kernel reads them after any swap-AB) are slow: a tile extent along that contiguous axis
+// whose bytes are no multiple of 64 makes CUTLASS stage it with its 32-byte swizzle, whose loads
+// and wgmma reads run far below the wider swizzles'. Empty where the layout costs nothing.
+// prune_reason includes it; the shipped tables' lookup skips entries it refuses.
+std::string operand_layout_refusal(const KernelConfig& c, const GemmDesc& gemm);
 
 // The heuristic score of a configuration (higher is better): the fraction of the
 // multiprocessors' tile slots doing useful work over all waves, times the tile's

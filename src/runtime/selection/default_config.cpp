@@ -184,6 +184,9 @@ std::optional<TableChoice> table_choice_on(const Graph& g, const GemmDesc& gemm,
   const bool light = light_epilogue(g);
   const bool one_operand = !light && !fp8 && operand_epilogue(g);
   if (!dev || dev->arch != gemm.sm) return std::nullopt;
+  // Entries measured with B column-major whose tiles would stage a row-major B (or column-major
+  // A) with a narrow swizzle are passed over: the nearest usable entry stands in.
+  const EntryFilter layout_ok = [&](const KernelConfig& c) { return tuning::operand_layout_refusal(c, gemm).empty(); };
   tuning::DeviceLimits device;
   if (dev->sm_count > 0) device.sm_count = dev->sm_count;
   // An epilogue with one [m,n] operand: the residual table's entry from its smallest M on (it
@@ -192,7 +195,7 @@ std::optional<TableChoice> table_choice_on(const Graph& g, const GemmDesc& gemm,
     if (const SelectionTable* residual =
             table_for(gpu_class_of(dev->name), gemm.a_dtype, dev->sm_count, TableKind::residual);
         residual && gemm.m >= residual->smallest_m())
-      if (const auto found = match(*residual, gemm.m, gemm.n, gemm.k, dev->sm_count);
+      if (const auto found = match(*residual, gemm.m, gemm.n, gemm.k, dev->sm_count, layout_ok);
           found && tuning::prune_reason(found->entry->config, g, gemm, device).empty()) {
         TableChoice choice{found->entry->config, *found->entry, found->exact, residual->file};
         if (!found->exact) choice.entry.order = VisitOrder{};  // measured on its own tile grid
@@ -201,7 +204,7 @@ std::optional<TableChoice> table_choice_on(const Graph& g, const GemmDesc& gemm,
   if (!light && !decode_table_epilogue(g, gemm)) return std::nullopt;
   const SelectionTable* table = table_for(gpu_class_of(dev->name), gemm.a_dtype, dev->sm_count);
   if (!table) return std::nullopt;
-  const auto found = match(*table, gemm.m, gemm.n, gemm.k, dev->sm_count);
+  const auto found = match(*table, gemm.m, gemm.n, gemm.k, dev->sm_count, layout_ok);
   if (!found) return std::nullopt;
   auto usable = [&](const KernelConfig& c) {
     // At least 3 main-loop stages included; a heavier epilogue only on a tile of few accumulators.

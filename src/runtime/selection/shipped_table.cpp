@@ -124,10 +124,10 @@ const SelectionTable* table_for(const std::string& gpu_class, DType ab, int sm_c
 }
 
 std::vector<const TableEntry*> nearest_in_n_and_k(const SelectionTable& table, int64_t m, int64_t n, int64_t k,
-                                                  size_t count) {
+                                                  size_t count, const EntryFilter& usable) {
   std::vector<const TableEntry*> near;
   for (const TableEntry& e : table.entries)
-    if (e.m == m) near.push_back(&e);
+    if (e.m == m && (!usable || usable(e.config))) near.push_back(&e);
   auto nk_distance = [&](const TableEntry* e) { return log_distance(e->n, n) + log_distance(e->k, k); };
   std::stable_sort(near.begin(), near.end(),
                    [&](const TableEntry* a, const TableEntry* b) { return nk_distance(a) < nk_distance(b); });
@@ -141,17 +141,22 @@ const SelectionTable* shipped_table_named(const std::string& file) {
   return nullptr;
 }
 
-std::optional<TableMatch> match(const SelectionTable& table, int64_t m, int64_t n, int64_t k, int sm_count) {
+std::optional<TableMatch> match(const SelectionTable& table, int64_t m, int64_t n, int64_t k, int sm_count,
+                                const EntryFilter& usable) {
   if (table.entries.empty() || m <= 0 || n <= 0 || k <= 0) return std::nullopt;
+  auto kept = [&](const TableEntry& e) { return !usable || usable(e.config); };
   for (const TableEntry& e : table.entries)
-    if (e.m == m && e.n == n && e.k == k) return TableMatch{&e, true};
+    if (e.m == m && e.n == n && e.k == k && kept(e)) return TableMatch{&e, true};
   // The measured M nearest on a log scale; of two equally near, the larger.
-  int64_t bucket = table.entries.front().m;
+  int64_t bucket = 0;
   for (const TableEntry& e : table.entries) {
+    if (!kept(e)) continue;
+    if (bucket == 0) bucket = e.m;
     const double d = log_distance(e.m, m), best = log_distance(bucket, m);
     if (d < best - 1e-9 || (std::abs(d - best) <= 1e-9 && e.m > bucket)) bucket = e.m;
   }
-  const std::vector<const TableEntry*> near = nearest_in_n_and_k(table, bucket, n, k, 4);
+  if (bucket == 0) return std::nullopt;  // no entry usable here
+  const std::vector<const TableEntry*> near = nearest_in_n_and_k(table, bucket, n, k, 4, usable);
   // A configuration measured at a nearby shape carries over as long as its tile grid fills the
   // GPU about as well here as there: the nearest entry whose grid efficiency here is at least
   // 85 % of its own, else the one that keeps the most of it. Both are taken with M rounded up

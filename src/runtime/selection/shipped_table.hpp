@@ -6,6 +6,7 @@
 // configuration, the tuner's first candidate and the cost model's price agree.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -79,17 +80,20 @@ const SelectionTable* table_for(const std::string& gpu_class, DType ab, int sm_c
 // nearest measured M (log scale; between two, the larger, whose tiles hold it) and, among
 // that M's four entries nearest in N and K, the nearest whose configuration's tile grid fills
 // the GPU here (this M, N and K, M in whole row tiles) at least 85 % as well as at its own
-// shape (else the one that keeps the most).
+// shape (else the one that keeps the most). Entries whose configuration `usable` refuses (for
+// this problem's operand layouts) are passed over, as if the table had not measured them.
 struct TableMatch {
   const TableEntry* entry = nullptr;
   bool exact = false;
 };
-std::optional<TableMatch> match(const SelectionTable& table, int64_t m, int64_t n, int64_t k, int sm_count);
+using EntryFilter = std::function<bool(const KernelConfig&)>;
+std::optional<TableMatch> match(const SelectionTable& table, int64_t m, int64_t n, int64_t k, int sm_count,
+                                const EntryFilter& usable = {});
 
 // The (at most `count`) entries measured at exactly `m`, nearest to `n` and `k` on a log scale
-// first (ties in table order).
+// first (ties in table order), of those whose configuration `usable` keeps (all without one).
 std::vector<const TableEntry*> nearest_in_n_and_k(const SelectionTable& table, int64_t m, int64_t n, int64_t k,
-                                                  size_t count);
+                                                  size_t count, const EntryFilter& usable = {});
 // The shipped table of that file name (TableChoice::table), or nullptr.
 const SelectionTable* shipped_table_named(const std::string& file);
 
