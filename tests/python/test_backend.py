@@ -38,6 +38,9 @@ def test_inductor_options_pass_through_and_evtc_options_reach_the_pass():
     assert config["triton.cudagraphs"] and config["freezing"]
     p = config["post_grad_custom_post_pass"]
     assert (p.merge_gated, p.profitability, p.cast_mode) == (False, False, "fast")
+    assert inductor_config(None, {"evtc.precise_math": True})["post_grad_custom_post_pass"].precise_math
+    with pytest.raises(RuntimeError, match=r"evtc.precise_math='yes' \(expected True or False\)"):
+        inductor_config(None, {"evtc.precise_math": "yes"})
     assert not any(k.startswith("evtc.") for k in config)
 
 
@@ -56,6 +59,7 @@ def test_unknown_options_are_refused_by_name():
 def test_pass_settings_change_its_cache_key():
     assert PostGradPass().uuid() != PostGradPass(merge_gated=False).uuid()
     assert PostGradPass().uuid() != PostGradPass(wait_for_compile=True).uuid()
+    assert PostGradPass().uuid() != PostGradPass(precise_math=True).uuid()
     assert PostGradPass().uuid() == PostGradPass().uuid()
 
 

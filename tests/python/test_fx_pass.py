@@ -236,6 +236,19 @@ def test_fused_ops_round_as_inductor_by_default_and_as_eager_on_request():
         evtc.compile("out D = acc", cast_mode="slow")
 
 
+def test_fused_ops_take_fast_math_by_default_and_precise_math_on_request():
+    fn = lambda x, w: torch.tanh(x @ w.t())  # noqa: E731
+    _, report = fuse(fn, X, W)
+    assert json.loads(report.fused[0].spec)["options"]["precise_math"] is False
+    precise = evtc.torch.fuse_gemm_epilogues(trace(fn, X, W).graph, compile=False, profitability=False,
+                                             precise_math=True)
+    spec = json.loads(precise.fused[0].spec)
+    assert spec["options"]["precise_math"] is True
+    # the fused op's kernel is built with it
+    assert evtc.torch._op.spec_kernel(precise.fused[0].spec)[0]._options.precise_math
+    assert not evtc.torch._op.spec_kernel(report.fused[0].spec)[0]._options.precise_math
+
+
 def test_llama_mlp_without_merging_takes_the_other_gemm_as_an_operand():
     gm = trace(lambda x, w1, w3: F.silu(x @ w1.t()) * (x @ w3.t()), X, W, W)
     report = evtc.torch.fuse_gemm_epilogues(gm.graph, compile=False, profitability=False, merge_gated=False)

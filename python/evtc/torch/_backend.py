@@ -53,10 +53,11 @@ class PostGradPass(CustomGraphPass):
 
     def __init__(self, cast_mode: str = Settings.cast_mode, merge_gated: bool = Settings.merge_gated,
                  profitability: bool = Settings.profitability, bare_gemms: bool = Settings.bare_gemms,
-                 wait_for_compile: bool = Settings.wait_for_compile, stack_siblings: bool = Settings.stack_siblings):
+                 wait_for_compile: bool = Settings.wait_for_compile, stack_siblings: bool = Settings.stack_siblings,
+                 precise_math: bool = Settings.precise_math):
         self.settings = Settings(cast_mode=cast_mode, merge_gated=merge_gated, profitability=profitability,
                                  bare_gemms=bare_gemms, wait_for_compile=wait_for_compile,
-                                 stack_siblings=stack_siblings)
+                                 stack_siblings=stack_siblings, precise_math=precise_math)
 
     def __getattr__(self, name: str) -> Any:
         # The settings' values as attributes too (pass.merge_gated, pass.cast_mode, ...).
@@ -94,7 +95,7 @@ def inductor_config(mode: Optional[str] = None, options: Optional[dict[str, Any]
     wrapper = torch._TorchCompileInductorWrapper(mode, options or None, dynamic=None)
     patches = dict(wrapper.config)
     for flag in ("evtc.merge_gated", "evtc.bare_gemms", "evtc.wait_for_compile", "evtc.stack_siblings",
-                 "evtc.token_logprobs"):
+                 "evtc.precise_math", "evtc.token_logprobs"):
         if not isinstance(settings[flag], bool):
             raise RuntimeError(f"evtc backend: {flag}={settings[flag]!r} (expected True or False)")
     lce = settings["evtc.linear_cross_entropy"]

@@ -308,7 +308,8 @@ def intermediate_bytes(chain: Chain) -> int:
 
 def kernel_options(chain: Chain, settings) -> dict:
     """The spec's kernel options: the chain's dtypes and layouts, and the pass's settings."""
-    return dict(chain.options, cast_mode=settings.cast_mode, wait_for_compile=settings.wait_for_compile)
+    return dict(chain.options, cast_mode=settings.cast_mode, precise_math=settings.precise_math,
+                wait_for_compile=settings.wait_for_compile)
 
 
 def spec_kernel_or_refuse(spec: str):

@@ -29,7 +29,8 @@ def fuse_gemm_epilogues(graph: fx.Graph, *, cast_mode: str = Settings.cast_mode,
                         merge_gated: bool = Settings.merge_gated, profitability: bool = Settings.profitability,
                         bare_gemms: bool = Settings.bare_gemms,
                         wait_for_compile: bool = Settings.wait_for_compile,
-                        stack_siblings: bool = Settings.stack_siblings) -> FusionReport:
+                        stack_siblings: bool = Settings.stack_siblings,
+                        precise_math: bool = Settings.precise_math) -> FusionReport:
     """Rewrites the GEMM + epilogue chains of ``graph`` into evtc's fused ops.
 
     ``cast_mode`` is evtc's ("compile", the default: round as Inductor's kernels would, the GEMM's
@@ -46,11 +47,14 @@ def fuse_gemm_epilogues(graph: fx.Graph, *, cast_mode: str = Settings.cast_mode,
     plain epilogue per non-empty group (after reading the offsets back to the host). With
     ``stack_siblings``, GEMMs left alone that read one input through weights stacked in one buffer
     (q/k/v after ``evtc.torch.merge_projections``) run as one GEMM (passes/stack_siblings.py).
+    ``precise_math`` builds the fused kernels with full-precision tanh, exp, erf and division, as
+    Inductor's kernels compute them (the fast forms otherwise: include/evtc/device/math.cuh).
     """
     sync_native_level()  # a level set through Python's logging (TORCH_LOGS) reaches compile messages
     report = passes.run(graph, Settings(cast_mode=cast_mode, compile=compile, merge_gated=merge_gated,
                                         profitability=profitability, bare_gemms=bare_gemms,
-                                        wait_for_compile=wait_for_compile, stack_siblings=stack_siblings))
+                                        wait_for_compile=wait_for_compile, stack_siblings=stack_siblings,
+                                        precise_math=precise_math))
     reports.append(report)
     log.debug("%s", report.summary())
     return report

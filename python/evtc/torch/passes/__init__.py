@@ -34,6 +34,10 @@ class Settings:
     # result, which cuBLAS writes, and the outputs; 16-bit roundings between ops elided, as
     # Inductor elides them); "eager": round where eager rounds; "fast": round only at outputs.
     cast_mode: str = "compile"
+    # Full-precision transcendental math in fused epilogues (tanhf, expf, erff and IEEE
+    # division, the kernel option precise_math), as Inductor's Triton kernels compute tanh and
+    # erf; False takes the GPU's fast forms (include/evtc/device/math.cuh gives their errors).
+    precise_math: bool = False
     # Start each new kernel's nvcc compile in the background (the FX pass alone may not).
     compile: bool = True
     # Merge GEMMs that share their input and meet in a gated activation (LLaMA's gate/up
