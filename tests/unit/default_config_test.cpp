@@ -239,3 +239,19 @@ TEST(CostModel, DecodeSizedProblemsStayWithCuBLAS) {
 }
 
 }  // namespace
+
+TEST(CostModel, APreciseMathKernelIsPricedByTheTableEntryWhoseMainLoopItRuns) {
+  // precise_math changes the epilogue's arithmetic only: the table's time of its configuration
+  // still prices the kernel; any other difference (tile, cluster, schedule) does not.
+  const KernelConfig entry = KernelConfig::of(MainloopSchedule::pingpong, 128, 160, 2);
+  KernelConfig precise = entry;
+  precise.precise_math = true;
+  EXPECT_TRUE(selection::runs_table_entry(entry, entry));
+  EXPECT_TRUE(selection::runs_table_entry(precise, entry));
+  KernelConfig other = precise;
+  other.tile_n = 128;
+  EXPECT_FALSE(selection::runs_table_entry(other, entry));
+  other = precise;
+  other.cluster_m = 1;
+  EXPECT_FALSE(selection::runs_table_entry(other, entry));
+}

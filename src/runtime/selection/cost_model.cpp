@@ -266,6 +266,12 @@ void anchor_to_table(FusionEstimate& e, const selection::TableChoice& t, const G
 
 }  // namespace
 
+bool selection::runs_table_entry(const KernelConfig& chosen, const KernelConfig& entry) {
+  KernelConfig same = entry;
+  same.precise_math = chosen.precise_math;
+  return same == chosen;
+}
+
 FusionEstimate Kernel::estimate(int64_t m, int64_t n, int64_t k, const UnfusedWork& unfused) const {
   GemmDesc g = impl_->options.gemm;
   g.m = m;
@@ -275,7 +281,7 @@ FusionEstimate Kernel::estimate(int64_t m, int64_t n, int64_t k, const UnfusedWo
   FusionEstimate e = estimate_for(choice.config, g, epilogue_bytes(impl_->signature, m, n), 0, unfused,
                                   epilogue_exposed_share(impl_->graph, g));
   if (choice.source == ConfigChoice::Source::table)
-    if (const auto t = selection::table_choice(impl_->graph, g); t && t->config == choice.config)
+    if (const auto t = selection::table_choice(impl_->graph, g); t && selection::runs_table_entry(choice.config, t->config))
       anchor_to_table(e, *t, g);
   return e;
 }

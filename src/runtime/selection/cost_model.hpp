@@ -41,6 +41,10 @@ bool ahead_by_margin(double fused_us, double unfused_us);
 // many tiles across `g`'s M as across the entry's, and either the entry's N and K or three
 // nearest entries in N and K at the entry's M that all measured evtc ahead by the margin.
 bool measured_here(const TableChoice& t, const GemmDesc& g);
+// Whether a kernel built with `chosen` runs the main loop the table's `entry` configuration was
+// timed with: the same configuration, up to precise_math, which changes only the epilogue's
+// arithmetic (a kernel option the tuner adds to whatever configuration it picks).
+bool runs_table_entry(const KernelConfig& chosen, const KernelConfig& entry);
 }  // namespace selection
 
 }  // namespace evtc
