@@ -20,6 +20,7 @@
 #include "runtime/cuda_check.hpp"
 #include "runtime/kernel_impl.hpp"
 #include "runtime/kernel_requests.hpp"
+#include "runtime/selection/candidates.hpp"
 #include "evtc/options.hpp"
 #include "support/logging.hpp"
 
@@ -238,6 +239,9 @@ Kernel::Kernel(const Graph& graph, const CompileOptions& given) : impl_(std::mak
                                     "cannot take: {}",
                                     options.config->name(), why));
     if (std::string why = epilogue_config_refusal(graph, *options.config); !why.empty()) throw UserError(why);
+    // Legal but slow for these operand layouts: the tuner and the tables never pick it.
+    if (std::string why = tuning::operand_layout_refusal(*options.config, options.gemm); !why.empty())
+      log_warning("configuration {} runs, but slowly: {}", options.config->name(), why);
   }
   for (auto [name, t] : {std::pair{'A', options.gemm.a_dtype}, std::pair{'B', options.gemm.b_dtype}})
     if (is_integer(t))

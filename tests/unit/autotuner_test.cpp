@@ -509,6 +509,24 @@ TEST(KernelConfigChoice, FixedConfigsWinAndUnknownSizesTakeTheHeuristic) {
   EXPECT_EQ(k.config_for(8192, 8192, 1024), default_config(k.graph(), problem(8192, 8192, 1024)));
 }
 
+TEST(KernelConfigChoice, AGivenConfigurationSlowForTheOperandLayoutsRunsWithAWarning) {
+  CompileOptions o;
+  o.config = config("pingpong_128x144x64_c2x1_persistent");
+  o.gemm.b_layout = Layout::row_major;
+  testing::internal::CaptureStderr();
+  Kernel slow(parse_expression(kBiasSilu), o);
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(slow.config_for(4096, 1600, 6400), *o.config);  // the caller's choice stands
+  EXPECT_NE(err.find("configuration pingpong_128x144x64_c2x1_persistent runs, but slowly: the kernel reads B "
+                     "row-major, and 144 tile columns of bf16 make 288-byte rows"),
+            std::string::npos)
+      << err;
+  o.gemm.b_layout = Layout::col_major;  // read along K: any width of 16 columns is fine
+  testing::internal::CaptureStderr();
+  Kernel fine(parse_expression(kBiasSilu), o);
+  EXPECT_EQ(testing::internal::GetCapturedStderr().find("slowly"), std::string::npos);
+}
+
 TEST(KernelConfigChoice, BadTuneEnvironmentIsAUserError) {
   setenv("EVTC_TUNE", "sometimes", 1);
   EXPECT_THROW(Kernel(parse_expression(kBiasSilu)), UserError);
