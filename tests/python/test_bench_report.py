@@ -733,3 +733,10 @@ def test_epilogue_sizes_builds_every_kernel_before_timing_and_reports_the_model(
     assert "(pingpong_128x128x64_c2x1_persistent) [ran the fallback path]: fused" in bench.line({**rows[0], "path": "fallback"})
     bench.plot(rows, str(tmp_path / "plot"))
     assert (tmp_path / "plot.png").exists() or "matplotlib" not in sys.modules
+
+
+def test_models_flag_a_fused_op_far_from_the_cost_models_ratio():
+    models = load_train_steps().models
+    assert models.model_gap_note(0.941, 1.075) == ""  # within the gap
+    assert models.model_gap_note(1.913, 1.050) == " << 1.82x the model's ratio: look at its configuration"
+    assert models.model_gap_note(0.70, 1.0).startswith(" << 0.70x")
