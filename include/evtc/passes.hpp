@@ -102,6 +102,9 @@ struct SwappedProblem {
 std::string swap_ab_refusal(const Graph& g, const GemmDesc& gemm);
 // The transposed problem; a UserError with the refusal's reason when there is one.
 SwappedProblem swap_ab(const Graph& g, const GemmDesc& gemm);
+// The GEMM alone as the transposed kernel computes it: M and N, A's and B's dtypes exchanged,
+// and A' = Bᵀ, B' = Aᵀ in the other layouts (SwappedProblem::gemm).
+GemmDesc swapped_gemm(const GemmDesc& gemm);
 
 // How an M×N operand view is read by a fused kernel (see classify_view).
 enum class LoadClass {

@@ -65,12 +65,17 @@ SwappedProblem swap_ab(const Graph& g, const GemmDesc& gemm) {
     }
     map[id] = out.graph.add(std::move(n));
   }
-  out.gemm = gemm;
-  std::swap(out.gemm.m, out.gemm.n);
-  std::swap(out.gemm.a_dtype, out.gemm.b_dtype);
+  out.gemm = swapped_gemm(gemm);
+  return out;
+}
+
+GemmDesc swapped_gemm(const GemmDesc& gemm) {
+  GemmDesc out = gemm;
+  std::swap(out.m, out.n);
+  std::swap(out.a_dtype, out.b_dtype);
   // A' = Bᵀ (N×K) and B' = Aᵀ (K×M): a column-major K×N B is a row-major N×K Bᵀ.
-  out.gemm.a_layout = flipped(gemm.b_layout);
-  out.gemm.b_layout = flipped(gemm.a_layout);
+  out.a_layout = flipped(gemm.b_layout);
+  out.b_layout = flipped(gemm.a_layout);
   return out;
 }
 

@@ -250,11 +250,7 @@ std::vector<KernelConfig> whole_space(const GemmDesc& gemm, const DeviceLimits& 
 
 std::string operand_layout_refusal(const KernelConfig& c, const GemmDesc& gemm) {
   // The kernel's A and B after any swap-AB: the transposed kernel reads Bᵀ as its A, Aᵀ as its B.
-  auto flip = [](Layout l) { return l == Layout::row_major ? Layout::col_major : Layout::row_major; };
-  const Layout a_layout = c.swap_ab ? flip(gemm.b_layout) : gemm.a_layout;
-  const Layout b_layout = c.swap_ab ? flip(gemm.a_layout) : gemm.b_layout;
-  const DType a_type = c.swap_ab ? gemm.b_dtype : gemm.a_dtype;
-  const DType b_type = c.swap_ab ? gemm.a_dtype : gemm.b_dtype;
+  const GemmDesc k = c.swap_ab ? swapped_gemm(gemm) : gemm;
   // CUTLASS's shared-memory layout for an operand contiguous along M (A column-major) or N (B
   // row-major) swizzles 128 bytes of that axis where the tile's extent is a multiple of 128
   // bytes, else 64, else 32. Measured on the H200 with B row-major, bias and residual in the
@@ -269,10 +265,10 @@ std::string operand_layout_refusal(const KernelConfig& c, const GemmDesc& gemm) 
                        "CUTLASS swizzles 32 bytes wide (slow; a multiple of 64 bytes is not)",
                        operand, layout, extent, extent_of, dtype_name(t), bytes);
   };
-  if (a_layout == Layout::col_major)
-    if (std::string why = refusal("A", "column-major", "tile rows", c.tile_m, a_type); !why.empty()) return why;
-  if (b_layout == Layout::row_major)
-    if (std::string why = refusal("B", "row-major", "tile columns", c.tile_n, b_type); !why.empty()) return why;
+  if (k.a_layout == Layout::col_major)
+    if (std::string why = refusal("A", "column-major", "tile rows", c.tile_m, k.a_dtype); !why.empty()) return why;
+  if (k.b_layout == Layout::row_major)
+    if (std::string why = refusal("B", "row-major", "tile columns", c.tile_n, k.b_dtype); !why.empty()) return why;
   return {};
 }
 
