@@ -2,7 +2,7 @@
 """One epilogue's fused kernel by configuration and problem size, against torch.mm of the same
 operands (cuBLAS) in the same process, beside the cost model's estimate of each.
 
-    python3 bench/epilogue_sizes.py [--exprs dswiglu,swiglu_forward,plain] [--expr NAME=EXPR_OR_FILE]
+    python3 bench/epilogue_sizes.py [--exprs dswiglu,swiglu_forward,plain,dgelu,dgelu_bias_grad] [--expr NAME=EXPR_OR_FILE]
                                     [--configs default,pingpong_128x128x64_c2x1_persistent,...]
                                     [--sizes 4096x11008x4096,8192x11008x4096,...] [--rounds 3] [--out bench/results]
 
@@ -37,6 +37,14 @@ BUILTIN = {
     "swiglu_forward": ("input u[m,n]: bf16\ng = bf16(acc)\nout y0: bf16 = g\nout D: bf16 = bf16(bf16(silu(g)) * u)",
                        "col"),
 }
+# GPT-2's MLP in training: tanh-GELU's derivative after the data gradient through the second
+# layer (its Conv1D weight read transposed: B column-major), without and with the first layer's
+# bias gradient as that result's column sums.
+_DGELU = ("input x[m,n]: bf16\nd = bf16(acc)\nt = tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))\n"
+          "g = bf16(d * (0.5 * (1.0 + t) + 0.5 * x * ((1.0 - t * t) * 0.7978845608028654 * (1.0 + 0.134145 * x * x))))\n"
+          "out D: bf16 = g\n")
+BUILTIN["dgelu"] = (_DGELU, "col")
+BUILTIN["dgelu_bias_grad"] = (_DGELU + "out db: bf16 = col_sum(g)\n", "col")
 SIZES = "4096x11008x4096,4096x14336x4096,8192x11008x4096,8192x14336x4096"
 WARM_S = 0.1
 

@@ -222,6 +222,103 @@ def test_swiglu_backward_after_the_down_projections_data_gradient_is_one_op(capl
     assert "silu(" in report.fused[0].expr
 
 
+def gelu_bias_backward(dy, w2, pre, x):
+    """Autograd's backward of gelu_tanh(x @ w1ᵀ + b1) @ w2ᵀ for w1's layer: the data gradient
+    through GELU's derivative, then b1's gradient (addmm's sum over rows, keepdim) and w1's."""
+    d_pre = ATEN.gelu_backward.default(dy @ w2, pre, approximate="tanh")
+    db1 = ATEN.sum.dim_IntList(d_pre, [0], True).view(-1)
+    return db1, d_pre.t() @ x
+
+
+def test_a_bias_gradient_becomes_a_column_sum_of_the_fused_op():
+    gm, report = fuse(gelu_bias_backward, ((M, 264), BF16), ((264, N), BF16), ((M, N), BF16), X)
+    (fusion,) = report.fused
+    assert fusion.outputs == ["gelu_backward", "sum_1"], report.summary()
+    assert "col_sum(" in fusion.expr and "out r0: bf16 = " in fusion.expr, fusion.expr
+    assert json.loads(fusion.spec)["outputs"] == ["D", "r0"]
+    ops = ops_of(gm)
+    assert ATEN.sum.dim_IntList not in ops and ATEN.gelu_backward.default not in ops
+    # The op's [N] column sums viewed back to the sum's [1, N], then to the gradient's [N].
+    out = [n for n in gm.graph.nodes if n.op == "output"][0].args[0]
+    assert tuple(out[0].meta["val"].shape) == (N,) and out[0].meta["val"].dtype == BF16
+    kernel = evtc.torch._op.spec_kernel(fusion.spec)[0]
+    assert {o.name: o.shape for o in kernel.outputs} == {"D": "full", "r0": "row"}
+
+
+def test_a_three_dimensional_bias_gradient_sums_over_both_leading_dimensions():
+    # A linear over [batch, seq, K]: its bias gradient sums the 3-D gradient over [0, 1], in f32 here.
+    def fn(dy, w2, pre):
+        d_pre = ATEN.gelu_backward.default((dy @ w2).view(4, M // 4, N), pre)
+        return ATEN.sum.dim_IntList(d_pre, [0, 1], dtype=torch.float32), d_pre
+
+    gm, report = fuse(fn, ((M, 264), BF16), ((264, N), BF16), ((4, M // 4, N), BF16))
+    (fusion,) = report.fused
+    assert "out r0: f32 = " in fusion.expr, fusion.expr
+    out = [n for n in gm.graph.nodes if n.op == "output"][0].args[0]
+    assert tuple(out[0].meta["val"].shape) == (N,) and out[0].meta["val"].dtype == torch.float32
+    assert tuple(out[1].meta["val"].shape) == (4, M // 4, N)
+
+
+@pytest.mark.parametrize("sum_of", [
+    lambda h: ATEN.sum.dim_IntList(h, [1]),  # over N (a row sum, as a norm's)
+    lambda h: ATEN.sum.dim_IntList(h, [-1], True),
+    lambda h: ATEN.sum.default(h),  # over everything (a loss)
+])
+def test_sums_other_than_column_sums_stay_outside(sum_of):
+    def fn(x, w):
+        h = F.gelu(x @ w.t())
+        return h, sum_of(h)
+
+    gm, report = fuse(fn, X, W)
+    (fusion,) = report.fused  # the GEMM and its GELU; the sum reads their output
+    assert "col_sum" not in fusion.expr and fusion.outputs == ["gelu"], fusion.expr
+    assert any(str(op).startswith("aten.sum") for op in ops_of(gm))
+
+
+def test_a_column_sum_refusal_names_the_sum_and_its_dimensions():
+    from evtc.torch._chain import absorbable
+    from evtc.torch._gemm import start_chain
+
+    gm = trace(lambda x, w: ATEN.sum.dim_IntList(x @ w.t(), [1]), X, W)
+    mm = next(n for n in gm.graph.nodes if n.target is ATEN.mm.default)
+    total = next(n for n in gm.graph.nodes if n.target is ATEN.sum.dim_IntList)
+    assert absorbable(start_chain(mm), total) == (
+        f"sum {total.name} over dimensions [1] of a 2-D value: only a sum over every dimension but the last (a column sum, "
+        "such as a bias gradient) fuses")
+
+
+def test_a_chain_refused_with_its_column_sum_is_fused_without_it(monkeypatch, caplog):
+    from evtc.torch.passes import profitability
+
+    decide = profitability.decide
+
+    def refuse_sums(chain, kernel, outs, settings):
+        if chain.reductions:
+            raise evtc.torch._chain.Refused("not profitable (the test's)")
+        return decide(chain, kernel, outs, settings)
+
+    monkeypatch.setattr(profitability, "decide", refuse_sums)
+    with caplog.at_level("DEBUG", logger="evtc.torch"):
+        gm, report = fuse(gelu_bias_backward, ((M, 264), BF16), ((264, N), BF16), ((M, N), BF16), X)
+    (fusion,) = report.fused
+    assert "col_sum" not in fusion.expr and fusion.outputs == ["gelu_backward"], report.summary()
+    assert ATEN.sum.dim_IntList in ops_of(gm)  # Inductor sums the fused op's output
+    assert ("evtc: mm with the column sums sum_1 refused (not profitable (the test's)); trying it without them"
+            in caplog.text)
+
+
+def test_a_value_computed_from_a_column_sum_stays_outside():
+    # The sum is complete only after the kernel's last tile: the epilogue cannot use it.
+    def fn(dy, w2, pre, x):
+        db1, dw1 = gelu_bias_backward(dy, w2, pre, x)
+        return db1 * 0.375, dw1
+
+    gm, report = fuse(fn, ((M, 264), BF16), ((264, N), BF16), ((M, N), BF16), X)
+    (fusion,) = report.fused
+    assert "col_sum(" in fusion.expr and "0.375" not in fusion.expr, fusion.expr
+    assert ATEN.mul.Tensor in ops_of(gm)
+
+
 def test_fused_ops_round_as_inductor_by_default_and_as_eager_on_request():
     # The default cast mode rounds as Inductor's kernel would (the GEMM's result and the outputs;
     # docs/passes.md, "normalize_casts"): plain torch.compile's numerics, not eager's.

@@ -98,6 +98,19 @@ def swiglu_gradients(backend, dtype=torch.bfloat16):
     return [p.grad for p in model.parameters()]
 
 
+def bias_gradients(backend, dtype=torch.bfloat16):
+    """The parameters' gradients of mean(out²) for a GELU MLP with biases over a [4, 250, 520]
+    batch: the backward's data gradient through the second layer computes GELU's derivative in
+    its epilogue, and the first layer's bias gradient as that result's column sums."""
+    torch.manual_seed(11)
+    model = nn.Sequential(nn.Linear(K, N), nn.GELU(approximate="tanh"), nn.Linear(N, 264))
+    model = model.cuda().to(torch.bfloat16).to(dtype)  # the same weights in each dtype
+    x = randn(4, M // 4, K).to(dtype)
+    compiled = torch.compile(model, backend=backend) if backend else model
+    (compiled(x).float() ** 2).mean().backward()
+    return [p.grad for p in model.parameters()]
+
+
 @pytest.fixture(scope="session")
 def compiled_cases():
     torch._dynamo.reset()
@@ -112,6 +125,10 @@ def compiled_cases():
     with evtc.torch.compile_only():
         swiglu_gradients(EVTC)
     cases["swiglu_training"] = evtc.torch.reports[start:]
+    start = len(evtc.torch.reports)
+    with evtc.torch.compile_only():
+        bias_gradients(EVTC)
+    cases["bias_gradients"] = evtc.torch.reports[start:]
     spec_kernel(EXPORT_SPEC)[0].compile_async(M, N, K)
     GROUPED_API.compile_async()
     failed = evtc.torch.wait_for_compiles()
@@ -195,6 +212,24 @@ def test_swiglu_derivative_fuses_into_the_down_projections_data_gradient(compile
         assert not g.isnan().any()
         error = (g.double() - w).norm() / w.norm()
         assert error < 1e-2, (error.item(), summary)
+
+
+def test_a_bias_gradient_is_summed_in_the_epilogue_of_the_gemm_that_writes_its_input(compiled_cases):
+    reports = compiled_cases["bias_gradients"]
+    summary = "\n".join(r.summary() for r in reports)
+    summed = [f for r in reports for f in r.fused if "col_sum(" in f.expr]
+    assert len(summed) == 1 and "tanh" in summed[0].expr, summary
+    poison_allocator()
+    got = bias_gradients(EVTC)
+    assert ran_fused(summed[0].spec), evtc.torch.path_counts(summed[0].spec)
+    want = bias_gradients(None, torch.float64)
+    eager = bias_gradients(None)
+    for g, w, e in zip(got, want, eager):
+        assert g.dtype == torch.bfloat16 and g.shape == w.shape and not g.isnan().any()
+        error = ((g.double() - w).norm() / w.norm()).item()
+        eager_error = ((e.double() - w).norm() / w.norm()).item()
+        # bf16 rounding of the gradients themselves is 2^-9 relative: within twice eager's error
+        assert error < max(2 * eager_error, 4e-3), (error, eager_error, summary)
 
 
 def test_rewritten_graph_is_deterministic():

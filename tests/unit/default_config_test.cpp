@@ -210,6 +210,32 @@ TEST(CostModel, SmallTilesAndWideEpiloguesCostTheirTime) {
   EXPECT_GT(l.fused_us, plain.fused_us + 20.0);
 }
 
+TEST(CostModel, ReductionsPayForTheirPartialsTheirFoldAndTheirTileEnds) {
+  // A bias gradient beside the data gradient (GPT-2's c_fc at 4096 rows): the column sum's
+  // partials (32 tile rows x 6400 f32, written and read back), its fold kernel's launch, and on
+  // cooperative 128x256 tiles CUTLASS's fold across the tile's warps, 3 us per wave of tiles
+  // (800 tiles: 7 waves); measured 25 us more than without the sum there.
+  const auto fused_us = [&](const char* config, const char* expr) {
+    CompileOptions o;
+    o.config = KernelConfig::parse(config);
+    return Kernel(parse_expression(expr), o).estimate(4096, 6400, 1600, round_trip(4096, 6400)).fused_us;
+  };
+  const char* plain = "d = bf16(acc)\nout D: bf16 = d";
+  const char* summed = "d = bf16(acc)\nout D: bf16 = d\nout db: bf16 = col_sum(d)";
+  const double partials_us = 2.0 * 32 * 6400 * 4 / 4.3e6;  // at the H200's bandwidth, the model's default GPU
+  const char* coop = "coop_128x256x64_c2x1_persistent";
+  EXPECT_NEAR(fused_us(coop, summed) - fused_us(coop, plain), 3.0 + partials_us + 7 * 3.0, 0.2);
+  // Ping-pong 128x128 keeps the column buffer in local memory: 7 us per wave (1600 tiles, 13 waves).
+  const char* pingpong = "pingpong_128x128x64_c2x1_persistent";
+  EXPECT_NEAR(fused_us(pingpong, summed) - fused_us(pingpong, plain), 3.0 + partials_us + 13 * 7.0, 0.2);
+  // Ping-pong 64x256: the fold kernel and the partials only (64 tile rows).
+  const char* narrow = "pingpong_64x256x64_c2x1_persistent";
+  EXPECT_NEAR(fused_us(narrow, summed) - fused_us(narrow, plain), 3.0 + 2 * partials_us, 0.2);
+  // A row reduction (over N) adds its own fold kernel, and no fold across warps.
+  const double two = fused_us(coop, "d = bf16(acc)\nout D: bf16 = d\nout db: bf16 = col_sum(d)\nout peak = row_max(d)");
+  EXPECT_NEAR(two - fused_us(coop, summed), 3.0 + 2.0 * 25 * 4096 * 4 / 4.3e6, 0.2);
+}
+
 TEST(CostModel, GroupedChainsCompareWithTheGroupedGemm) {
   // The moe layer of bench/models.py (top-2 of 8 experts over 8192 tokens, hidden 2048, FFN
   // 1408): its merged gate/up grouped GEMM with SwiGLU measured faster fused (the layer 1.09x

@@ -4,8 +4,9 @@ A chain starts at a GEMM node (mm, addmm, _scaled_mm, _grouped_mm) and takes in,
 order, every node that reads a value of the chain and that evtc can compute in the epilogue:
 arithmetic, activations, clamps, dtype conversions, reshapes that keep the last (N)
 dimension, and the column slices ``h[:, 0::2]`` / ``h[:, 1::2]`` of a gated activation over
-interleaved (gate, up) columns, which become ``gate(h)`` / ``up(h)`` with N/2 columns.
-Tensors from outside the chain become operands, classified by how they broadcast against
+interleaved (gate, up) columns, which become ``gate(h)`` / ``up(h)`` with N/2 columns, and
+sums of a chain value over every dimension but the last (a linear layer's bias gradient), which
+become ``col_sum`` outputs. Tensors from outside the chain become operands, classified by how they broadcast against
 the M×N result (row vector, column vector, scalar, full matrix), or against the M×N/2 gated
 values. Every chain value that is used outside the chain becomes an output of the fused op.
 """
@@ -106,6 +107,8 @@ class Chain:
     recomputed: dict[fx.Node, str] = field(default_factory=dict)
     values: int = 0  # value names defined so far (v0, v1, ...)
     roots: int = 0  # nodes the chain started with (before grow took in consumers)
+    # Column sums of chain values (COLUMN_SUM): outputs only, complete after the kernel's last tile.
+    reductions: set[fx.Node] = field(default_factory=set)
 
     @property
     def half_shape(self) -> tuple:
@@ -484,6 +487,35 @@ def _gated_part(chain: Chain, n: fx.Node) -> tuple[Optional[str], str]:
     return ("up" if start == 1 else "gate"), ""
 
 
+# A chain value summed over every dimension but its last (N): autograd's gradient of a linear
+# layer's bias, sum(dY, [0]) (keepdim for addmm's, over [0, 1] for a 3-D linear's). It becomes an
+# output ``col_sum(value)``: evtc folds each tile's partial column sums in a fixed order after the
+# GEMM, so the [m,n] value need not be read back by a reduction kernel of its own.
+COLUMN_SUM = aten.sum.dim_IntList
+
+
+def _column_sum_refusal(chain: Chain, n: fx.Node) -> Optional[str]:
+    """Why the sum ``n`` cannot be a column sum of the chain, or None."""
+    src = n.args[0]
+    dims = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim")
+    t = val(src)
+    if src not in chain.exprs or t is None:
+        return f"sum {n.name} of a value outside the chain"
+    if chain.grouped:
+        return f"sum {n.name}: a grouped GEMM's epilogue writes one [m,n] output and no reductions"
+    if chain.merged is not None:
+        return f"sum {n.name} over a merged GEMM's interleaved (gate, up) columns"
+    if src in chain.half:
+        return f"sum {n.name} of a gated (N/2) value"
+    rank = t.dim()
+    if not isinstance(dims, (list, tuple)) or not dims or not all(isinstance(d, int) for d in dims):
+        return f"sum {n.name} over {dims!r}: only a sum over every dimension but the last (a column sum) fuses"
+    if sorted(d % rank for d in dims) != list(range(rank - 1)):
+        return (f"sum {n.name} over dimensions {list(dims)} of a {rank}-D value: only a sum over every dimension "
+                "but the last (a column sum, such as a bias gradient) fuses")
+    return None
+
+
 def _chain_inputs(chain: Chain, n: fx.Node) -> list[fx.Node]:
     return [i for i in n.all_input_nodes if i in chain.exprs]
 
@@ -500,8 +532,14 @@ def absorbable(chain: Chain, n: fx.Node) -> Optional[str]:
                     "result cannot be an output)")
     elif t is None or t.dtype not in EVTC_DTYPES:
         return f"{n.target} produces {getattr(t, 'dtype', 'no tensor')}"
+    reduced = [i.name for i in n.all_input_nodes if i in chain.reductions]
+    if reduced:
+        return (f"{n.name} reads the column sum {', '.join(reduced)}, which the fused kernel completes only after "
+                "its last tile")
     if n.target is SLICE:
         return _gated_part(chain, n)[1] or None
+    if n.target is COLUMN_SUM:
+        return _column_sum_refusal(chain, n)
     inputs = _chain_inputs(chain, n)
     half = [i in chain.half for i in inputs]
     if any(half) and not all(half):
@@ -533,6 +571,13 @@ def absorb(chain: Chain, n: fx.Node) -> None:
                 raise Refused(why)
             chain.define(n, f"{part}({chain.exprs[n.args[0]]})")
             half = True
+        elif n.target is COLUMN_SUM:
+            why = _column_sum_refusal(chain, n)
+            if why:
+                raise Refused(why)
+            # Summed in f32; the output rounds it to the sum's dtype, as eager's sum does.
+            chain.define(n, f"col_sum({chain.exprs[n.args[0]]})")
+            chain.reductions.add(n)
         elif n.target in RESHAPES:
             chain.exprs[n] = chain.exprs[n.args[0]]
             shape = tuple(t.shape)

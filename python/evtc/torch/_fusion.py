@@ -30,14 +30,15 @@ class Fusion:
     estimate: dict = field(default_factory=dict)  # the cost model's numbers (passes/profitability.py)
 
 
-def grow_trimmed(graph: fx.Graph, make_chain) -> Chain:
+def grow_trimmed(graph: fx.Graph, make_chain, exclude: frozenset = frozenset()) -> Chain:
     """The chain ``make_chain()`` starts, grown, then trimmed: a node at the end of the chain is
     left to Inductor where its fused kernel would move fewer bytes than the fused GEMM writing
     the node's value. That is the case for a widening cast (its consumers can read the narrower
     value and cast as they load it) and for a node read only by reductions (Inductor computes it
     inside the reduction): RMSNorm's f32 cast and square after a residual add would otherwise
-    make the GEMM write two f32 tensors that the norm's reduction reads back."""
-    exclude: set[fx.Node] = set()
+    make the GEMM write two f32 tensors that the norm's reduction reads back. Nodes in ``exclude``
+    stay outside."""
+    exclude = set(exclude)
     while True:
         chain = make_chain()
         grow(graph, chain, exclude)
@@ -149,8 +150,11 @@ def expression(chain: Chain, escaping_nodes: list[fx.Node]) -> tuple[str, list[s
     for n in escaping_nodes:
         if chain.exprs[n] not in [chain.exprs[v] for v in values]:
             values.append(n)
-    names = [f"y{i}" for i in range(len(values))]
-    names[-1] = "D"
+    # Matrices y0, y1, ... with the last one D (the GEMM's own store); column sums r0, r1, ...
+    matrices = [v for v in values if v not in chain.reductions]
+    sums = iter(range(len(values)))
+    names = [f"r{next(sums)}" if v in chain.reductions else
+             "D" if v is matrices[-1] else f"y{matrices.index(v)}" for v in values]
     lines = list(chain.declarations) + list(chain.lines)
     for n in values:
         if val(n).dtype not in EVTC_DTYPES:
@@ -161,9 +165,12 @@ def expression(chain: Chain, escaping_nodes: list[fx.Node]) -> tuple[str, list[s
 
 
 def output_shape(chain: Chain, node: fx.Node) -> tuple:
-    """The shape the fused op gives a chain value: (M, N), or (M, N/2) for a gated value."""
+    """The shape the fused op gives a chain value: (M, N), (M, N/2) for a gated value, (N,) for a
+    column sum."""
     m = val(chain.a).shape[0]
     n = 2 * val(chain.merged.b_gate).shape[-1] if chain.merged is not None else val(chain.b).shape[-1]
+    if node in chain.reductions:
+        return (n,)
     return (m, n // 2) if node in chain.half else (m, n)
 
 

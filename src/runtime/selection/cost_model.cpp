@@ -191,6 +191,42 @@ double epilogue_bytes(const KernelSignature& sig, int64_t m, int64_t n) {
   return bytes;
 }
 
+// What the kernel's reductions add to it: each writes partial results to scratch (one per CTA
+// tile and column or row; per warp and tile for a whole-matrix one, a few KB), and after the GEMM
+// a small kernel of its own reads them and folds them in a fixed order (evtc/device/reduce.cuh).
+// A reduction over the kernel's M (a column sum; a row sum of a transposed kernel) is CUTLASS's
+// Sm90RowReduction, which at each tile's end folds the tile's columns across its warps (shuffles,
+// then shared memory between barriers) before the next tile starts. Timed on the H200 beside
+// GELU's derivative (bench/epilogue_sizes.py --exprs dgelu,dgelu_bias_grad, bench/results/
+// 20261130-1940-h200-epilogue-sizes.json), against the same configuration without the sum: 2.7-4.1
+// us per wave of tiles on cooperative 128x256 (at 4096x6400x1600, 8192x6400x1600 and
+// 4096x4096x1024), 7-8.6 us on ping-pong 128x128, where nvcc keeps the row buffer in local memory
+// (ptxas: a 400-1120 byte stack frame). Ping-pong 64x256, the rules' pick for short main loops,
+// the model already prices above its times (1.02-1.11x), so it adds nothing there.
+constexpr double kOverMReductionUsPerWave = 3.0, kOverMReductionUsPerWavePingpong128 = 7.0;
+
+double reductions_us(const KernelSignature& sig, const Graph& graph, const KernelConfig& c, const GemmDesc& g) {
+  const Rates r = rates_for(g.a_dtype);
+  const int64_t along_m = c.swap_ab ? c.tile_n : c.tile_m, along_n = c.swap_ab ? c.tile_m : c.tile_n;
+  const double tiles_m = double((g.m + along_m - 1) / along_m), tiles_n = double((g.n + along_n - 1) / along_n);
+  double us = 0;
+  for (const OperandSlot& s : sig.pointers) {
+    if (!s.is_reduction) continue;
+    const double partials = s.shape == Shape::row ? tiles_m * double(g.n) : s.shape == Shape::col ? tiles_n * double(g.m) : 0;
+    us += kKernelUs + 2 * partials * 4 / (r.tbs * 1e6);  // written by the GEMM, read by the fold
+  }
+  bool over_kernel_m = false;
+  for (const Node& n : graph.nodes())
+    if (n.kind == NodeKind::reduce && n.axis != ReduceAxis::all)
+      over_kernel_m |= c.swap_ab ? n.axis == ReduceAxis::row : n.axis == ReduceAxis::col;
+  if (over_kernel_m && c.tile_m >= 128) {
+    const double waves = std::ceil(double(tuning::tile_count(c, g)) / r.sms);
+    us += waves * (c.schedule == MainloopSchedule::cooperative ? kOverMReductionUsPerWave
+                                                               : kOverMReductionUsPerWavePingpong128);
+  }
+  return us;
+}
+
 }  // namespace
 
 // The model puts evtc's main loop 2 % behind cuBLAS's; timed in their steady state on the H200
@@ -283,6 +319,7 @@ FusionEstimate Kernel::estimate(int64_t m, int64_t n, int64_t k, const UnfusedWo
   if (choice.source == ConfigChoice::Source::table)
     if (const auto t = selection::table_choice(impl_->graph, g); t && selection::runs_table_entry(choice.config, t->config))
       anchor_to_table(e, *t, g);
+  e.fused_us += reductions_us(impl_->signature, impl_->graph, choice.config, g);
   return e;
 }
 

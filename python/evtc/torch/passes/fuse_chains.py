@@ -31,7 +31,17 @@ def run(graph: fx.Graph, settings, report) -> None:
             continue
         try:
             chain = grow_trimmed(graph, lambda: start_chain(node))
-            report.fused.append(fuse(graph, chain, settings))
+            try:
+                report.fused.append(fuse(graph, chain, settings))
+            except Refused as why:
+                if not chain.reductions:
+                    raise
+                # The chain without its column sums (Inductor then sums the fused op's output),
+                # where the kernel they need does not pay or cannot be built.
+                log.debug("evtc: %s with the column sums %s refused (%s); trying it without them", node.name,
+                          ", ".join(r.name for r in chain.reductions), why)
+                chain = grow_trimmed(graph, lambda: start_chain(node), frozenset(chain.reductions))
+                report.fused.append(fuse(graph, chain, settings))
         except Refused as why:
             report.refused.append((node.name, str(why)))
 
