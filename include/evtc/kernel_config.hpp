@@ -181,6 +181,9 @@ bool overlapped_fp8_promotion(const KernelConfig& c, const GemmDesc& gemm);
 //    and its row reduction then fails nvcc's static assertions (ping-pong 128×112, cooperative
 //    256×144; ping-pong 64×48 and 64×16 compile).
 std::string epilogue_config_refusal(const Graph& g, const KernelConfig& c);
+// Whether a reduction along `axis` runs over the M of configuration `c`'s kernel: a column
+// reduction (over M), or a row reduction (over N) of a transposed (swap-AB) kernel, whose M is N.
+bool reduces_over_kernel_m(ReduceAxis axis, const KernelConfig& c);
 // Why `c` cannot hold this epilogue: the [m,n] tensors it stages in shared memory leave fewer
 // than two main-loop stages (CUTLASS's kernels do not compile then). Empty when it can.
 std::string shared_memory_refusal(const Graph& g, const GemmDesc& gemm, const KernelConfig& c);

@@ -149,6 +149,10 @@ std::optional<KernelConfig> KernelConfig::parse(const std::string& name) {
 }
 
 
+bool reduces_over_kernel_m(ReduceAxis axis, const KernelConfig& c) {
+  return c.swap_ab ? axis == ReduceAxis::row : axis == ReduceAxis::col;
+}
+
 std::string epilogue_config_refusal(const Graph& g, const KernelConfig& c) {
   // Every reduction feeds an output (a store) that names it.
   for (const Node& store : g.nodes()) {
@@ -163,7 +167,7 @@ std::string epilogue_config_refusal(const Graph& g, const KernelConfig& c) {
       return fmt::format("configuration {} adds its K parts in a second kernel, whose reductions ('{}') would "
                          "combine with atomics in no fixed order; use a configuration without _kparts",
                          c.name(), store.name);
-    const bool over_kernel_m = c.swap_ab ? r.axis == ReduceAxis::row : r.axis == ReduceAxis::col;
+    const bool over_kernel_m = reduces_over_kernel_m(r.axis, c);
     // nvcc: CUTLASS's reduction over M fails its layout divisibility assertions on 16-column
     // subtiles with tiles of 128 rows or more (ping-pong 128x112, cooperative 256x144), and in
     // transposed 64-row kernels wider than 80 columns (64x96 and 64x112 with a row_sum; 64x16

@@ -216,9 +216,7 @@ double reductions_us(const KernelSignature& sig, const Graph& graph, const Kerne
     us += kKernelUs + 2 * partials * 4 / (r.tbs * 1e6);  // written by the GEMM, read by the fold
   }
   bool over_kernel_m = false;
-  for (const Node& n : graph.nodes())
-    if (n.kind == NodeKind::reduce && n.axis != ReduceAxis::all)
-      over_kernel_m |= c.swap_ab ? n.axis == ReduceAxis::row : n.axis == ReduceAxis::col;
+  for (const Node& n : graph.nodes()) over_kernel_m |= n.kind == NodeKind::reduce && reduces_over_kernel_m(n.axis, c);
   if (over_kernel_m && c.tile_m >= 128) {
     const double waves = std::ceil(double(tuning::tile_count(c, g)) / r.sms);
     us += waves * (c.schedule == MainloopSchedule::cooperative ? kOverMReductionUsPerWave
