@@ -8,7 +8,8 @@ interleaved (gate, up) columns, which become ``gate(h)`` / ``up(h)`` with N/2 co
 sums of a chain value over every dimension but the last (a linear layer's bias gradient), which
 become ``col_sum`` outputs. Tensors from outside the chain become operands, classified by how
 they broadcast against the M×N result (row vector, column vector, scalar, full matrix), or
-against the M×N/2 gated values. Every chain value that is used outside the chain becomes an output of the fused op.
+against the M×N/2 gated values. Every chain value that is used outside the chain becomes an
+output of the fused op.
 """
 from __future__ import annotations
 

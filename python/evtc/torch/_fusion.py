@@ -152,8 +152,8 @@ def expression(chain: Chain, escaping_nodes: list[fx.Node]) -> tuple[str, list[s
             values.append(n)
     # Matrices y0, y1, ... with the last one D (the GEMM's own store); column sums r0, r1, ...
     matrices = [v for v in values if v not in chain.reductions]
-    sums = iter(range(len(values)))
-    names = [f"r{next(sums)}" if v in chain.reductions else
+    sums = [v for v in values if v in chain.reductions]
+    names = [f"r{sums.index(v)}" if v in chain.reductions else
              "D" if v is matrices[-1] else f"y{matrices.index(v)}" for v in values]
     lines = list(chain.declarations) + list(chain.lines)
     for n in values:
