@@ -103,6 +103,14 @@ table's configuration and runner-up only (no listing, no other compiles) and wri
 with the timed shapes' entries replaced; a transposed winner keeps the old entry's untransposed
 fallback where none was timed.
 
+--orders-agree SWEEP.json [...] --table-base TABLE.json --table-out FILE: one such sweep's least
+of 18 timings runs low by chance (the GPU's power limit spreads a kernel's medians by several per
+cent), so a pick it alone favours may be noise. Given two or more --orders-from sweeps of the
+table, run apart (another GPU of the class, another day), this writes the table with an entry
+changed only where one (configuration, order) pair beats the entry's own in every sweep by the
+tuner's margin: the pair of the least geometric-mean ratio to torch.mm over the sweeps (ratios
+compared within a run only), its times from the last sweep.
+
 --configs NAME[,NAME...] times the named configurations at every shape instead of the listed
 candidates: for example a selection rule's old and new picks, at shapes where only one of them
 is a candidate. Such a sweep needs neither --evtc nor --table-out (without --table-out it writes
@@ -1313,6 +1321,85 @@ def retime_entries(table: dict, runs: list[dict]) -> int:
     return changed
 
 
+def agreed_orders(table: dict, sweeps: list[dict], margin: float) -> list[tuple]:
+    """--orders-agree: replaces a table entry's configuration and visiting order where another
+    (configuration, order) pair beats it in every given visiting-order sweep of its shape.
+
+    Each sweep times the entry's configuration and runner-up with every order against torch.mm
+    in one run; ratios to torch.mm are compared within a run only. Among the pairs every sweep
+    timed, the one of the least geometric-mean ratio is taken where it is faster than the
+    entry's own pair by `margin` in each sweep: under the GPU's power limit one sweep's least
+    of 18 timings runs low by chance, and a pick that only one run favours is that noise. The
+    entry's times become the last sweep's (a compare run can replace them: --table-times-from).
+    Returns (shape, old pair, new pair, per-sweep ratios old and new) for each change."""
+    def ratios(shape: dict) -> dict:
+        if not shape.get("orders") or not shape.get("cublas_ms"):
+            return {}
+        return {(c, o): ms / shape["cublas_ms"] for c, times in shape["orders"].items() for o, ms in times.items()}
+
+    runs = [{(s["m"], s["n"], s["k"]): (s, ratios(s)) for s in data["shapes"]} for data in sweeps]
+    changes = []
+    for e in table["entries"]:
+        key = (e["m"], e["n"], e["k"])
+        timed = [run[key] for run in runs if key in run and run[key][1]]
+        if len(timed) != len(runs):
+            continue  # every sweep must have timed the shape's orders
+        old = (e["config"], e.get("order", "heuristic"))
+        pairs = set.intersection(*(set(r) for _, r in timed))
+        if old not in pairs:
+            continue
+        mean = {p: math.exp(sum(math.log(r[p]) for _, r in timed) / len(timed)) for p in pairs}
+        best = min(sorted(pairs), key=lambda p: mean[p])
+        if best == old or any(r[best] > r[old] * (1 - margin) for _, r in timed):
+            continue
+        last, last_ratios = timed[-1]
+        runner = min((p for p in sorted(pairs) if p[0] != best[0]), key=lambda p: mean[p], default=None)
+        e["config"], e["ms"], e["cublas_ms"] = best[0], last["orders"][best[0]][best[1]], last["cublas_ms"]
+        if best[1] == "heuristic":
+            e.pop("order", None)
+        else:
+            e["order"] = best[1]
+        if runner is not None:
+            e["runner_up"], e["runner_up_ms"] = runner[0], last["orders"][runner[0]][runner[1]]
+        else:
+            e.pop("runner_up", None)
+            e.pop("runner_up_ms", None)
+        changes.append((key, old, best, [r[old] for _, r in timed], [r[best] for _, r in timed]))
+    return changes
+
+
+def table_set(table: dict) -> str:
+    """The set whose epilogue a table was measured with."""
+    return next((name for name, spec in SETS.items() if spec.expr == table.get("epilogue")), "plain")
+
+
+def orders_agree(paths: list[str], table_base: str, table_out: str) -> int:
+    """--orders-agree: the base table with the entries every given orders sweep agrees to change."""
+    with open(table_base) as f:
+        table = json.load(f)
+    sweeps = read_sweeps(paths)
+    for path, data in zip(paths, sweeps):
+        if gpu_slug(data["gpu"]) != table["gpu_class"]:
+            sys.exit(f"{path} was measured on {data['gpu']}, the table is for {table['gpu_class']}")
+        if data.get("set", "plain") != table_set(table):
+            sys.exit(f"{path} timed the {data.get('set', 'plain')} set, the table is for the {table_set(table)} set")
+        if not any(s.get("orders") for s in data["shapes"]):
+            sys.exit(f"{path} has no visiting-order timings (a sweep with --orders-from or --orders-top writes them)")
+    from evtc import _evtc
+
+    changes = agreed_orders(table, sweeps, _evtc.VISIT_ORDER_MARGIN)  # the margin a kept order must beat
+    for key, old, new, old_r, new_r in changes:
+        print(f"{key[0]}x{key[1]}x{key[2]}: {old[0]} ({old[1]}) -> {new[0]} ({new[1]}); ratios to torch.mm "
+              + ", ".join(f"{a:.3f} -> {b:.3f}" for a, b in zip(old_r, new_r)))
+    table["measured"] = f"{table.get('measured', '')}; {len(changes)} entries changed where the orders sweeps of " + \
+        ", ".join(data["date"] for data in sweeps) + " agree"
+    table["command"] = table.get("command", "") + " && " + command_line()
+    write_table(table_out, table)
+    print(f"wrote {table_out}: {len(changes)} of {len(table['entries'])} entries changed, "
+          f"where all {len(paths)} sweeps agree")
+    return 0
+
+
 def table_times_from(paths: list[str], table_base: str, table_out: str) -> int:
     """--table-times-from: the base table with its entries' times from compare runs of its GPU."""
     with open(table_base) as f:
@@ -1597,6 +1684,10 @@ def parse_args(argv: Optional[list[str]] = None):
     p.add_argument("--table-times-from", nargs="+", metavar="COMPARE.json",
                    help="write --table-out: --table-base with each entry's times replaced by these compare "
                         "runs' medians of the same configuration and order at its shape, and exit")
+    p.add_argument("--orders-agree", nargs="+", metavar="SWEEP.json",
+                   help="write --table-out: --table-base with an entry's configuration and visiting order "
+                        "replaced where every one of these visiting-order sweeps (--orders-from) timed another "
+                        "pair faster by the tuner's margin, and exit")
     sweep = p.add_argument_group("sweep mode")
     sweep.add_argument("--sweep", action="store_true", help="time every tuning candidate of each shape (plain, bf16)")
     sweep.add_argument("--evtc", metavar="PATH", help="the evtc command-line tool (lists the candidates)")
@@ -1643,13 +1734,14 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
         p.error("--shapes replaces the grid: give it without --off-grid or --m")
     if args.off_grid and args.m:
         p.error("--m restricts the grid; --off-grid has its own M values")
-    if args.compile_only and (args.sweep or args.table_from or args.table_times_from or args.table):
+    if args.compile_only and (args.sweep or args.table_from or args.table_times_from or args.orders_agree or args.table):
         p.error("--compile-only belongs to the comparison (the sweep compiles its own candidates)")
     if args.layout != "rc" and any(SETS[name].fp8 for name in args.sets or []):
         p.error("--layout: the fp8 set's reference, torch._scaled_mm, takes A row-major and B column-major only (rc)")
     if args.passes < 1:
         p.error("--passes must be at least 1")
-    if args.passes > 1 and (args.sweep or args.compile_only or args.table_from or args.table_times_from or args.table):
+    if args.passes > 1 and (args.sweep or args.compile_only or args.table_from or args.table_times_from
+                            or args.orders_agree or args.table):
         p.error("--passes belongs to the comparison (a sweep's rounds already interleave its candidates)")
     if args.sweep:
         if not args.configs and (not args.evtc or not args.table_out):
@@ -1669,6 +1761,8 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
             p.error("--table-base belongs to --refine (--orders-from merges into its own table)")
         if args.table_times_from:
             p.error("--table-times-from reads compare runs: give it without --sweep")
+        if args.orders_agree:
+            p.error("--orders-agree reads earlier sweeps' results: give it without --sweep")
         if args.configs and (args.orders_from or args.refine or args.seed_from):
             p.error("--configs names the configurations itself: give it without --refine, --seed-from and "
                     "--orders-from")
@@ -1691,9 +1785,12 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
     elif args.table_from:
         if not args.table_out:
             p.error("--table-from needs --table-out FILE")
-    elif args.table_times_from:
+    elif args.table_times_from or args.orders_agree:
+        given = "--table-times-from" if args.table_times_from else "--orders-agree"
+        if args.table_times_from and args.orders_agree:
+            p.error("--table-times-from and --orders-agree each write a table: give one")
         if not args.table_base or not args.table_out:
-            p.error("--table-times-from needs --table-base TABLE.json and --table-out FILE")
+            p.error(f"{given} needs --table-base TABLE.json and --table-out FILE")
     elif args.evtc or args.table_out:
         p.error("--evtc and --table-out belong to --sweep")
     args.sets = args.sets or ["plain"]
@@ -1745,6 +1842,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return table_from_sweeps(args.table_from, args.table_out)
     if args.table_times_from:
         return table_times_from(args.table_times_from, args.table_base, args.table_out)
+    if args.orders_agree:
+        return orders_agree(args.orders_agree, args.table_base, args.table_out)
     plan = {name: plan_shapes(args, SETS[name]) for name in args.sets}
     if args.dry_run:
         print_plan(args, plan)

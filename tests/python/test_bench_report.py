@@ -247,6 +247,60 @@ def test_table_times_come_from_a_compare_run_of_the_same_kernel(tmp_path, capsys
         g.main(["--table-times-from", str(run), "--table-base", str(base), "--table-out", str(out)])
 
 
+def test_orders_agree_changes_an_entry_only_where_every_sweep_times_the_pick_faster(tmp_path, capsys):
+    g = load_gemm_shapes()
+    gpu = "NVIDIA H200"
+    table = {"format": 1, "gpu": gpu, "gpu_class": "h200", "dtype": "bf16", "epilogue": g.SETS["plain"].expr,
+             "measured": "then", "command": "sweep", "entries": [
+                 {"m": 1024, "n": 64, "k": 64, "config": "a", "ms": 1.0, "cublas_ms": 1.0, "runner_up": "b",
+                  "runner_up_ms": 1.1},
+                 {"m": 2048, "n": 64, "k": 64, "config": "a", "ms": 1.0, "cublas_ms": 1.0, "order": "along_n"},
+                 {"m": 4096, "n": 64, "k": 64, "config": "a", "ms": 1.0, "cublas_ms": 1.0},
+                 {"m": 8192, "n": 64, "k": 64, "config": "a", "ms": 1.0, "cublas_ms": 1.0, "order": "along_m"}]}
+
+    def shape(m, cublas, orders):
+        return {"m": m, "n": 64, "k": 64, "cublas_ms": cublas, "orders": orders}
+
+    first = {"mode": "sweep", "gpu": gpu, "set": "plain", "date": "one", "shapes": [
+        # b (along_m_s4) beats a's heuristic order by 5 % here and by 3 % in the second sweep: changed.
+        shape(1024, 1.0, {"a": {"heuristic": 1.00, "along_n": 1.01}, "b": {"heuristic": 1.02, "along_m_s4": 0.95}}),
+        # a with CUTLASS's order beats a's along_n in both: changed, and the entry drops its order.
+        shape(2048, 1.0, {"a": {"heuristic": 0.96, "along_n": 1.00}, "b": {"heuristic": 1.10}}),
+        # 4 % faster here, 0.5 % slower in the second sweep: the sweeps disagree, kept.
+        shape(4096, 1.0, {"a": {"heuristic": 1.00}, "b": {"heuristic": 0.96}}),
+        # timed by the first sweep only: kept.
+        shape(8192, 1.0, {"a": {"along_m": 1.00}, "b": {"heuristic": 0.90}})]}
+    second = {"mode": "sweep", "gpu": gpu, "set": "plain", "date": "two", "shapes": [
+        # torch.mm ran slower in this run: ratios, not times, are compared.
+        shape(1024, 2.0, {"a": {"heuristic": 2.00, "along_n": 2.02}, "b": {"heuristic": 2.04, "along_m_s4": 1.94}}),
+        shape(2048, 1.0, {"a": {"heuristic": 0.97, "along_n": 1.00}, "b": {"heuristic": 1.10}}),
+        shape(4096, 1.0, {"a": {"heuristic": 1.00}, "b": {"heuristic": 1.005}})]}
+    paths = [tmp_path / "first.json", tmp_path / "second.json"]
+    for path, data in zip(paths, (first, second)):
+        write(path, data)
+    base, out = tmp_path / "table.json", tmp_path / "out.json"
+    write(base, table)
+    assert g.main(["--orders-agree", *map(str, paths), "--table-base", str(base), "--table-out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    entries = {e["m"]: e for e in doc["entries"]}
+    assert (entries[1024]["config"], entries[1024]["order"]) == ("b", "along_m_s4")
+    assert (entries[1024]["ms"], entries[1024]["cublas_ms"]) == (1.94, 2.0)  # the last sweep's times
+    assert (entries[1024]["runner_up"], entries[1024]["runner_up_ms"]) == ("a", 2.0)
+    assert entries[2048]["config"] == "a" and "order" not in entries[2048] and entries[2048]["ms"] == 0.97
+    assert entries[4096] == table["entries"][2] and entries[8192] == table["entries"][3]
+    assert "2 entries changed where the orders sweeps of one, two agree" in doc["measured"]
+    assert "1024x64x64: a (heuristic) -> b (along_m_s4)" in capsys.readouterr().out
+    write(paths[1], {**second, "gpu": "NVIDIA H100 80GB HBM3"})
+    with pytest.raises(SystemExit, match="was measured on NVIDIA H100 80GB HBM3, the table is for h200"):
+        g.main(["--orders-agree", *map(str, paths), "--table-base", str(base), "--table-out", str(out)])
+    write(paths[1], {**second, "shapes": [{k: v for k, v in s.items() if k != "orders"} for s in second["shapes"]]})
+    with pytest.raises(SystemExit, match="has no visiting-order timings"):
+        g.main(["--orders-agree", *map(str, paths), "--table-base", str(base), "--table-out", str(out)])
+    with pytest.raises(SystemExit):
+        g.main(["--orders-agree", str(paths[0]), "--table-out", str(out)])  # no --table-base
+    assert "--orders-agree needs --table-base TABLE.json and --table-out FILE" in capsys.readouterr().err
+
+
 def test_a_kept_visiting_order_must_beat_cutlass_s_by_the_margin_and_reaches_the_table():
     g = load_gemm_shapes()
     # 0.5 % faster than CUTLASS's heuristic order: noise, not kept; 2 % faster: kept.
@@ -389,6 +443,10 @@ def test_a_refining_sweep_keeps_the_faster_untransposed_fallback():
      "--table-times-from needs --table-base TABLE.json and --table-out FILE"),
     (["--sweep", "--evtc", "x", "--table-out", "t.json", "--table-times-from", "c.json"],
      "--table-times-from reads compare runs: give it without --sweep"),
+    (["--sweep", "--evtc", "x", "--table-out", "t.json", "--orders-agree", "s.json"],
+     "--orders-agree reads earlier sweeps' results: give it without --sweep"),
+    (["--orders-agree", "s.json", "--table-times-from", "c.json", "--table-base", "b.json", "--table-out", "t.json"],
+     "--table-times-from and --orders-agree each write a table: give one"),
     (["--skip", "_128x"], "--skip belongs to --sweep"),
     (["--sweep", "--evtc", "x", "--table-out", "t.json", "--configs", "coop_128x128x64_c1x1_persistent",
       "--skip", "_128x"],
