@@ -106,7 +106,6 @@ def test_the_backward_graph_is_compiled_with_the_pass_and_the_mode(monkeypatch):
 
 def test_one_set_of_settings_for_the_pass_the_backend_and_the_fx_entry_point():
     import dataclasses
-    import inspect
 
     from evtc.torch.passes import Settings
 
@@ -117,5 +116,16 @@ def test_one_set_of_settings_for_the_pass_the_backend_and_the_fx_entry_point():
     defaults = Settings()
     assert inductor_config(None, {})["post_grad_custom_post_pass"].settings == defaults
     assert PostGradPass().settings == defaults
-    keywords = inspect.signature(evtc.torch.fuse_gemm_epilogues).parameters
-    assert {n: keywords[n].default for n in names} == dataclasses.asdict(defaults)
+    assert PostGradPass(precise_math=True).settings == dataclasses.replace(defaults, precise_math=True)
+    # The FX entry point and the pass take the settings by name, spelled once (Settings): a
+    # misspelt one is refused with the list of them.
+    with pytest.raises(TypeError, match="unknown evtc setting.s. merged_gated; the settings are cast_mode, "
+                                        "precise_math, compile, merge_gated"):
+        evtc.torch.fuse_gemm_epilogues(torch.fx.Graph(), merged_gated=False)
+    with pytest.raises(TypeError, match="unknown evtc setting.s. profitable"):
+        PostGradPass(profitable=False)
+    # The backend checks every True/False setting as one.
+    assert set(Settings.flags()) == names - {"cast_mode"}
+    for name in sorted(set(Settings.flags()) - {"compile"}):
+        with pytest.raises(RuntimeError, match=rf"evtc.{name}=1 \(expected True or False\)"):
+            inductor_config(None, {f"evtc.{name}": 1})

@@ -51,13 +51,9 @@ class PostGradPass(CustomGraphPass):
     of training (where tensors saved for backward become extra outputs of fused ops).
     """
 
-    def __init__(self, cast_mode: str = Settings.cast_mode, merge_gated: bool = Settings.merge_gated,
-                 profitability: bool = Settings.profitability, bare_gemms: bool = Settings.bare_gemms,
-                 wait_for_compile: bool = Settings.wait_for_compile, stack_siblings: bool = Settings.stack_siblings,
-                 precise_math: bool = Settings.precise_math):
-        self.settings = Settings(cast_mode=cast_mode, merge_gated=merge_gated, profitability=profitability,
-                                 bare_gemms=bare_gemms, wait_for_compile=wait_for_compile,
-                                 stack_siblings=stack_siblings, precise_math=precise_math)
+    def __init__(self, **settings: Any):
+        # The FX pass's settings (evtc.torch.passes.Settings: names and defaults), by keyword.
+        self.settings = Settings.of(**settings)
 
     def __getattr__(self, name: str) -> Any:
         # The settings' values as attributes too (pass.merge_gated, pass.cast_mode, ...).
@@ -94,8 +90,7 @@ def inductor_config(mode: Optional[str] = None, options: Optional[dict[str, Any]
                                f"inductor backend with evtc.torch.{ours_cls}() and your pass composed instead")
     wrapper = torch._TorchCompileInductorWrapper(mode, options or None, dynamic=None)
     patches = dict(wrapper.config)
-    for flag in ("evtc.merge_gated", "evtc.bare_gemms", "evtc.wait_for_compile", "evtc.stack_siblings",
-                 "evtc.precise_math", "evtc.token_logprobs"):
+    for flag in [f"evtc.{name}" for name in Settings.flags() if name != "compile"] + ["evtc.token_logprobs"]:
         if not isinstance(settings[flag], bool):
             raise RuntimeError(f"evtc backend: {flag}={settings[flag]!r} (expected True or False)")
     lce = settings["evtc.linear_cross_entropy"]
@@ -105,7 +100,6 @@ def inductor_config(mode: Optional[str] = None, options: Optional[dict[str, Any]
     chosen = {key.removeprefix("evtc."): value for key, value in settings.items()}
     for key in _REWRITE_OPTIONS:  # applied by backend() before Inductor: not the post-grad pass's
         chosen.pop(key)
-    chosen["profitability"] = bool(chosen["profitability"])
     patches["post_grad_custom_post_pass"] = PostGradPass(**chosen)
     patches["joint_custom_post_pass"] = WeightGradLayoutPass()
     return patches

@@ -9,6 +9,7 @@ level: EVTC_LOG=debug, or TORCH_LOGS="+evtc").
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from torch import fx
 
@@ -25,16 +26,13 @@ reports: list[FusionReport] = []
 __all__ = ["Fusion", "FusionReport", "fuse_gemm_epilogues", "reports"]
 
 
-def fuse_gemm_epilogues(graph: fx.Graph, *, cast_mode: str = Settings.cast_mode, compile: bool = Settings.compile,
-                        merge_gated: bool = Settings.merge_gated, profitability: bool = Settings.profitability,
-                        bare_gemms: bool = Settings.bare_gemms,
-                        wait_for_compile: bool = Settings.wait_for_compile,
-                        stack_siblings: bool = Settings.stack_siblings,
-                        precise_math: bool = Settings.precise_math) -> FusionReport:
+def fuse_gemm_epilogues(graph: fx.Graph, **settings: Any) -> FusionReport:
     """Rewrites the GEMM + epilogue chains of ``graph`` into evtc's fused ops.
 
-    ``cast_mode`` is evtc's ("compile", the default: round as Inductor's kernels would, the GEMM's
-    result and the outputs; "eager": round where eager rounds; "fast": round only at outputs).
+    The keywords are the pass's settings (``evtc.torch.passes.Settings``, which holds their
+    defaults); a name that is not one raises TypeError. ``cast_mode`` is evtc's ("compile", the
+    default: round as Inductor's kernels would, the GEMM's result and the outputs; "eager": round
+    where eager rounds; "fast": round only at outputs).
     With ``compile``, each new kernel starts compiling in the background right away.
     ``merge_gated`` merges GEMMs that meet in a gated activation (under CUDA graphs only with
     frozen weights: see passes/merge_gated.py). With ``profitability``, a chain is fused only
@@ -51,10 +49,7 @@ def fuse_gemm_epilogues(graph: fx.Graph, *, cast_mode: str = Settings.cast_mode,
     Inductor's kernels compute them (the fast forms otherwise: include/evtc/device/math.cuh).
     """
     sync_native_level()  # a level set through Python's logging (TORCH_LOGS) reaches compile messages
-    report = passes.run(graph, Settings(cast_mode=cast_mode, compile=compile, merge_gated=merge_gated,
-                                        profitability=profitability, bare_gemms=bare_gemms,
-                                        wait_for_compile=wait_for_compile, stack_siblings=stack_siblings,
-                                        precise_math=precise_math))
+    report = passes.run(graph, Settings.of(**settings))
     reports.append(report)
     log.debug("%s", report.summary())
     return report

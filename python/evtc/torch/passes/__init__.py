@@ -14,8 +14,10 @@ FusionReport.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from torch import fx
 
@@ -56,6 +58,21 @@ class Settings:
     # Run GEMMs left unfused that read one input through weights stacked in one buffer (q, k, v
     # after evtc.torch.merge_projections) as one GEMM over that buffer (passes/stack_siblings.py).
     stack_siblings: bool = True
+
+    @classmethod
+    def of(cls, **settings: Any) -> "Settings":
+        """The settings named (the others at their defaults); a name that is not a field raises
+        TypeError naming the fields."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(settings) - set(names))
+        if unknown:
+            raise TypeError(f"unknown evtc setting(s) {', '.join(unknown)}; the settings are {', '.join(names)}")
+        return cls(**settings)
+
+    @classmethod
+    def flags(cls) -> list[str]:
+        """The names of the settings that are True or False."""
+        return [f.name for f in dataclasses.fields(cls) if f.type == "bool"]
 
 
 @dataclass
