@@ -1352,8 +1352,11 @@ def agreed_orders(table: dict, sweeps: list[dict], margin: float) -> list[tuple]
         best = min(sorted(pairs), key=lambda p: mean[p])
         if best == old or any(r[best] > r[old] * (1 - margin) for _, r in timed):
             continue
-        last, last_ratios = timed[-1]
+        last = timed[-1][0]
         runner = min((p for p in sorted(pairs) if p[0] != best[0]), key=lambda p: mean[p], default=None)
+        before = dict(e)
+        for name in ("unswapped_config", "unswapped_ms"):  # a transposed entry's only (keep_unswapped below)
+            e.pop(name, None)
         e["config"], e["ms"], e["cublas_ms"] = best[0], last["orders"][best[0]][best[1]], last["cublas_ms"]
         if best[1] == "heuristic":
             e.pop("order", None)
@@ -1364,6 +1367,7 @@ def agreed_orders(table: dict, sweeps: list[dict], margin: float) -> list[tuple]
         else:
             e.pop("runner_up", None)
             e.pop("runner_up_ms", None)
+        keep_unswapped(e, before)
         changes.append((key, old, best, [r[old] for _, r in timed], [r[best] for _, r in timed]))
     return changes
 

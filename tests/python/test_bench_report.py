@@ -256,7 +256,10 @@ def test_orders_agree_changes_an_entry_only_where_every_sweep_times_the_pick_fas
                   "runner_up_ms": 1.1},
                  {"m": 2048, "n": 64, "k": 64, "config": "a", "ms": 1.0, "cublas_ms": 1.0, "order": "along_n"},
                  {"m": 4096, "n": 64, "k": 64, "config": "a", "ms": 1.0, "cublas_ms": 1.0},
-                 {"m": 8192, "n": 64, "k": 64, "config": "a", "ms": 1.0, "cublas_ms": 1.0, "order": "along_m"}]}
+                 {"m": 8192, "n": 64, "k": 64, "config": "a", "ms": 1.0, "cublas_ms": 1.0, "order": "along_m"},
+                 {"m": 16, "n": 64, "k": 64, "config": "s_swap", "ms": 1.0, "cublas_ms": 1.0,
+                  "unswapped_config": "u", "unswapped_ms": 1.2},
+                 {"m": 32, "n": 64, "k": 64, "config": "u", "ms": 1.0, "cublas_ms": 1.0}]}
 
     def shape(m, cublas, orders):
         return {"m": m, "n": 64, "k": 64, "cublas_ms": cublas, "orders": orders}
@@ -269,12 +272,18 @@ def test_orders_agree_changes_an_entry_only_where_every_sweep_times_the_pick_fas
         # 4 % faster here, 0.5 % slower in the second sweep: the sweeps disagree, kept.
         shape(4096, 1.0, {"a": {"heuristic": 1.00}, "b": {"heuristic": 0.96}}),
         # timed by the first sweep only: kept.
-        shape(8192, 1.0, {"a": {"along_m": 1.00}, "b": {"heuristic": 0.90}})]}
+        shape(8192, 1.0, {"a": {"along_m": 1.00}, "b": {"heuristic": 0.90}}),
+        # transposed to untransposed: the untransposed fallback goes; and the other way: the old
+        # untransposed configuration becomes the fallback of the transposed pick.
+        shape(16, 1.0, {"s_swap": {"heuristic": 1.00}, "v": {"heuristic": 0.90}}),
+        shape(32, 1.0, {"u": {"heuristic": 1.00}, "t_swap": {"heuristic": 0.90}})]}
     second = {"mode": "sweep", "gpu": gpu, "set": "plain", "date": "two", "shapes": [
         # torch.mm ran slower in this run: ratios, not times, are compared.
         shape(1024, 2.0, {"a": {"heuristic": 2.00, "along_n": 2.02}, "b": {"heuristic": 2.04, "along_m_s4": 1.94}}),
         shape(2048, 1.0, {"a": {"heuristic": 0.97, "along_n": 1.00}, "b": {"heuristic": 1.10}}),
-        shape(4096, 1.0, {"a": {"heuristic": 1.00}, "b": {"heuristic": 1.005}})]}
+        shape(4096, 1.0, {"a": {"heuristic": 1.00}, "b": {"heuristic": 1.005}}),
+        shape(16, 1.0, {"s_swap": {"heuristic": 1.00}, "v": {"heuristic": 0.90}}),
+        shape(32, 1.0, {"u": {"heuristic": 1.00}, "t_swap": {"heuristic": 0.90}})]}
     paths = [tmp_path / "first.json", tmp_path / "second.json"]
     for path, data in zip(paths, (first, second)):
         write(path, data)
@@ -288,7 +297,9 @@ def test_orders_agree_changes_an_entry_only_where_every_sweep_times_the_pick_fas
     assert (entries[1024]["runner_up"], entries[1024]["runner_up_ms"]) == ("a", 2.0)
     assert entries[2048]["config"] == "a" and "order" not in entries[2048] and entries[2048]["ms"] == 0.97
     assert entries[4096] == table["entries"][2] and entries[8192] == table["entries"][3]
-    assert "2 entries changed where the orders sweeps of one, two agree" in doc["measured"]
+    assert entries[16]["config"] == "v" and "unswapped_config" not in entries[16]
+    assert (entries[32]["config"], entries[32]["unswapped_config"], entries[32]["unswapped_ms"]) == ("t_swap", "u", 1.0)
+    assert "4 entries changed where the orders sweeps of one, two agree" in doc["measured"]
     assert "1024x64x64: a (heuristic) -> b (along_m_s4)" in capsys.readouterr().out
     write(paths[1], {**second, "gpu": "NVIDIA H100 80GB HBM3"})
     with pytest.raises(SystemExit, match="was measured on NVIDIA H100 80GB HBM3, the table is for h200"):
