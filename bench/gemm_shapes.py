@@ -109,7 +109,8 @@ cent), so a pick it alone favours may be noise. Given two or more --orders-from 
 table, run apart (another GPU of the class, another day), this writes the table with an entry
 changed only where one (configuration, order) pair beats the entry's own in every sweep by the
 tuner's margin: the pair of the least geometric-mean ratio to torch.mm over the sweeps (ratios
-compared within a run only), its times from the last sweep.
+compared within a run only), its times from the last sweep. It prints each change with its
+ratios, and why each entry some sweep timed stays as it is.
 
 --configs NAME[,NAME...] times the named configurations at every shape instead of the listed
 candidates: for example a selection rule's old and new picks, at shapes where only one of them
@@ -1321,7 +1322,7 @@ def retime_entries(table: dict, runs: list[dict]) -> int:
     return changed
 
 
-def agreed_orders(table: dict, sweeps: list[dict], margin: float) -> list[tuple]:
+def agreed_orders(table: dict, sweeps: list[dict], margin: float) -> tuple[list[tuple], list[tuple]]:
     """--orders-agree: replaces a table entry's configuration and visiting order where another
     (configuration, order) pair beats it in every given visiting-order sweep of its shape.
 
@@ -1331,26 +1332,38 @@ def agreed_orders(table: dict, sweeps: list[dict], margin: float) -> list[tuple]
     entry's own pair by `margin` in each sweep: under the GPU's power limit one sweep's least
     of 18 timings runs low by chance, and a pick that only one run favours is that noise. The
     entry's times become the last sweep's (a compare run can replace them: --table-times-from).
-    Returns (shape, old pair, new pair, per-sweep ratios old and new) for each change."""
+    Returns the changes, each (shape, old pair, new pair, per-sweep ratios old and new), and the
+    entries some sweep timed but that stay, each (shape, why)."""
     def ratios(shape: dict) -> dict:
         if not shape.get("orders") or not shape.get("cublas_ms"):
             return {}
         return {(c, o): ms / shape["cublas_ms"] for c, times in shape["orders"].items() for o, ms in times.items()}
 
     runs = [{(s["m"], s["n"], s["k"]): (s, ratios(s)) for s in data["shapes"]} for data in sweeps]
-    changes = []
+    changes, kept = [], []
     for e in table["entries"]:
         key = (e["m"], e["n"], e["k"])
         timed = [run[key] for run in runs if key in run and run[key][1]]
+        if not timed:
+            continue
         if len(timed) != len(runs):
-            continue  # every sweep must have timed the shape's orders
+            kept.append((key, f"its orders were timed by {len(timed)} of the {len(runs)} sweeps"))
+            continue
         old = (e["config"], e.get("order", "heuristic"))
         pairs = set.intersection(*(set(r) for _, r in timed))
         if old not in pairs:
+            kept.append((key, f"not every sweep timed its own pair, {old[0]} ({old[1]})"))
             continue
         mean = {p: math.exp(sum(math.log(r[p]) for _, r in timed) / len(timed)) for p in pairs}
         best = min(sorted(pairs), key=lambda p: mean[p])
-        if best == old or any(r[best] > r[old] * (1 - margin) for _, r in timed):
+        if best == old:
+            kept.append((key, "its own pair has the least geometric-mean ratio"))
+            continue
+        short = [i for i, (_, r) in enumerate(timed, 1) if r[best] > r[old] * (1 - margin)]
+        if short:
+            kept.append((key, f"{best[0]} ({best[1]}) is not {100 * margin:g} % faster than it in sweep(s) "
+                              + ", ".join(f"{i} ({timed[i - 1][1][best]:.3f} against {timed[i - 1][1][old]:.3f})"
+                                          for i in short)))
             continue
         last = timed[-1][0]
         runner = min((p for p in sorted(pairs) if p[0] != best[0]), key=lambda p: mean[p], default=None)
@@ -1369,7 +1382,7 @@ def agreed_orders(table: dict, sweeps: list[dict], margin: float) -> list[tuple]
             e.pop("runner_up_ms", None)
         keep_unswapped(e, before)
         changes.append((key, old, best, [r[old] for _, r in timed], [r[best] for _, r in timed]))
-    return changes
+    return changes, kept
 
 
 def table_set(table: dict) -> str:
@@ -1391,10 +1404,12 @@ def orders_agree(paths: list[str], table_base: str, table_out: str) -> int:
             sys.exit(f"{path} has no visiting-order timings (a sweep with --orders-from or --orders-top writes them)")
     from evtc import _evtc
 
-    changes = agreed_orders(table, sweeps, _evtc.VISIT_ORDER_MARGIN)  # the margin a kept order must beat
+    changes, kept = agreed_orders(table, sweeps, _evtc.VISIT_ORDER_MARGIN)  # the margin a kept order must beat
     for key, old, new, old_r, new_r in changes:
         print(f"{key[0]}x{key[1]}x{key[2]}: {old[0]} ({old[1]}) -> {new[0]} ({new[1]}); ratios to torch.mm "
               + ", ".join(f"{a:.3f} -> {b:.3f}" for a, b in zip(old_r, new_r)))
+    for key, why in kept:
+        print(f"{key[0]}x{key[1]}x{key[2]}: kept: {why}")
     table["measured"] = f"{table.get('measured', '')}; {len(changes)} entries changed where the orders sweeps of " + \
         ", ".join(data["date"] for data in sweeps) + " agree"
     table["command"] = table.get("command", "") + " && " + command_line()

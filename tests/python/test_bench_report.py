@@ -300,7 +300,10 @@ def test_orders_agree_changes_an_entry_only_where_every_sweep_times_the_pick_fas
     assert entries[16]["config"] == "v" and "unswapped_config" not in entries[16]
     assert (entries[32]["config"], entries[32]["unswapped_config"], entries[32]["unswapped_ms"]) == ("t_swap", "u", 1.0)
     assert "4 entries changed where the orders sweeps of one, two agree" in doc["measured"]
-    assert "1024x64x64: a (heuristic) -> b (along_m_s4)" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "1024x64x64: a (heuristic) -> b (along_m_s4)" in printed
+    assert "4096x64x64: kept: b (heuristic) is not 1 % faster than it in sweep(s) 2 (1.005 against 1.000)" in printed
+    assert "8192x64x64: kept: its orders were timed by 1 of the 2 sweeps" in printed
     write(paths[1], {**second, "gpu": "NVIDIA H100 80GB HBM3"})
     with pytest.raises(SystemExit, match="was measured on NVIDIA H100 80GB HBM3, the table is for h200"):
         g.main(["--orders-agree", *map(str, paths), "--table-base", str(base), "--table-out", str(out)])
