@@ -1323,17 +1323,18 @@ def retime_entries(table: dict, runs: list[dict]) -> int:
 
 
 def agreed_orders(table: dict, sweeps: list[dict], margin: float) -> tuple[list[tuple], list[tuple]]:
-    """--orders-agree: replaces a table entry's configuration and visiting order where another
-    (configuration, order) pair beats it in every given visiting-order sweep of its shape.
+    """--orders-agree: the table entries whose configuration and visiting order another
+    (configuration, order) pair beats in every given visiting-order sweep of its shape.
 
     Each sweep times the entry's configuration and runner-up with every order against torch.mm
     in one run; ratios to torch.mm are compared within a run only. Among the pairs every sweep
     timed, the one of the least geometric-mean ratio is taken where it is faster than the
     entry's own pair by `margin` in each sweep: under the GPU's power limit one sweep's least
     of 18 timings runs low by chance, and a pick that only one run favours is that noise. The
-    entry's times become the last sweep's (a compare run can replace them: --table-times-from).
-    Returns the changes, each (shape, old pair, new pair, per-sweep ratios old and new), and the
-    entries some sweep timed but that stay, each (shape, why)."""
+    new entry's times are the last sweep's (a compare run can replace them: --table-times-from).
+    Returns the changes, each (shape, old pair, new pair, per-sweep ratios old and new, the
+    shape's sweep result for table_document), and the entries some sweep timed but that stay,
+    each (shape, why)."""
     def ratios(shape: dict) -> dict:
         if not shape.get("orders") or not shape.get("cublas_ms"):
             return {}
@@ -1365,23 +1366,16 @@ def agreed_orders(table: dict, sweeps: list[dict], margin: float) -> tuple[list[
                               + ", ".join(f"{i} ({timed[i - 1][1][best]:.3f} against {timed[i - 1][1][old]:.3f})"
                                           for i in short)))
             continue
-        last = timed[-1][0]
+        last = timed[-1][0]["orders"]
         runner = min((p for p in sorted(pairs) if p[0] != best[0]), key=lambda p: mean[p], default=None)
-        before = dict(e)
-        for name in ("unswapped_config", "unswapped_ms"):  # a transposed entry's only (keep_unswapped below)
-            e.pop(name, None)
-        e["config"], e["ms"], e["cublas_ms"] = best[0], last["orders"][best[0]][best[1]], last["cublas_ms"]
-        if best[1] == "heuristic":
-            e.pop("order", None)
-        else:
-            e["order"] = best[1]
-        if runner is not None:
-            e["runner_up"], e["runner_up_ms"] = runner[0], last["orders"][runner[0]][runner[1]]
-        else:
-            e.pop("runner_up", None)
-            e.pop("runner_up_ms", None)
-        keep_unswapped(e, before)
-        changes.append((key, old, best, [r[old] for _, r in timed], [r[best] for _, r in timed]))
+        # The shape's result as a sweep writes it, for table_document and merge_tables (which keep
+        # a transposed pick's untransposed fallback as --orders-from does).
+        result = {"m": e["m"], "n": e["n"], "k": e["k"], "best": best[0], "best_order": best[1],
+                  "best_ms": last[best[0]][best[1]], "cublas_ms": timed[-1][0]["cublas_ms"],
+                  "runner_up": runner[0] if runner else None,
+                  "runner_up_ms": last[runner[0]][runner[1]] if runner else None,
+                  "candidates": {c: min(times.values()) for c, times in last.items()}}
+        changes.append((key, old, best, [r[old] for _, r in timed], [r[best] for _, r in timed], result))
     return changes, kept
 
 
@@ -1390,31 +1384,38 @@ def table_set(table: dict) -> str:
     return next((name for name, spec in SETS.items() if spec.expr == table.get("epilogue")), "plain")
 
 
+def check_gpu_class(path: str, data: dict, table: dict) -> None:
+    """Exits unless the results file `path` was measured on the GPU class of `table`."""
+    if gpu_slug(data["gpu"]) != table["gpu_class"]:
+        sys.exit(f"{path} was measured on {data['gpu']}, the table is for {table['gpu_class']}")
+
+
 def orders_agree(paths: list[str], table_base: str, table_out: str) -> int:
     """--orders-agree: the base table with the entries every given orders sweep agrees to change."""
     with open(table_base) as f:
         table = json.load(f)
     sweeps = read_sweeps(paths)
+    table_sweep_set = table_set(table)
     for path, data in zip(paths, sweeps):
-        if gpu_slug(data["gpu"]) != table["gpu_class"]:
-            sys.exit(f"{path} was measured on {data['gpu']}, the table is for {table['gpu_class']}")
-        if data.get("set", "plain") != table_set(table):
-            sys.exit(f"{path} timed the {data.get('set', 'plain')} set, the table is for the {table_set(table)} set")
+        check_gpu_class(path, data, table)
+        if data.get("set", "plain") != table_sweep_set:
+            sys.exit(f"{path} timed the {data.get('set', 'plain')} set, the table is for the {table_sweep_set} set")
         if not any(s.get("orders") for s in data["shapes"]):
             sys.exit(f"{path} has no visiting-order timings (a sweep with --orders-from or --orders-top writes them)")
     from evtc import _evtc
 
     changes, kept = agreed_orders(table, sweeps, _evtc.VISIT_ORDER_MARGIN)  # the margin a kept order must beat
-    for key, old, new, old_r, new_r in changes:
+    for key, old, new, old_r, new_r, _ in changes:
         print(f"{key[0]}x{key[1]}x{key[2]}: {old[0]} ({old[1]}) -> {new[0]} ({new[1]}); ratios to torch.mm "
               + ", ".join(f"{a:.3f} -> {b:.3f}" for a, b in zip(old_r, new_r)))
     for key, why in kept:
         print(f"{key[0]}x{key[1]}x{key[2]}: kept: {why}")
-    table["measured"] = f"{table.get('measured', '')}; {len(changes)} entries changed where the orders sweeps of " + \
-        ", ".join(data["date"] for data in sweeps) + " agree"
-    table["command"] = table.get("command", "") + " && " + command_line()
-    write_table(table_out, table)
-    print(f"wrote {table_out}: {len(changes)} of {len(table['entries'])} entries changed, "
+    doc = table_document([change[-1] for change in changes], table["gpu"], command_line(),
+                         ", ".join(data["date"] for data in sweeps) + " agree", table.get("sm_count"),
+                         SETS[table_sweep_set])
+    merge_tables(doc, table, f"{len(changes)} entries changed where the orders sweeps of")
+    write_table(table_out, doc)
+    print(f"wrote {table_out}: {len(changes)} of {len(doc['entries'])} entries changed, "
           f"where all {len(paths)} sweeps agree")
     return 0
 
@@ -1429,8 +1430,7 @@ def table_times_from(paths: list[str], table_base: str, table_out: str) -> int:
             data = json.load(f)
         if data.get("mode") == "sweep" or "rows" not in data:
             sys.exit(f"{path} is not a compare results file")
-        if gpu_slug(data["gpu"]) != table["gpu_class"]:
-            sys.exit(f"{path} was measured on {data['gpu']}, the table is for {table['gpu_class']}")
+        check_gpu_class(path, data, table)
         runs.append(data)
     changed = retime_entries(table, runs)
     table["measured"] = f"{table.get('measured', '')}; times of {changed} entries from compare runs " + \
