@@ -488,7 +488,7 @@ def compile_kwargs(cudagraphs: bool, options, evtc_backend: bool) -> dict:
     return {"options": {**mode_options, **options}}
 
 
-def kernel_profile(step, iters: int = 5, top: int = 10) -> dict:
+def kernel_profile(step, iters: int = 5, top: int = 30) -> dict:
     """What the GPU does per call, from torch.profiler's kernel events over back-to-back calls:
     the span from the first kernel's start to the last one's end, the kernels' busy time, and
     the largest kernels by name (us per call). span - busy is time the GPU waited for the host."""

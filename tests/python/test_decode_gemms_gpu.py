@@ -4,7 +4,8 @@ GEMMs with nothing to fuse, under torch.compile with evtc's default options: whe
 measured evtc's kernel faster than cuBLAS's, the pass runs the GEMM in evtc's kernel; its result
 matches float64, at the table's shape and at one between its M values. ``evtc.bare_gemms=False``
 leaves it to cuBLAS. Epilogues with [m,n] operands and several outputs at decode-sized M take the
-table's (transposed) tile and match float64 at sizes that are not tile multiples."""
+table's (transposed) tile and match float64 at sizes that are not tile multiples, with B column-major
+and, as GPT-2's Conv1D weights are, row-major."""
 from __future__ import annotations
 
 import pytest
@@ -139,3 +140,47 @@ def test_a_decode_sized_epilogue_with_an_mn_operand_takes_the_table_tile_and_mat
         assert not got.isnan().any(), f"{key}: unwritten elements at {kernel.config_for(m, n, k)}"
         scale = value.abs().max().item()
         torch.testing.assert_close(got.double(), value, rtol=1e-2, atol=1e-2 * scale)
+
+
+# B row-major (K×N: GPT-2's Conv1D weights) at decode sizes: the table's entries, measured with B
+# column-major, serve it too (up to 128 rows); transposed tiles then read Bᵀ as an M-major A. At
+# the table's own shapes and between them (M and N not tile multiples), with a bias and GELU, and
+# with a residual (whose epilogue may not fit a borrowed entry's tile: then the rules pick one).
+ROW_MAJOR_B = {"bias gelu": "out D: bf16 = gelu(acc + bias[n])",
+               "residual": "out D: bf16 = acc + r[m,n]"}
+
+
+ROW_MAJOR_B_SHAPES = [(64, 4800, 1600), (16, 6400, 1600), (13, 1608, 1600), (40, 4104, 4096), (100, 4800, 1600),
+                      (200, 1600, 6400)]
+
+
+@pytest.fixture(scope="module")
+def row_major_b_kernels():
+    """The kernels of every case, compiled in parallel before the first runs."""
+    kernels = {name: evtc.compile(expr, b_layout="row") for name, expr in ROW_MAJOR_B.items()}
+    for future in [kernel.compile_async(*shape) for kernel in kernels.values() for shape in ROW_MAJOR_B_SHAPES]:
+        future.result()
+    return kernels
+
+
+@pytest.mark.parametrize("m, n, k", ROW_MAJOR_B_SHAPES)
+@pytest.mark.parametrize("name", list(ROW_MAJOR_B))
+def test_b_row_major_at_decode_sizes_takes_the_table_tile_and_matches_float64(row_major_b_kernels, name, m, n, k):
+    kernel = row_major_b_kernels[name]
+    if name == "bias gelu" and m <= 128:
+        assert kernel.config_source(m, n, k).startswith("table "), kernel.config_source(m, n, k)
+    gen = torch.Generator("cuda").manual_seed(m * 131 + n + 7)
+    a = torch.randn(m, k, device="cuda", generator=gen).bfloat16()
+    w = (torch.randn(k, n, device="cuda", generator=gen) * k ** -0.5).bfloat16()  # K×N, row-major
+    bias = torch.randn(n, device="cuda", generator=gen).bfloat16()
+    r = torch.randn(m, n, device="cuda", generator=gen).bfloat16()
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    operands = {"bias": bias} if name == "bias gelu" else {"r": r}
+    kernel(a, w, out={"D": out}, **operands)
+    torch.cuda.synchronize()
+    assert kernel.last_path == "fused", (kernel.last_path, kernel.config_for(m, n, k))
+    acc = a.double() @ w.double()
+    want = torch.nn.functional.gelu(acc + bias.double()) if name == "bias gelu" else acc + r.double()
+    assert not out.isnan().any(), f"unwritten elements at {kernel.config_for(m, n, k)}"
+    scale = want.abs().max().item()
+    torch.testing.assert_close(out.double(), want, rtol=1e-2, atol=1e-2 * scale)

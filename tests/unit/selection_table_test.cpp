@@ -340,12 +340,18 @@ TEST(SelectionTable, DecodeSizedEntriesTakeHeavierEpiloguesWithoutReductionsOnSm
     EXPECT_FALSE(few_accumulators(*KernelConfig::parse(big))) << big;
 }
 
-TEST(SelectionTable, BRowMajorTakesTheEntriesFrom1024RowsOn) {
+TEST(SelectionTable, BRowMajorTakesTheEntriesUpTo128RowsAndFrom1024On) {
   GemmDesc g = gemm(kOtherLayoutRows, 1600, 6400);
   g.b_layout = Layout::row_major;  // GPT-2's Conv1D weight, or W in dY·W
   EXPECT_TRUE(other_layout_entries(g));
   g.m = kOtherLayoutRows - 1;
   EXPECT_FALSE(other_layout_entries(g));
+  g.m = kOtherLayoutSmallRows + 1;
+  EXPECT_FALSE(other_layout_entries(g));
+  for (int64_t m : {int64_t(1), int64_t(64), kOtherLayoutSmallRows}) {  // GPT-2 decoding m sequences
+    g.m = m;
+    EXPECT_TRUE(other_layout_entries(g)) << m;
+  }
   g.m = 8192;
   g.a_layout = Layout::col_major;  // a weight gradient: keeps the rules
   EXPECT_FALSE(other_layout_entries(g));
@@ -386,12 +392,20 @@ TEST(SelectionTable, OnAnH200ResidualsAndBRowMajorTakeTheirEntries) {
   ASSERT_TRUE(c.has_value());
   EXPECT_EQ(c->table, "h200-bf16.json");
   EXPECT_EQ(c->config.name(), entry_of(plain_table, 8192, 4096, 4096));
-  // B row-major: the same entries from 1024 rows on, the rules below; A column-major the rules.
+  // B row-major: the same entries up to 128 rows and from 1024 on, the rules between; A
+  // column-major the rules.
   GemmDesc rr = gemm(8192, 4096, 4096);
   rr.b_layout = Layout::row_major;
   c = table_choice_on(plain, rr, h200);
   ASSERT_TRUE(c.has_value());
   EXPECT_EQ(c->config.name(), entry_of(plain_table, 8192, 4096, 4096));
+  for (int64_t m : {16, 64, 128}) {
+    rr.m = m;
+    c = table_choice_on(plain, rr, h200);
+    ASSERT_TRUE(c.has_value()) << m;
+    EXPECT_TRUE(c->exact) << m;
+    EXPECT_EQ(c->config.name(), entry_of(plain_table, m, 4096, 4096)) << m;
+  }
   rr.m = 256;
   EXPECT_FALSE(table_choice_on(plain, rr, h200).has_value());
   GemmDesc cr = gemm(8192, 4096, 4096);

@@ -72,7 +72,8 @@ bool moves_matrices_besides_d(const Graph& g) {
 bool few_accumulators(const KernelConfig& c) { return accumulators_per_thread(c) <= kFewAccumulators; }
 
 bool other_layout_entries(const GemmDesc& gemm) {
-  return !is_fp8(gemm.a_dtype) && gemm.a_layout == Layout::row_major && gemm.m >= kOtherLayoutRows;
+  return !is_fp8(gemm.a_dtype) && gemm.a_layout == Layout::row_major &&
+         (gemm.m <= kOtherLayoutSmallRows || gemm.m >= kOtherLayoutRows);
 }
 
 bool operand_epilogue(const Graph& g) {
@@ -177,7 +178,8 @@ std::optional<TableChoice> table_choice_on(const Graph& g, const GemmDesc& gemm,
   if (fp8 && (gemm.fp8_fast_accum || gemm.fp8_blockwise)) return std::nullopt;
   // The tables are measured with nn.Linear's operands: A row-major, B column-major (W of N×K).
   // 16-bit GEMMs of B row-major (GPT-2's Conv1D weights, a backward pass's data gradients) take
-  // their entries from kOtherLayoutRows rows on (other_layout_entries).
+  // their entries up to kOtherLayoutSmallRows rows and from kOtherLayoutRows on
+  // (other_layout_entries).
   if ((gemm.a_layout != Layout::row_major || gemm.b_layout != Layout::col_major) &&
       !other_layout_entries(gemm))
     return std::nullopt;

@@ -36,14 +36,21 @@ constexpr int64_t kDecodeRows = 64;
 constexpr int64_t kFewAccumulators = 64;
 bool few_accumulators(const KernelConfig& c);
 // 16-bit GEMMs of A row-major and B row-major (K×N: GPT-2's Conv1D weights, dY·W in a backward
-// pass) take the tables' entries (measured with B column-major) from this many rows on. Timed
-// on the H200 with B row-major (bench/gemm_shapes.py --layout rr; bench/results/20261130-0333-
-// h200-gemm-sweep-layout-rr.json) the entries' configurations took 0.978x torch.mm (geo-mean of
-// 7 shapes from 4096 rows on; 0.84-0.99x at GPT-2 XL's), within 1.5 % of the fastest of ten
-// configurations at five and 2.2-2.7 % behind it at two. With A column-major (a weight gradient,
-// dY^T·X: M and N the layer's sizes, K the tokens) the entries borrowed by shapes the grid does
-// not have took 1.07-1.17x against 0.99-1.10x for the fastest (-0334-h200-gemm-sweep-layout-cr
-// .json): such GEMMs keep the rules.
+// pass) take the tables' entries, measured with B column-major, up to kOtherLayoutSmallRows rows
+// and from kOtherLayoutRows on; between them, the rules. Timed on the H200 with B row-major
+// against torch.mm of the same operands (bench/gemm_shapes.py --layout rr):
+//   - from 4096 rows on (bench/results/20261130-0333-h200-gemm-sweep-layout-rr.json) the
+//     entries' configurations took 0.978x (geo-mean of 7 shapes; 0.84-0.99x at GPT-2 XL's),
+//     within 1.5 % of the fastest of ten configurations at five and 2.2-2.7 % behind at two;
+//   - at 16-256 rows, 40 shapes of 8 (N, K) (GPT-2 XL's four, LLaMA's, BERT's), two runs
+//     (20261201-0113-h200-gemm-shapes-rr-rules.json, -0121-...-rr-entries.json): the entries
+//     took 0.987, 0.978, 0.985 and 1.037x at M = 16, 32, 64 and 128 where the rules took 1.416,
+//     1.323, 1.092 and 1.154x, but 1.128x at M = 256 against the rules' 1.093x (1.682x against
+//     1.317x at 256x1600x6400, which borrows the 64x32 tile of its nearest entry, 256x1024x4096).
+// With A column-major (a weight gradient, dY^T·X: M and N the layer's sizes, K the tokens) the
+// entries borrowed by shapes the grid does not have took 1.07-1.17x against 0.99-1.10x for the
+// fastest (-0334-h200-gemm-sweep-layout-cr.json): such GEMMs keep the rules.
+constexpr int64_t kOtherLayoutSmallRows = 128;
 constexpr int64_t kOtherLayoutRows = 1024;
 bool other_layout_entries(const GemmDesc& gemm);
 // One 16-bit [m,n] output and one 16-bit [m,n] operand (an aux or C: a residual), the
