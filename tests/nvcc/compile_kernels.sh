@@ -55,8 +55,9 @@ cases=(
   "swap_ab_decode|--layout-b c --config pingpong_64x16x128_c1x1_persistent_swap|input q[n]: i64; h = acc * s[m] + bias[n]; out D: bf16 = silu(h) + C * (m != q[n]) + n; out P: f32 = h + r[m,n]; out rs = row_sum(h); out cm = col_max(h); out ls = row_logsumexp(h)"
   # K in parts (stream-K's scheduler is the split-K case's above): a transposed batch of fp32
   # partial products and the plain epilogue after it, with the index leaves, an i64 vector, C, an
-  # [m,n] operand and an extra f32 output.
-  "k_parts_swap_decode|--layout-b c --config pingpong_64x16x128_c1x1_persistent_kparts4_swap|input q[n]: i64; h = acc * s[m] + bias[n]; out D: bf16 = silu(h) + C * (m != q[n]) + n; out P: f32 = h + r[m,n]"
+  # [m,n] operand and an extra f32 output; B row-major (GPT-2's Conv1D weight at decode sizes),
+  # which the transposed kernel reads as an M-major A.
+  "k_parts_swap_decode|--layout-b r --config pingpong_64x16x128_c1x1_persistent_kparts4_swap|input q[n]: i64; h = acc * s[m] + bias[n]; out D: bf16 = silu(h) + C * (m != q[n]) + n; out P: f32 = h + r[m,n]"
   "w3_fp8|--dtype f8e4m3 --layout-b c|input sa[m]: f32; input sb[n]: f32; out D: bf16 = acc * sa[m] * sb[n]"
   "w3_fp8_blockwise|--dtype f8e4m3 --layout-b c --fp8-blockwise --fallback|input bias[n]: bf16; out D: bf16 = gelu(acc + bias[n])"
   # The sm_80 backend (CUTLASS 2.x, docs/backend.md "Target architecture"): W1 and W2 in one,
@@ -144,12 +145,12 @@ library_check() {
   local expr="input q[n]: i64; h = acc * s[m] + bias[n]; out D: bf16 = silu(h) + C * (m != q[n]) + n; out P: f32 = h + r[m,n]"
   local config="pingpong_64x16x128_c1x1_persistent_kparts4_swap"
   local lib="$work/library" out rc
-  out="$("$cli" aot build -o "$lib" --expr "$expr" --config "$config" --layout-b c 2>&1)" || { echo "aot build failed: $out"; return 1; }
+  out="$("$cli" aot build -o "$lib" --expr "$expr" --config "$config" --layout-b r 2>&1)" || { echo "aot build failed: $out"; return 1; }
   echo "$out" | grep -Eq "2 kernels in $lib \(2 added, [01] compiled by nvcc" || { echo "aot build: unexpected report: $out"; return 1; }
   out="$("$cli" aot show "$lib" 2>&1)" || { echo "aot show failed: $out"; return 1; }
   echo "$out" | grep -q "usable here: yes" || { echo "aot show: $out"; return 1; }
   out="$(EVTC_CACHE_DIR="$work/no-cache" CUDACXX=/nonexistent EVTC_KERNEL_LIBRARY="$lib" \
-         "$cli" compile "$expr" --config "$config" --layout-b c --fallback 2>&1)" || { echo "no-nvcc compile failed: $out"; return 1; }
+         "$cli" compile "$expr" --config "$config" --layout-b r --fallback 2>&1)" || { echo "no-nvcc compile failed: $out"; return 1; }
   [ "$(echo "$out" | grep -c "$lib/kernels/")" = 2 ] || { echo "no-nvcc compile did not use the library: $out"; return 1; }
   [ ! -e "$work/no-cache/kernels" ] || { echo "no-nvcc compile made cache entries"; return 1; }
   cp -r "$lib" "$work/damaged"
@@ -157,7 +158,7 @@ library_check() {
   fused="$(echo "$out" | sed -n 's|^fused kernel: .*/kernels/\([0-9a-f]*\.so\).*|\1|p')"
   printf 'ZZZZ' | dd of="$work/damaged/kernels/$fused" bs=1 seek=100 count=4 conv=notrunc 2>/dev/null
   out="$(env -u EVTC_LOG EVTC_CACHE_DIR="$work/no-cache" CUDACXX=/nonexistent EVTC_KERNEL_LIBRARY="$work/damaged" \
-         "$cli" compile "$expr" --config "$config" --layout-b c 2>&1)"
+         "$cli" compile "$expr" --config "$config" --layout-b r 2>&1)"
   rc=$?
   if [ "$rc" = 0 ] || ! echo "$out" | grep -q "does not match its manifest entry"; then
     echo "a damaged library kernel was not refused (exit $rc): $out"
