@@ -513,6 +513,23 @@ def kernel_profile(step, iters: int = 5, top: int = 30) -> dict:
             "top": [[name, round(t, 1)] for name, t in largest]}
 
 
+# A profiled step whose kernels keep the GPU busy for less of its span than this waits on the host.
+HOST_BOUND_BUSY = 0.8
+
+
+def host_bound_note(profiles: dict) -> str:
+    """A note where every profiled variant's step is bound by the host: its kernels' busy time is
+    under HOST_BOUND_BUSY of the span from the first kernel's start to the last one's end. Such a
+    row's times measure the host's work per step (Python, guards, launches), which a fused
+    kernel does not shorten; the GPU's own time per variant is `busy_us`."""
+    shares = {v: p["busy_us"] / p["span_us"] for v, p in profiles.items() if p and p.get("span_us")}
+    if not shares or any(share >= HOST_BOUND_BUSY for share in shares.values()):
+        return ""
+    return "host-bound: the GPU was busy " + ", ".join(
+        f"{profiles[v]['busy_us']:.0f} of {profiles[v]['span_us']:.0f} us per call under {v} ({share:.0%})"
+        for v, share in shares.items())
+
+
 DECLARATION = re.compile(r"^input (\w+)(?:\[[mn,\s]*\])?\s*:\s*(\w+)", re.M)
 SPEC_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 
@@ -649,6 +666,9 @@ def run_row(row: dict, base: nn.Module, args) -> None:
 
     if args.profile:
         row["profile"] = {v: kernel_profile(steps[v]) for v in ("compile", "evtc")}
+        if note := host_bound_note(row["profile"]):
+            notes.append(note)
+            print(f"  {note}", flush=True)
     if args.kernels:
         row["kernels"] = fused_op_times(evtc_reports)
         for kt in row["kernels"]:

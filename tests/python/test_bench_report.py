@@ -552,6 +552,18 @@ def test_models_batches_reach_the_row_notes(monkeypatch):
     assert "batch 8 x 1024" in notes and "batch 8 x 1024 (memory)" not in notes
 
 
+def test_models_notes_a_host_bound_step_from_its_profile():
+    models = load_train_steps().models
+    # The gpt2 training row on an H200 (bench/results/20261201-0141-h200-models-train-gpt2-profile.json).
+    gpt2 = {"compile": {"span_us": 4463.8, "busy_us": 1663.0}, "evtc": {"span_us": 4021.9, "busy_us": 1598.2}}
+    assert models.host_bound_note(gpt2) == ("host-bound: the GPU was busy 1663 of 4464 us per call under compile "
+                                            "(37%), 1598 of 4022 us per call under evtc (40%)")
+    # A step whose GPU is busy for most of its span, under either variant, is not noted.
+    busy = {"compile": {"span_us": 1000.0, "busy_us": 950.0}, "evtc": {"span_us": 1000.0, "busy_us": 700.0}}
+    assert models.host_bound_note(busy) == ""
+    assert models.host_bound_note({"compile": {}, "evtc": {}}) == ""  # no kernel events recorded
+
+
 @pytest.mark.parametrize("script, argv, message", [
     ("train_steps", ["--steps", "0"], "--steps must be 1 or more"),
     ("train_steps", ["--lr", "0"], "--lr must be positive"),
