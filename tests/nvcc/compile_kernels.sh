@@ -138,27 +138,35 @@ for c in "${cases[@]}"; do
 done
 echo "${#cases[@]} kernels, $jobs at a time: $((SECONDS - start)) s"
 
-# A kernel library (evtc aot build) made from one of the kernels above (found in the cache, so
-# only its plain epilogue compiles), then used with no nvcc: both kernels come from the
-# library, no cache entry is made; a damaged kernel file is refused.
+# A kernel library (evtc aot build) made from one of the kernels above, with that case's
+# expression and options (found in the cache, so only its plain epilogue compiles), then used
+# with no nvcc: both kernels come from the library, no cache entry is made; a damaged kernel
+# file is refused.
 library_check() {
-  local expr="input q[n]: i64; h = acc * s[m] + bias[n]; out D: bf16 = silu(h) + C * (m != q[n]) + n; out P: f32 = h + r[m,n]"
-  local config="pingpong_64x16x128_c1x1_persistent_kparts4_swap"
+  local case_name="$1" name options expr c
+  for c in "${cases[@]}"; do
+    IFS='|' read -r name options expr <<<"$c"
+    [ "$name" = "$case_name" ] && break
+  done
+  [ "$name" = "$case_name" ] || { echo "library check: no case named $case_name"; return 1; }
   local lib="$work/library" out rc
-  out="$("$cli" aot build -o "$lib" --expr "$expr" --config "$config" --layout-b r 2>&1)" || { echo "aot build failed: $out"; return 1; }
+  # shellcheck disable=SC2086  # options is a list of words
+  out="$("$cli" aot build -o "$lib" --expr "$expr" $options 2>&1)" || { echo "aot build failed: $out"; return 1; }
   echo "$out" | grep -Eq "2 kernels in $lib \(2 added, [01] compiled by nvcc" || { echo "aot build: unexpected report: $out"; return 1; }
   out="$("$cli" aot show "$lib" 2>&1)" || { echo "aot show failed: $out"; return 1; }
   echo "$out" | grep -q "usable here: yes" || { echo "aot show: $out"; return 1; }
+  # shellcheck disable=SC2086
   out="$(EVTC_CACHE_DIR="$work/no-cache" CUDACXX=/nonexistent EVTC_KERNEL_LIBRARY="$lib" \
-         "$cli" compile "$expr" --config "$config" --layout-b r --fallback 2>&1)" || { echo "no-nvcc compile failed: $out"; return 1; }
+         "$cli" compile "$expr" $options --fallback 2>&1)" || { echo "no-nvcc compile failed: $out"; return 1; }
   [ "$(echo "$out" | grep -c "$lib/kernels/")" = 2 ] || { echo "no-nvcc compile did not use the library: $out"; return 1; }
   [ ! -e "$work/no-cache/kernels" ] || { echo "no-nvcc compile made cache entries"; return 1; }
   cp -r "$lib" "$work/damaged"
   local fused
   fused="$(echo "$out" | sed -n 's|^fused kernel: .*/kernels/\([0-9a-f]*\.so\).*|\1|p')"
   printf 'ZZZZ' | dd of="$work/damaged/kernels/$fused" bs=1 seek=100 count=4 conv=notrunc 2>/dev/null
+  # shellcheck disable=SC2086
   out="$(env -u EVTC_LOG EVTC_CACHE_DIR="$work/no-cache" CUDACXX=/nonexistent EVTC_KERNEL_LIBRARY="$work/damaged" \
-         "$cli" compile "$expr" --config "$config" --layout-b r 2>&1)"
+         "$cli" compile "$expr" $options 2>&1)"
   rc=$?
   if [ "$rc" = 0 ] || ! echo "$out" | grep -q "does not match its manifest entry"; then
     echo "a damaged library kernel was not refused (exit $rc): $out"
@@ -167,7 +175,7 @@ library_check() {
   echo "kernel library: built from the cache, used with no nvcc, damage refused"
 }
 if [ "$(cat "$work/k_parts_swap_decode.rc" 2>/dev/null)" = 0 ]; then
-  library_check || failed=1
+  library_check k_parts_swap_decode || failed=1
 fi
 
 if [ "$failed" != 0 ]; then
