@@ -19,7 +19,10 @@ computing the same step. Per variant, its largest deviation from plain compile's
 steps; evtc passes where its deviation is at most the larger of eager's and the control's
 (the control's is zero where Inductor's kernels are deterministic, so eager's, the same model
 with other kernel boundaries and roundings, is then the spread). It also records the GEMMs evtc
-fused, as bench/models.py does.
+fused, as bench/models.py does, and the first batch's loss computed in float64 (bench/models.py's
+reference copy, before any update) with each variant's first loss minus it (`first_step_error`):
+where evtc and plain compile disagree, which of them is off. --evtc-options passes options to the
+evtc backend as bench/models.py does (e.g. '{"evtc.precise_math": true}').
 
 Writes <out>/<stamp>-<gpu>-train-steps.json after every model, then a PNG of each model's
 loss curves with evtc's and eager's deviation from plain compile, and prints a Markdown table.
@@ -52,6 +55,9 @@ def parse_args(argv=None):
     p.add_argument("--modes", type=lambda s: models.parse_list(s, models.MODES), default=["default"],
                    help="default and/or cudagraphs (torch.compile mode reduce-overhead)")
     p.add_argument("--lr", type=float, default=1e-4, help="AdamW's learning rate (default 1e-4)")
+    p.add_argument("--evtc-options", type=json.loads, default=None,
+                   help='JSON dict of evtc/Inductor options for the evtc backend, as bench/models.py takes them, '
+                        'e.g. {"evtc.precise_math": true} (its non-evtc. keys go to the plain compiles too)')
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     p.add_argument("--table", metavar="FILE.json", help="print the Markdown table of a results file and exit")
     args = p.parse_args(argv)
@@ -80,9 +86,21 @@ def judge(losses: dict[str, list[float]]) -> dict:
     return {"max_deviation": dev, "spread": spread, "within_spread": dev["evtc"] <= spread}
 
 
+def first_step_errors(losses: dict[str, list[float]], loss_f64: float) -> dict[str, float]:
+    """Each variant's first loss (before any update: the same weights and batch for all) minus
+    the float64 model's: which of two variants that disagree is off, and by how much."""
+    return {v: losses[v][0] - loss_f64 for v in losses if losses[v]}
+
+
 def train(name: str, mode: str, args) -> dict:
     row = {"model": name, "mode": mode, "steps": args.steps, "lr": args.lr}
     base = models.build(name)  # eval mode, as bench/models.py's training rows: no dropout to tell apart
+    try:  # the first batch's loss in float64 (bench/models.py's reference copy), before any update
+        first = models.make_inputs(name, "train", base, seed=models.SEED + 1)
+        ref_out, _ = models.reference(base, first, "train")
+        row["first_loss_f64"] = float(models.loss_of(ref_out))
+    except Exception as e:  # the run stands without it
+        row["first_loss_f64_error"] = f"{type(e).__name__}: {str(e)[:300]}"
     copies = {v: copy.deepcopy(base) for v in VARIANTS}
     del base
     merged = models.merge_projections(copies["evtc"], name, "train")
@@ -90,9 +108,9 @@ def train(name: str, mode: str, args) -> dict:
     cudagraphs = mode == "cudagraphs"
     runs = {"eager": copies["eager"]}
     for v in ("compile", "control"):
-        runs[v] = torch.compile(copies[v], dynamic=False, **models.compile_kwargs(cudagraphs, None, False))
+        runs[v] = torch.compile(copies[v], dynamic=False, **models.compile_kwargs(cudagraphs, args.evtc_options, False))
     runs["evtc"] = torch.compile(copies["evtc"], backend="evtc", dynamic=False,
-                                 **models.compile_kwargs(cudagraphs, None, True))
+                                 **models.compile_kwargs(cudagraphs, args.evtc_options, True))
     optimizers = {v: torch.optim.AdamW(copies[v].parameters(), lr=args.lr, weight_decay=0.01) for v in VARIANTS}
     losses: dict[str, list[float]] = {v: [] for v in VARIANTS}
     before = len(evtc.torch.reports)
@@ -112,6 +130,10 @@ def train(name: str, mode: str, args) -> dict:
     row.update(models.fusion_counts(evtc.torch.reports[before:]))
     row["losses"] = losses
     row.update(judge(losses))
+    if "first_loss_f64" in row:
+        row["first_step_error"] = first_step_errors(losses, row["first_loss_f64"])
+        print(f"{name} {mode}: first loss minus float64's " +
+              ", ".join(f"{v} {e:+.3g}" for v, e in row["first_step_error"].items()), flush=True)
     del runs, copies, optimizers
     models.release_memory()
     return row
@@ -121,15 +143,19 @@ def markdown_table(data: dict) -> str:
     lines = [f"{data['gpu']}, torch {data['torch']}, {data['date']}: {data['steps']} AdamW steps "
              f"(lr {data['lr']}), the same batches for every variant; deviations are the largest "
              "|loss - plain compile's loss| over the steps.", "",
-             "| model | mode | first loss | last loss (compile) | evtc | eager | control | within spread | fused / GEMMs |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| model | mode | first loss | last loss (compile) | evtc | eager | control | within spread | fused / GEMMs "
+             "| first loss − float64's (compile / evtc) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in data["rows"]:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['mode']} | error: {r['error'][:120]} | | | | | | |")
+            lines.append(f"| {r['model']} | {r['mode']} | error: {r['error'][:120]} | | | | | | | |")
             continue
         d, c = r["max_deviation"], r["losses"]["compile"]
+        first = r.get("first_step_error")
+        first = f"{first['compile']:+.3g} / {first['evtc']:+.3g}" if first else "–"
         lines.append(f"| {r['model']} | {r['mode']} | {c[0]:.6g} | {c[-1]:.6g} | {d['evtc']:.3g} | {d['eager']:.3g} | "
-                     f"{d['control']:.3g} | {'yes' if r['within_spread'] else '**no**'} | {r['fused']} / {r['gemms']} |")
+                     f"{d['control']:.3g} | {'yes' if r['within_spread'] else '**no**'} | {r['fused']} / {r['gemms']} "
+                     f"| {first} |")
     return "\n".join(lines)
 
 
@@ -176,7 +202,7 @@ def main() -> None:
     base_path = result_base(args.out, gpu, "train-steps")
     data = {"gpu": gpu, "torch": torch.__version__, "transformers": models.transformers_version(),
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "steps": args.steps, "lr": args.lr,
-            "rows": []}
+            "evtc_options": args.evtc_options, "rows": []}
     for name in args.models:
         for mode in args.modes:
             try:

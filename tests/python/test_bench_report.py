@@ -523,7 +523,22 @@ def test_train_steps_judges_evtc_by_the_spread_of_the_two_plain_variants():
     assert t.judge({**losses, "evtc": [2.0, float("nan"), 1.25]})["max_deviation"]["evtc"] == float("inf")
     row = {"model": "llama_mlp", "mode": "default", "losses": losses, "fused": 2, "gemms": 8, **verdict}
     table = t.markdown_table({"gpu": "G", "torch": "2", "date": "d", "steps": 3, "lr": 1e-4, "rows": [row]})
-    assert "| llama_mlp | default | 2 | 1.25 | 0.005 | 0.01 | 0 | yes | 2 / 8 |" in table
+    assert "| llama_mlp | default | 2 | 1.25 | 0.005 | 0.01 | 0 | yes | 2 / 8 | – |" in table
+    # With the float64 loss of the first batch: each variant's first loss minus it.
+    errors = t.first_step_errors(losses, 1.9996)
+    assert errors["compile"] == pytest.approx(4e-4) and errors["eager"] == pytest.approx(4e-4)
+    row["first_step_error"] = errors
+    table = t.markdown_table({"gpu": "G", "torch": "2", "date": "d", "steps": 3, "lr": 1e-4, "rows": [row]})
+    assert "| 2 / 8 | +0.0004 / +0.0004 |" in table
+
+
+def test_train_steps_passes_evtc_options_to_the_evtc_backend():
+    t = load_train_steps()
+    args = t.parse_args(["--evtc-options", '{"evtc.precise_math": true}'])
+    assert args.evtc_options == {"evtc.precise_math": True}
+    kwargs = t.models.compile_kwargs(False, args.evtc_options, True)
+    assert kwargs == {"options": {"evtc.precise_math": True}}
+    assert t.models.compile_kwargs(False, args.evtc_options, False) == {"options": {}}
 
 
 @pytest.mark.parametrize("option, attribute", [("--decode-batch", "decode_batch"), ("--train-batch", "train_batch")])
