@@ -20,8 +20,10 @@ namespace evtc {
 //           results follow eager's rounding;
 //  fast:    compute in f32 throughout and round once at each store;
 //  compile: round as a compiler fusing the ops does (Inductor): the GEMM's own 16-bit result,
-//           which the library GEMM writes, stays rounded; other roundings to bf16 or f16 between
-//           ops are elided and those ops compute in f32; casts to other types (fp8) stay.
+//           which the library GEMM writes, stays rounded (the accumulator, or an affine function
+//           of it with broadcast operands only: addmm's bias, _scaled_mm's scales); other
+//           roundings to bf16 or f16 between ops are elided and those ops compute in f32; casts
+//           to other types (fp8) stay.
 enum class CastMode { eager, fast, compile };
 
 // The modes' names ("eager", "fast", "compile"), as options, the CLI and Python spell them.

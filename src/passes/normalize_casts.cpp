@@ -19,6 +19,20 @@ Node store_without_same_rounding(const Graph& built, Node store) {
   return store;
 }
 
+bool library_gemm_result(const Graph& g, NodeId id) {
+  const Node& n = g.node(id);
+  if (n.kind == NodeKind::accum) return true;
+  if (n.kind != NodeKind::compute || (n.op != Op::add && n.op != Op::mul)) return false;
+  int on_path = 0;
+  for (NodeId in : n.inputs) {
+    const Shape shape = g.node(in).shape;
+    if (shape == Shape::row || shape == Shape::col || shape == Shape::scalar) continue;  // broadcast
+    if (!library_gemm_result(g, in)) return false;
+    ++on_path;
+  }
+  return on_path == 1;
+}
+
 namespace {
 
 bool sixteen_bit_float(DType t) { return t == DType::bf16 || t == DType::f16; }
@@ -32,9 +46,10 @@ Graph normalize_casts(const Graph& g, const PipelineOptions& options) {
       case NodeKind::cast:
         if (mode == CastMode::fast) return n.inputs[0];
         // A compiler fusing the ops computes them in f32 and rounds only what it writes; the
-        // GEMM's own result is written by the library GEMM, rounded.
+        // GEMM's own result (with addmm's bias or _scaled_mm's scales) is written by the
+        // library GEMM, rounded.
         if (mode == CastMode::compile && sixteen_bit_float(n.dtype) &&
-            rw.built().node(n.inputs[0]).kind != NodeKind::accum)
+            !library_gemm_result(rw.built(), n.inputs[0]))
           return n.inputs[0];
         if (auto in = value_preserving_cast_operand(rw.built(), n)) return *in;
         break;

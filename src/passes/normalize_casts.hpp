@@ -25,4 +25,9 @@ Graph normalize_casts(const Graph& g, const PipelineOptions& options);
 //  - for a store: the store reading past a cast to the store's own dtype; else n unchanged.
 std::optional<NodeId> value_preserving_cast_operand(const Graph& built, const Node& cast);
 Node store_without_same_rounding(const Graph& built, Node store);
+// Whether node `id` of `g` is what a library GEMM computes and writes itself: the accumulator,
+// scaled and offset by broadcast operands only (addmm's alpha·acc + beta·bias, _scaled_mm's
+// acc·sa[m]·sb[n] + bias[n]), with no [m,n] operand and no other op on the way. compile mode
+// keeps its rounding to 16 bits: the library rounds it before any op a compiler fuses reads it.
+bool library_gemm_result(const Graph& g, NodeId id);
 }  // namespace evtc::passes

@@ -839,3 +839,28 @@ def test_models_flag_a_fused_op_far_from_the_cost_models_ratio():
     assert models.model_gap_note(0.941, 1.075) == ""  # within the gap
     assert models.model_gap_note(1.913, 1.050) == " << 1.82x the model's ratio: look at its configuration"
     assert models.model_gap_note(0.70, 1.0).startswith(" << 0.70x")
+
+
+def test_rounding_study_rounds_only_the_stages_it_names():
+    pytest.importorskip("torch")
+    study = load_bench("rounding_study")
+    layer = study.Layer(tokens=1024, seed=3, hidden=64, heads=4, ffn=256)
+    reference = layer.objective(())
+    # Every stage's rounding moves the objective by itself, and the rows are what they say.
+    alone = {s: layer.objective((s,)) - reference for s in study.STAGES}
+    assert all(offset != 0 for offset in alone.values()), alone
+    data = study.study(layer)
+    assert data["reference"] == reference
+    assert len(data["offsets"]) == 1 + 2 * len(study.STAGES)
+    assert data["offsets"]["only fc"] == alone["fc"]
+    every = layer.objective(study.STAGES) - reference
+    assert data["offsets"]["every stage"] == every
+    assert data["offsets"]["all but fc"] == layer.objective([s for s in study.STAGES if s != "fc"]) - reference
+    table = study.markdown_table({"tokens": 1024, "seed": 3, **data})
+    assert f"| all but fc | {data['offsets']['all but fc']:+.3e} |" in table
+
+
+@pytest.mark.parametrize("tokens", ["0", "1500"])
+def test_rounding_study_takes_whole_sequences(tokens, monkeypatch, capsys):
+    assert "--tokens must be a positive multiple of 1024" in bench_main_error(
+        "rounding_study", ["--tokens", tokens], monkeypatch, capsys)

@@ -3,6 +3,7 @@ dtypes and strides the pass reads. Skipped where torch is not installed."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -331,6 +332,19 @@ def test_fused_ops_round_as_inductor_by_default_and_as_eager_on_request():
     assert json.loads(eager.fused[0].spec)["options"]["cast_mode"] == "eager"
     with pytest.raises(Exception, match="cast_mode: unknown mode 'slow'"):
         evtc.compile("out D = acc", cast_mode="slow")
+
+
+def test_compile_mode_keeps_the_rounding_of_addmms_biased_result():
+    # cuBLAS adds addmm's bias in its own epilogue and writes the sum rounded to bf16, which is
+    # what Inductor's GELU kernel then reads: the fused op rounds it there too (docs/passes.md,
+    # "normalize_casts"), while the GELU's own ops compute in f32.
+    fn = lambda x, w, b: F.gelu(torch.addmm(b, x, w.t()), approximate="tanh")  # noqa: E731
+    _, report = fuse(fn, X, W, ((N,), BF16))
+    (fusion,) = report.fused
+    ir = evtc.torch._op.spec_kernel(fusion.spec)[0].ir
+    add = re.search(r"(%\d+) = add %\d+, %\d+ : f32\[m,n\]", ir)
+    assert add and f"= cast {add.group(1)} : bf16[m,n]" in ir, ir
+    assert ir.count("= cast ") == 1 and "tanh" in ir, ir
 
 
 def test_fused_ops_take_fast_math_by_default_and_precise_math_on_request():

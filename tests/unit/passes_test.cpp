@@ -467,6 +467,50 @@ TEST(PassNormalizeCasts, EachModeKeepsItsRoundings) {
   EXPECT_FALSE(cast_mode_named("slow").has_value());
 }
 
+// compile mode keeps the rounding of what a library GEMM writes itself: the accumulator, and
+// the accumulator with addmm's bias or _scaled_mm's scales (cuBLAS applies them in its epilogue
+// and writes the result rounded), before the ops a compiler fuses read it. An [m,n] operand or
+// any other op makes the value a fused kernel's, whose 16-bit rounding goes.
+TEST(PassNormalizeCasts, CompileKeepsTheLibraryGemmsRoundingOfItsBiasAndScales) {
+  auto compile_mode = [](const Graph& g) {
+    PipelineOptions o;
+    o.cast_mode = CastMode::compile;
+    return after("normalize_casts", g, o);
+  };
+  {  // addmm(bias, a, b), then tanh: the pre-activation is the library's, rounded
+    Graph g;
+    auto h = cast(g.accum() + g.row_vec("bias", DType::bf16), DType::bf16);
+    g.store("pre", h, DType::bf16);
+    g.store("D", cast(tanh(h), DType::bf16), DType::bf16);
+    EXPECT_EQ(compile_mode(g),
+              "%0 = accum : f32[m,n]\n%1 = row_vec bias : bf16[n]\n%2 = add %0, %1 : f32[m,n]\n"
+              "%3 = cast %2 : bf16[m,n]\n%4 = tanh %3 : f32[m,n]\n%5 = store D %4 : bf16[m,n]\n"
+              "%6 = store pre %2 : bf16[m,n]\n");
+  }
+  auto casts = [](const std::string& ir) {  // the IR's cast nodes, as "cast %operand"
+    std::vector<std::string> found;
+    for (size_t at = ir.find("= cast %"); at != std::string::npos; at = ir.find("= cast %", at + 1))
+      found.push_back(ir.substr(at + 2, ir.find(' ', at + 8) - at - 2));
+    return found;
+  };
+  {  // _scaled_mm's row-wise scales and bias, and addmm's alpha and beta: both roundings stay
+    Graph g;
+    auto scaled = g.accum() * g.col_vec("sa", DType::f32) * g.row_vec("sb", DType::f32) + g.row_vec("b", DType::bf16);
+    g.store("D", relu(cast(scaled, DType::bf16)), DType::bf16);
+    g.store("E", relu(cast(g.accum() * 2.0 + g.row_vec("c", DType::bf16) * 0.5, DType::bf16)), DType::bf16);
+    EXPECT_EQ(casts(compile_mode(g)).size(), 2u) << compile_mode(g);
+  }
+  {  // an [m,n] operand, another op, or a rounded value offset again: a fused kernel's values,
+     // whose rounding goes (only the accumulator's own rounding in F stays)
+    Graph g;
+    g.store("D", relu(cast(g.accum() * g.aux("u", DType::bf16), DType::bf16)), DType::bf16);
+    g.store("E", relu(cast(relu(g.accum()) + g.row_vec("b", DType::bf16), DType::bf16)), DType::bf16);
+    g.store("F", relu(cast(cast(g.accum(), DType::bf16) + g.row_vec("c", DType::bf16), DType::bf16)),
+            DType::bf16);
+    EXPECT_EQ(casts(compile_mode(g)), std::vector<std::string>{"cast %0"}) << compile_mode(g);
+  }
+}
+
 TEST(PassNormalizeCasts, CastBeforeAStoreOfAnotherTypeStays) {
   Graph g;
   g.store("D", cast(g.accum(), DType::bf16), DType::f8e4m3);  // rounds twice, as written

@@ -33,8 +33,9 @@ class Settings:
     (evtc.torch.EVTC_OPTIONS)."""
 
     # "compile": round as Inductor's kernels would, which the fused op replaces (the GEMM's own
-    # result, which cuBLAS writes, and the outputs; 16-bit roundings between ops elided, as
-    # Inductor elides them); "eager": round where eager rounds; "fast": round only at outputs.
+    # result, which cuBLAS writes, addmm's bias and _scaled_mm's scales included, and the outputs;
+    # 16-bit roundings between ops elided, as Inductor elides them); "eager": round where eager
+    # rounds; "fast": round only at outputs.
     cast_mode: str = "compile"
     # Full-precision transcendental math in fused epilogues (tanhf, expf, erff and IEEE
     # division, the kernel option precise_math), as Inductor's Triton kernels compute tanh and

@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""Where a bf16 forward's 16-bit roundings move GPT-2's training objective (CPU, float64).
+
+    python3 bench/rounding_study.py [--tokens 2048] [--seed 0] [--out bench/results]
+
+bench/models.py's GPT-2 layer (hidden 1600, 25 heads, FFN 6400, Conv1D weights with random
+biases) with bf16 weights and input, computed in float64 throughout except where a stage's
+result is rounded to bf16. Stages, in order: ln1 (LayerNorm), qkv (c_attn's addmm, bias
+included), att (SDPA), proj (c_proj's addmm), y (the residual sum), ln2, fc (c_fc's addmm: the
+GELU's pre-activation), gelu, mlp (mlp_proj's addmm), out (the second residual sum). The
+objective is bench/models.py's mean(out^2).
+
+Rows: nothing rounded (the reference), every stage rounded (what a bf16 step computes), each
+stage alone, and every stage but one. "Every stage but fc" is a fused kernel that computes the
+GELU from the unrounded pre-activation while plain torch.compile reads cuBLAS's rounded addmm
+result. That is the gap between evtc's and plain compile's losses that bench/train_steps.py
+measured on an H200 (1.6e-4 at GPT-2's first step) before the compile cast mode kept that
+rounding (docs/passes.md, "normalize_casts").
+
+Writes <out>/<stamp>-cpu-rounding-study.json and .png (each row's objective minus the
+reference's) and prints a Markdown table. No GPU is used. About two minutes on two cores with
+the default 2048 tokens.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import models  # noqa: E402  (bench/models.py: the GPT-2 layer)
+from result_files import pyplot, result_base, save_png  # noqa: E402
+
+STAGES = ("ln1", "qkv", "att", "proj", "y", "ln2", "fc", "gelu", "mlp", "out")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tokens", type=int, default=2048,
+                   help="tokens, in sequences of 1024 (default 2048; a multiple of 1024)")
+    p.add_argument("--seed", type=int, default=0, help="weights' and input's seed (default 0)")
+    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    args = p.parse_args(argv)
+    if args.tokens < 1024 or args.tokens % 1024:
+        p.error(f"--tokens must be a positive multiple of 1024, got {args.tokens}")
+    return args
+
+
+class Layer:
+    """GPT-2's layer as float64 tensors holding bf16 values; `objective(rounded)` rounds the
+    named stages' results to bf16."""
+
+    def __init__(self, tokens: int, seed: int, hidden: int = 1600, heads: int = 25, ffn: int = 6400):
+        torch.manual_seed(seed)
+        layer = models.GPT2Layer(hidden, heads, ffn)
+        self.p = {n: t.detach().to(torch.bfloat16).double() for n, t in layer.named_parameters()}
+        self.heads = heads
+        self.x = torch.randn(tokens // 1024, 1024, hidden).to(torch.bfloat16).double()
+
+    def objective(self, rounded) -> float:
+        p, x = self.p, self.x
+        b, s, h = x.shape
+
+        def r(t, stage):
+            return t.to(torch.bfloat16).double() if stage in rounded else t
+
+        a = r(F.layer_norm(x, (h,), p["ln_1.weight"], p["ln_1.bias"]), "ln1")
+        qkv = r(a.view(-1, h) @ p["c_attn.weight"] + p["c_attn.bias"], "qkv").view(b, s, -1)
+        q, k, v = (t.view(b, s, self.heads, -1).transpose(1, 2) for t in qkv.split(h, dim=-1))
+        att = r(F.scaled_dot_product_attention(q, k, v, is_causal=True), "att")
+        proj = r(att.transpose(1, 2).reshape(-1, h) @ p["c_proj.weight"] + p["c_proj.bias"], "proj")
+        y = r(x + proj.view(b, s, h), "y")
+        c = r(F.layer_norm(y, (h,), p["ln_2.weight"], p["ln_2.bias"]), "ln2")
+        f = r(c.view(-1, h) @ p["c_fc.weight"] + p["c_fc.bias"], "fc")
+        g = r(F.gelu(f, approximate="tanh"), "gelu")
+        m = r(g @ p["mlp_proj.weight"] + p["mlp_proj.bias"], "mlp")
+        out = r(y + m.view(b, s, h), "out")
+        return float(out.pow(2).mean())
+
+
+def study(layer: Layer, stages=STAGES) -> dict:
+    """The objective with nothing rounded, and each row's objective minus it."""
+    reference = layer.objective(())
+    rows = [("every stage", tuple(stages))]
+    rows += [(f"only {s}", (s,)) for s in stages]
+    rows += [(f"all but {s}", tuple(t for t in stages if t != s)) for s in stages]
+    offsets = {}
+    for label, rounded in rows:
+        offsets[label] = layer.objective(rounded) - reference
+        print(f"{label:14s} {offsets[label]:+.3e}", flush=True)
+    return {"reference": reference, "offsets": offsets}
+
+
+def markdown_table(data: dict) -> str:
+    lines = [f"GPT-2 layer, {data['tokens']} tokens, seed {data['seed']}: mean(out^2) in float64 = "
+             f"{data['reference']:.7f}; each row's objective minus it.", "",
+             "| rounded to bf16 | objective - float64's |", "|---|---|"]
+    lines += [f"| {label} | {offset:+.3e} |" for label, offset in data["offsets"].items()]
+    return "\n".join(lines)
+
+
+def plot(data: dict, base: str) -> None:
+    plt = pyplot()
+    if plt is None:
+        return
+    labels = list(data["offsets"])
+    fig, ax = plt.subplots(figsize=(10, 4))
+    ax.bar(range(len(labels)), [data["offsets"][k] for k in labels],
+           color=["tab:red" if k == "all but fc" else "tab:blue" for k in labels])
+    ax.set_xticks(range(len(labels)), labels, rotation=60, ha="right", fontsize=8)
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_ylabel("mean(out^2) - float64's")
+    ax.set_title(f"GPT-2 layer, {data['tokens']} tokens: where bf16 roundings move the objective", fontsize=10)
+    save_png(fig, base)
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    data = {"tokens": args.tokens, "seed": args.seed, "torch": torch.__version__}
+    data.update(study(Layer(args.tokens, args.seed)))
+    base = result_base(args.out, None, "rounding-study", slug="cpu")
+    with open(base + ".json", "w") as f:
+        json.dump(data, f, indent=2)
+    print(f"wrote {base}.json")
+    plot(data, base)
+    print(markdown_table(data))
+
+
+if __name__ == "__main__":
+    main()
