@@ -777,6 +777,14 @@ def parse_list(text: str, allowed: tuple) -> list[str]:
     return items
 
 
+def add_evtc_options_argument(p: argparse.ArgumentParser) -> None:
+    """--evtc-options, as every bench that compiles with backend="evtc" beside plain compile
+    takes it (compile_kwargs gives its non-evtc. keys to the plain compiles too)."""
+    p.add_argument("--evtc-options", type=json.loads, default=None,
+                   help='JSON dict of evtc/Inductor options for the evtc backend, e.g. {"evtc.profitability": false} '
+                        "(its non-evtc. keys go to the plain compiles too)")
+
+
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
@@ -789,8 +797,7 @@ def parse_args():
     p.add_argument("--rounds", type=int, default=None,
                    help="rounds the timed calls are split over, the variants' order rotating (default 5, --quick 3)")
     p.add_argument("--json-only", action="store_true", help="write the JSON only (no PNG, no table)")
-    p.add_argument("--evtc-options", type=json.loads, default=None,
-                   help='JSON dict of evtc/Inductor options for the evtc backend, e.g. {"evtc.profitability": false}')
+    add_evtc_options_argument(p)
     p.add_argument("--rows", default=None,
                    help="exact (phase:mode) pairs to run, e.g. prefill:default,decode:cudagraphs (overrides --phases/--modes)")
     p.add_argument("--precompile", action="store_true",

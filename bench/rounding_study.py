@@ -120,7 +120,6 @@ def plot(data: dict, base: str) -> None:
 
 def main() -> None:
     args = parse_args()
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
     data = {"tokens": args.tokens, "seed": args.seed, "torch": torch.__version__}
     data.update(study(Layer(args.tokens, args.seed)))
     base = result_base(args.out, None, "rounding-study", slug="cpu")

@@ -55,9 +55,7 @@ def parse_args(argv=None):
     p.add_argument("--modes", type=lambda s: models.parse_list(s, models.MODES), default=["default"],
                    help="default and/or cudagraphs (torch.compile mode reduce-overhead)")
     p.add_argument("--lr", type=float, default=1e-4, help="AdamW's learning rate (default 1e-4)")
-    p.add_argument("--evtc-options", type=json.loads, default=None,
-                   help='JSON dict of evtc/Inductor options for the evtc backend, as bench/models.py takes them, '
-                        'e.g. {"evtc.precise_math": true} (its non-evtc. keys go to the plain compiles too)')
+    models.add_evtc_options_argument(p)
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     p.add_argument("--table", metavar="FILE.json", help="print the Markdown table of a results file and exit")
     args = p.parse_args(argv)
@@ -92,12 +90,17 @@ def first_step_errors(losses: dict[str, list[float]], loss_f64: float) -> dict[s
     return {v: losses[v][0] - loss_f64 for v in losses if losses[v]}
 
 
+def batch(name: str, model, step: int) -> tuple:
+    """Step `step`'s batch (from 0), the same for every variant."""
+    return models.make_inputs(name, "train", model, seed=models.SEED + 1 + step)
+
+
 def train(name: str, mode: str, args) -> dict:
     row = {"model": name, "mode": mode, "steps": args.steps, "lr": args.lr}
     base = models.build(name)  # eval mode, as bench/models.py's training rows: no dropout to tell apart
     try:  # the first batch's loss in float64 (bench/models.py's reference copy), before any update
-        first = models.make_inputs(name, "train", base, seed=models.SEED + 1)
-        ref_out, _ = models.reference(base, first, "train")
+        # The forward alone (a no-grad phase): the loss is all that is compared.
+        ref_out, _ = models.reference(base, batch(name, base, 0), "prefill")
         row["first_loss_f64"] = float(models.loss_of(ref_out))
     except Exception as e:  # the run stands without it
         row["first_loss_f64_error"] = f"{type(e).__name__}: {str(e)[:300]}"
@@ -115,7 +118,7 @@ def train(name: str, mode: str, args) -> dict:
     losses: dict[str, list[float]] = {v: [] for v in VARIANTS}
     before = len(evtc.torch.reports)
     for step in range(args.steps):
-        inputs = models.make_inputs(name, "train", copies["eager"], seed=models.SEED + 1 + step)
+        inputs = batch(name, copies["eager"], step)
         for v in VARIANTS:
             optimizers[v].zero_grad(set_to_none=True)
             if cudagraphs and v != "eager":
