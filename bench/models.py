@@ -432,19 +432,50 @@ def time_interleaved(steps: dict, warmup: int, iters: int, rounds: int) -> tuple
 
 
 def outputs(step, model: nn.Module, phase: str):
-    """One call's output and, training, all parameter gradients in one vector (float64 copies:
-    CUDA-graph outputs are overwritten by the next replay)."""
+    """One call's output and, training, each parameter's gradient by name, flattened (float64
+    copies: CUDA-graph outputs are overwritten by the next replay). merge_projections keeps the
+    names, so the variants' gradients and the reference's pair up by name."""
     out = step().detach().double()
     if phase != "train":
         return out, None
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
-    return out, torch.cat([g.detach().reshape(-1).double() for g in grads])
+    return out, {name: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1).double()
+                 for name, p in model.named_parameters()}
 
 
 def deviation(value, ref) -> tuple[float, float]:
-    """(relative L2 error, max abs error) of value against the float64 reference."""
+    """(relative L2 error, max abs error) of value against the float64 reference; where the
+    reference is all zeros (a parameter with no gradient), the absolute L2 error."""
     diff = value - ref
-    return float(diff.norm() / ref.norm()), float(diff.abs().max())
+    scale = ref.norm()
+    return float(diff.norm() / scale if scale > 0 else diff.norm()), float(diff.abs().max())
+
+
+def gradient_errors(grads: dict, ref_grads: dict) -> tuple[float, float, dict]:
+    """All gradients' (relative L2, max abs) error against float64's as one vector, and each
+    parameter's relative L2 error by name."""
+    if grads.keys() != ref_grads.keys():
+        raise ValueError(f"gradients of parameters {sorted(grads.keys() ^ ref_grads.keys())} are missing on "
+                         "one side: the variant's parameter names differ from the reference's")
+    whole = deviation(torch.cat(list(grads.values())), torch.cat([ref_grads[n] for n in grads]))
+    return (*whole, {name: deviation(g, ref_grads[name])[0] for name, g in grads.items()})
+
+
+def parameter_check(row: dict) -> dict | None:
+    """The issue's gradient criterion per parameter: evtc's error against float64 at most plain
+    compile's. Returns the count of parameters where evtc's is larger, the worst evtc ÷ compile
+    ratio with its parameter and eager's ratio there (another correct computation's distance
+    from plain compile, for scale); None without per-parameter errors."""
+    per = row.get("grad_param_errors")
+    if not per:
+        return None
+    ratios = {name: (e["evtc"] / e["compile"] if e["compile"] > 0 else math.inf if e["evtc"] > 0 else 1.0)
+              for name, e in per.items()}
+    worst = max(ratios, key=ratios.get)
+    eager = per[worst].get("eager")
+    return {"params": len(per), "above_compile": sum(1 for r in ratios.values() if r > 1.0),
+            "worst_param": worst, "worst_ratio": ratios[worst],
+            "eager_ratio_there": eager / per[worst]["compile"] if eager is not None and per[worst]["compile"] > 0
+            else None}
 
 
 def reference(base: nn.Module, inputs: tuple, phase: str):
@@ -683,7 +714,11 @@ def run_row(row: dict, base: nn.Module, args) -> None:
         out, grads = outputs(steps[v], models[v], phase)
         row[f"error_{v}"], row[f"max_abs_{v}"] = deviation(out, ref_out)
         if grads is not None:
-            row[f"grad_error_{v}"], row[f"grad_max_abs_{v}"] = deviation(grads, ref_grads)
+            row[f"grad_error_{v}"], row[f"grad_max_abs_{v}"], per_param = gradient_errors(grads, ref_grads)
+            for name, err in per_param.items():
+                row.setdefault("grad_param_errors", {}).setdefault(name, {})[v] = err
+    if check := parameter_check(row):
+        row["grad_param_check"] = check
 
 
 def release_memory() -> None:
@@ -722,8 +757,9 @@ def markdown_table(data: dict) -> str:
              "rounds' medians).", "",
              "| model | phase | mode | eager ms | compile ms | evtc ms | evtc / compile | target | met | fused / GEMMs "
              "| first call s (compile / evtc) | rel-L2 vs f64 (eager / compile / evtc) | grad rel-L2 (compile / evtc) "
-             "| error |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| parameters whose gradient evtc computes less exactly than compile (worst evtc ÷ compile; eager ÷ "
+             "compile there) | error |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in data["rows"]:
         speedup = r.get("speedup")
         met = "–" if speedup is None else "PASS" if speedup >= target(r) else "MISS"
@@ -732,6 +768,10 @@ def markdown_table(data: dict) -> str:
         errors = " / ".join(fmt(r.get(f"error_{v}"), ".1e") for v in VARIANTS)
         grads = (" / ".join(fmt(r.get(f"grad_error_{v}"), ".1e") for v in ("compile", "evtc"))
                  if r["phase"] == "train" else "–")
+        check = r.get("grad_param_check")
+        params = "–" if not check else (
+            f"{check['above_compile']} of {check['params']} ({check['worst_ratio']:.2f}× at {check['worst_param']}; "
+            f"eager {fmt(check.get('eager_ratio_there'), '.2f')}×)")
         error = (r.get("error") or "").replace("|", "\\|").replace("\n", " ")[:80] or "–"
         spread = r.get("speedup_rounds")
         spread = f" ({min(spread):.3f}–{max(spread):.3f})" if spread else ""
@@ -740,7 +780,7 @@ def markdown_table(data: dict) -> str:
         lines.append(f"| {r['model']} | {r['phase']} | {r['mode']} | {fmt(r.get('eager_ms'), '.3f')} "
                      f"| {fmt(r.get('compile_ms'), '.3f')} | {fmt(r.get('evtc_ms'), '.3f')} | "
                      f"{fmt(speedup, '.3f')}{'×' if speedup else ''}{spread} | ≥ {target(r):.2f}× | {met} | {gemms} | {first} "
-                     f"| {errors} | {grads} | {error} |")
+                     f"| {errors} | {grads} | {params} | {error} |")
     return "\n".join(lines)
 
 

@@ -864,3 +864,41 @@ def test_rounding_study_rounds_only_the_stages_it_names():
 def test_rounding_study_takes_whole_sequences(tokens, monkeypatch, capsys):
     assert "--tokens must be a positive multiple of 1024" in bench_main_error(
         "rounding_study", ["--tokens", tokens], monkeypatch, capsys)
+
+
+def test_models_check_each_parameters_gradient_against_plain_compiles():
+    torch = pytest.importorskip("torch")
+    models = load_train_steps().models
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.Tanh(), torch.nn.Linear(6, 1, bias=False))
+    ref = models.copy.deepcopy(net).double()
+    x = torch.randn(5, 8)
+
+    def step(m, inp):
+        def run():
+            m.zero_grad(set_to_none=True)
+            out = m(inp)
+            out.square().mean().backward()
+            return out
+        return run
+
+    _, ref_grads = models.outputs(step(ref, x.double()), ref, "train")
+    assert list(ref_grads) == ["0.weight", "0.bias", "2.weight"]
+    _, grads = models.outputs(step(net, x), net, "train")
+    rel, max_abs, per = models.gradient_errors(grads, ref_grads)
+    assert 0 < rel < 1e-5 and 0 < max_abs < 1e-5 and set(per) == set(ref_grads)
+    with pytest.raises(ValueError, match=r"\['0.bias'\]"):
+        models.gradient_errors({k: v for k, v in grads.items() if k != "0.bias"}, ref_grads)
+    # A reference gradient of zeros: the absolute error, not a division by zero.
+    assert models.deviation(torch.ones(4, dtype=torch.float64), torch.zeros(4, dtype=torch.float64))[0] == 2.0
+
+    row = {"grad_param_errors": {"a.weight": {"eager": 3e-3, "compile": 2e-3, "evtc": 2.2e-3},
+                                 "a.bias": {"eager": 1e-3, "compile": 1e-3, "evtc": 5e-4},
+                                 "b.weight": {"eager": 0.0, "compile": 0.0, "evtc": 0.0}}}
+    check = models.parameter_check(row)
+    assert check == {"params": 3, "above_compile": 1, "worst_param": "a.weight",
+                     "worst_ratio": pytest.approx(1.1), "eager_ratio_there": pytest.approx(1.5)}
+    assert models.parameter_check({}) is None
+    table = models.markdown_table({"gpu": "G", "torch": "t", "date": "d", "rows": [
+        {**models.new_row("gpt2", "train", "default"), "grad_param_check": check}]})
+    assert "| 1 of 3 (1.10× at a.weight; eager 1.50×) |" in table
