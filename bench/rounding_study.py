@@ -6,9 +6,10 @@
 bench/models.py's GPT-2 layer (hidden 1600, 25 heads, FFN 6400, Conv1D weights with random
 biases) with bf16 weights and input, computed in float64 throughout except where a stage's
 result is rounded to bf16. Stages, in order: ln1 (LayerNorm), qkv (c_attn's addmm, bias
-included), att (SDPA), proj (c_proj's addmm), y (the residual sum), ln2, fc (c_fc's addmm: the
-GELU's pre-activation), gelu, mlp (mlp_proj's addmm), out (the second residual sum). The
-objective is bench/models.py's mean(out^2).
+included), att (SDPA), proj (c_proj's addmm), y (the residual sum as the second residual add
+reads it), y_ln (the same sum as ln_2 reads it), ln2, fc (c_fc's addmm: the GELU's
+pre-activation), gelu, mlp (mlp_proj's addmm), out (the second residual sum). The objective is
+bench/models.py's mean(out^2).
 
 Rows: nothing rounded (the reference), every stage rounded (what a bf16 step computes), each
 stage alone, and every stage but one. "Every stage but fc" is a fused kernel that computes the
@@ -16,6 +17,17 @@ GELU from the unrounded pre-activation while plain torch.compile reads cuBLAS's 
 result. That is the gap between evtc's and plain compile's losses that bench/train_steps.py
 measured on an H200 (1.6e-4 at GPT-2's first step) before the compile cast mode kept that
 rounding (docs/passes.md, "normalize_casts").
+
+Pipelines: the roundings each way of running the layer makes, with the output's relative L2
+error against float64 and the objective's offset. Eager rounds every op's result. Plain
+torch.compile rounds every stage but the first residual sum: Inductor recomputes x + proj in
+float32 inside both kernels that read it (ln_2's and the second residual add's), so neither y
+nor y_ln is rounded. evtc, with the residual adds fused into c_proj's and mlp_proj's epilogues
+under the compile cast mode, rounds acc + bias before each add as cuBLAS's addmm would and
+stores the sum rounded, which ln_2 and the second add then read: every stage, as eager. Before
+the compile cast mode kept the library GEMM's rounding of a biased result, evtc rounded neither
+GEMM result before its residual add nor c_fc's before the GELU (proj, mlp, fc). The last row
+keeps c_fc's rounding and leaves out only the residual GEMMs': a choice the cast mode could make.
 
 Writes <out>/<stamp>-cpu-rounding-study.json and .png (each row's objective minus the
 reference's) and prints a Markdown table. No GPU is used. About two minutes on two cores with
@@ -35,8 +47,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import models  # noqa: E402  (bench/models.py: the GPT-2 layer)
 from result_files import pyplot, result_base, save_png  # noqa: E402
 
-STAGES = ("ln1", "qkv", "att", "proj", "y", "ln2", "fc", "gelu", "mlp", "out")
-
+STAGES = ("ln1", "qkv", "att", "proj", "y", "y_ln", "ln2", "fc", "gelu", "mlp", "out")
+PIPELINES = {
+    "eager": STAGES,
+    "plain compile": tuple(s for s in STAGES if s not in ("y", "y_ln")),
+    "evtc": STAGES,
+    "evtc before the cast-mode fix": tuple(s for s in STAGES if s not in ("proj", "mlp", "fc")),
+    "evtc, residual GEMMs unrounded": tuple(s for s in STAGES if s not in ("proj", "mlp")),
+}
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -62,6 +80,10 @@ class Layer:
         self.x = torch.randn(tokens // 1024, 1024, hidden).to(torch.bfloat16).double()
 
     def objective(self, rounded) -> float:
+        return float(self.forward(rounded).pow(2).mean())
+
+    def forward(self, rounded):
+        """The layer's output with the named stages' results rounded to bf16."""
         p, x = self.p, self.x
         b, s, h = x.shape
 
@@ -73,18 +95,20 @@ class Layer:
         q, k, v = (t.view(b, s, self.heads, -1).transpose(1, 2) for t in qkv.split(h, dim=-1))
         att = r(F.scaled_dot_product_attention(q, k, v, is_causal=True), "att")
         proj = r(att.transpose(1, 2).reshape(-1, h) @ p["c_proj.weight"] + p["c_proj.bias"], "proj")
-        y = r(x + proj.view(b, s, h), "y")
-        c = r(F.layer_norm(y, (h,), p["ln_2.weight"], p["ln_2.bias"]), "ln2")
+        y_sum = x + proj.view(b, s, h)
+        y = r(y_sum, "y")
+        c = r(F.layer_norm(r(y_sum, "y_ln"), (h,), p["ln_2.weight"], p["ln_2.bias"]), "ln2")
         f = r(c.view(-1, h) @ p["c_fc.weight"] + p["c_fc.bias"], "fc")
         g = r(F.gelu(f, approximate="tanh"), "gelu")
         m = r(g @ p["mlp_proj.weight"] + p["mlp_proj.bias"], "mlp")
-        out = r(y + m.view(b, s, h), "out")
-        return float(out.pow(2).mean())
+        return r(y + m.view(b, s, h), "out")
 
 
 def study(layer: Layer, stages=STAGES) -> dict:
-    """The objective with nothing rounded, and each row's objective minus it."""
-    reference = layer.objective(())
+    """The objective with nothing rounded, each row's objective minus it, and each pipeline's
+    output error (relative L2 against float64's output) and objective offset."""
+    exact = layer.forward(())
+    reference = float(exact.pow(2).mean())
     rows = [("every stage", tuple(stages))]
     rows += [(f"only {s}", (s,)) for s in stages]
     rows += [(f"all but {s}", tuple(t for t in stages if t != s)) for s in stages]
@@ -92,7 +116,14 @@ def study(layer: Layer, stages=STAGES) -> dict:
     for label, rounded in rows:
         offsets[label] = layer.objective(rounded) - reference
         print(f"{label:14s} {offsets[label]:+.3e}", flush=True)
-    return {"reference": reference, "offsets": offsets}
+    pipelines = {}
+    for name, rounded in PIPELINES.items():
+        out = layer.forward(rounded)
+        pipelines[name] = {"rounded": list(rounded), "rel_l2": float((out - exact).norm() / exact.norm()),
+                           "offset": float(out.pow(2).mean()) - reference}
+        print(f"{name}: output rel-L2 {pipelines[name]['rel_l2']:.3e}, objective {pipelines[name]['offset']:+.3e}",
+              flush=True)
+    return {"reference": reference, "offsets": offsets, "pipelines": pipelines}
 
 
 def markdown_table(data: dict) -> str:
@@ -100,6 +131,10 @@ def markdown_table(data: dict) -> str:
              f"{data['reference']:.7f}; each row's objective minus it.", "",
              "| rounded to bf16 | objective - float64's |", "|---|---|"]
     lines += [f"| {label} | {offset:+.3e} |" for label, offset in data["offsets"].items()]
+    if data.get("pipelines"):
+        lines += ["", "| pipeline | not rounded | output rel-L2 vs float64 | objective - float64's |", "|---|---|---|---|"]
+        lines += [f"| {name} | {', '.join(s for s in STAGES if s not in row['rounded']) or '–'} | {row['rel_l2']:.3e} "
+                  f"| {row['offset']:+.3e} |" for name, row in data["pipelines"].items()]
     return "\n".join(lines)
 
 

@@ -856,8 +856,22 @@ def test_rounding_study_rounds_only_the_stages_it_names():
     every = layer.objective(study.STAGES) - reference
     assert data["offsets"]["every stage"] == every
     assert data["offsets"]["all but fc"] == layer.objective([s for s in study.STAGES if s != "fc"]) - reference
+    # Each pipeline is its roundings: plain compile never rounds the first residual sum (Inductor
+    # recomputes it where it is read); evtc stores it rounded, as eager does.
+    pipes = data["pipelines"]
+    assert set(study.PIPELINES["eager"]) - set(study.PIPELINES["plain compile"]) == {"y", "y_ln"}
+    assert pipes["evtc"]["rounded"] == list(study.STAGES)
+    assert set(study.STAGES) - set(pipes["evtc before the cast-mode fix"]["rounded"]) == {"proj", "mlp", "fc"}
+    exact = layer.forward(())
+    for name, rounded in study.PIPELINES.items():
+        out = layer.forward(rounded)
+        assert pipes[name]["rel_l2"] == float((out - exact).norm() / exact.norm()) > 0
+        assert pipes[name]["offset"] == float(out.pow(2).mean()) - reference
+    assert layer.forward(("y_ln",)).equal(layer.forward(("y_ln", "y_ln")))
+    assert not layer.forward(("y_ln",)).equal(layer.forward(("y",)))
     table = study.markdown_table({"tokens": 1024, "seed": 3, **data})
     assert f"| all but fc | {data['offsets']['all but fc']:+.3e} |" in table
+    assert f"| plain compile | y, y_ln | {pipes['plain compile']['rel_l2']:.3e} |" in table
 
 
 @pytest.mark.parametrize("tokens", ["0", "1500"])
