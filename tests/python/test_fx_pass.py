@@ -3,6 +3,7 @@ dtypes and strides the pass reads. Skipped where torch is not installed."""
 from __future__ import annotations
 
 import json
+import operator
 import re
 
 import pytest
@@ -345,6 +346,86 @@ def test_compile_mode_keeps_the_rounding_of_addmms_biased_result():
     add = re.search(r"(%\d+) = add %\d+, %\d+ : f32\[m,n\]", ir)
     assert add and f"= cast {add.group(1)} : bf16[m,n]" in ir, ir
     assert ir.count("= cast ") == 1 and "tanh" in ir, ir
+
+
+def gpt2_residual_stream(x, a, w1, b1, w2, b2, ln_w, ln_b):
+    """GPT-2's residual stream around its second LayerNorm: y = x + c_proj(a), then
+    y + mlp_proj(ln_2(y)) (the MLP's hidden layer left out)."""
+    y = x + torch.addmm(b1, a, w1)
+    return y + torch.addmm(b2, F.layer_norm(y, (N,), ln_w, ln_b), w2)
+
+
+GPT2_STREAM = (((M, N), BF16), ((M, K), BF16), ((K, N), BF16), ((N,), BF16), ((N, N), BF16), ((N,), BF16),
+               ((N,), BF16), ((N,), BF16))
+
+
+def test_a_residual_sum_that_a_norm_reads_is_stored_by_the_fused_kernel_by_default():
+    gm, report = fuse(gpt2_residual_stream, *GPT2_STREAM)
+    first, second = report.fused
+    assert first.outputs == ["add"] and second.outputs == ["add_1"]
+    norm = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.native_layer_norm.default)
+    assert norm.args[0].target is operator.getitem  # ln_2 reads the sum the fused kernel stored
+    assert [o[1] for o in json.loads(second.spec)["operands"]] == ["row", "aux"]
+
+
+def test_recompute_residual_sums_rounds_the_stream_where_plain_compile_does():
+    """With the setting, the sum ln_2 reads stays with Inductor (which adds it again in ln_2's
+    kernel), and mlp_proj's epilogue adds x and c_proj's result itself, in f32: the sum is never
+    rounded, while c_proj's own biased result is, as cuBLAS writes it."""
+    gm = trace(gpt2_residual_stream, *GPT2_STREAM)
+    report = evtc.torch.fuse_gemm_epilogues(gm.graph, compile=False, profitability=False,
+                                            recompute_residual_sums=True)
+    first, second = report.fused
+    assert first.outputs == ["addmm"], first.expr  # c_proj with its bias alone
+    norm = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.native_layer_norm.default)
+    assert norm.args[0].target is torch.ops.aten.add.Tensor
+    assert second.outputs == ["add_1"]
+    spec = json.loads(second.spec)
+    assert [o[1] for o in spec["operands"]] == ["row", "aux", "aux"]
+    ir = evtc.torch._op.spec_kernel(second.spec)[0].ir
+    aux = re.findall(r"(%\d+) = aux x\d : bf16\[m,n\]", ir)
+    total = re.search(rf"(%\d+) = add {aux[0]}, {aux[1]} : f32\[m,n\]", ir)
+    assert total and f"= cast {total.group(1)}" not in ir, ir
+    assert ir.count("= cast ") == 1, ir  # acc + bias only, as cuBLAS rounds it
+    # Eager's roundings keep it: the cast mode decides, the setting only what is stored.
+    eager = evtc.torch.fuse_gemm_epilogues(trace(gpt2_residual_stream, *GPT2_STREAM).graph, compile=False,
+                                           profitability=False, recompute_residual_sums=True, cast_mode="eager")
+    assert evtc.torch._op.spec_kernel(eager.fused[1].spec)[0].ir.count("= cast ") == 2  # the sum too
+
+
+def test_recompute_residual_sums_keeps_a_sum_only_the_output_or_a_gemm_reads():
+    def fn(x, a, w1, w2):
+        y = x + a @ w1.t()
+        # Stored by plain compile too: a graph output and a GEMM's input (through a view).
+        return y, y.view(M, N) @ w2.t()
+
+    gm = trace(fn, ((M, N), BF16), ((M, K), BF16), W, ((N, N), BF16))
+    report = evtc.torch.fuse_gemm_epilogues(gm.graph, compile=False, profitability=False,
+                                            recompute_residual_sums=True)
+    (fusion,) = report.fused
+    assert "add" in fusion.outputs, fusion.outputs  # the sum is stored by the fused kernel
+
+
+def test_recompute_residual_sums_reads_a_term_that_is_itself_an_unstored_sum():
+    """Two LLaMA-style layers: the first layer's output is a sum the second layer's norm reads,
+    so no kernel stores it and the last residual add reads it as the term it is."""
+    def rms(h, g):
+        hf = h.float()
+        return (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-6) * g).to(BF16)
+
+    def fn(x, o, w1, w2, w3, g):
+        h = x + o @ w1.t()
+        out = h + rms(h, g) @ w2.t()
+        h2 = out + rms(out, g) @ w3.t()
+        return h2
+
+    sq = ((N, N), BF16)
+    gm = trace(fn, ((M, N), BF16), ((M, N), BF16), sq, sq, sq, ((N,), BF16))
+    report = evtc.torch.fuse_gemm_epilogues(gm.graph, compile=False, profitability=False,
+                                            recompute_residual_sums=True)
+    (last,) = report.fused
+    assert last.outputs == ["add_4"] and len(report.refused) == 2
+    assert [o[1] for o in json.loads(last.spec)["operands"]] == ["aux", "aux"]
 
 
 def test_fused_ops_take_fast_math_by_default_and_precise_math_on_request():

@@ -110,6 +110,9 @@ class Chain:
     roots: int = 0  # nodes the chain started with (before grow took in consumers)
     # Column sums of chain values (COLUMN_SUM): outputs only, complete after the kernel's last tile.
     reductions: set[fx.Node] = field(default_factory=set)
+    # Settings.recompute_residual_sums: an outside sum of two [m,n] tensors (a residual sum that
+    # no kernel stored) is computed again from both terms rather than read.
+    recompute_sums: bool = False
 
     @property
     def half_shape(self) -> tuple:
@@ -222,11 +225,23 @@ RECOMPUTE_NODES = 24  # at most this many outside ops computed again for one ope
 def recomputed_operand(chain: Chain, x: fx.Node, half: bool) -> Optional[str]:
     """For an outside [m,n] tensor made by pointwise ops from other outside tensors, of which at
     most one [m,n] tensor the chain does not read yet, no wider than ``x``: the epilogue's value
-    computing it from them; None where that does not apply (it is then read as an operand)."""
+    computing it from them; None where that does not apply (it is then read as an operand).
+    With ``chain.recompute_sums``, a residual sum (``residual_sum_terms``) is computed from its
+    two terms, each read as it is (a term that is itself a sum no kernel stored is then stored
+    for the fused op, as Inductor stores a value it does not recompute)."""
     if x in chain.recomputed:
         return chain.recomputed[x]
     if chain.grouped or half or x.op != "call_function" or x.target not in POINTWISE or x.target in COMPARISONS:
         return None
+    if chain.recompute_sums and (terms := residual_sum_terms(x)) is not None:
+        saved = chain.snapshot()
+        try:
+            a, b = (chain.exprs.get(term) or chain.recomputed.get(term) or operand(chain, term) for term in terms)
+        except Refused:
+            chain.restore(saved)
+            return None
+        chain.recomputed[x] = chain.value(cast_to(val(x).dtype, f"{a} + {b}"))
+        return chain.recomputed[x]
     t = val(x)
     if t is None or t.dtype not in EVTC_DTYPES:
         return None
@@ -277,6 +292,22 @@ def recomputed_operand(chain: Chain, x: fx.Node, half: bool) -> Optional[str]:
         chain.restore(saved)
         return None
     return chain.recomputed[x]
+
+
+def residual_sum_terms(n: fx.Node) -> Optional[tuple[fx.Node, fx.Node]]:
+    """The two terms of ``n`` where it is a residual sum: ``a + b`` (alpha 1) of two tensors of
+    its own shape and 16-bit dtype, the sum a 16-bit tensor too; None otherwise."""
+    if n.op != "call_function" or n.target is not aten.add.Tensor or n.kwargs.get("alpha", 1) != 1:
+        return None
+    a, b = n.args[:2]
+    t = val(n)
+    if t is None or t.dtype not in GEMM_OPERAND_DTYPES:
+        return None
+    for term in (a, b):
+        tt = val(term)
+        if tt is None or tt.dtype not in GEMM_OPERAND_DTYPES or not same_shape(tt.shape, t.shape):
+            return None
+    return a, b
 
 
 def arg_expr(chain: Chain, x: Any, half: bool = False) -> str:

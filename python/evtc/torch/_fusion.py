@@ -13,8 +13,9 @@ from torch import fx
 
 from .. import _evtc
 from . import _op, _spec
-from ._chain import EVTC_DTYPES, Chain, Refused, absorb, absorbable, concrete, same_dim, same_shape, val
-from ._gemm import GROUPED_MM
+from ._chain import (EVTC_DTYPES, RESHAPES, Chain, Refused, absorb, absorbable, concrete, residual_sum_terms,
+                     same_dim, same_shape, val)
+from ._gemm import GEMMS, GROUPED_MM
 
 log = logging.getLogger("evtc.torch")
 
@@ -30,22 +31,54 @@ class Fusion:
     estimate: dict = field(default_factory=dict)  # the cost model's numbers (passes/profitability.py)
 
 
-def grow_trimmed(graph: fx.Graph, make_chain, exclude: frozenset = frozenset()) -> Chain:
+def grow_trimmed(graph: fx.Graph, make_chain, exclude: frozenset = frozenset(),
+                 recompute_sums: bool = False) -> Chain:
     """The chain ``make_chain()`` starts, grown, then trimmed: a node at the end of the chain is
     left to Inductor where its fused kernel would move fewer bytes than the fused GEMM writing
     the node's value. That is the case for a widening cast (its consumers can read the narrower
     value and cast as they load it) and for a node read only by reductions (Inductor computes it
     inside the reduction): RMSNorm's f32 cast and square after a residual add would otherwise
     make the GEMM write two f32 tensors that the norm's reduction reads back. Nodes in ``exclude``
-    stay outside."""
+    stay outside. With ``recompute_sums`` (Settings.recompute_residual_sums), so does a residual
+    sum that kernels other than GEMMs read (``stored_residual_sum``), and the chain computes
+    outside residual sums again from their terms."""
     exclude = set(exclude)
     while True:
         chain = make_chain()
+        chain.recompute_sums = recompute_sums
         grow(graph, chain, exclude)
-        drop = _leaf_to_drop(chain)
+        drop = _leaf_to_drop(chain) or (stored_residual_sum(chain) if recompute_sums else None)
         if drop is None:
             return chain
         exclude.add(drop)
+
+
+def stored_residual_sum(chain: Chain):
+    """A residual add of the chain (a chain value plus an outside tensor of its shape) whose sum
+    is read outside the chain by an op other than a GEMM: Inductor would compute that sum inside
+    the op's kernel and never store it, where the fused kernel stores it rounded. None if there
+    is none. A sum read only by GEMMs or the graph's output is stored by either, and stays."""
+    members = set(chain.nodes)
+
+    def kernel_readers(v: fx.Node) -> list[fx.Node]:  # through views, which read nothing
+        found = []
+        for u in v.users:
+            if u in members or u.op != "call_function" or u.target in GEMMS:
+                continue
+            found += kernel_readers(u) if u.target in RESHAPES else [u]
+        return found
+
+    for n in chain.nodes[chain.roots:]:
+        terms = residual_sum_terms(n)
+        if terms is None or sum(t in chain.exprs for t in terms) != 1:
+            continue
+        readers = kernel_readers(n)
+        if readers:
+            log.debug("evtc: %s stays outside the chain of %s: its sum is read by %s, which computes it again "
+                      "unrounded (recompute_residual_sums)", n.name, chain.gemm.name,
+                      ", ".join(u.name for u in readers))
+            return n
+    return None
 
 
 def value_bytes(n: fx.Node) -> int:

@@ -59,6 +59,12 @@ class Settings:
     # Run GEMMs left unfused that read one input through weights stacked in one buffer (q, k, v
     # after evtc.torch.merge_projections) as one GEMM over that buffer (passes/stack_siblings.py).
     stack_siblings: bool = True
+    # Keep a residual sum that other kernels read out of the GEMM before it, and compute it again
+    # from its two terms in the epilogue of a later GEMM that adds it, as Inductor computes it
+    # again inside every kernel that reads it: the sum is never stored rounded, and the results
+    # round where plain torch.compile's do. False stores it rounded in the fused kernel, one
+    # [m,n] read less, as eager rounds it (passes/fuse_chains.py).
+    recompute_residual_sums: bool = False
 
     @classmethod
     def of(cls, **settings: Any) -> "Settings":

@@ -30,7 +30,7 @@ def run(graph: fx.Graph, settings, report) -> None:
         if node.target not in GEMMS and node.target not in UNSUPPORTED_GEMMS:
             continue
         try:
-            chain = grow_trimmed(graph, lambda: start_chain(node))
+            chain = grow_trimmed(graph, lambda: start_chain(node), recompute_sums=settings.recompute_residual_sums)
             try:
                 report.fused.append(fuse(graph, chain, settings))
             except Refused as why:
@@ -40,7 +40,8 @@ def run(graph: fx.Graph, settings, report) -> None:
                 # where the kernel they need does not pay or cannot be built.
                 log.debug("evtc: %s with the column sums %s refused (%s); trying it without them", node.name,
                           ", ".join(r.name for r in chain.reductions), why)
-                chain = grow_trimmed(graph, lambda: start_chain(node), frozenset(chain.reductions))
+                chain = grow_trimmed(graph, lambda: start_chain(node), frozenset(chain.reductions),
+                                     settings.recompute_residual_sums)
                 report.fused.append(fuse(graph, chain, settings))
         except Refused as why:
             report.refused.append((node.name, str(why)))
