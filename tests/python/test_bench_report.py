@@ -862,6 +862,7 @@ def test_rounding_study_rounds_only_the_stages_it_names():
     assert set(study.PIPELINES["eager"]) - set(study.PIPELINES["plain compile"]) == {"y", "y_ln"}
     assert pipes["evtc"]["rounded"] == list(study.STAGES)
     assert set(study.STAGES) - set(pipes["evtc before the cast-mode fix"]["rounded"]) == {"proj", "mlp", "fc"}
+    assert pipes["evtc with recompute_residual_sums"]["rounded"] == list(study.PIPELINES["plain compile"])
     exact = layer.forward(())
     for name, rounded in study.PIPELINES.items():
         out = layer.forward(rounded)
