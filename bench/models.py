@@ -460,15 +460,15 @@ def gradient_errors(grads: dict, ref_grads: dict) -> tuple[float, float, dict]:
     return (*whole, {name: deviation(g, ref_grads[name])[0] for name, g in grads.items()})
 
 
-def parameter_check(row: dict) -> dict | None:
+def parameter_check(row: dict, variant: str = "evtc") -> dict | None:
     """The issue's gradient criterion per parameter: evtc's error against float64 at most plain
-    compile's. Returns the count of parameters where evtc's is larger, the worst evtc ÷ compile
-    ratio with its parameter and eager's ratio there (another correct computation's distance
-    from plain compile, for scale); None without per-parameter errors."""
+    compile's. Returns the count of parameters where evtc's (or variant's: "evtc_alt") is larger,
+    the worst ratio to compile's with its parameter and eager's ratio there (another correct
+    computation's distance from plain compile, for scale); None without per-parameter errors."""
     per = row.get("grad_param_errors")
-    if not per:
+    if not per or any(variant not in e for e in per.values()):
         return None
-    ratios = {name: (e["evtc"] / e["compile"] if e["compile"] > 0 else math.inf if e["evtc"] > 0 else 1.0)
+    ratios = {name: (e[variant] / e["compile"] if e["compile"] > 0 else math.inf if e[variant] > 0 else 1.0)
               for name, e in per.items()}
     worst = max(ratios, key=ratios.get)
     eager = per[worst].get("eager")
@@ -638,10 +638,13 @@ def run_row(row: dict, base: nn.Module, args) -> None:
     except Exception as e:  # the timings stand without it
         ref_out = ref_grads = None
         notes.append(f"no float64 reference ({type(e).__name__}: {str(e)[:200]})")
-    variants = VARIANTS + (("control",) if args.control else ())
+    alternative = args.alternative is not None
+    variants = VARIANTS + (("control",) if args.control else ()) + (("evtc_alt",) if alternative else ())
     models = {v: copy.deepcopy(base) for v in variants}
     if args.merge_projections:  # what evtc's docs tell its users to do; the other variants stay as built
         merged = merge_projections(models["evtc"], row["model"], phase)
+        if alternative:
+            merge_projections(models["evtc_alt"], row["model"], phase)
         row["merged_projections"] = len(merged)
         if merged:
             notes.append(f"evtc: merge_projections made {len(merged)} gate/up pair(s) and q/k/v stack(s) views of "
@@ -655,6 +658,10 @@ def run_row(row: dict, base: nn.Module, args) -> None:
     if args.control:  # a second plain compile: the spread between two identical variants
         runs["control"] = torch.compile(models["control"], dynamic=False,
                                         **compile_kwargs(cudagraphs, args.evtc_options, False))
+    if alternative:  # evtc again, with the alternative options on top of --evtc-options
+        runs["evtc_alt"] = torch.compile(models["evtc_alt"], backend="evtc", dynamic=False,
+                                         **compile_kwargs(cudagraphs, {**(args.evtc_options or {}),
+                                                                       **args.alternative}, True))
     steps = {v: make_step(runs[v], models[v], inputs, phase, cudagraphs and v != "eager") for v in variants}
 
     row["compile_first_s"], row["graphs_compile"], skips_compile = first_call(steps["compile"])
@@ -664,6 +671,12 @@ def run_row(row: dict, base: nn.Module, args) -> None:
     row["evtc_first_s"], row["graphs_evtc"], skips_evtc = first_call(steps["evtc"])
     row["compile_errors"] = evtc.torch.wait_for_compiles()
     evtc_reports = evtc.torch.reports[before:]
+    if alternative:
+        after = len(evtc.torch.reports)
+        first_call(steps["evtc_alt"])
+        row["compile_errors"] = (row["compile_errors"] or []) + (evtc.torch.wait_for_compiles() or [])
+        alt_counts = fusion_counts(evtc.torch.reports[after:])
+        row["alt_fused"], row["alt_graphs"] = alt_counts["fused"], alt_counts["evtc_graphs"]
     row.update(fusion_counts(evtc_reports))
     fallbacks = fallback_counts(evtc_reports)
     for v, skips in (("compile", skips_compile), ("evtc", skips_evtc)):
@@ -689,8 +702,13 @@ def run_row(row: dict, base: nn.Module, args) -> None:
         row["control_ms"] = times["control"]
         row["control_ratio"] = times["compile"] / times["control"]
         row["control_rounds"] = [m["compile"] / m["control"] for m in per_round]
+    if alternative:  # compile over evtc with the alternative options, as speedup is for evtc
+        row["alt_options"] = args.alternative
+        row["alt_ms"] = times["evtc_alt"]
+        row["alt_speedup"] = times["compile"] / times["evtc_alt"]
+        row["alt_rounds"] = [m["compile"] / m["evtc_alt"] for m in per_round]
     row["evtc_over_eager"] = times["eager"] / times["evtc"]
-    if later := len(evtc.torch.reports) - before - len(evtc_reports):
+    if later := len(evtc.torch.reports) - before - len(evtc_reports) - row.get("alt_graphs", 0):
         notes.append(f"evtc compiled {later} more graph(s) after the first call (not in fused/gemms)")
     # Calls made outside CUDA-graph replays only: a replay does not go through the op.
     row["evtc_ran_unfused"] = sum(1 for spec, n in fallback_counts(evtc_reports).items() if n > fallbacks[spec])
@@ -710,7 +728,7 @@ def run_row(row: dict, base: nn.Module, args) -> None:
                 f"{kt['model_fused_over_cublas']:.3f}x)"
                 + model_gap_note(kt["fused_over_mm"], kt["model_fused_over_cublas"])), flush=True)
 
-    for v in VARIANTS if ref_out is not None else ():
+    for v in (VARIANTS + (("evtc_alt",) if alternative else ())) if ref_out is not None else ():
         out, grads = outputs(steps[v], models[v], phase)
         row[f"error_{v}"], row[f"max_abs_{v}"] = deviation(out, ref_out)
         if grads is not None:
@@ -719,6 +737,8 @@ def run_row(row: dict, base: nn.Module, args) -> None:
                 row.setdefault("grad_param_errors", {}).setdefault(name, {})[v] = err
     if check := parameter_check(row):
         row["grad_param_check"] = check
+    if alternative and (check := parameter_check(row, "evtc_alt")):
+        row["grad_param_check_alt"] = check
 
 
 def release_memory() -> None:
@@ -777,6 +797,12 @@ def markdown_table(data: dict) -> str:
         spread = f" ({min(spread):.3f}–{max(spread):.3f})" if spread else ""
         if r.get("control_ratio") is not None:
             spread += f"; control {r['control_ratio']:.3f}×"
+        if r.get("alt_speedup") is not None:
+            spread += f"; alternative {r['alt_speedup']:.3f}×"
+            errors += f"; alternative {fmt(r.get('error_evtc_alt'), '.1e')}"
+            if alt := r.get("grad_param_check_alt"):
+                params += (f"; alternative {alt['above_compile']} of {alt['params']} ({alt['worst_ratio']:.2f}× "
+                           f"at {alt['worst_param']})")
         lines.append(f"| {r['model']} | {r['phase']} | {r['mode']} | {fmt(r.get('eager_ms'), '.3f')} "
                      f"| {fmt(r.get('compile_ms'), '.3f')} | {fmt(r.get('evtc_ms'), '.3f')} | "
                      f"{fmt(speedup, '.3f')}{'×' if speedup else ''}{spread} | ≥ {target(r):.2f}× | {met} | {gemms} | {first} "
@@ -847,6 +873,10 @@ def parse_args():
                    help="also record each row's GPU time by kernel (torch.profiler) for compile and evtc")
     p.add_argument("--control", action="store_true",
                    help="also time a second plain torch.compile of the model (control_ratio: compile over it)")
+    p.add_argument("--alternative", type=json.loads, default=None, metavar="JSON",
+                   help='also time evtc with these options on top of --evtc-options, as a fourth variant in the '
+                        'same rounds, e.g. {"evtc.residual_sums": "f32"} (alt_speedup, error_evtc_alt, '
+                        "grad_param_check_alt)")
     p.add_argument("--kernels", action="store_true",
                    help="also time each dense fused op of the row alone against torch.mm of its operands")
     p.add_argument("--freezing", action="store_true",
@@ -902,18 +932,21 @@ def precompile(args) -> float:
         except Exception:  # reported by the row itself
             continue
         for phase, mode in model_rows(name, args):
-            try:
-                model = copy.deepcopy(base)
-                if args.merge_projections:
-                    merge_projections(model, name, phase)
-                run = torch.compile(model, backend="evtc", dynamic=False,
-                                    **compile_kwargs(mode == "cudagraphs", args.evtc_options, True))
-                step = make_step(run, model, make_inputs(name, phase, base), phase, mode == "cudagraphs")
-                with evtc.torch.compile_only():
-                    step()
-                del model, run, step
-            except Exception as e:  # the row runs (and reports) it again
-                print(f"precompile {name} {phase} {mode}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+            option_sets = [args.evtc_options] + ([{**(args.evtc_options or {}), **args.alternative}]
+                                                 if args.alternative is not None else [])
+            for options in option_sets:
+                try:
+                    model = copy.deepcopy(base)
+                    if args.merge_projections:
+                        merge_projections(model, name, phase)
+                    run = torch.compile(model, backend="evtc", dynamic=False,
+                                        **compile_kwargs(mode == "cudagraphs", options, True))
+                    step = make_step(run, model, make_inputs(name, phase, base), phase, mode == "cudagraphs")
+                    with evtc.torch.compile_only():
+                        step()
+                    del model, run, step
+                except Exception as e:  # the row runs (and reports) it again
+                    print(f"precompile {name} {phase} {mode}: {type(e).__name__}: {str(e)[:200]}", flush=True)
         del base
         release_memory()
     evtc.torch.wait_for_compiles()

@@ -28,8 +28,10 @@ stores the sum rounded, which ln_2 and the second add then read: every stage, as
 the compile cast mode kept the library GEMM's rounding of a biased result, evtc rounded neither
 GEMM result before its residual add nor c_fc's before the GELU (proj, mlp, fc). The last row
 keeps c_fc's rounding and leaves out only the residual GEMMs': a choice the cast mode could make.
-With the setting evtc.recompute_residual_sums (docs/python.md, "Residual sums"), c_proj's residual
-add stays with Inductor and mlp_proj's epilogue adds x and proj itself: plain compile's roundings.
+With the setting evtc.residual_sums "f32" (docs/python.md, "Residual sums"), c_proj's fused op
+writes the sum unrounded in f32, which ln_2 and mlp_proj's epilogue read; with "recomputed",
+c_proj's residual add stays with Inductor and mlp_proj's epilogue adds x and proj itself. Either
+way the roundings are plain compile's.
 
 Writes <out>/<stamp>-cpu-rounding-study.json and .png (each row's objective minus the
 reference's) and prints a Markdown table. No GPU is used. About two minutes on two cores with
@@ -56,7 +58,7 @@ PIPELINES = {
     "evtc": STAGES,
     "evtc before the cast-mode fix": tuple(s for s in STAGES if s not in ("proj", "mlp", "fc")),
     "evtc, residual GEMMs unrounded": tuple(s for s in STAGES if s not in ("proj", "mlp")),
-    "evtc with recompute_residual_sums": tuple(s for s in STAGES if s not in ("y", "y_ln")),
+    "evtc, residual_sums f32 or recomputed": tuple(s for s in STAGES if s not in ("y", "y_ln")),
 }
 
 

@@ -125,7 +125,11 @@ def test_one_set_of_settings_for_the_pass_the_backend_and_the_fx_entry_point():
     with pytest.raises(TypeError, match="unknown evtc setting.s. profitable"):
         PostGradPass(profitable=False)
     # The backend checks every True/False setting as one.
-    assert set(Settings.flags()) == names - {"cast_mode"}
+    assert set(Settings.flags()) == names - {"cast_mode", "residual_sums"}
+    with pytest.raises(ValueError, match="evtc setting residual_sums: unknown value 'f16'; choose one of rounded, "
+                                         "f32, recomputed"):
+        inductor_config(None, {"evtc.residual_sums": "f16"})
+    assert inductor_config(None, {"evtc.residual_sums": "f32"})["post_grad_custom_post_pass"].residual_sums == "f32"
     for name in sorted(set(Settings.flags()) - {"compile"}):
         with pytest.raises(RuntimeError, match=rf"evtc.{name}=1 \(expected True or False\)"):
             inductor_config(None, {f"evtc.{name}": 1})

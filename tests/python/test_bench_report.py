@@ -862,7 +862,7 @@ def test_rounding_study_rounds_only_the_stages_it_names():
     assert set(study.PIPELINES["eager"]) - set(study.PIPELINES["plain compile"]) == {"y", "y_ln"}
     assert pipes["evtc"]["rounded"] == list(study.STAGES)
     assert set(study.STAGES) - set(pipes["evtc before the cast-mode fix"]["rounded"]) == {"proj", "mlp", "fc"}
-    assert pipes["evtc with recompute_residual_sums"]["rounded"] == list(study.PIPELINES["plain compile"])
+    assert pipes["evtc, residual_sums f32 or recomputed"]["rounded"] == list(study.PIPELINES["plain compile"])
     exact = layer.forward(())
     for name, rounded in study.PIPELINES.items():
         out = layer.forward(rounded)
@@ -917,3 +917,23 @@ def test_models_check_each_parameters_gradient_against_plain_compiles():
     table = models.markdown_table({"gpu": "G", "torch": "t", "date": "d", "rows": [
         {**models.new_row("gpt2", "train", "default"), "grad_param_check": check}]})
     assert "| 1 of 3 (1.10× at a.weight; eager 1.50×) |" in table
+
+
+def test_models_alternative_variant_is_checked_and_tabled_beside_evtc(monkeypatch):
+    pytest.importorskip("torch")
+    models = load_train_steps().models
+    row = {"grad_param_errors": {"a.weight": {"eager": 3e-3, "compile": 2e-3, "evtc": 2.2e-3, "evtc_alt": 1.8e-3},
+                                 "a.bias": {"eager": 1e-3, "compile": 1e-3, "evtc": 5e-4, "evtc_alt": 1.2e-3}}}
+    alt = models.parameter_check(row, "evtc_alt")
+    assert alt["above_compile"] == 1 and alt["worst_param"] == "a.bias" and alt["worst_ratio"] == pytest.approx(1.2)
+    assert models.parameter_check(row)["worst_param"] == "a.weight"
+    # A row timed without the alternative has no check for it.
+    assert models.parameter_check({"grad_param_errors": {"w": {"compile": 1.0, "evtc": 1.0}}}, "evtc_alt") is None
+    monkeypatch.setattr(models.sys, "argv", ["models.py", "--alternative", '{"evtc.residual_sums": "f32"}'])
+    assert models.parse_args().alternative == {"evtc.residual_sums": "f32"}
+    table = models.markdown_table({"gpu": "G", "torch": "t", "date": "d", "rows": [
+        {**models.new_row("gpt2", "train", "default"), "eager_ms": 3.0, "compile_ms": 2.0, "evtc_ms": 1.9,
+         "speedup": 2.0 / 1.9, "speedup_rounds": [1.05], "alt_speedup": 2.0 / 1.95, "error_evtc_alt": 2.5e-3,
+         "grad_param_check": models.parameter_check(row), "grad_param_check_alt": alt}]})
+    assert "; alternative 1.026×" in table and "; alternative 2.5e-03" in table
+    assert "; alternative 1 of 2 (1.20× at a.bias)" in table

@@ -368,13 +368,13 @@ def test_a_residual_sum_that_a_norm_reads_is_stored_by_the_fused_kernel_by_defau
     assert [o[1] for o in json.loads(second.spec)["operands"]] == ["row", "aux"]
 
 
-def test_recompute_residual_sums_rounds_the_stream_where_plain_compile_does():
+def test_recomputed_residual_sums_round_the_stream_where_plain_compile_does():
     """With the setting, the sum ln_2 reads stays with Inductor (which adds it again in ln_2's
     kernel), and mlp_proj's epilogue adds x and c_proj's result itself, in f32: the sum is never
     rounded, while c_proj's own biased result is, as cuBLAS writes it."""
     gm = trace(gpt2_residual_stream, *GPT2_STREAM)
     report = evtc.torch.fuse_gemm_epilogues(gm.graph, compile=False, profitability=False,
-                                            recompute_residual_sums=True)
+                                            residual_sums="recomputed")
     first, second = report.fused
     assert first.outputs == ["addmm"], first.expr  # c_proj with its bias alone
     norm = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.native_layer_norm.default)
@@ -389,11 +389,11 @@ def test_recompute_residual_sums_rounds_the_stream_where_plain_compile_does():
     assert ir.count("= cast ") == 1, ir  # acc + bias only, as cuBLAS rounds it
     # Eager's roundings keep it: the cast mode decides, the setting only what is stored.
     eager = evtc.torch.fuse_gemm_epilogues(trace(gpt2_residual_stream, *GPT2_STREAM).graph, compile=False,
-                                           profitability=False, recompute_residual_sums=True, cast_mode="eager")
+                                           profitability=False, residual_sums="recomputed", cast_mode="eager")
     assert evtc.torch._op.spec_kernel(eager.fused[1].spec)[0].ir.count("= cast ") == 2  # the sum too
 
 
-def test_recompute_residual_sums_keeps_a_sum_only_the_output_or_a_gemm_reads():
+def test_recomputed_residual_sums_keep_a_sum_only_the_output_or_a_gemm_reads():
     def fn(x, a, w1, w2):
         y = x + a @ w1.t()
         # Stored by plain compile too: a graph output and a GEMM's input (through a view).
@@ -401,12 +401,12 @@ def test_recompute_residual_sums_keeps_a_sum_only_the_output_or_a_gemm_reads():
 
     gm = trace(fn, ((M, N), BF16), ((M, K), BF16), W, ((N, N), BF16))
     report = evtc.torch.fuse_gemm_epilogues(gm.graph, compile=False, profitability=False,
-                                            recompute_residual_sums=True)
+                                            residual_sums="recomputed")
     (fusion,) = report.fused
     assert "add" in fusion.outputs, fusion.outputs  # the sum is stored by the fused kernel
 
 
-def test_recompute_residual_sums_reads_a_term_that_is_itself_an_unstored_sum():
+def test_recomputed_residual_sums_read_a_term_that_is_itself_an_unstored_sum():
     """Two LLaMA-style layers: the first layer's output is a sum the second layer's norm reads,
     so no kernel stores it and the last residual add reads it as the term it is."""
     def rms(h, g):
@@ -422,10 +422,86 @@ def test_recompute_residual_sums_reads_a_term_that_is_itself_an_unstored_sum():
     sq = ((N, N), BF16)
     gm = trace(fn, ((M, N), BF16), ((M, N), BF16), sq, sq, sq, ((N,), BF16))
     report = evtc.torch.fuse_gemm_epilogues(gm.graph, compile=False, profitability=False,
-                                            recompute_residual_sums=True)
+                                            residual_sums="recomputed")
     (last,) = report.fused
     assert last.outputs == ["add_4"] and len(report.refused) == 2
     assert [o[1] for o in json.loads(last.spec)["operands"]] == ["aux", "aux"]
+
+
+def trace_decomposed(fn, *shapes_dtypes):
+    """trace() with Inductor's decompositions: the graph its post-grad passes see (a LayerNorm
+    as a cast to f32, var_mean and pointwise ops)."""
+    from torch._inductor.decomposition import select_decomp_table
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with mode:
+        args = [torch.empty(*spec[0], device="cuda", dtype=spec[1]) for spec in shapes_dtypes]
+        gm = make_fx(fn, decomposition_table=select_decomp_table())(*args)
+    gm.graph.eliminate_dead_code()  # the decompositions' unused casts, which Inductor drops too
+    return gm
+
+
+def test_f32_residual_sums_write_the_sum_a_norm_and_a_later_add_read_unrounded():
+    """residual_sums="f32": c_proj's fused op writes x + proj in f32 (its bias result rounded,
+    as cuBLAS writes it, the sum not), ln_2's cast to f32 reads that tensor, and mlp_proj's
+    epilogue adds it unrounded: the roundings of plain compile, which never stores the sum."""
+    gm = trace_decomposed(gpt2_residual_stream, *GPT2_STREAM)
+    report = evtc.torch.fuse_gemm_epilogues(gm.graph, compile=False, profitability=False, residual_sums="f32")
+    gm.recompile()
+    first, second = report.fused
+    assert first.outputs == ["add"] and second.outputs == ["add_3"], report.summary()
+    assert "out D: f32 = " in first.expr, first.expr
+    ir = evtc.torch._op.spec_kernel(first.spec)[0].ir
+    assert ir.count("= cast ") == 1, ir  # acc + bias, as cuBLAS rounds it; the sum stays f32
+    fused = [n for n in gm.graph.nodes if n.target is evtc.torch._op.GEMM_EPILOGUE]
+    wide = next(u for u in fused[0].users)
+    assert wide.meta["val"].dtype == torch.float32
+    # ln_2 starts from the f32 sum: no cast of it to bf16 and back is left.
+    var_mean = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.var_mean.correction)
+    assert var_mean.args[0] is wide
+    assert not any(n.target is torch.ops.prims.convert_element_type.default and n.args[0] is wide
+                   for n in gm.graph.nodes), gm.graph
+    spec = json.loads(second.spec)
+    assert [o[1] for o in spec["operands"]] == ["row", "aux"] and fused[1].args[3][1] is wide
+    assert "input x1[m,n]: f32" in second.expr, second.expr
+    result = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    assert result.meta["val"].dtype == BF16
+
+
+def test_f32_residual_sums_keep_the_rounded_sum_for_other_readers():
+    """A sum the graph also returns (saved for backward) or a GEMM reads keeps a bf16 copy,
+    rounded from the f32 sum; a sum that no reader takes in f32 is written in its dtype."""
+    def fn(x, a, w1, w2, ln_w, ln_b):
+        y = x + a @ w1.t()
+        return y, F.layer_norm(y, (N,), ln_w, ln_b), y @ w2.t()
+
+    gm = trace_decomposed(fn, ((M, N), BF16), ((M, K), BF16), W, ((N, N), BF16), ((N,), BF16), ((N,), BF16))
+    report = evtc.torch.fuse_gemm_epilogues(gm.graph, compile=False, profitability=False, residual_sums="f32")
+    gm.recompile()
+    fusion = next(f for f in report.fused if "add" in f.outputs)
+    assert "out D: f32 = " in fusion.expr
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    y = out.args[0][0]
+    assert y.target is torch.ops.prims.convert_element_type.default and y.meta["val"].dtype == BF16
+    assert y.args[0].meta["val"].dtype == torch.float32
+
+    def no_norm(x, a, w1, w2):
+        y = x + a @ w1.t()
+        return y, y @ w2.t()
+
+    gm = trace_decomposed(no_norm, ((M, N), BF16), ((M, K), BF16), W, ((N, N), BF16))
+    report = evtc.torch.fuse_gemm_epilogues(gm.graph, compile=False, profitability=False, residual_sums="f32")
+    assert all("f32" not in f.expr.split("out ")[-1] for f in report.fused), [f.expr for f in report.fused]
+
+
+def test_f32_residual_sums_apply_to_compiles_roundings_only():
+    gm = trace_decomposed(gpt2_residual_stream, *GPT2_STREAM)
+    report = evtc.torch.fuse_gemm_epilogues(gm.graph, compile=False, profitability=False, residual_sums="f32",
+                                            cast_mode="eager")
+    assert all("out D: bf16" in f.expr for f in report.fused), [f.expr for f in report.fused]
+    with pytest.raises(ValueError, match="residual_sums: unknown value 'wide'; choose one of rounded, f32, "
+                                         "recomputed"):
+        evtc.torch.fuse_gemm_epilogues(gm.graph, residual_sums="wide")
 
 
 def test_fused_ops_take_fast_math_by_default_and_precise_math_on_request():

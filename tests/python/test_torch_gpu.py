@@ -468,3 +468,55 @@ def test_grouped_kernel_errors_name_the_operand(compiled_cases):
         GROUPED_API(x, w.transpose(1, 2).contiguous(), offs, bias=randn(264))
     with pytest.raises(evtc.UserError, match="offsets must be a contiguous 1-D int32 CUDA array"):
         GROUPED_API(x, w.transpose(1, 2), offs.long(), bias=randn(264))
+
+
+class Gpt2Stream(nn.Module):
+    """GPT-2's residual stream around its second LayerNorm: y = x + c_proj(a), then
+    y + mlp_proj(gelu(c_fc(ln_2(y))))."""
+
+    def __init__(self, width: int, hidden: int):
+        super().__init__()
+        self.c_proj, self.ln_2 = nn.Linear(width, width), nn.LayerNorm(width)
+        self.c_fc, self.mlp_proj = nn.Linear(width, hidden), nn.Linear(hidden, width)
+
+    def forward(self, x, a):
+        y = x + self.c_proj(a)
+        return y + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(y)), approximate="tanh"))
+
+
+def gpt2_stream(backend, options=None, dtype=torch.bfloat16):
+    """The stream's output and its parameters' gradients of mean(out²), over [4, 250, 776]
+    (sizes that are not tile multiples), the same weights and inputs in each dtype."""
+    torch.manual_seed(13)
+    model = Gpt2Stream(776, 1544).cuda().to(torch.bfloat16).to(dtype)
+    x, a = randn(4, 250, 776).to(dtype), randn(4, 250, 776).to(dtype)
+    compiled = torch.compile(model, backend=backend, options=options, dynamic=False) if backend else model
+    out = compiled(x, a)
+    (out.float() ** 2).mean().backward()
+    return [out.detach()] + [p.grad for p in model.parameters()]
+
+
+def test_f32_residual_sums_give_plain_compiles_errors():
+    """evtc.residual_sums "f32": c_proj's fused op writes x + c_proj(a) in f32 for ln_2 and
+    mlp_proj's residual add, which plain compile computes from the two terms and never rounds.
+    Forward and backward, each result's error against float64 is plain compile's (the fused
+    kernels sum their products in another order: within 5 %)."""
+    torch._dynamo.reset()
+    start = len(evtc.torch.reports)
+    poison_allocator()
+    got = gpt2_stream("evtc", {**MECHANICS, "evtc.residual_sums": "f32"})
+    reports = evtc.torch.reports[start:]
+    summary = "\n".join(r.summary() for r in reports)
+    wide = [f for r in reports for f in r.fused if ": f32 = " in f.expr.split("\nout ", 1)[-1]]
+    assert wide and any(f.outputs == ["add"] for f in wide), summary + "".join("\n" + f.expr for r in reports
+                                                                               for f in r.fused)
+    assert any("[m,n]: f32" in f.expr for r in reports for f in r.fused), summary  # read by the later add
+    torch._dynamo.reset()
+    plain = gpt2_stream("inductor")
+    want = gpt2_stream(None, dtype=torch.float64)
+    names = ["output"] + [n for n, _ in Gpt2Stream(8, 8).named_parameters()]
+    for name, g, p, w in zip(names, got, plain, want):
+        assert g.dtype == torch.bfloat16 and not g.isnan().any(), name
+        error = ((g.double() - w).norm() / w.norm()).item()
+        plain_error = ((p.double() - w).norm() / w.norm()).item()
+        assert error <= 1.05 * plain_error, (name, error, plain_error, summary)

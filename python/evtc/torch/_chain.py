@@ -110,9 +110,15 @@ class Chain:
     roots: int = 0  # nodes the chain started with (before grow took in consumers)
     # Column sums of chain values (COLUMN_SUM): outputs only, complete after the kernel's last tile.
     reductions: set[fx.Node] = field(default_factory=set)
-    # Settings.recompute_residual_sums: an outside sum of two [m,n] tensors (a residual sum that
-    # no kernel stored) is computed again from both terms rather than read.
+    # Settings.residual_sums "recomputed": an outside sum of two [m,n] tensors (a residual sum
+    # that no kernel stored) is computed again from both terms rather than read.
     recompute_sums: bool = False
+    # Settings.residual_sums "f32": residual adds of the chain whose sum the fused op writes
+    # unrounded in f32 (wide_residual_sums), and whether the chain reads an outside sum that an
+    # earlier fused op so wrote in f32 rather than its rounded copy (WIDE_SUM).
+    wide_sums: set[fx.Node] = field(default_factory=set)
+    read_wide_sums: bool = False
+    wide_reads: list[fx.Node] = field(default_factory=list)  # the rounded copies read as their f32 sums
 
     @property
     def half_shape(self) -> tuple:
@@ -310,8 +316,18 @@ def residual_sum_terms(n: fx.Node) -> Optional[tuple[fx.Node, fx.Node]]:
     return a, b
 
 
+# node.meta key of the rounded copy of a residual sum that a fused op wrote in f32 (Settings.
+# residual_sums "f32"): the f32 node, which a later chain reads in its place.
+WIDE_SUM = "evtc_wide_sum"
+
+
 def arg_expr(chain: Chain, x: Any, half: bool = False) -> str:
     if isinstance(x, fx.Node):
+        if chain.read_wide_sums and isinstance(wide := x.meta.get(WIDE_SUM), fx.Node):
+            name = operand(chain, wide, half or chain.in_half)
+            if x not in chain.wide_reads:
+                chain.wide_reads.append(x)
+            return name
         if x in chain.exprs:
             return chain.exprs[x]
         return recomputed_operand(chain, x, half or chain.in_half) or operand(chain, x, half or chain.in_half)

@@ -13,8 +13,8 @@ from torch import fx
 
 from .. import _evtc
 from . import _op, _spec
-from ._chain import (EVTC_DTYPES, RESHAPES, Chain, Refused, absorb, absorbable, concrete, residual_sum_terms,
-                     same_dim, same_shape, val)
+from ._chain import (EVTC_DTYPES, RESHAPES, WIDE_SUM, Chain, Refused, absorb, absorbable, concrete, prims,
+                     residual_sum_terms, same_dim, same_shape, val)
 from ._gemm import GEMMS, GROUPED_MM
 
 log = logging.getLogger("evtc.torch")
@@ -32,53 +32,84 @@ class Fusion:
 
 
 def grow_trimmed(graph: fx.Graph, make_chain, exclude: frozenset = frozenset(),
-                 recompute_sums: bool = False) -> Chain:
+                 residual_sums: str = "rounded") -> Chain:
     """The chain ``make_chain()`` starts, grown, then trimmed: a node at the end of the chain is
     left to Inductor where its fused kernel would move fewer bytes than the fused GEMM writing
     the node's value. That is the case for a widening cast (its consumers can read the narrower
     value and cast as they load it) and for a node read only by reductions (Inductor computes it
     inside the reduction): RMSNorm's f32 cast and square after a residual add would otherwise
     make the GEMM write two f32 tensors that the norm's reduction reads back. Nodes in ``exclude``
-    stay outside. With ``recompute_sums`` (Settings.recompute_residual_sums), so does a residual
-    sum that kernels other than GEMMs read (``stored_residual_sum``), and the chain computes
-    outside residual sums again from their terms."""
+    stay outside. ``residual_sums`` is Settings.residual_sums (where the cast mode rounds as
+    Inductor does; else "rounded"): with "recomputed", a residual sum that kernels other than
+    GEMMs read (``stored_residual_sum``) stays outside too, and the chain computes outside
+    residual sums again from their terms; with "f32", such a sum that a reader takes in f32 is
+    written in f32 (``wide_residual_sums``), and the chain reads outside sums so written."""
     exclude = set(exclude)
+    recompute = residual_sums == "recomputed"
     while True:
         chain = make_chain()
-        chain.recompute_sums = recompute_sums
+        chain.recompute_sums = recompute
+        chain.read_wide_sums = residual_sums == "f32"
         grow(graph, chain, exclude)
-        drop = _leaf_to_drop(chain) or (stored_residual_sum(chain) if recompute_sums else None)
+        drop = _leaf_to_drop(chain) or (stored_residual_sum(chain) if recompute else None)
         if drop is None:
+            if residual_sums == "f32":
+                chain.wide_sums = wide_residual_sums(chain)
             return chain
         exclude.add(drop)
 
 
-def stored_residual_sum(chain: Chain):
-    """A residual add of the chain (a chain value plus an outside tensor of its shape) whose sum
-    is read outside the chain by an op other than a GEMM: Inductor would compute that sum inside
-    the op's kernel and never store it, where the fused kernel stores it rounded. None if there
-    is none. A sum read only by GEMMs or the graph's output is stored by either, and stays."""
+def _kernel_readers(chain: Chain, v: fx.Node) -> list[fx.Node]:
+    """The ops outside the chain that read ``v`` in a kernel of their own: not GEMMs (which read
+    it from memory either way) and not views (which read nothing; their readers are followed)."""
     members = set(chain.nodes)
+    found = []
+    for u in v.users:
+        if u in members or u.op != "call_function" or u.target in GEMMS:
+            continue
+        found += _kernel_readers(chain, u) if u.target in RESHAPES else [u]
+    return found
 
-    def kernel_readers(v: fx.Node) -> list[fx.Node]:  # through views, which read nothing
-        found = []
-        for u in v.users:
-            if u in members or u.op != "call_function" or u.target in GEMMS:
-                continue
-            found += kernel_readers(u) if u.target in RESHAPES else [u]
-        return found
 
+def _residual_adds(chain: Chain):
+    """The chain's residual adds: a chain value plus an outside tensor of its shape."""
     for n in chain.nodes[chain.roots:]:
         terms = residual_sum_terms(n)
-        if terms is None or sum(t in chain.exprs for t in terms) != 1:
-            continue
-        readers = kernel_readers(n)
+        if terms is not None and sum(t in chain.exprs for t in terms) == 1:
+            yield n
+
+
+def stored_residual_sum(chain: Chain):
+    """A residual add of the chain whose sum is read outside the chain by an op other than a
+    GEMM: Inductor would compute that sum inside the op's kernel and never store it, where the
+    fused kernel stores it rounded. None if there is none. A sum read only by GEMMs or the
+    graph's output is stored by either, and stays."""
+    for n in _residual_adds(chain):
+        readers = _kernel_readers(chain, n)
         if readers:
             log.debug("evtc: %s stays outside the chain of %s: its sum is read by %s, which computes it again "
-                      "unrounded (recompute_residual_sums)", n.name, chain.gemm.name,
+                      "unrounded (residual_sums recomputed)", n.name, chain.gemm.name,
                       ", ".join(u.name for u in readers))
             return n
     return None
+
+
+def widens(n: fx.Node) -> bool:
+    """A cast of a 16-bit tensor to f32 (how a norm's decomposition starts) that something reads."""
+    t = val(n)
+    return n.op == "call_function" and _is_cast(n) and t is not None and t.dtype == torch.float32 and bool(n.users)
+
+
+def wide_residual_sums(chain: Chain) -> set[fx.Node]:
+    """The chain's residual adds whose sum some op outside it casts to f32 (a norm), or adds
+    in a later GEMM's epilogue (another residual add): Inductor computes those from the two terms
+    in f32 and never rounds the sum, so the fused op writes it unrounded in f32 for them."""
+    wide = set()
+    for n in _residual_adds(chain):
+        readers = _kernel_readers(chain, n)
+        if any(widens(u) or residual_sum_terms(u) is not None for u in readers):
+            wide.add(n)
+    return wide
 
 
 def value_bytes(n: fx.Node) -> int:
@@ -193,7 +224,8 @@ def expression(chain: Chain, escaping_nodes: list[fx.Node]) -> tuple[str, list[s
         if val(n).dtype not in EVTC_DTYPES:
             raise Refused(f"{n.name} ({val(n).dtype}) is read outside the epilogue, and evtc's outputs are floating point")
     for name, n in zip(names, values):
-        lines.append(f"out {name}: {EVTC_DTYPES[val(n).dtype]} = {chain.exprs[n]}")
+        dtype = "f32" if n in chain.wide_sums else EVTC_DTYPES[val(n).dtype]
+        lines.append(f"out {name}: {dtype} = {chain.exprs[n]}")
     return "\n".join(lines) + "\n", names, {chain.exprs[v]: i for i, v in enumerate(values)}
 
 
@@ -242,6 +274,45 @@ def use_output(graph: fx.Graph, chain: Chain, o: fx.Node, item: fx.Node, cursor:
         view.meta["val"] = item.meta["val"].view(val(o).shape)
         cursor = item = view
     o.replace_all_uses_with(item)
+    return cursor
+
+
+def use_wide_output(graph: fx.Graph, chain: Chain, o: fx.Node, item: fx.Node, cursor: fx.Node) -> fx.Node:
+    """use_output for a residual sum the fused op writes in f32 (``chain.wide_sums``): its
+    readers that cast it to f32 read the f32 sum instead (through the same views), the others a
+    copy rounded to its dtype, which records the f32 sum for a later chain that adds it
+    (``WIDE_SUM``). Returns the last node inserted."""
+    dtype = val(o).dtype
+    wide = item
+    if not same_shape(val(o).shape, item.meta["val"].shape):
+        with graph.inserting_after(cursor):
+            wide = graph.call_function(torch.ops.aten.view.default, (item, view_shape(chain, o)))
+        wide.meta["val"] = item.meta["val"].view(val(o).shape)
+        cursor = wide
+    with graph.inserting_after(cursor):
+        rounded = graph.call_function(prims.convert_element_type.default, (wide, dtype))
+    rounded.meta["val"] = wide.meta["val"].to(dtype)
+    rounded.meta[WIDE_SUM] = wide
+    cursor = rounded
+    o.replace_all_uses_with(rounded)
+    for u in list(rounded.users):
+        if widens(u):
+            u.replace_all_uses_with(wide)
+            graph.erase_node(u)
+        elif u.op == "call_function" and u.target in RESHAPES and any(widens(w) for w in u.users):
+            with graph.inserting_after(cursor):
+                view = graph.call_function(u.target, (wide, *u.args[1:]), dict(u.kwargs))
+            view.meta["val"] = fake_call(u.target, [wide, *u.args[1:]]) if not u.kwargs else \
+                wide.meta["val"].view(val(u).shape)
+            cursor = view
+            for w in [w for w in u.users if widens(w)]:
+                w.replace_all_uses_with(view)
+                graph.erase_node(w)
+            if not u.users:
+                graph.erase_node(u)
+    if not rounded.users:
+        graph.erase_node(rounded)
+        cursor = wide
     return cursor
 
 
@@ -304,8 +375,11 @@ def replace(graph: fx.Graph, chain: Chain, spec: str, op, inputs: list, kernel_h
             with graph.inserting_after(cursor):
                 items[i] = cursor = graph.call_function(operator.getitem, (fused, i))
             cursor.meta["val"] = fused.meta["val"][i]
-        cursor = use_output(graph, chain, o, items[i], cursor)
+        cursor = (use_wide_output if o in chain.wide_sums else use_output)(graph, chain, o, items[i], cursor)
     erase_unused(graph, chain)
+    for rounded in chain.wide_reads:  # rounded copies of f32 sums the chain read in their place
+        if not rounded.users:
+            graph.erase_node(rounded)
     _spec.created_specs.add(spec)
     merged = [g.name for g in chain.merged_from]
     return Fusion(chain.gemm.name, expr, [o.name for o in escaping_nodes], kernel_hash, spec, merged, estimate)

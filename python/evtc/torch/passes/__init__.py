@@ -26,6 +26,10 @@ from . import fuse_chains, merge_gated, stack_siblings
 from .stack_siblings import Stacked
 
 
+# The values of Settings.residual_sums.
+RESIDUAL_SUMS = ("rounded", "f32", "recomputed")
+
+
 @dataclass(frozen=True)
 class Settings:
     """The FX pass's settings, with their one set of defaults: fuse_gemm_epilogues' keywords,
@@ -59,12 +63,23 @@ class Settings:
     # Run GEMMs left unfused that read one input through weights stacked in one buffer (q, k, v
     # after evtc.torch.merge_projections) as one GEMM over that buffer (passes/stack_siblings.py).
     stack_siblings: bool = True
-    # Keep a residual sum that other kernels read out of the GEMM before it, and compute it again
-    # from its two terms in the epilogue of a later GEMM that adds it, as Inductor computes it
-    # again inside every kernel that reads it: the sum is never stored rounded, and the results
-    # round where plain torch.compile's do. False stores it rounded in the fused kernel, one
-    # [m,n] read less, as eager rounds it (passes/fuse_chains.py).
-    recompute_residual_sums: bool = False
+    # A residual sum that a fused GEMM's epilogue computes (``x + proj``) and that kernels other
+    # than GEMMs read (a norm, the next residual add):
+    # - "rounded": stored in the sum's own dtype, one rounding more than plain torch.compile,
+    #   which computes the sum again in f32 inside each kernel that reads it (eager's rounding);
+    # - "f32": stored unrounded in f32 where a reader takes it in f32 (a norm, a later epilogue
+    #   that adds it), so those read what plain torch.compile computes; other readers get it
+    #   rounded to its dtype (with cast_mode "eager", as "rounded");
+    # - "recomputed": left out of the GEMM before it, and computed again from its two terms in
+    #   the epilogue of a later GEMM that adds it, as Inductor does (the earlier GEMM's epilogue
+    #   then no longer takes the add).
+    # passes/fuse_chains.py; docs/python.md, "Residual sums".
+    residual_sums: str = "rounded"
+
+    def __post_init__(self):
+        if self.residual_sums not in RESIDUAL_SUMS:
+            raise ValueError(f"evtc setting residual_sums: unknown value {self.residual_sums!r}; "
+                             f"choose one of {', '.join(RESIDUAL_SUMS)}")
 
     @classmethod
     def of(cls, **settings: Any) -> "Settings":

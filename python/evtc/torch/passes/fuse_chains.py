@@ -23,14 +23,24 @@ NO_COMPILER = ("no nvcc here to compile its kernel, and no kernel library holds 
                "evtc.add_kernel_library / EVTC_KERNEL_LIBRARY)")
 
 
+def residual_sums(settings) -> str:
+    """Settings.residual_sums as the chains apply it: with eager's roundings (cast_mode
+    "eager") a residual sum is rounded where it is computed, so "f32" would store the rounded
+    sum in twice the bytes: it is stored in its dtype."""
+    if settings.residual_sums == "f32" and settings.cast_mode == "eager":
+        return "rounded"
+    return settings.residual_sums
+
+
 def run(graph: fx.Graph, settings, report) -> None:
+    sums = residual_sums(settings)
     for node in list(graph.nodes):
         if node.graph is not graph or node.op != "call_function":
             continue
         if node.target not in GEMMS and node.target not in UNSUPPORTED_GEMMS:
             continue
         try:
-            chain = grow_trimmed(graph, lambda: start_chain(node), recompute_sums=settings.recompute_residual_sums)
+            chain = grow_trimmed(graph, lambda: start_chain(node), residual_sums=sums)
             try:
                 report.fused.append(fuse(graph, chain, settings))
             except Refused as why:
@@ -40,8 +50,7 @@ def run(graph: fx.Graph, settings, report) -> None:
                 # where the kernel they need does not pay or cannot be built.
                 log.debug("evtc: %s with the column sums %s refused (%s); trying it without them", node.name,
                           ", ".join(r.name for r in chain.reductions), why)
-                chain = grow_trimmed(graph, lambda: start_chain(node), frozenset(chain.reductions),
-                                     settings.recompute_residual_sums)
+                chain = grow_trimmed(graph, lambda: start_chain(node), frozenset(chain.reductions), sums)
                 report.fused.append(fuse(graph, chain, settings))
         except Refused as why:
             report.refused.append((node.name, str(why)))
