@@ -677,6 +677,7 @@ def run_row(row: dict, base: nn.Module, args) -> None:
         row["compile_errors"] = (row["compile_errors"] or []) + (evtc.torch.wait_for_compiles() or [])
         alt_counts = fusion_counts(evtc.torch.reports[after:])
         row["alt_fused"], row["alt_graphs"] = alt_counts["fused"], alt_counts["evtc_graphs"]
+        row["alt_summary"] = alt_counts["evtc_summary"]  # what it fused, and why it refused the rest
     row.update(fusion_counts(evtc_reports))
     fallbacks = fallback_counts(evtc_reports)
     for v, skips in (("compile", skips_compile), ("evtc", skips_evtc)):
