@@ -494,6 +494,37 @@ def test_f32_residual_sums_keep_the_rounded_sum_for_other_readers():
     assert all("f32" not in f.expr.split("out ")[-1] for f in report.fused), [f.expr for f in report.fused]
 
 
+def test_f32_residual_sums_through_3d_views_at_symbolic_sizes():
+    """A [batch, tokens, width] stream with symbolic batch and tokens: the f32 sum reaches the
+    norm through the view the pass makes with the graph's own size nodes."""
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    width, k = 64, 80
+
+    def stream(x, a, w1, b1, w2, b2, ln_w, ln_b):
+        y = x + F.linear(a, w1, b1)
+        return y + F.linear(F.layer_norm(y, (width,), ln_w, ln_b), w2, b2)
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        made = [torch.empty(*s, device="cuda", dtype=BF16)
+                for s in [(4, 96, width), (4, 96, k), (width, k), (width,), (width, width), (width,), (width,), (width,)]]
+    mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
+    dynamic = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.DYNAMIC, DimDynamic.STATIC])
+    args = [mode.from_tensor(t, symbolic_context=dynamic) for t in made[:2]] + [mode.from_tensor(t) for t in made[2:]]
+    with mode:
+        gm = make_fx(stream, decomposition_table=select_decomp_table())(*args)
+    gm.graph.eliminate_dead_code()
+    report = evtc.torch.fuse_gemm_epilogues(gm.graph, compile=False, profitability=False, residual_sums="f32")
+    gm.graph.lint()
+    first, second = report.fused
+    assert "out D: f32 = " in first.expr and "input x1[m,n]: f32" in second.expr, (first.expr, second.expr)
+    var_mean = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.var_mean.correction)
+    wide = var_mean.args[0]
+    assert wide.target is torch.ops.aten.view.default and wide.meta["val"].dtype == torch.float32
+    assert isinstance(wide.meta["val"].shape[0], torch.SymInt) and wide.meta["val"].shape[2] == width
+
+
 def test_f32_residual_sums_apply_to_compiles_roundings_only():
     gm = trace_decomposed(gpt2_residual_stream, *GPT2_STREAM)
     report = evtc.torch.fuse_gemm_epilogues(gm.graph, compile=False, profitability=False, residual_sums="f32",
