@@ -525,6 +525,26 @@ def test_f32_residual_sums_through_3d_views_at_symbolic_sizes():
     assert isinstance(wide.meta["val"].shape[0], torch.SymInt) and wide.meta["val"].shape[2] == width
 
 
+def test_f32_residual_sums_give_every_view_of_the_sum_its_dtype():
+    """A sum read outside the chain both as it is and through a view (one output of the fused
+    op): each reader gets the f32 tensor where it casts to f32, else the rounded bf16 copy."""
+    def fn(x, a, w1, ln_w, ln_b):
+        y = x + a @ w1.t()
+        batched = y.view(8, M // 8, N)  # a view the chain takes in: the same value as y
+        flat = y.view(M * N)  # one it does not: a reader of y
+        return F.layer_norm(y, (N,), ln_w, ln_b), batched.cumsum(1), flat.amax(), flat.float().sum()
+
+    gm = trace_decomposed(fn, ((M, N), BF16), ((M, K), BF16), W, ((N,), BF16), ((N,), BF16))
+    report = evtc.torch.fuse_gemm_epilogues(gm.graph, compile=False, profitability=False, residual_sums="f32")
+    gm.graph.lint()
+    (fusion,) = report.fused
+    assert "out D: f32 = " in fusion.expr and len(fusion.outputs) == 2, (fusion.expr, fusion.outputs)
+    readers = [n for n in gm.graph.nodes if n.target in (torch.ops.aten.amax.default, torch.ops.aten.cumsum.default)]
+    assert len(readers) == 2 and all(r.args[0].meta["val"].dtype == BF16 == r.meta["val"].dtype for r in readers)
+    total = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.sum.default)
+    assert total.args[0].meta["val"].dtype == torch.float32 and total.args[0].meta["val"].shape == (M * N,)
+
+
 def test_f32_residual_sums_apply_to_compiles_roundings_only():
     gm = trace_decomposed(gpt2_residual_stream, *GPT2_STREAM)
     report = evtc.torch.fuse_gemm_epilogues(gm.graph, compile=False, profitability=False, residual_sums="f32",

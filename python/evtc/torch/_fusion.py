@@ -103,13 +103,14 @@ def widens(n: fx.Node) -> bool:
 def wide_residual_sums(chain: Chain) -> set[fx.Node]:
     """The chain's residual adds whose sum some op outside it casts to f32 (a norm), or adds
     in a later GEMM's epilogue (another residual add): Inductor computes those from the two terms
-    in f32 and never rounds the sum, so the fused op writes it unrounded in f32 for them."""
-    wide = set()
+    in f32 and never rounds the sum, so the fused op writes it unrounded in f32 for them. Views
+    of such a sum in the chain come with it: they are the same output of the fused op."""
+    values = set()
     for n in _residual_adds(chain):
         readers = _kernel_readers(chain, n)
         if any(widens(u) or residual_sum_terms(u) is not None for u in readers):
-            wide.add(n)
-    return wide
+            values.add(chain.exprs[n])
+    return {n for n in chain.nodes if chain.exprs.get(n) in values}
 
 
 def value_bytes(n: fx.Node) -> int:
