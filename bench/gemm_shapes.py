@@ -63,7 +63,9 @@ shape, `PATH_TO_EVTC_CLI tune 'out D: bf16 = acc' -s MxNxK --max-candidates 0 --
 --layout-b c` (fp8: the set's expression with `--dtype f8e4m3`) lists the candidate
 configurations; every distinct candidate compiles once (`evtc.compile(expr, config=name)`, in
 parallel); then each shape times the library call (torch.mm; torch._scaled_mm for fp8) and each
-of its candidates as above (default 3 rounds x 10 calls; each
+of its candidates as above, and evtc's default kernel as a user's call runs it (its configuration
+and visiting order there; the result's default_ms, default_over_best and default_over_cublas)
+(default 3 rounds x 10 calls; each
 candidate's first call checked against the float64 reference; a candidate that fails to
 compile, to run fused or to match is skipped with its error). Writes the whole sweep to
 <out>/<stamp>-<gpu>-gemm-sweep.json and the selection table to --table-out:
@@ -208,6 +210,9 @@ ABOVE = 1.04  # the summary counts shapes where evtc takes longer than this time
 SWEEP_SETS = ("plain", "fp8", "residual")
 # The library call's key among a sweep's timed variants.
 REFERENCE = "reference"
+# The sweep's name for evtc's default kernel, timed at each shape beside the candidates (with the
+# configuration and visiting order it picks there): what a user's call runs.
+DEFAULT_VARIANT = "(default)"
 CONFIG_NAME = re.compile(r"^(coop|pingpong|ms)_\S+$")
 # Operand layouts (--layout): A's and B's, "r" row-major or "c" column-major. rc is nn.Linear's
 # forward (B = w.t()), rr a backward pass's data gradient (dY @ W: B is the K x N weight itself,
@@ -1027,18 +1032,28 @@ def rank(times: dict[str, float]) -> list[tuple[str, float]]:
     return sorted(times.items(), key=lambda item: item[1])
 
 
-def sweep_result(shape: Shape, default_config: str, medians: dict[str, float], errors: dict[str, str]) -> dict:
+def sweep_result(shape: Shape, default_config: str, medians: dict[str, float], errors: dict[str, str],
+                 default_order: Optional[str] = None) -> dict:
     cublas = medians.pop(REFERENCE, None)
+    default_ms = medians.pop(DEFAULT_VARIANT, None)
     ranked = rank(medians)
     r = {"m": shape.m, "n": shape.n, "k": shape.k, "label": shape.label, "cublas_ms": cublas,
          "default_config": default_config, "candidates": dict(ranked), "errors": errors}
+    if default_order is not None:
+        r["default_order"] = default_order
     if ranked:
         r["best"], r["best_ms"] = ranked[0]
     if len(ranked) > 1:
         r["runner_up"], r["runner_up_ms"] = ranked[1]
-    if default_config in medians and ranked:
-        r["default_ms"] = medians[default_config]
-        r["default_over_best"] = r["default_ms"] / r["best_ms"]
+    # The default kernel as a user's call runs it (its own visiting order); an older sweep's
+    # default_ms is its configuration's time among the candidates, with CUTLASS's order.
+    if default_ms is None and default_config in medians:
+        default_ms = medians[default_config]
+    if default_ms is not None and ranked:
+        r["default_ms"] = default_ms
+        r["default_over_best"] = default_ms / r["best_ms"]
+        if cublas:
+            r["default_over_cublas"] = default_ms / cublas
     if cublas and ranked:
         r["best_over_cublas"] = r["best_ms"] / cublas
     return r
@@ -1118,10 +1133,15 @@ def sweep_shape(spec: SetSpec, shape: Shape, names: list[str], kernels: dict, co
             errors[name] = why
         else:
             variants[name] = rotating(evtc_caller(kernels[name], problem, outputs), rotation)
+    if why := try_candidate(default_kernel, problem, outputs, ref):
+        errors[DEFAULT_VARIANT] = why
+    else:
+        variants[DEFAULT_VARIANT] = rotating(evtc_caller(default_kernel, problem, outputs), rotation)
     timer.warm_up(variants, args.warmup_ms)
     medians, _, timing_errors = timer.interleaved(variants, args.rounds, args.calls)
     errors.update(timing_errors)
-    result = sweep_result(shape, default_kernel.config_for(shape.m, shape.n, shape.k), medians, errors)
+    result = sweep_result(shape, default_kernel.config_for(shape.m, shape.n, shape.k), medians, errors,
+                          default_kernel.visit_order_for(shape.m, shape.n, shape.k))
     if args.orders_top > 0 and result["candidates"]:
         import evtc
 
@@ -1143,6 +1163,8 @@ def sweep_line(r: dict) -> str:
     text = f"{head} best {r['best']}{order} {r['best_ms']:.4f} ms, library {fmt(r.get('cublas_ms'), '.4f')} ms"
     if "runner_up" in r:
         text += f", runner-up {r['runner_up']} +{100 * (r['runner_up_ms'] / r['best_ms'] - 1):.1f}%"
+    if "default_over_cublas" in r:
+        text += f", default {r['default_config']} {r['default_over_cublas']:.3f}x library"
     return text + f", {len(r['candidates'])} timed, {len(r['errors'])} failed"
 
 

@@ -335,6 +335,24 @@ def test_a_kept_visiting_order_must_beat_cutlass_s_by_the_margin_and_reaches_the
     assert (doc["dtype"], doc["epilogue"]) == ("bf16", "out D: bf16 = acc")
 
 
+def test_a_sweep_times_the_default_kernel_apart_from_the_candidates():
+    g = load_gemm_shapes()
+    shape = g.Shape("custom", "", 48, 9216, 3072)
+    medians = {g.REFERENCE: 0.020, g.DEFAULT_VARIANT: 0.023, "a": 0.021, "b": 0.022}
+    r = g.sweep_result(shape, "b", medians, {}, "along_n_s4")
+    # The default kernel (configuration b with its own order) is timed as a user's call runs it,
+    # and is no candidate: it can neither win nor reach the table.
+    assert set(r["candidates"]) == {"a", "b"} and r["best"] == "a"
+    assert (r["default_config"], r["default_order"], r["default_ms"]) == ("b", "along_n_s4", 0.023)
+    assert abs(r["default_over_best"] - 0.023 / 0.021) < 1e-12
+    assert abs(r["default_over_cublas"] - 0.023 / 0.020) < 1e-12
+    doc = g.table_document([r], "NVIDIA H200", "cmd", "date", 132, g.SETS["plain"])
+    assert [e["config"] for e in doc["entries"]] == ["a"]
+    # Without its own timing (an older sweep), the default is its configuration's candidate time.
+    old = g.sweep_result(shape, "b", {g.REFERENCE: 0.020, "a": 0.021, "b": 0.022}, {})
+    assert old["default_ms"] == 0.022 and "default_order" not in old
+
+
 def test_an_fp8_sweep_lists_candidates_with_declared_f32_scales_and_writes_the_fp8_table():
     g = load_gemm_shapes()
     spec = g.SETS["fp8"]
