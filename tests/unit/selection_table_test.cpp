@@ -283,6 +283,104 @@ TEST(SelectionTable, AShapeBetweenTheTablesMValuesSplitsMIntoTransposedCooperati
   }
 }
 
+TEST(SelectionTable, ABorrowedDecodeTileWidensToTheEntrysCountOfTiles) {
+  auto entry = [](int64_t m, int64_t n, const char* config) {
+    TableEntry e;
+    e.m = m;
+    e.n = n;
+    e.k = 4096;
+    e.config = *KernelConfig::parse(config);
+    return e;
+  };
+  auto widened = [](const TableEntry& e, int64_t m, int64_t n) {
+    const auto c = entry_tile_count_width(e.config, gemm(m, n, 3072), e, {132});
+    return c ? c->name() : std::string("kept");
+  };
+  // The M = 64 entry's 64x48 tile ran 96 tiles at N = 4608: 192 at N = 9216 (1.18x cuBLAS on the
+  // H200) become 96 of 64x96 (1.02x); 107 at N = 5120 become 80 of 64x64.
+  const TableEntry narrow = entry(64, 4608, "pingpong_64x48x128_c1x1_persistent");
+  EXPECT_EQ(widened(narrow, 48, 9216), "pingpong_64x96x128_c1x1_persistent");
+  EXPECT_EQ(widened(narrow, 16, 9216), "pingpong_64x96x128_c1x1_persistent");
+  EXPECT_EQ(widened(narrow, 48, 5120), "pingpong_64x64x128_c1x1_persistent");
+  // As many tiles or fewer already (a narrower N, or one whose width rounds to the entry's).
+  EXPECT_EQ(widened(narrow, 48, 4544), "kept");
+  EXPECT_EQ(widened(narrow, 48, 4608), "kept");
+  // M beyond one row tile or decode sizes (rules 5-7 take those), an entry of more rows than its tile.
+  EXPECT_EQ(widened(narrow, 80, 9216), "kept");
+  EXPECT_EQ(widened(entry(128, 4608, "pingpong_64x48x128_c1x1_persistent"), 48, 9216), "kept");
+  // Entries measured in more than one wave (GPT-style widths of 28672 and more run 224-395
+  // tiles, the fastest there), in clusters, in K parts, transposed or cooperative: kept.
+  EXPECT_EQ(widened(entry(64, 37888, "pingpong_64x96x128_c1x1_persistent"), 48, 40960), "kept");
+  EXPECT_EQ(widened(entry(64, 7168, "pingpong_64x64x128_c1x2_persistent"), 48, 9216), "kept");
+  EXPECT_EQ(widened(entry(64, 1024, "pingpong_64x160x64_c1x1_persistent_kparts2"), 48, 2048), "kept");
+  EXPECT_EQ(widened(entry(64, 4608, "pingpong_64x64x128_c1x1_persistent_swap"), 48, 9216), "kept");
+  EXPECT_EQ(widened(entry(64, 4608, "coop_128x64x64_c1x1_persistent"), 48, 9216), "kept");
+  // No wider than 256 columns.
+  EXPECT_EQ(widened(entry(64, 16384, "pingpong_64x128x128_c1x1_persistent"), 48, 40960), "kept");
+  // Every widened tile is one evtc builds; up to 128 columns the tuner would time it too. Wider
+  // ones may leave too few main-loop stages: table_choice then keeps the entry's tile.
+  const Graph plain = run_pipeline(parse_expression("out D: bf16 = acc"));
+  for (int64_t n = 4608; n <= 4608 * 5; n += 160)
+    if (const auto c = entry_tile_count_width(narrow.config, gemm(48, n, 4096), narrow, {132})) {
+      EXPECT_TRUE(KernelConfig::parse(c->name()).has_value()) << c->name();
+      if (c->tile_n <= 128)
+        EXPECT_EQ(tuning::prune_reason(*c, plain, gemm(48, n, 4096), {132}), "") << c->name() << " at N = " << n;
+    }
+  // On the H200's own table.
+  const std::optional<DeviceInfo> h200 = DeviceInfo{"NVIDIA H200", 90, 132};
+  auto c = table_choice_on(plain, gemm(48, 9216, 3072), h200);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->config.name(), "pingpong_64x96x128_c1x1_persistent");
+  EXPECT_EQ(c->entry.config.name(), "pingpong_64x48x128_c1x1_persistent") << "the H200 table changed: pick another shape";
+  EXPECT_EQ(c->entry.order.name(), "heuristic");
+  c = table_choice_on(plain, gemm(64, 4608, 3584), h200);  // the entry's own shape
+  ASSERT_TRUE(c.has_value());
+  EXPECT_TRUE(c->exact);
+  EXPECT_EQ(c->config.name(), "pingpong_64x48x128_c1x1_persistent");
+}
+
+TEST(SelectionTable, KInPartsNeedsMoreThan512OfKAPart) {
+  const Graph plain = run_pipeline(parse_expression("out D: bf16 = acc"));
+  const KernelConfig four = *KernelConfig::parse("pingpong_64x16x128_c1x1_persistent_kparts4_swap");
+  EXPECT_EQ(tuning::k_split_refusal(four, gemm(16, 1024, 4096)), "");
+  EXPECT_EQ(tuning::prune_reason(four, plain, gemm(16, 1024, 4096)), "");
+  const std::string why = tuning::k_split_refusal(four, gemm(16, 2048, 2048));
+  EXPECT_NE(why.find("K is too short for 4 parts (each would hold 512 of K, under 640)"), std::string::npos) << why;
+  EXPECT_EQ(tuning::prune_reason(four, plain, gemm(16, 2048, 2048)), why);
+  EXPECT_EQ(tuning::k_split_refusal(*KernelConfig::parse("pingpong_64x16x128_c1x1_persistent_kparts2_swap"),
+                                    gemm(16, 2048, 2048)),
+            "");
+  // 768 a part (GPT-2's 768x3072 projection) measured faster than one part: kept.
+  EXPECT_EQ(tuning::k_split_refusal(four, gemm(16, 768, 3072)), "");
+  // A 64-deep K tile's four tiles a part are 256 of K: refused too (64x160 in 4 parts at
+  // 16x1024x1024 took 1.23x cuBLAS, the transposed 64x16 tile in one part 0.98x).
+  EXPECT_NE(tuning::k_split_refusal(*KernelConfig::parse("pingpong_64x160x64_c1x1_persistent_kparts4"),
+                                    gemm(16, 1024, 1024)),
+            "");
+  EXPECT_EQ(tuning::k_split_refusal(*KernelConfig::parse("pingpong_64x16x128_c1x1_persistent_swap"), gemm(16, 2048, 64)),
+            "");
+  // No candidate splits K shorter than that.
+  for (const GemmDesc& g : {gemm(16, 1536, 1536), gemm(16, 2048, 2048), gemm(48, 1024, 3000)})
+    for (const KernelConfig& c : tuning::candidate_configs(plain, g, {132}))
+      if (c.k_parts > 1) EXPECT_GE(g.k / c.k_parts, tuning::kMinKPerPart) << c.name();
+  // The H200 table's K-in-parts entries (M = 16-64 x 1024 x 4096) are passed over at shorter K:
+  // 16x2048x2048 took 1.10x cuBLAS in their 4 parts of 512, 0.94x in the nearest other entry's
+  // tile; 16x1536x1536 took 1.21x in the untransposed 64x160 fallback, 0.97x in that tile.
+  const std::optional<DeviceInfo> h200 = DeviceInfo{"NVIDIA H200", 90, 132};
+  for (const GemmDesc& g : {gemm(16, 2048, 2048), gemm(16, 1536, 1536), gemm(48, 2048, 2048)}) {
+    const auto c = table_choice_on(plain, g, h200);
+    ASSERT_TRUE(c.has_value());
+    EXPECT_EQ(c->config.k_parts, 1) << g.m << "x" << g.n << "x" << g.k << ": " << c->config.name();
+    EXPECT_TRUE(c->config.swap_ab) << c->config.name();
+    EXPECT_NE(c->entry.n, 1024) << "the K-in-parts entry";
+  }
+  const auto at = table_choice_on(plain, gemm(16, 1024, 4096), h200);
+  ASSERT_TRUE(at.has_value());
+  EXPECT_EQ(at->config.k_parts, 4) << "the H200 table changed at 16x1024x4096: pick another shape";
+  EXPECT_EQ(table_choice_on(plain, gemm(16, 1024, 8192), h200)->config.k_parts, 4);
+  EXPECT_EQ(table_choice_on(plain, gemm(16, 768, 3072), h200)->config.k_parts, 4);
+}
+
 TEST(SelectionTable, GpuClassesAndDtypes) {
   EXPECT_EQ(gpu_class_of("NVIDIA H100 80GB HBM3"), "h100");
   EXPECT_EQ(gpu_class_of("NVIDIA H200"), "h200");

@@ -302,8 +302,7 @@ std::string prune_reason(const KernelConfig& c, const Graph& g, const GemmDesc& 
     if (tile_count(c, gemm) * parts > 2 * int64_t(device.sm_count))
       return fmt::format("{} tiles split {} ways are more than two waves", tile_count(c, gemm), parts);
     if (tile_count(c, gemm) >= int64_t(device.sm_count)) return "the tiles alone fill the multiprocessors";
-    if (size_or(gemm.k) < 4 * parts * c.tile_k) return "K is too short to split that many ways";
-    return {};
+    return k_split_refusal(c, gemm);
   }
   if (c.scheduler == TileSchedulerKind::stream_k) {
     KernelConfig persistent = c;
@@ -312,6 +311,17 @@ std::string prune_reason(const KernelConfig& c, const Graph& g, const GemmDesc& 
       return "the persistent grid already fills its waves (stream-K would only add fix-up)";
     if (size_or(gemm.k) < 8 * c.tile_k) return "K is too short to split";
   }
+  return {};
+}
+
+std::string k_split_refusal(const KernelConfig& c, const GemmDesc& gemm) {
+  const int parts = c.splits * c.k_parts;
+  if (parts <= 1) return {};
+  const int64_t k = size_or(gemm.k);
+  if (k < 4 * parts * c.tile_k) return "K is too short to split that many ways";
+  if (c.k_parts > 1 && k < c.k_parts * kMinKPerPart)
+    return fmt::format("K is too short for {} parts (each would hold {} of K, under {})", c.k_parts, k / c.k_parts,
+                       kMinKPerPart);
   return {};
 }
 

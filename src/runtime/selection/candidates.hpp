@@ -38,6 +38,20 @@ std::vector<KernelConfig> candidate_configs(const Graph& g, const GemmDesc& gemm
 std::string prune_reason(const KernelConfig& c, const Graph& g, const GemmDesc& gemm,
                          const DeviceLimits& device = {});
 
+// K in parts (KernelConfig::k_parts) pays only where every part keeps more than 512 of K: the
+// parts' fixed costs (each part's prologue and fp32 partial tile, the second kernel that adds
+// them) outweigh a shorter main loop. Measured on the H200 at decode sizes (bench/results/
+// 20261202-0252-h200-gemm-sweep-decode-picks.json): 4 parts of 512 at N = K = 2048 took
+// 1.05-1.17x cuBLAS where the same shapes' tiles in one part took 0.94-0.98x; 4 parts of 384 and
+// 256 (N = K = 1536 and 1024, 64x160 tiles) 0.83-1.24x against 0.65-0.99x; 4 parts of 704 and
+// 768 (N = 1024, K = 2816; N = 768, K = 3072) 0.87-1.01x against 0.91-0.98x in one part; and 4
+// of 1024 won the table's 16-64 x 1024 x 4096.
+constexpr int64_t kMinKPerPart = 640;
+// Why K is too short for this configuration's split (in-kernel split-K: at least four K tiles a
+// split; K in parts: also kMinKPerPart a part); empty for a configuration that does not split K.
+// prune_reason includes it; the shipped tables' lookup skips entries it refuses.
+std::string k_split_refusal(const KernelConfig& c, const GemmDesc& gemm);
+
 // Why a configuration's tiles of an operand read along M or N (B row-major, A column-major, as
 // the kernel reads them after any swap-AB) are slow: a tile extent along that contiguous axis
 // whose bytes are no multiple of 64 makes CUTLASS stage it with its 32-byte swizzle, whose loads

@@ -163,6 +163,30 @@ std::optional<KernelConfig> mid_m_transposed_tile(const GemmDesc& gemm, const tu
   return best;
 }
 
+std::optional<KernelConfig> entry_tile_count_width(const KernelConfig& c, const GemmDesc& gemm,
+                                                   const TableEntry& entry, const tuning::DeviceLimits& device) {
+  // Measured on the H200 (bench/results/20261202-0242-h200-gemm-sweep-decode-off-grid.json:
+  // M = 16 and 48 beside real layers' N and K outside the table; -0252-h200-gemm-sweep-decode-
+  // picks.json: the old and new picks in one run at M = 1-64): the M = 64 entries' 64x48 tile
+  // took 1.08-1.18x cuBLAS at N = 9216, 11008 and 12288 (192-256 tiles) where 64x96 (96-128
+  // tiles, as many as the entries' 64x4608x3584 and 64x6144x4096 ran) took 0.95-1.02x. Within
+  // one wave (N = 4672-5120, 98-107 tiles, 64x64 in 73-80) the gain is smaller: 2-4 % at M = 48
+  // in both sweeps, -4 to +2 % at M = 56 and 64 (the twelve shapes' geo-mean 1.042 -> 1.034x).
+  if (c.swap_ab || c.schedule != MainloopSchedule::pingpong || c.tile_m != 64 || c.cluster_m != 1 ||
+      c.cluster_n != 1 || c.splits > 1 || c.k_parts > 1 || c.scheduler != TileSchedulerKind::persistent)
+    return std::nullopt;
+  if (gemm.m <= 0 || gemm.m > kDecodeRows || gemm.m > c.tile_m || entry.m > c.tile_m || entry.n <= 0 ||
+      gemm.n <= entry.n)
+    return std::nullopt;
+  const int64_t own = (entry.n + c.tile_n - 1) / c.tile_n;  // the entry's tiles: its M in one row tile
+  if (own > device.sm_count) return std::nullopt;
+  const int64_t width = ((gemm.n + own - 1) / own + 15) / 16 * 16;
+  if (width <= c.tile_n || width > 256) return std::nullopt;
+  KernelConfig wide = c;
+  wide.tile_n = int(width);
+  return wide;
+}
+
 std::optional<TableChoice> table_choice(const Graph& g, const GemmDesc& gemm) {
   return table_choice_on(g, gemm, current_device());
 }
@@ -187,8 +211,12 @@ std::optional<TableChoice> table_choice_on(const Graph& g, const GemmDesc& gemm,
   const bool one_operand = !light && !fp8 && operand_epilogue(g);
   if (!dev || dev->arch != gemm.sm) return std::nullopt;
   // Entries measured with B column-major whose tiles would stage a row-major B (or column-major
-  // A) with a narrow swizzle are passed over: the nearest usable entry stands in.
-  const EntryFilter layout_ok = [&](const KernelConfig& c) { return tuning::operand_layout_refusal(c, gemm).empty(); };
+  // A) with a narrow swizzle, and entries whose K in parts would be too short here
+  // (tuning::k_split_refusal: measured at K = 4096, borrowed at 2048), are passed over: the
+  // nearest usable entry stands in.
+  const EntryFilter layout_ok = [&](const KernelConfig& c) {
+    return tuning::operand_layout_refusal(c, gemm).empty() && tuning::k_split_refusal(c, gemm).empty();
+  };
   tuning::DeviceLimits device;
   if (dev->sm_count > 0) device.sm_count = dev->sm_count;
   // An epilogue with one [m,n] operand: the residual table's entry from its smallest M on (it
@@ -218,9 +246,11 @@ std::optional<TableChoice> table_choice_on(const Graph& g, const GemmDesc& gemm,
     // with 16-bit tiles only.
     if (found->exact || fp8) return choice;
     // A shape between the table's: M split into transposed cooperative tiles, else a borrowed
-    // transposed tile widened to one tile across M.
+    // transposed tile widened to one tile across M, else a borrowed decode tile widened to the
+    // entry's count of tiles.
     auto adapted = mid_m_transposed_tile(gemm, device);
     if (!adapted || !usable(*adapted)) adapted = one_token_tile(choice.config, gemm, device, found->entry->m);
+    if (!adapted || !usable(*adapted)) adapted = entry_tile_count_width(choice.config, gemm, *found->entry, device);
     if (adapted && usable(*adapted)) {
       choice.config = *adapted;
       choice.entry.order = VisitOrder{};  // the entry's order was measured on its own tile grid

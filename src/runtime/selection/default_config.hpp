@@ -108,6 +108,17 @@ std::optional<KernelConfig> one_token_tile(const KernelConfig& c, const GemmDesc
 // before one_token_tile.
 std::optional<KernelConfig> mid_m_transposed_tile(const GemmDesc& gemm, const tuning::DeviceLimits& device = {});
 
+// A borrowed untransposed 64-row ping-pong tile (no cluster, K in one part) at a decode-sized M
+// that it holds in one row tile, from an entry of a narrower N whose tiles (M in one row tile
+// there too) filled at most one wave: the same tile with tile_n widened, to a multiple of 16 and
+// at most 256, so that this N splits into no more tiles than the entry's N did. At such M the
+// kernel streams B, and the entry's grid is what was measured fastest; at a wider N the same
+// tile runs more tiles, in more than one wave or in a grid the entry never timed. nullopt where
+// no widening applies. table_choice applies it to entries of other shapes.
+std::optional<KernelConfig> entry_tile_count_width(const KernelConfig& c, const GemmDesc& gemm,
+                                                   const TableEntry& entry,
+                                                   const tuning::DeviceLimits& device = {});
+
 // The current GPU's limits for candidate generation and pruning (its multiprocessors; the
 // defaults where no GPU answers).
 tuning::DeviceLimits current_device_limits();
