@@ -1045,8 +1045,9 @@ def sweep_result(shape: Shape, default_config: str, medians: dict[str, float], e
         r["best"], r["best_ms"] = ranked[0]
     if len(ranked) > 1:
         r["runner_up"], r["runner_up_ms"] = ranked[1]
-    # The default kernel as a user's call runs it (its own visiting order); an older sweep's
-    # default_ms is its configuration's time among the candidates, with CUTLASS's order.
+    # The default kernel as a user's call runs it (its own visiting order); where it could not be
+    # timed (its error under DEFAULT_VARIANT), its configuration's time among the candidates,
+    # with CUTLASS's order, stands in.
     if default_ms is None and default_config in medians:
         default_ms = medians[default_config]
     if default_ms is not None and ranked:

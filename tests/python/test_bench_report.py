@@ -348,7 +348,7 @@ def test_a_sweep_times_the_default_kernel_apart_from_the_candidates():
     assert abs(r["default_over_cublas"] - 0.023 / 0.020) < 1e-12
     doc = g.table_document([r], "NVIDIA H200", "cmd", "date", 132, g.SETS["plain"])
     assert [e["config"] for e in doc["entries"]] == ["a"]
-    # Without its own timing (an older sweep), the default is its configuration's candidate time.
+    # Where the default kernel could not be timed, its configuration's candidate time stands in.
     old = g.sweep_result(shape, "b", {g.REFERENCE: 0.020, "a": 0.021, "b": 0.022}, {})
     assert old["default_ms"] == 0.022 and "default_order" not in old
 

@@ -82,7 +82,8 @@ GemmDesc whole_row_tiles(const KernelConfig& c, GemmDesc gemm);
 // up to a multiple of 16; nullopt above the widest such tile the candidates offer (128).
 std::optional<int> transposed_width_holding(int64_t m);
 // The columns of each of `tiles` transposed tiles that split M's rows between them: M / tiles
-// rounded up, then up to a multiple of 16; nullopt above 256 (the widest wgmma).
+// rounded up, then up to a multiple of 16; nullopt above 256 (the widest wgmma). The same split
+// of N serves an untransposed 64-row tile (selection::entry_tile_count_width).
 std::optional<int> transposed_width_splitting(int64_t m, int tiles);
 
 }  // namespace evtc::tuning

@@ -178,12 +178,15 @@ std::optional<KernelConfig> entry_tile_count_width(const KernelConfig& c, const 
   if (gemm.m <= 0 || gemm.m > kDecodeRows || gemm.m > c.tile_m || entry.m > c.tile_m || entry.n <= 0 ||
       gemm.n <= entry.n)
     return std::nullopt;
-  const int64_t own = (entry.n + c.tile_n - 1) / c.tile_n;  // the entry's tiles: its M in one row tile
+  GemmDesc there = gemm;
+  there.m = entry.m;
+  there.n = entry.n;
+  const int64_t own = tuning::tile_count(c, there);  // its M in one row tile: N's tiles alone
   if (own > device.sm_count) return std::nullopt;
-  const int64_t width = ((gemm.n + own - 1) / own + 15) / 16 * 16;
-  if (width <= c.tile_n || width > 256) return std::nullopt;
+  const auto width = tuning::transposed_width_splitting(gemm.n, int(own));
+  if (!width || *width <= c.tile_n) return std::nullopt;
   KernelConfig wide = c;
-  wide.tile_n = int(width);
+  wide.tile_n = *width;
   return wide;
 }
 
@@ -214,7 +217,7 @@ std::optional<TableChoice> table_choice_on(const Graph& g, const GemmDesc& gemm,
   // A) with a narrow swizzle, and entries whose K in parts would be too short here
   // (tuning::k_split_refusal: measured at K = 4096, borrowed at 2048), are passed over: the
   // nearest usable entry stands in.
-  const EntryFilter layout_ok = [&](const KernelConfig& c) {
+  const EntryFilter entry_ok = [&](const KernelConfig& c) {
     return tuning::operand_layout_refusal(c, gemm).empty() && tuning::k_split_refusal(c, gemm).empty();
   };
   tuning::DeviceLimits device;
@@ -225,7 +228,7 @@ std::optional<TableChoice> table_choice_on(const Graph& g, const GemmDesc& gemm,
     if (const SelectionTable* residual =
             table_for(gpu_class_of(dev->name), gemm.a_dtype, dev->sm_count, TableKind::residual);
         residual && gemm.m >= residual->smallest_m())
-      if (const auto found = match(*residual, gemm.m, gemm.n, gemm.k, dev->sm_count, layout_ok);
+      if (const auto found = match(*residual, gemm.m, gemm.n, gemm.k, dev->sm_count, entry_ok);
           found && tuning::prune_reason(found->entry->config, g, gemm, device).empty()) {
         TableChoice choice{found->entry->config, *found->entry, found->exact, residual->file};
         if (!found->exact) choice.entry.order = VisitOrder{};  // measured on its own tile grid
@@ -234,7 +237,7 @@ std::optional<TableChoice> table_choice_on(const Graph& g, const GemmDesc& gemm,
   if (!light && !decode_table_epilogue(g, gemm)) return std::nullopt;
   const SelectionTable* table = table_for(gpu_class_of(dev->name), gemm.a_dtype, dev->sm_count);
   if (!table) return std::nullopt;
-  const auto found = match(*table, gemm.m, gemm.n, gemm.k, dev->sm_count, layout_ok);
+  const auto found = match(*table, gemm.m, gemm.n, gemm.k, dev->sm_count, entry_ok);
   if (!found) return std::nullopt;
   auto usable = [&](const KernelConfig& c) {
     // At least 3 main-loop stages included; a heavier epilogue only on a tile of few accumulators.
