@@ -58,6 +58,12 @@ ROWS = {
     "decode-64x4608x3584": ("out D: bf16 = acc", 64, 4608, 3584, ()),
     "decode-16x1024x4096": ("out D: bf16 = acc", 16, 1024, 4096, ()),
     "decode-64x1024x4096": ("out D: bf16 = acc", 64, 1024, 4096, ()),
+    # Decode shapes outside the table still above 1.04x after rules 8-11 (docs/backend.md, "Shapes
+    # outside the table"): the M = 64 entries' 64x48 and 64x64 tiles at N = 4544-5120, and 2 parts
+    # of the transposed 64x32 tile at N = 1536, K = 8960.
+    "decode-48x4544x4544": ("out D: bf16 = acc", 48, 4544, 4544, ()),
+    "decode-48x5120x4096": ("out D: bf16 = acc", 48, 5120, 4096, ()),
+    "decode-48x1536x8960": ("out D: bf16 = acc", 48, 1536, 8960, ()),
     # The o and down projections' residual add, read as an [m,n] operand (r) or as the
     # collective's source C, against the plain GEMM of the same configuration.
     "residual-8192x4096x4096": ("input r[m,n]: bf16\nout D: bf16 = acc + r", 8192, 4096, 4096, ("r",)),

@@ -110,11 +110,16 @@ TEST(FusedConfigs, DefaultConfigurationsOfLinearLayersFromPrefillToDecode) {
   // 48×9200×3000 and 56×12200×4000 borrow the M = 64 entries' 64×48 tile, which the H200's
   // lookup widens to their count of tiles (64×96); 16×2040×2056 and 8×1000×1000 pass over the
   // K-in-parts entries (16×1024×4096), whose parts would hold under 640 of K, for the transposed
-  // 64×16 tile in 4×1 clusters.
-  const std::tuple<int, int, int> shapes[] = {{16, 4096, 4096}, {48, 5000, 3000}, {64, 28672, 4096},
+  // 64×16 tile in 4×1 clusters. 40×2040×2000 narrows a borrowed transposed 64×32 tile to 16
+  // columns of M (96 tiles); 44×1528×8960 and 72×760×3072 cut a borrowed 4 parts of K to the 2
+  // and 3 parts that fit one wave. 48×5000×3000 and 46×4600×3600 take the transposed 64×48 tile
+  // below the M = 64 entries' rows.
+  const std::tuple<int, int, int> shapes[] = {{16, 4096, 4096},  {48, 5000, 3000},   {64, 28672, 4096},
                                                {256, 4608, 3584}, {1000, 6000, 2000}, {4096, 4096, 4096},
-                                               {80, 5200, 3000}, {40, 8200, 4000}, {48, 9200, 3000},
-                                               {56, 12200, 4000}, {16, 2040, 2056}, {8, 1000, 1000}};
+                                               {80, 5200, 3000},  {40, 8200, 4000},   {48, 9200, 3000},
+                                               {56, 12200, 4000}, {16, 2040, 2056},   {8, 1000, 1000},
+                                               {40, 2040, 2000},  {44, 1528, 8960},   {72, 760, 3072},
+                                               {46, 4600, 3600}};
   {
     std::vector<std::jthread> compiles;  // each shape's configuration, all at once
     for (const auto& [m, n, k] : shapes) compiles.emplace_back([&, m, n, k] { kernel("w1_linear").compile(m, n, k); });

@@ -381,6 +381,124 @@ TEST(SelectionTable, KInPartsNeedsMoreThan512OfKAPart) {
   EXPECT_EQ(table_choice_on(plain, gemm(16, 768, 3072), h200)->config.k_parts, 4);
 }
 
+TEST(SelectionTable, ABorrowedTransposedDecodeTileNarrowsTo16ColumnsOfM) {
+  auto narrowed = [](const char* config, int64_t m, int64_t n) {
+    const auto c = narrow_decode_transposed_tile(*KernelConfig::parse(config), gemm(m, n, 8192), {132});
+    return c ? c->name() : std::string("kept");
+  };
+  const char* sixteen = "pingpong_64x16x128_c1x1_persistent_swap";
+  // 32 row tiles of N = 2048, M = 48 in three 16-column tiles: 96 tiles, one wave (0.95x
+  // cuBLAS on the H200 where the borrowed 64x32 in 4 parts took 1.04x).
+  EXPECT_EQ(narrowed("pingpong_64x32x128_c1x1_persistent_kparts4_swap", 48, 2048), sixteen);
+  EXPECT_EQ(narrowed("pingpong_64x32x128_c4x1_persistent_swap", 24, 2048), sixteen);
+  EXPECT_EQ(narrowed("pingpong_64x32x128_c1x1_persistent_swap", 64, 2048), sixteen);  // 128 tiles
+  EXPECT_EQ(narrowed("pingpong_64x32x128_c1x1_persistent_swap", 32, 4096), sixteen);  // 128 tiles
+  EXPECT_EQ(narrowed("pingpong_64x16x256_c4x1_persistent_swap", 32, 4096),
+            "pingpong_64x16x256_c1x1_persistent_swap");  // the entry's K tile
+  EXPECT_EQ(narrowed("coop_128x32x64_c4x1_persistent_swap", 32, 4096), sixteen);
+  // Fewer than 32 row tiles of N (N = 1536: 24), more tiles than one wave (M = 48 at N = 3072:
+  // 144), M of one 16-column tile or beyond decode sizes, the tile itself, or untransposed: kept.
+  EXPECT_EQ(narrowed("pingpong_64x32x128_c1x1_persistent_kparts4_swap", 48, 1536), "kept");
+  EXPECT_EQ(narrowed("pingpong_64x32x128_c1x1_persistent_swap", 48, 3072), "kept");
+  EXPECT_EQ(narrowed("pingpong_64x16x128_c1x1_persistent_kparts4_swap", 16, 2048), "kept");
+  EXPECT_EQ(narrowed("pingpong_64x80x128_c1x1_persistent_swap", 80, 2048), "kept");
+  EXPECT_EQ(narrowed(sixteen, 48, 2048), "kept");
+  EXPECT_EQ(narrowed("pingpong_64x32x128_c1x1_persistent", 48, 2048), "kept");
+  // Every narrowed tile is one the tuner would time too.
+  const Graph plain = run_pipeline(parse_expression("out D: bf16 = acc"));
+  for (int64_t m = 17; m <= 64; m += 7)
+    for (int64_t n = 1900; n <= 8448; n += 300)
+      if (const auto c = narrow_decode_transposed_tile(*KernelConfig::parse("pingpong_64x32x128_c4x1_persistent_swap"),
+                                                       gemm(m, n, 4096), {132})) {
+        EXPECT_EQ(tuning::prune_reason(*c, plain, gemm(m, n, 4096), {132}), "") << m << "x" << n;
+        EXPECT_LE(tuning::tile_count(*c, gemm(m, n, 4096)), 132);
+      }
+  // On the H200's own table: borrowers of the K-in-parts and clustered entries narrow; the
+  // entries' own shapes keep their configurations.
+  const std::optional<DeviceInfo> h200 = DeviceInfo{"NVIDIA H200", 90, 132};
+  for (const GemmDesc& g : {gemm(48, 2048, 8192), gemm(24, 2048, 8192), gemm(40, 2048, 8192), gemm(40, 2040, 2000)}) {
+    const auto c = table_choice_on(plain, g, h200);
+    ASSERT_TRUE(c.has_value());
+    EXPECT_FALSE(c->exact);
+    EXPECT_EQ(c->config.name(), sixteen) << g.m << "x" << g.n << "x" << g.k << " from " << c->entry.config.name();
+    EXPECT_EQ(c->entry.order.name(), "heuristic");
+  }
+  const auto own = table_choice_on(plain, gemm(32, 3584, 4096), h200);
+  ASSERT_TRUE(own.has_value());
+  EXPECT_TRUE(own->exact);
+  EXPECT_EQ(own->config.name(), own->entry.config.name());
+  EXPECT_NE(own->config.name(), sixteen) << "the H200 table changed at 32x3584x4096: pick another shape";
+}
+
+TEST(SelectionTable, AnUntransposedEntryOfMoreRowsLendsTheTransposedTileHoldingM) {
+  auto entry = [](int64_t m, const char* config) {
+    TableEntry e;
+    e.m = m;
+    e.n = 4608;
+    e.k = 3584;
+    e.config = *KernelConfig::parse(config);
+    return e;
+  };
+  auto transposed = [](const TableEntry& e, int64_t m, int64_t n) {
+    const auto c = transposed_tile_below_the_entrys_rows(e.config, gemm(m, n, 4096), e, {132});
+    return c ? c->name() : std::string("kept");
+  };
+  const TableEntry m64 = entry(64, "pingpong_64x48x128_c1x1_persistent");
+  // 48x4544x4544 took 1.14x cuBLAS on the H200 with the entry's tile, 1.01x with 71 transposed
+  // 64x48 tiles.
+  EXPECT_EQ(transposed(m64, 48, 4544), "pingpong_64x48x128_c1x1_persistent_swap");
+  EXPECT_EQ(transposed(m64, 33, 5120), "pingpong_64x48x128_c1x1_persistent_swap");
+  EXPECT_EQ(transposed(entry(64, "pingpong_64x64x128_c1x1_persistent"), 40, 5120),
+            "pingpong_64x48x128_c1x1_persistent_swap");
+  // M = 56 (no faster transposed), M of 32 or fewer, an entry of no more rows, more tiles than
+  // one wave (N = 9216: 144), clusters or K parts, transposed or cooperative entries: kept.
+  EXPECT_EQ(transposed(m64, 56, 4544), "kept");
+  EXPECT_EQ(transposed(m64, 32, 4544), "kept");
+  EXPECT_EQ(transposed(entry(48, "pingpong_64x48x128_c1x1_persistent"), 48, 4544), "kept");
+  EXPECT_EQ(transposed(m64, 48, 9216), "kept");
+  EXPECT_EQ(transposed(entry(64, "pingpong_64x64x128_c1x2_persistent"), 48, 5120), "kept");
+  EXPECT_EQ(transposed(entry(64, "pingpong_64x160x64_c1x1_persistent_kparts2"), 48, 2048), "kept");
+  EXPECT_EQ(transposed(entry(64, "pingpong_64x32x128_c1x1_persistent_swap"), 48, 4544), "kept");
+  EXPECT_EQ(transposed(entry(64, "coop_128x64x64_c1x1_persistent"), 48, 4544), "kept");
+  // On the H200's own table: before rule 8 (which widened the entry's 64x48 to 64x64 here).
+  const Graph plain = run_pipeline(parse_expression("out D: bf16 = acc"));
+  const std::optional<DeviceInfo> h200 = DeviceInfo{"NVIDIA H200", 90, 132};
+  for (const GemmDesc& g : {gemm(48, 4544, 4544), gemm(48, 5120, 4096), gemm(46, 4600, 3600)}) {
+    const auto c = table_choice_on(plain, g, h200);
+    ASSERT_TRUE(c.has_value());
+    EXPECT_EQ(c->config.name(), "pingpong_64x48x128_c1x1_persistent_swap")
+        << g.m << "x" << g.n << "x" << g.k << " from " << c->entry.config.name();
+    EXPECT_EQ(c->entry.m, 64) << "the H200 table changed: pick another shape";
+  }
+}
+
+TEST(SelectionTable, BorrowedKInPartsKeepsThePartsOfOneWave) {
+  auto cut = [](const char* config, int64_t m, int64_t n, int64_t k) {
+    const auto c = parts_within_one_wave(*KernelConfig::parse(config), gemm(m, n, k), {132});
+    return c ? c->name() : std::string("kept");
+  };
+  const char* four = "pingpong_64x32x128_c1x1_persistent_kparts4_swap";
+  // N = 1536 at M = 48: 24 x 2 tiles in 4 parts are 192 units, two waves (1.11x cuBLAS on the
+  // H200); in 2 parts 96 (1.04x).
+  EXPECT_EQ(cut(four, 48, 1536, 8960), "pingpong_64x32x128_c1x1_persistent_kparts2_swap");
+  // 36 tiles: three parts of 1024 fit one wave.
+  EXPECT_EQ(cut(four, 72, 768, 3072), "pingpong_64x32x128_c1x1_persistent_kparts3_swap");
+  // Three parts fit but do not split K = 4096 evenly into 16-byte slices of 640 or more: two.
+  EXPECT_EQ(cut(four, 72, 1024, 4096), "pingpong_64x32x128_c1x1_persistent_kparts2_swap");
+  // More than 66 tiles (35 x 2 here): K whole.
+  EXPECT_EQ(cut(four, 48, 2240, 8192), "pingpong_64x32x128_c1x1_persistent_swap");
+  // Parts within one wave, or none: kept.
+  EXPECT_EQ(cut(four, 32, 1536, 8960), "kept");
+  EXPECT_EQ(cut(four, 64, 1024, 4096), "kept");
+  EXPECT_EQ(cut("pingpong_64x32x128_c1x1_persistent_swap", 64, 8192, 8192), "kept");
+  const Graph plain = run_pipeline(parse_expression("out D: bf16 = acc"));
+  const std::optional<DeviceInfo> h200 = DeviceInfo{"NVIDIA H200", 90, 132};
+  const auto c = table_choice_on(plain, gemm(48, 1536, 8960), h200);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->config.name(), "pingpong_64x32x128_c1x1_persistent_kparts2_swap");
+  EXPECT_EQ(c->entry.config.name(), four) << "the H200 table changed: pick another shape";
+}
+
 TEST(SelectionTable, GpuClassesAndDtypes) {
   EXPECT_EQ(gpu_class_of("NVIDIA H100 80GB HBM3"), "h100");
   EXPECT_EQ(gpu_class_of("NVIDIA H200"), "h200");

@@ -190,6 +190,72 @@ std::optional<KernelConfig> entry_tile_count_width(const KernelConfig& c, const 
   return wide;
 }
 
+std::optional<KernelConfig> transposed_tile_below_the_entrys_rows(const KernelConfig& c, const GemmDesc& gemm,
+                                                                 const TableEntry& entry,
+                                                                 const tuning::DeviceLimits& device) {
+  // Measured on the H200 (bench/results/20261202-0527-h200-gemm-sweep-decode-wide-n.json and
+  // -0544-...-decode-clusters.json, 15 shapes of N = 4544-5120 and K = 3072-5120 at M = 40-56):
+  // at M = 48 the M = 64 entries' untransposed 64x48 and 64x64 tiles (rule 8 widens the first)
+  // took 1.05-1.14x torch.mm, the transposed 64x48 tile (71-80 tiles) 1.01-1.04x, as at M = 40,
+  // which borrows the M = 32 entries' transposed tiles and widens them (rule 7). At M = 56 the
+  // transposed tile of 64 columns was no faster than the entries' (1.02-1.08x against
+  // 1.02-1.06x). Nsight Compute (-0527-h200-ncu-decode-wide-n.csv): cuBLAS runs 48x4544x4544
+  // transposed as well, 64 rows of N by 48 of M in 4x1 clusters, 72 CTAs.
+  // Entries in clusters (1x2 at K = 18432-28672) were not compared and are kept.
+  if (c.swap_ab || c.schedule != MainloopSchedule::pingpong || c.tile_m != 64 || c.cluster_m != 1 ||
+      c.cluster_n != 1 || c.k_parts > 1 || c.splits > 1)
+    return std::nullopt;
+  if (gemm.m <= 32 || gemm.m > 48 || entry.m <= gemm.m) return std::nullopt;
+  const auto width = tuning::transposed_width_holding(gemm.m);
+  if (!width) return std::nullopt;
+  KernelConfig t = KernelConfig::of(MainloopSchedule::pingpong, 64, *width, 1);
+  t.tile_k = 128;
+  t.swap_ab = true;
+  if (tuning::tile_count(t, gemm) > device.sm_count) return std::nullopt;
+  return t;
+}
+
+std::optional<KernelConfig> narrow_decode_transposed_tile(const KernelConfig& c, const GemmDesc& gemm,
+                                                         const tuning::DeviceLimits& device) {
+  // Measured on the H200 (bench/results/20261202-0318-h200-gemm-sweep-decode-k-parts.json, seven
+  // transposed tiles at 27 decode shapes; -0242-...-decode-off-grid.json): at M = 24-64 and N =
+  // 2048 (K = 5632 and 8192) the transposed 64x16 tile in one part, 64-128 tiles, took 0.89-0.96x
+  // torch.mm where the borrowed picks (64x32 in 4 parts or in 4x1 clusters, 32-64 tiles of 4
+  // parts or none) took 0.95-1.10x; at 48x2048x11008 and 48x2304x9216 (96 and 108 tiles)
+  // 0.99x and 0.95x, the fastest timed. The grid's own M = 32 entries at N = 3072-4096 (96-128
+  // such tiles) have it within 1-2 % of their fastest. With fewer row tiles of N it loses: at N =
+  // 1536 (24 row tiles, K = 8960) it took 1.10-1.13x where 2 parts of 64x32 took 1.01-1.10x.
+  if (!c.swap_ab || gemm.m <= 16 || gemm.m > kDecodeRows || gemm.n <= 0) return std::nullopt;
+  if (c.tile_m == 64 && c.tile_n == 16 && c.cluster_m == 1 && c.cluster_n == 1 && c.splits <= 1 &&
+      c.k_parts <= 1 && c.scheduler == TileSchedulerKind::persistent)
+    return std::nullopt;
+  KernelConfig t = KernelConfig::of(MainloopSchedule::pingpong, 64, 16, 1);
+  t.tile_k = c.tile_k == 64 ? 128 : c.tile_k;
+  t.swap_ab = true;
+  const int64_t row_tiles = (gemm.n + t.tile_m - 1) / t.tile_m;
+  if (row_tiles < kNarrowTileRowTiles || tuning::tile_count(t, gemm) > device.sm_count) return std::nullopt;
+  return t;
+}
+
+std::optional<KernelConfig> parts_within_one_wave(const KernelConfig& c, const GemmDesc& gemm,
+                                                 const tuning::DeviceLimits& device) {
+  // Measured on the H200 (bench/results/20261202-0318-h200-gemm-sweep-decode-k-parts.json): at
+  // M = 40-64 and N = 1536, K = 8960 the M = 32 and 64 entries' transposed 64x32 tile in 4 parts
+  // ran 192-256 tiles x parts (two waves) at 1.11-1.12x torch.mm, in 2 parts (96-128, one wave)
+  // at 1.01-1.10x; where 4 parts fit one wave (M = 16-32 there, and at N = 2048) they were kept.
+  if (c.k_parts <= 1) return std::nullopt;
+  const int64_t tiles = tuning::tile_count(c, gemm);
+  if (tiles * c.k_parts <= device.sm_count) return std::nullopt;
+  // The most parts that fit one wave and split this K evenly (16-byte slices, kMinKPerPart each);
+  // K in one part where none does.
+  KernelConfig fewer = c;
+  for (fewer.k_parts = int(std::min<int64_t>(c.k_parts - 1, device.sm_count / std::max<int64_t>(1, tiles)));
+       fewer.k_parts > 1; --fewer.k_parts)
+    if (config_refusal(fewer, gemm).empty() && tuning::k_split_refusal(fewer, gemm).empty()) break;
+  fewer.k_parts = std::max(fewer.k_parts, 1);
+  return fewer;
+}
+
 std::optional<TableChoice> table_choice(const Graph& g, const GemmDesc& gemm) {
   return table_choice_on(g, gemm, current_device());
 }
@@ -250,10 +316,15 @@ std::optional<TableChoice> table_choice_on(const Graph& g, const GemmDesc& gemm,
     if (found->exact || fp8) return choice;
     // A shape between the table's: M split into transposed cooperative tiles, else a borrowed
     // transposed tile widened to one tile across M, else a borrowed decode tile widened to the
-    // entry's count of tiles.
+    // entry's count of tiles, else a borrowed transposed decode tile narrowed to 16 columns of M,
+    // else a borrowed K in parts cut to the parts that fit one wave.
     auto adapted = mid_m_transposed_tile(gemm, device);
     if (!adapted || !usable(*adapted)) adapted = one_token_tile(choice.config, gemm, device, found->entry->m);
+    if (!adapted || !usable(*adapted))
+      adapted = transposed_tile_below_the_entrys_rows(choice.config, gemm, *found->entry, device);
     if (!adapted || !usable(*adapted)) adapted = entry_tile_count_width(choice.config, gemm, *found->entry, device);
+    if (!adapted || !usable(*adapted)) adapted = narrow_decode_transposed_tile(choice.config, gemm, device);
+    if (!adapted || !usable(*adapted)) adapted = parts_within_one_wave(choice.config, gemm, device);
     if (adapted && usable(*adapted)) {
       choice.config = *adapted;
       choice.entry.order = VisitOrder{};  // the entry's order was measured on its own tile grid

@@ -119,6 +119,36 @@ std::optional<KernelConfig> entry_tile_count_width(const KernelConfig& c, const 
                                                    const TableEntry& entry,
                                                    const tuning::DeviceLimits& device = {});
 
+// A borrowed untransposed 64-row ping-pong configuration (no cluster, K in one part) from an
+// entry of more rows, at 32 < M <= 48: the transposed 64-row ping-pong tile holding M in one
+// tile (M rounded up to 16 columns, K tile 128), where its tiles fit one wave. Each tile then
+// reads a 64-row slice of B against all of A, where the entry's tile read a narrower slice of B
+// against A, and the shapes the M = 32 entries serve (M up to 44) take the same tile (rule 7).
+// nullopt elsewhere. table_choice applies it to entries of other shapes before rule 8.
+std::optional<KernelConfig> transposed_tile_below_the_entrys_rows(const KernelConfig& c, const GemmDesc& gemm,
+                                                                 const TableEntry& entry,
+                                                                 const tuning::DeviceLimits& device = {});
+
+// Row tiles of N (64 each) a problem needs at least for narrow_decode_transposed_tile.
+constexpr int64_t kNarrowTileRowTiles = 32;
+// A borrowed transposed configuration at 16 < M <= kDecodeRows that is not already the
+// transposed 64x16 ping-pong tile in one part without a cluster: that tile (the entry's K tile,
+// 128 for a K tile of 64), where N makes at least kNarrowTileRowTiles row tiles and the tiles
+// (row tiles times M's 16-column tiles) fit one wave. At such M the kernel streams B; 16 columns
+// put up to four tiles on each slice of N, which share it in L2, and fill the wave with tiles
+// that pull B through more multiprocessors than wider tiles, K in parts or clusters do. nullopt
+// elsewhere. table_choice applies it to entries of other shapes after the rules above.
+std::optional<KernelConfig> narrow_decode_transposed_tile(const KernelConfig& c, const GemmDesc& gemm,
+                                                         const tuning::DeviceLimits& device = {});
+
+// A borrowed configuration of K in parts whose tiles times parts exceed one wave: the same
+// configuration in as many parts as fit one wave (at least one, i.e. K whole). The parts of a
+// tile run at once only within one wave; a second wave of parts streams B through half the
+// multiprocessors again and adds a combine of more parts. nullopt where the parts fit one wave
+// or K is in one part. table_choice applies it to entries of other shapes after the rules above.
+std::optional<KernelConfig> parts_within_one_wave(const KernelConfig& c, const GemmDesc& gemm,
+                                                  const tuning::DeviceLimits& device = {});
+
 // The current GPU's limits for candidate generation and pruning (its multiprocessors; the
 // defaults where no GPU answers).
 tuning::DeviceLimits current_device_limits();
