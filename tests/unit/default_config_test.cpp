@@ -258,6 +258,32 @@ TEST(CostModel, GroupedChainsCompareWithTheGroupedGemm) {
   EXPECT_FALSE(plain.profitable()) << plain.describe();
 }
 
+TEST(CostModel, ADecodeGridIsBoundByWhatEachMultiprocessorStreams) {
+  // 48x2048x8192 in transposed 64x16 tiles: 96 tiles, each streaming 64 rows of B and 16 of A
+  // over K (1.31 MB) at 80 GB/s, 16.4 us, longer than the 34.5 MB of the whole problem at the
+  // device's 4.3 TB/s (8.0 us); plus 3 us for the kernel (the epilogue's 0.2 MB half exposed).
+  auto priced = [](const char* config, int64_t m, int64_t n, int64_t k) {
+    CompileOptions o;
+    o.config = KernelConfig::parse(config);
+    return Kernel(parse_expression("out D: bf16 = acc"), o).estimate(m, n, k, UnfusedWork{}).fused_us;
+  };
+  const char* sixteen = "pingpong_64x16x128_c1x1_persistent_swap";
+  EXPECT_NEAR(priced(sixteen, 48, 2048, 8192), 3.0 + 16.384, 0.1);
+  // Beyond one wave the grid's efficiencies price the streaming: 128x128 tiles at 4096x11008x4096
+  // (2,752 tiles in 21 waves, 2.1 MB each) would take 550 us at 80 GB/s a multiprocessor; the
+  // tensor cores' rate at the tile's efficiency prices it at about 505.
+  EXPECT_LT(priced("pingpong_128x128x64_c2x1_persistent", 4096, 11008, 4096), 530.0);
+  // A wider tile holding M streams more of A per tile but runs fewer of them, all in one wave.
+  EXPECT_NEAR(priced("pingpong_64x48x128_c1x1_persistent_swap", 48, 2048, 8192), 3.0 + (64 + 48) * 2 * 8192 / 80e3,
+              0.1);
+  // K in 4 parts: a quarter of K per tile (32 x 4 = 128 units, one wave), then the parts' sum.
+  const double parts = priced("pingpong_64x16x128_c1x1_persistent_kparts4_swap", 16, 2048, 8192);
+  EXPECT_GT(parts, 3.0 + 16.384 / 4);
+  EXPECT_LT(parts, priced(sixteen, 16, 2048, 8192));
+  // Stream-K spreads K over the multiprocessors: the device's bandwidth bounds it.
+  EXPECT_LT(priced("coop_128x16x64_c1x1_streamk_swap", 16, 2048, 8192), 3.0 + 16.384);
+}
+
 TEST(CostModel, DecodeSizedProblemsStayWithCuBLAS) {
   const Kernel kernel(parse_expression(kBiasSilu));
   const FusionEstimate decode = kernel.estimate(64, 11008, 4096, round_trip(64, 11008));

@@ -39,9 +39,24 @@ constexpr double kKernelUs = 3.0;
 // At 0.97 the model still prices them about 7 % above those timings. 64-row ping-pong tiles
 // (decode and small-tile picks) keep 0.93.
 constexpr double kCublasBase = 0.97, kCoopBase = 0.95, kPingpongBase = 0.93, kPingpong128Base = 0.97;
-// The memory bandwidth a kernel reaches when its tile grid does not fill the multiprocessors:
-// cuBLAS splits K for such problems, evtc's persistent kernels do not.
+// The memory bandwidth a grouped kernel reaches when its tile grid does not fill the
+// multiprocessors (grouped_mm_us): cuBLAS splits K for such problems, persistent kernels do not.
 constexpr double kSmallGridFloor = 0.25;
+// The rate at which one multiprocessor streams its tile's slices of A and B (GB/s), about its
+// share of the L2 cache's bandwidth: the bound of evtc's kernel on a decode-sized grid of no more
+// tiles than multiprocessors, beside the device's bandwidth and the tensor cores' rate. Such a
+// grid runs neither at the device's bandwidth nor at a share of it in proportion to its tiles
+// (the model before, down to a quarter). Fitted to the H200 sweeps of M <= 64 of 2026-11-28 to -30
+// (3,036 timings of 64-row and cooperative 128-row tiles, in one part, K parts and clusters;
+// bench/results/*-h200-gemm-sweep*.json; least squares on the log of predicted over measured
+// time, with 3 us a kernel and 4.3 TB/s kept, the grids beyond one wave priced as before): 80 GB/s. Anchored at the table's entries
+// (anchor_to_table), evtc's kernel is now priced within 5 % of its measured time at 38 of the
+// 78 real decode shapes outside the table in the run of -0551-h200-gemm-shapes-decode-off-grid.json
+// (22 before; median error 5.2 % against 11.1 %), 30 of 64 and 30 of 72 in the runs of -0304 and
+// -0520 (the rows whose pick is today's; 23 and 22 before), none of them fitted to; the grid's
+// shapes take their entries' times either way, and the 28 --off-grid shapes of -0134 and -2142
+// stayed at 11 and 10 within 5 % (median error 6.0 to 6.1 %, 5.7 to 6.5 %).
+constexpr double kTileStreamGBs = 80;
 
 struct Rates {
   double tflops = kTflops16, tbs = kTbsH200;
@@ -60,8 +75,8 @@ Rates rates_for(DType ab) {
 
 // Time of a kernel doing `flops` at `eff` of the rate and moving `bytes` at `bw` of the
 // bandwidth, whichever is longer, plus the per-kernel cost.
-double kernel_us(double flops, double bytes, double eff, double bw, const Rates& r) {
-  return std::max(flops / (r.tflops * 1e6 * eff), bytes / (r.tbs * 1e6 * bw)) + kKernelUs;
+double kernel_us(double flops, double bytes, double eff, double bw, const Rates& r, double stream_us = 0) {
+  return std::max({flops / (r.tflops * 1e6 * eff), bytes / (r.tbs * 1e6 * bw), stream_us}) + kKernelUs;
 }
 
 // cuBLAS picks among many kernels: model it by the best grid efficiency among the usual
@@ -75,6 +90,27 @@ double cublas_efficiency(const GemmDesc& g, const tuning::DeviceLimits& d) {
 }
 
 double occupancy(int64_t tiles, int sms) { return std::clamp(double(tiles) / sms, kSmallGridFloor, 1.0); }
+
+// The time one multiprocessor takes to stream its tile's slices of A and B (K in parts: its part
+// of K) at kTileStreamGBs, where the tiles times parts fit one wave. 0 beyond it: there the
+// efficiencies above, measured on grids of many waves, already hold what the tiles' streaming
+// costs (as a bound on every wave it priced the dSwiGLU data gradient on 128x128 tiles at
+// 4096x11008x4096 20 % above the unfused path, which measured 0.996-1.008x torch.mm fused).
+double tile_stream_us(const KernelConfig& c, const GemmDesc& g, int sms) {
+  // Stream-K spreads each tile's K over the multiprocessors: no one of them streams a whole tile.
+  if (c.scheduler == TileSchedulerKind::stream_k && c.splits <= 1) return 0;
+  const int parts = std::max(1, c.k_parts) * std::max(1, c.splits);
+  if (tuning::tile_count(c, g) * parts > sms) return 0;
+  const GemmDesc t = tuning::tiled_problem(c, g);
+  // The tile's rows come from the tiled problem's first operand (B where transposed), its columns
+  // from the second.
+  const double row_bytes = dtype_bytes(c.swap_ab ? g.b_dtype : g.a_dtype);
+  const double col_bytes = dtype_bytes(c.swap_ab ? g.a_dtype : g.b_dtype);
+  const double k = double(g.k) / parts;
+  const double bytes = (double(std::min<int64_t>(c.tile_m, t.m)) * row_bytes +
+                        double(std::min<int64_t>(c.tile_n, t.n)) * col_bytes) * k;
+  return bytes / (kTileStreamGBs * 1e3);
+}
 
 // The unfused path's GEMMs for the problem `g`: `gemms` of them side by side over N (a merged
 // chain's sources), each reading all of A, its part of B and of `extra_ab_bytes`, and writing its
@@ -148,12 +184,12 @@ FusionEstimate estimate_for(const KernelConfig& c, const GemmDesc& g, double epi
     // K in parts: the GEMM writes the parts' f32 products; a second kernel reads them and
     // writes the epilogue's outputs.
     const double partials = double(c.k_parts) * double(g.m) * double(g.n) * 4;
-    e.fused_us = kernel_us(flops, ab + partials, base * tuning::grid_efficiency(c, g, d) * tile_factor(c),
-                           occupancy(tuning::tile_count(c, g) * c.k_parts, r.sms), r) +
+    e.fused_us = kernel_us(flops, ab + partials, base * tuning::grid_efficiency(c, g, d) * tile_factor(c), 1.0, r,
+                           tile_stream_us(c, g, r.sms)) +
                  kernel_us(0, partials + epilogue_bytes, 1.0, 1.0, r);
   } else {
-    e.fused_us = kernel_us(flops, ab + epilogue_bytes, base * tuning::grid_efficiency(c, g, d) * tile_factor(c),
-                           occupancy(tuning::tile_count(c, g), r.sms), r) +
+    e.fused_us = kernel_us(flops, ab + epilogue_bytes, base * tuning::grid_efficiency(c, g, d) * tile_factor(c), 1.0,
+                           r, tile_stream_us(c, g, r.sms)) +
                  exposed * epilogue_bytes / (r.tbs * 1e6);
   }
   e.epilogue_us = unfused.saved_bytes / (r.tbs * 1e6) + unfused.kernels * kKernelUs;

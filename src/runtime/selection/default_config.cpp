@@ -315,9 +315,10 @@ std::optional<TableChoice> table_choice_on(const Graph& g, const GemmDesc& gemm,
     // with 16-bit tiles only.
     if (found->exact || fp8) return choice;
     // A shape between the table's: M split into transposed cooperative tiles, else a borrowed
-    // transposed tile widened to one tile across M, else a borrowed decode tile widened to the
-    // entry's count of tiles, else a borrowed transposed decode tile narrowed to 16 columns of M,
-    // else a borrowed K in parts cut to the parts that fit one wave.
+    // transposed tile widened to one tile across M, else the transposed tile holding M below an
+    // untransposed entry of more rows, else a borrowed decode tile widened to the entry's count
+    // of tiles, else a borrowed transposed decode tile narrowed to 16 columns of M, else a
+    // borrowed K in parts cut to the parts that fit one wave.
     auto adapted = mid_m_transposed_tile(gemm, device);
     if (!adapted || !usable(*adapted)) adapted = one_token_tile(choice.config, gemm, device, found->entry->m);
     if (!adapted || !usable(*adapted))
