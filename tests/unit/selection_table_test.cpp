@@ -205,6 +205,16 @@ GemmDesc gemm(int64_t m, int64_t n, int64_t k) {
   return g;
 }
 
+// A table entry measured at M×N×K with `config`.
+TableEntry table_entry(int64_t m, int64_t n, int64_t k, const char* config) {
+  TableEntry e;
+  e.m = m;
+  e.n = n;
+  e.k = k;
+  e.config = *KernelConfig::parse(config);
+  return e;
+}
+
 TEST(SelectionTable, ABorrowedTransposedTileWidensToOneTileAcrossM) {
   auto widened = [&](const std::string& config, int64_t m, int64_t n, int64_t k, int64_t measured_m = 64) {
     const auto c = one_token_tile(*KernelConfig::parse(config), gemm(m, n, k), {132}, measured_m);
@@ -284,14 +294,7 @@ TEST(SelectionTable, AShapeBetweenTheTablesMValuesSplitsMIntoTransposedCooperati
 }
 
 TEST(SelectionTable, ABorrowedDecodeTileWidensToTheEntrysCountOfTiles) {
-  auto entry = [](int64_t m, int64_t n, const char* config) {
-    TableEntry e;
-    e.m = m;
-    e.n = n;
-    e.k = 4096;
-    e.config = *KernelConfig::parse(config);
-    return e;
-  };
+  auto entry = [](int64_t m, int64_t n, const char* config) { return table_entry(m, n, 4096, config); };
   auto widened = [](const TableEntry& e, int64_t m, int64_t n) {
     const auto c = entry_tile_count_width(e.config, gemm(m, n, 3072), e, {132});
     return c ? c->name() : std::string("kept");
@@ -431,14 +434,7 @@ TEST(SelectionTable, ABorrowedTransposedDecodeTileNarrowsTo16ColumnsOfM) {
 }
 
 TEST(SelectionTable, AnUntransposedEntryOfMoreRowsLendsTheTransposedTileHoldingM) {
-  auto entry = [](int64_t m, const char* config) {
-    TableEntry e;
-    e.m = m;
-    e.n = 4608;
-    e.k = 3584;
-    e.config = *KernelConfig::parse(config);
-    return e;
-  };
+  auto entry = [](int64_t m, const char* config) { return table_entry(m, 4608, 3584, config); };
   auto transposed = [](const TableEntry& e, int64_t m, int64_t n) {
     const auto c = transposed_tile_below_the_entrys_rows(e.config, gemm(m, n, 4096), e, {132});
     return c ? c->name() : std::string("kept");
