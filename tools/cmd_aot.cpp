@@ -25,7 +25,7 @@ std::string read_text(const std::string& path, const char* option) {
 
 Command add_aot_command(CLI::App& app) {
   struct Args {
-    std::string out, preset, show_dir;
+    std::string out, preset, show_dir, gpu;
     std::vector<std::string> exprs, lists, shapes, configs;
     GemmFlags gemm;
     bool precise = false, json = false;
@@ -50,6 +50,10 @@ Command add_aot_command(CLI::App& app) {
       ->check(config_value());
   a->gemm.add_to(build);
   build->add_flag("--precise", a->precise, "Full-precision transcendental math (--expr kernels)");
+  build->add_option("--gpu", a->gpu,
+                    "Choose each kernel's configuration as on this GPU class, from its selection table "
+                    "(default: as here; a machine without that GPU chooses by the rules)")
+      ->check(CLI::IsMember(kernel_library_gpus()));
 
   CLI::App* show = sub->add_subcommand("show", "List a library's kernels and whether it can be used here");
   show->add_option("dir", a->show_dir, "Library folder")->required();
@@ -114,7 +118,7 @@ Command add_aot_command(CLI::App& app) {
             for (const auto& [what, json] : lists) {
               LibraryBuildResult r;
               try {
-                r = build_kernel_library(json, a->out, progress_printer("evtc aot: " + what));
+                r = build_kernel_library(json, a->out, progress_printer("evtc aot: " + what), a->gpu);
               } catch (const UserError& e) {
                 throw UserError(fmt::format("{}: {}", what, e.what()));
               }

@@ -79,8 +79,17 @@ struct LibraryBuildResult {
 // total). UserError for a malformed list, naming the entry and the field: a field of the wrong
 // type, and a shape size that is not a whole number from 0 to 2^31 - 1 ("m": 4.5, 1e300), are
 // refused with the value found.
+//
+// `gpu`: a GPU class of the shipped selection tables ("h100", "h200"; selection's gpu_classes).
+// Each dense kernel without a configuration of its own then takes the one a process on such a
+// GPU would choose (its table's, else the rules with its multiprocessors), as a library built
+// on a machine without that GPU would otherwise miss: there the rules choose. "" (the default):
+// the choice here, tuned choices included. UserError for a class without tables, or one whose
+// kernels are not of the library's architecture.
 LibraryBuildResult build_kernel_library(const std::string& kernel_list_json, const std::string& dir,
-                                        const ProgressFn& progress = {});
+                                        const ProgressFn& progress = {}, const std::string& gpu = "");
+// The GPU classes `gpu` takes.
+std::vector<std::string> kernel_library_gpus();
 
 // Kernel lists of common transformer epilogues (bias, GELU/SiLU/ReLU², gated SwiGLU/GeGLU,
 // residual add, fp8 rowwise scales) for the given M×N×K shapes (none: one kernel each for

@@ -55,14 +55,21 @@ def record_kernels(path: Optional[PathLike]) -> None:
     _evtc.record_kernels("" if path is None else _path(path, "path"))
 
 
-def build_kernel_library(path: PathLike, kernels: Union[PathLike, dict, list]) -> dict[str, Any]:
+def build_kernel_library(path: PathLike, kernels: Union[PathLike, dict, list],
+                         gpu: Optional[str] = None) -> dict[str, Any]:
     """Compiles kernels into the library folder ``path`` (created, or added to), in parallel.
     ``kernels`` is a kernel list: the path of its JSON file (as :func:`record_kernels` writes),
     the list as a dict, or its ``"kernels"`` entries as a list. Needs nvcc and CUTLASS, not a
-    GPU. Returns ``{"dir", "kernels", "added", "compiled", "seconds", "errors"}``; kernels that
-    failed to compile are left out and named in ``errors``. Each error is an :class:`evtc.Error`: a
-    kernel list file that cannot be read is a :class:`evtc.UserError` naming it."""
+    GPU. ``gpu``: a GPU class with selection tables (:func:`kernel_library_gpus`: ``"h100"``,
+    ``"h200"``) whose choice of configuration the kernels without one take, as on such a GPU
+    (default: the choice here, which a machine without that GPU makes by the rules). Returns
+    ``{"dir", "kernels", "added", "compiled", "seconds", "errors"}``; kernels that failed to
+    compile are left out and named in ``errors``. Each error is an :class:`evtc.Error`: a kernel
+    list file that cannot be read, or a ``gpu`` without tables, is a :class:`evtc.UserError`
+    naming it."""
     folder = _path(path, "path")
+    if gpu is not None and not isinstance(gpu, str):
+        raise _evtc.UserError(f"gpu: expected a GPU class name such as 'h200', got {type(gpu).__name__}")
     if isinstance(kernels, list):
         text = _evtc.kernel_list_of(json.dumps(kernels))
     elif isinstance(kernels, dict):
@@ -74,7 +81,12 @@ def build_kernel_library(path: PathLike, kernels: Union[PathLike, dict, list]) -
                 text = f.read()
         except (OSError, UnicodeDecodeError) as e:
             raise _evtc.UserError(f"kernel list {list_path}: {getattr(e, 'strerror', None) or e}") from e
-    return _evtc.build_kernel_library(text, folder)
+    return _evtc.build_kernel_library(text, folder, gpu or "")
+
+
+def kernel_library_gpus() -> list[str]:
+    """The GPU classes :func:`build_kernel_library` takes as ``gpu`` (those with selection tables)."""
+    return list(_evtc.kernel_library_gpus())
 
 
 def preset_kernel_list(name: str = "transformer", shapes: Iterable[tuple[int, int, int]] = ()) -> dict:

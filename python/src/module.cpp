@@ -347,12 +347,13 @@ NB_MODULE(_evtc, m) {
   m.def("read_kernel_library", [](const std::string& dir) { return library_dict(read_kernel_library(dir)); }, "dir"_a);
   m.def("kernel_libraries", &kernel_libraries);
   m.def("record_kernels", &record_kernels, "path"_a);
+  m.def("kernel_library_gpus", &kernel_library_gpus);
   m.def("build_kernel_library",
-        [](const std::string& list, const std::string& dir) {
+        [](const std::string& list, const std::string& dir, const std::string& gpu) {
           LibraryBuildResult r;
           {
             nb::gil_scoped_release release;
-            r = build_kernel_library(list, dir);
+            r = build_kernel_library(list, dir, {}, gpu);
           }
           nb::dict d;
           d["dir"] = r.dir;
@@ -363,7 +364,7 @@ NB_MODULE(_evtc, m) {
           d["errors"] = r.errors;
           return d;
         },
-        "kernel_list"_a, "dir"_a);
+        "kernel_list"_a, "dir"_a, "gpu"_a = "");
   m.def("preset_kernel_list", &preset_kernel_list, "name"_a, "shapes"_a);
   m.def("kernel_list_of", &kernel_list_of, "kernels_json"_a);
   m.def("compiler_runs", &compiler_runs);

@@ -28,6 +28,8 @@
 #include "jit/kernel_library.hpp"
 #include "jit/toolchain.hpp"
 #include "runtime/selection/candidates.hpp"
+#include "runtime/selection/default_config.hpp"
+#include "runtime/selection/shipped_table.hpp"
 #include "runtime/selection/tuning_store.hpp"
 #include "runtime/kernel_requests.hpp"
 #include "support/logging.hpp"
@@ -257,8 +259,10 @@ void record_kernels(const std::string& path) {
 
 // --- building ----------------------------------------------------------------------------
 
+std::vector<std::string> kernel_library_gpus() { return selection::gpu_classes(); }
+
 LibraryBuildResult build_kernel_library(const std::string& list_json, const std::string& dir,
-                                        const ProgressFn& progress) {
+                                        const ProgressFn& progress, const std::string& gpu) {
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<ListItem> items = parse_kernel_list(list_json);
 
@@ -277,6 +281,17 @@ LibraryBuildResult build_kernel_library(const std::string& list_json, const std:
   };
   // One architecture per library: EVTC_ARCH, else the current GPU's, else sm_90a.
   const int arch = target_arch();
+  // The GPU whose choices the kernels without a configuration take (see the header).
+  std::optional<DeviceInfo> assumed;
+  if (!gpu.empty()) {
+    assumed = selection::device_of_class(gpu);
+    if (!assumed)
+      throw UserError(fmt::format("gpu '{}': evtc has selection tables for {}, not for that class", gpu,
+                                  fmt::join(selection::gpu_classes(), ", ")));
+    if (assumed->arch != arch)
+      throw UserError(fmt::format("gpu '{}': its kernels are {}, and this library is for {} (EVTC_ARCH, or the GPU's)",
+                                  gpu, arch_name(assumed->arch, true), arch_name(arch, true)));
+  }
   for (size_t i = 0; i < items.size(); ++i) {
     const ListItem& item = items[i];
     try {
@@ -307,6 +322,13 @@ LibraryBuildResult build_kernel_library(const std::string& list_json, const std:
           const auto c = KernelConfig::parse(*s.config);
           if (!c) throw UserError(fmt::format("'{}' is not a kernel configuration name", *s.config));
           config = *c;
+        } else if (assumed && !co.config) {
+          GemmDesc shape = kernel.options().gemm;
+          shape.m = s.m;
+          shape.n = s.n;
+          shape.k = s.k;
+          config = selection::with_kernel_options(selection::default_config_on(kernel.graph(), shape, assumed),
+                                                  kernel.options());
         } else {
           config = kernel.config_for(s.m, s.n, s.k);
         }

@@ -33,6 +33,16 @@ def test_malformed_kernel_lists_name_the_entry(tmp_path):
     assert not (tmp_path / "lib" / "manifest.json").exists()
 
 
+def test_a_gpu_class_must_have_selection_tables(tmp_path):
+    assert evtc.kernel_library_gpus() == ["h100", "h200"]
+    kernels = [{"expr": "out D: bf16 = acc", "shapes": [{"m": 48, "n": 2048, "k": 8192}]}]
+    with pytest.raises(evtc.UserError, match="gpu 'h300': evtc has selection tables for h100, h200"):
+        evtc.build_kernel_library(tmp_path / "lib", kernels, gpu="h300")
+    with pytest.raises(evtc.UserError, match="gpu: expected a GPU class name such as 'h200', got int"):
+        evtc.build_kernel_library(tmp_path / "lib", kernels, gpu=200)
+    assert not (tmp_path / "lib" / "manifest.json").exists()
+
+
 def test_preset_lists_carry_the_shapes():
     preset = evtc.preset_kernel_list("transformer", [(8192, 4096, 4096)])
     assert preset["format"] == "evtc-kernel-list"

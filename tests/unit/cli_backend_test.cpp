@@ -289,7 +289,7 @@ TEST(CliBackend, EmitOnlyNeedsEmitAndMissingFilesAreNamed) {
   EXPECT_NE(e.output.find("write `out D = ...`"), std::string::npos) << e.output;
 }
 
-// --dtype, --layout-*, --cast-mode, --weights and --log are checked by CLI11 validators: --help
+// --dtype, --layout-*, --cast-mode, --weights, --log and --gpu are checked by CLI11 validators: --help
 // lists the choices, and every command words a bad value the same way.
 TEST(CliBackend, ChoicesAreListedInHelpAndCheckedAlike) {
   const auto help = run_cli("run --help");
@@ -322,6 +322,12 @@ TEST(CliBackend, ChoicesAreListedInHelpAndCheckedAlike) {
   const auto weights = run_cli("grouped 'out D: bf16 = acc' --weights km --compile-only");
   EXPECT_EQ(weights.exit_code, 2) << weights.output;
   EXPECT_NE(weights.output.find("--weights: km not in {nk,kn}"), std::string::npos) << weights.output;
+  // The GPU classes of the shipped selection tables.
+  const auto aot_help = run_cli("aot build --help");
+  EXPECT_NE(aot_help.output.find("--gpu TEXT:{h100,h200}"), std::string::npos) << aot_help.output;
+  const auto gpu = run_cli("aot build -o /tmp/evtc-cli-test-no-library --expr 'out D = acc' --gpu h300");
+  EXPECT_EQ(gpu.exit_code, 2) << gpu.output;
+  EXPECT_NE(gpu.output.find("--gpu: h300 not in {h100,h200}"), std::string::npos) << gpu.output;
 }
 
 // A parse error in a file names the file (line and column), in every command that reads one.

@@ -336,6 +336,25 @@ TEST_F(KernelLibrary, OneArchitecturePerLibrary) {
   EXPECT_FALSE(fs::exists(dir_ / "out" / "manifest.json"));
 }
 
+TEST_F(KernelLibrary, AGpuClassMustHaveTablesAndTheLibrarysArchitecture) {
+  // `evtc aot build --gpu CLASS`: the kernels take the choices of a GPU of that class (a machine
+  // without one chooses by the rules, and its library would miss the table's kernels).
+  EXPECT_EQ(kernel_library_gpus(), (std::vector<std::string>{"h100", "h200"}));
+  const std::string list = kernel_list_of(R"J([{"expr": "out D: bf16 = acc", "shapes": [{"m": 48, "n": 2048, "k": 8192}]}])J");
+  const auto expect_error = [&](const std::string& gpu, const std::string& part) {
+    try {
+      build_kernel_library(list, (dir_ / "out").string(), {}, gpu);
+      ADD_FAILURE() << "accepted: " << gpu;
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  expect_error("h300", "gpu 'h300': evtc has selection tables for h100, h200, not for that class");
+  ScopedEnv ampere("EVTC_ARCH", "sm80");
+  expect_error("h200", "gpu 'h200': its kernels are sm_90a, and this library is for sm_80");
+  EXPECT_FALSE(fs::exists(dir_ / "out" / "manifest.json"));
+}
+
 TEST_F(KernelLibrary, LibrariesOfAnotherToolchainAreNotAddedTo) {
   jit::LibraryIdentity other = identity();
   other.cutlass = "3.9.0";

@@ -495,6 +495,31 @@ TEST(SelectionTable, BorrowedKInPartsKeepsThePartsOfOneWave) {
   EXPECT_EQ(c->entry.config.name(), four) << "the H200 table changed: pick another shape";
 }
 
+TEST(SelectionTable, AGpuClassIsAskedForWithoutOne) {
+  EXPECT_EQ(gpu_classes(), (std::vector<std::string>{"h100", "h200"}));
+  const auto h200 = device_of_class("h200");
+  ASSERT_TRUE(h200.has_value());
+  EXPECT_EQ(h200->name, "NVIDIA H200");
+  EXPECT_EQ(h200->arch, 90);
+  EXPECT_EQ(h200->sm_count, 132);
+  EXPECT_EQ(gpu_class_of(device_of_class("h100")->name), "h100");
+  EXPECT_FALSE(device_of_class("a100").has_value());
+  EXPECT_FALSE(device_of_class("").has_value());
+  // default_config as on that GPU: its table's choice (rule 10's transposed 64x16 tile at
+  // 48x2048x8192), else the rules for its multiprocessors; without a GPU, the rules.
+  const Graph plain = run_pipeline(parse_expression("out D: bf16 = acc"));
+  GemmDesc g = gemm(48, 2048, 8192);
+  g.sm = 90;
+  EXPECT_EQ(default_config_on(plain, g, h200).name(), table_choice_on(plain, g, h200)->config.name());
+  EXPECT_EQ(default_config_on(plain, g, h200).name(), "pingpong_64x16x128_c1x1_persistent_swap");
+  EXPECT_EQ(default_config_on(plain, g, std::nullopt).name(), default_config_for_shape_on(plain, g, {132}).name());
+  EXPECT_NE(default_config_on(plain, g, std::nullopt).name(), "pingpong_64x16x128_c1x1_persistent_swap");
+  // A Kernel's options add what they add whatever the choice.
+  CompileOptions precise;
+  precise.precise_math = true;
+  EXPECT_TRUE(with_kernel_options(default_config_on(plain, g, h200), precise).precise_math);
+}
+
 TEST(SelectionTable, GpuClassesAndDtypes) {
   EXPECT_EQ(gpu_class_of("NVIDIA H100 80GB HBM3"), "h100");
   EXPECT_EQ(gpu_class_of("NVIDIA H200"), "h200");

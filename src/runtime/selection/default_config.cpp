@@ -378,11 +378,24 @@ static KernelConfig multistage_default_config(const GemmDesc& gemm) {
 }
 
 KernelConfig default_config(const Graph& g, const GemmDesc& gemm) {
+  return selection::default_config_on(g, gemm, current_device());
+}
+
+KernelConfig selection::with_kernel_options(KernelConfig c, const CompileOptions& options) {
+  c.precise_math = c.precise_math || options.precise_math;
+  if (is_fp8(options.gemm.a_dtype) || is_fp8(options.gemm.b_dtype))
+    c.fp8_fast_accum = c.fp8_fast_accum || options.gemm.fp8_fast_accum;
+  return c;
+}
+
+KernelConfig selection::default_config_on(const Graph& g, const GemmDesc& gemm, const std::optional<DeviceInfo>& dev) {
   const ArchFeatures& f = backend_features(gemm.sm, gemm.a_dtype);
   if (f.backend == 80) return multistage_default_config(gemm);
-  if (auto t = selection::table_choice(g, gemm)) return t->config;
+  if (auto t = selection::table_choice_on(g, gemm, dev)) return t->config;
   // The compile-checked backends (Blackwell) take their own rule; the verified one the rules below.
-  KernelConfig c = f.fused && !f.verified ? blackwell_default_config(g, gemm) : default_config_for_shape(g, gemm);
+  tuning::DeviceLimits limits;
+  if (dev && dev->sm_count > 0) limits.sm_count = dev->sm_count;
+  KernelConfig c = f.fused && !f.verified ? blackwell_default_config(g, gemm) : default_config_for_shape_on(g, gemm, limits);
   // An epilogue with many staged [m,n] tensors leaves a 128×256 tile too few main-loop
   // stages (fewer than 2 does not compile; fewer than 3 stalls on memory): use 128×128.
   if (c.tile_n == 256 && mainloop_stages(c, gemm, epilogue_smem_bytes(g, c)) < 3) c.tile_n = 128;
@@ -467,6 +480,10 @@ KernelConfig heavy_epilogue_tile(const Graph& g, const GemmDesc& gemm) {
 }  // namespace
 
 KernelConfig default_config_for_shape(const Graph& g, const GemmDesc& gemm) {
+  return default_config_for_shape_on(g, gemm, selection::current_device_limits());
+}
+
+KernelConfig default_config_for_shape_on(const Graph& g, const GemmDesc& gemm, const tuning::DeviceLimits& device) {
   KernelConfig c;  // cooperative 128×256×64, cluster 2×1
   bool reduces = false;  // any reduction (reduces_over_m: a column or whole-matrix one)
   for (const Node& n : g.nodes()) reduces |= n.kind == NodeKind::reduce;
@@ -489,7 +506,6 @@ KernelConfig default_config_for_shape(const Graph& g, const GemmDesc& gemm) {
     return c;
   }
   if (gemm.m <= 0 || gemm.n <= 0) return c;  // size unknown: the large-problem default
-  const tuning::DeviceLimits device = selection::current_device_limits();
   // Reductions keep the tiles they were measured with (the one-wave tiles were measured on
   // elementwise and gated epilogues); column and whole-matrix ones the cooperative schedule.
   if (!reduces)

@@ -7,6 +7,7 @@
 #include "evtc/gemm.hpp"
 #include "evtc/graph.hpp"
 #include "evtc/kernel_config.hpp"
+#include "evtc/runtime.hpp"
 #include "runtime/selection/candidates.hpp"
 #include "runtime/selection/shipped_table.hpp"
 #include "target/device_info.hpp"
@@ -85,6 +86,15 @@ std::optional<TableChoice> table_choice(const Graph& g, const GemmDesc& gemm);
 // multiprocessor count would choose.
 std::optional<TableChoice> table_choice_on(const Graph& g, const GemmDesc& gemm, const std::optional<DeviceInfo>& dev);
 
+// evtc::default_config as a process on the device `dev` would choose it (current_device() for
+// default_config): its table's choice, else the rules with its multiprocessors. `evtc aot build
+// --gpu` builds for a GPU that is not here with it.
+KernelConfig default_config_on(const Graph& g, const GemmDesc& gemm, const std::optional<DeviceInfo>& dev);
+
+// A chosen configuration with what a Kernel's options add to it whatever the choice: precise
+// math, and fp8's fast accumulation. Kernel::config_for and `evtc aot build --gpu` both apply it.
+KernelConfig with_kernel_options(KernelConfig c, const CompileOptions& options);
+
 // A transposed configuration borrowed from a smaller M, whose tiles (tile_n of M's rows each)
 // take two or more across this problem's M in more tiles than one wave holds: the same
 // configuration with tile_n widened to M rounded up to 16 (at most 128), so that each slice of
@@ -154,3 +164,8 @@ std::optional<KernelConfig> parts_within_one_wave(const KernelConfig& c, const G
 tuning::DeviceLimits current_device_limits();
 
 }  // namespace evtc::selection
+
+namespace evtc {
+// default_config_for_shape (evtc/kernel_config.hpp) on a GPU of `device`'s multiprocessors.
+KernelConfig default_config_for_shape_on(const Graph& g, const GemmDesc& gemm, const tuning::DeviceLimits& device);
+}  // namespace evtc

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "evtc/arch.hpp"
 #include "evtc/error.hpp"
 #include "runtime/selection/candidates.hpp"
 #include "runtime/selection/tuning_store.hpp"
@@ -109,6 +110,20 @@ std::string gpu_class_of(const std::string& device_name) {
       return lower;
     }
   return "";
+}
+
+std::vector<std::string> gpu_classes() {
+  std::vector<std::string> out;
+  for (const SelectionTable& t : shipped_tables())
+    if (!t.gpu_class.empty() && std::find(out.begin(), out.end(), t.gpu_class) == out.end()) out.push_back(t.gpu_class);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::optional<DeviceInfo> device_of_class(const std::string& gpu_class) {
+  for (const SelectionTable& t : shipped_tables())
+    if (t.gpu_class == gpu_class && !t.gpu.empty() && t.sm_count > 0) return DeviceInfo{t.gpu, kVerifiedArch, t.sm_count};
+  return std::nullopt;
 }
 
 const SelectionTable* table_for(const std::string& gpu_class, DType ab, int sm_count, TableKind kind) {

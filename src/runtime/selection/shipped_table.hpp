@@ -13,6 +13,7 @@
 
 #include "evtc/kernel_config.hpp"
 #include "evtc/types.hpp"
+#include "target/device_info.hpp"
 
 namespace evtc::selection {
 
@@ -69,6 +70,12 @@ const std::vector<SelectionTable>& shipped_tables();
 // The GPU class of a device name ("NVIDIA H100 80GB HBM3" -> "h100"); empty for a GPU no
 // table is measured for.
 std::string gpu_class_of(const std::string& device_name);
+// The GPU classes the shipped tables were measured on ("h100", "h200"), sorted.
+std::vector<std::string> gpu_classes();
+// A GPU of that class as its shipped tables record it: the device name they were measured on,
+// sm_90 and its multiprocessors. What a process on such a GPU would choose can so be asked for
+// without one (`evtc aot build --gpu`). nullopt for a class without tables.
+std::optional<DeviceInfo> device_of_class(const std::string& gpu_class);
 // The table for A/B of type `ab` (16-bit A/B share bf16's) on `gpu_class`; for a Hopper GPU of
 // a class without its own, the table of another class measured on as many multiprocessors
 // (`sm_count`): the H100 SXM and the H200 are the same chip with other memory, and a table's

@@ -141,9 +141,7 @@ ConfigChoice Kernel::Impl::choose_config(int64_t m, int64_t n, int64_t k) const 
     if (choice.tuned_m != m || choice.tuned_n != n || choice.tuned_k != k) choice.order = VisitOrder{};
   }
   if (options.visit_order) choice.order = *options.visit_order;
-  choice.config.precise_math = choice.config.precise_math || options.precise_math;
-  if (is_fp8(options.gemm.a_dtype) || is_fp8(options.gemm.b_dtype))
-    choice.config.fp8_fast_accum = choice.config.fp8_fast_accum || options.gemm.fp8_fast_accum;
+  choice.config = selection::with_kernel_options(choice.config, options);
   if (!options.config) {
     std::lock_guard lock(mu);
     choices[{m, n, k}] = choice;
