@@ -99,7 +99,7 @@ double occupancy(int64_t tiles, int sms) { return std::clamp(double(tiles) / sms
 double tile_stream_us(const KernelConfig& c, const GemmDesc& g, int sms) {
   // Stream-K spreads each tile's K over the multiprocessors: no one of them streams a whole tile.
   if (c.scheduler == TileSchedulerKind::stream_k && c.splits <= 1) return 0;
-  const int parts = std::max(1, c.k_parts) * std::max(1, c.splits);
+  const int parts = c.splits * c.k_parts;
   if (tuning::tile_count(c, g) * parts > sms) return 0;
   const GemmDesc t = tuning::tiled_problem(c, g);
   // The tile's rows come from the tiled problem's first operand (B where transposed), its columns

@@ -95,11 +95,13 @@ bool reduces_over_m(const Graph& g) {
   return false;
 }
 
-tuning::DeviceLimits current_device_limits() {
+tuning::DeviceLimits limits_of(const std::optional<DeviceInfo>& dev) {
   tuning::DeviceLimits limits;
-  if (const auto dev = current_device(); dev && dev->sm_count > 0) limits.sm_count = dev->sm_count;
+  if (dev && dev->sm_count > 0) limits.sm_count = dev->sm_count;
   return limits;
 }
+
+tuning::DeviceLimits current_device_limits() { return limits_of(current_device()); }
 
 std::optional<KernelConfig> one_token_tile(const KernelConfig& c, const GemmDesc& gemm,
                                            const tuning::DeviceLimits& device, int64_t measured_m) {
@@ -286,8 +288,7 @@ std::optional<TableChoice> table_choice_on(const Graph& g, const GemmDesc& gemm,
   const EntryFilter entry_ok = [&](const KernelConfig& c) {
     return tuning::operand_layout_refusal(c, gemm).empty() && tuning::k_split_refusal(c, gemm).empty();
   };
-  tuning::DeviceLimits device;
-  if (dev->sm_count > 0) device.sm_count = dev->sm_count;
+  const tuning::DeviceLimits device = limits_of(dev);
   // An epilogue with one [m,n] operand: the residual table's entry from its smallest M on (it
   // was measured with such an epilogue, on tiles whose registers hold the operand's fragment).
   if (one_operand)
@@ -393,9 +394,8 @@ KernelConfig selection::default_config_on(const Graph& g, const GemmDesc& gemm, 
   if (f.backend == 80) return multistage_default_config(gemm);
   if (auto t = selection::table_choice_on(g, gemm, dev)) return t->config;
   // The compile-checked backends (Blackwell) take their own rule; the verified one the rules below.
-  tuning::DeviceLimits limits;
-  if (dev && dev->sm_count > 0) limits.sm_count = dev->sm_count;
-  KernelConfig c = f.fused && !f.verified ? blackwell_default_config(g, gemm) : default_config_for_shape_on(g, gemm, limits);
+  KernelConfig c = f.fused && !f.verified ? blackwell_default_config(g, gemm)
+                                          : default_config_for_shape_on(g, gemm, selection::limits_of(dev));
   // An epilogue with many staged [m,n] tensors leaves a 128×256 tile too few main-loop
   // stages (fewer than 2 does not compile; fewer than 3 stalls on memory): use 128×128.
   if (c.tile_n == 256 && mainloop_stages(c, gemm, epilogue_smem_bytes(g, c)) < 3) c.tile_n = 128;

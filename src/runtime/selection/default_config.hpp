@@ -159,8 +159,9 @@ std::optional<KernelConfig> narrow_decode_transposed_tile(const KernelConfig& c,
 std::optional<KernelConfig> parts_within_one_wave(const KernelConfig& c, const GemmDesc& gemm,
                                                   const tuning::DeviceLimits& device = {});
 
-// The current GPU's limits for candidate generation and pruning (its multiprocessors; the
-// defaults where no GPU answers).
+// A device's limits for candidate generation and pruning (its multiprocessors; the defaults
+// where it is unknown), and the current GPU's.
+tuning::DeviceLimits limits_of(const std::optional<DeviceInfo>& dev);
 tuning::DeviceLimits current_device_limits();
 
 }  // namespace evtc::selection
