@@ -90,6 +90,9 @@ LibraryBuildResult build_kernel_library(const std::string& kernel_list_json, con
                                         const ProgressFn& progress = {}, const std::string& gpu = "");
 // The GPU classes `gpu` takes.
 std::vector<std::string> kernel_library_gpus();
+// The class among kernel_library_gpus() of this process's GPU: what to pass as `gpu` when
+// building, elsewhere, a library for GPUs like it. "" without a GPU, or for a GPU of no such class.
+std::string kernel_library_gpu();
 
 // Kernel lists of common transformer epilogues (bias, GELU/SiLU/ReLU², gated SwiGLU/GeGLU,
 // residual add, fp8 rowwise scales) for the given M×N×K shapes (none: one kernel each for

@@ -89,6 +89,13 @@ def kernel_library_gpus() -> list[str]:
     return list(_evtc.kernel_library_gpus())
 
 
+def kernel_library_gpu() -> str:
+    """This process's GPU's class among :func:`kernel_library_gpus` (``"h200"`` on an H200): the
+    ``gpu`` to build a library with, on another machine, for GPUs like this one. ``""`` without
+    a GPU, or for a GPU of no such class."""
+    return _evtc.kernel_library_gpu()
+
+
 def preset_kernel_list(name: str = "transformer", shapes: Iterable[tuple[int, int, int]] = ()) -> dict:
     """A preset kernel list of common epilogues (``"transformer"``: bias, GELU/SiLU/ReLU²,
     SwiGLU/GeGLU, residual add, fp8 rowwise scales) for the given (M, N, K) shapes."""

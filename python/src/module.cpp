@@ -348,6 +348,7 @@ NB_MODULE(_evtc, m) {
   m.def("kernel_libraries", &kernel_libraries);
   m.def("record_kernels", &record_kernels, "path"_a);
   m.def("kernel_library_gpus", &kernel_library_gpus);
+  m.def("kernel_library_gpu", &kernel_library_gpu);
   m.def("build_kernel_library",
         [](const std::string& list, const std::string& dir, const std::string& gpu) {
           LibraryBuildResult r;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -32,6 +33,7 @@
 #include "runtime/selection/shipped_table.hpp"
 #include "runtime/selection/tuning_store.hpp"
 #include "runtime/kernel_requests.hpp"
+#include "target/device_info.hpp"
 #include "support/logging.hpp"
 
 namespace fs = std::filesystem;
@@ -260,6 +262,14 @@ void record_kernels(const std::string& path) {
 // --- building ----------------------------------------------------------------------------
 
 std::vector<std::string> kernel_library_gpus() { return selection::gpu_classes(); }
+
+std::string kernel_library_gpu() {
+  const std::optional<DeviceInfo> dev = current_device();
+  if (!dev) return "";
+  const std::string here = selection::gpu_class_of(dev->name);
+  const std::vector<std::string> classes = kernel_library_gpus();
+  return std::find(classes.begin(), classes.end(), here) != classes.end() ? here : "";
+}
 
 LibraryBuildResult build_kernel_library(const std::string& list_json, const std::string& dir,
                                         const ProgressFn& progress, const std::string& gpu) {

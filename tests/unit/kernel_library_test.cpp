@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <functional>
 #include <fstream>
@@ -24,6 +25,7 @@
 #include "jit/kernel_library.hpp"
 #include "runtime/kernel_requests.hpp"
 #include "scoped_env.hpp"
+#include "target/device_info.hpp"
 
 namespace fs = std::filesystem;
 using namespace evtc;
@@ -340,6 +342,11 @@ TEST_F(KernelLibrary, AGpuClassMustHaveTablesAndTheLibrarysArchitecture) {
   // `evtc aot build --gpu CLASS`: the kernels take the choices of a GPU of that class (a machine
   // without one chooses by the rules, and its library would miss the table's kernels).
   EXPECT_EQ(kernel_library_gpus(), (std::vector<std::string>{"h100", "h200"}));
+  // This machine's class: one of those on an H100 or H200, none without a GPU.
+  const std::string here = kernel_library_gpu();
+  if (!current_device()) EXPECT_EQ(here, "");
+  const std::vector<std::string> classes = kernel_library_gpus();
+  if (!here.empty()) EXPECT_NE(std::ranges::find(classes, here), classes.end()) << here;
   const std::string list = kernel_list_of(R"J([{"expr": "out D: bf16 = acc", "shapes": [{"m": 48, "n": 2048, "k": 8192}]}])J");
   const auto expect_error = [&](const std::string& gpu, const std::string& part) {
     try {
