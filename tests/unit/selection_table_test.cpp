@@ -495,6 +495,56 @@ TEST(SelectionTable, BorrowedKInPartsKeepsThePartsOfOneWave) {
   EXPECT_EQ(c->entry.config.name(), four) << "the H200 table changed: pick another shape";
 }
 
+TEST(SelectionTable, TwoBorrowedRowTilesAtALongKBecomeTheTransposedTileHoldingMInParts) {
+  auto turned = [](const char* config, int64_t m, int64_t n, int64_t k) {
+    const auto c = transposed_tile_in_parts_holding_m(*KernelConfig::parse(config), gemm(m, n, k), {132});
+    return c ? c->name() : std::string("kept");
+  };
+  const char* pair = "pingpong_64x64x128_c1x1_persistent";
+  // 96x3584x18944 took 1.41x cuBLAS on the H200 with the M = 128 entry's two 64-row tiles, 0.92x
+  // with 56 transposed 64x96 tiles in 2 parts (112 units; 3 parts would be 168).
+  EXPECT_EQ(turned(pair, 96, 3584, 18944), "pingpong_64x96x128_c1x1_persistent_kparts2_swap");
+  // 32 tiles of 64x112 at N = 2048: 4 parts (the most taken), 2048 of K each.
+  EXPECT_EQ(turned("pingpong_64x32x128_c1x1_persistent", 112, 2048, 8192),
+            "pingpong_64x112x128_c1x1_persistent_kparts4_swap");
+  EXPECT_EQ(turned(pair, 112, 2048, 12000), "pingpong_64x112x128_c1x1_persistent_kparts4_swap");
+  // Parts that do not split K into 16-byte slices: fewer parts (10000 / 4 = 2500), or K whole.
+  EXPECT_EQ(turned(pair, 112, 2048, 10000), "pingpong_64x112x128_c1x1_persistent_kparts2_swap");
+  EXPECT_EQ(turned(pair, 112, 2048, 8200), "pingpong_64x112x128_c1x1_persistent_swap");
+  // 80 tiles: no two parts fit one wave, K whole.
+  EXPECT_EQ(turned("pingpong_64x128x64_c1x1_persistent", 104, 5120, 13824), "pingpong_64x112x128_c1x1_persistent_swap");
+  // An entry in clusters: 68x3584x18944 took 1.84x with the 64x64 tile in 1x2 clusters.
+  EXPECT_EQ(turned("pingpong_64x64x128_c1x2_persistent", 68, 3584, 18944),
+            "pingpong_64x80x128_c1x1_persistent_kparts2_swap");
+  // K under 8192, M of 64 or fewer or above 112 (116x3072x8192: 1.035x kept, 1.067x turned),
+  // more transposed tiles than a wave (N = 9216: 144), and entries transposed, in parts or
+  // cooperative: kept.
+  EXPECT_EQ(turned(pair, 96, 4096, 4096), "kept");
+  EXPECT_EQ(turned(pair, 64, 4096, 11008), "kept");
+  EXPECT_EQ(turned(pair, 116, 3072, 8192), "kept");
+  EXPECT_EQ(turned(pair, 128, 4096, 14336), "kept");
+  EXPECT_EQ(turned(pair, 96, 9216, 8192), "kept");
+  EXPECT_EQ(turned("pingpong_64x80x128_c1x1_persistent_swap", 80, 4096, 14336), "kept");
+  EXPECT_EQ(turned("pingpong_64x160x64_c1x1_persistent_kparts2", 96, 2048, 8192), "kept");
+  EXPECT_EQ(turned("coop_128x64x64_c1x1_persistent", 96, 2048, 8192), "kept");
+  // Every tile turned to passes the candidates' pruning and fits one wave.
+  const Graph plain = run_pipeline(parse_expression("out D: bf16 = acc"));
+  for (int64_t m = 65; m <= 112; m += 7)
+    for (int64_t n : {1024, 2048, 3072, 4096, 5120, 8192})
+      for (int64_t k : {8192, 11008, 14336, 18944}) {
+        const auto c = transposed_tile_in_parts_holding_m(*KernelConfig::parse(pair), gemm(m, n, k), {132});
+        if (!c) continue;
+        EXPECT_EQ(tuning::prune_reason(*c, plain, gemm(m, n, k), {132}), "") << c->name() << " at " << m << "x" << n;
+        EXPECT_LE(tuning::tile_count(*c, gemm(m, n, k)) * c->k_parts, 132) << c->name() << " at " << m << "x" << n;
+      }
+  // On the H200's own table.
+  const std::optional<DeviceInfo> h200 = DeviceInfo{"NVIDIA H200", 90, 132};
+  const auto c = table_choice_on(plain, gemm(96, 4096, 11008), h200);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->config.name(), "pingpong_64x96x128_c1x1_persistent_kparts2_swap");
+  EXPECT_EQ(c->entry.config.name(), pair) << "the H200 table changed: pick another shape";
+}
+
 TEST(SelectionTable, AGpuClassIsAskedForWithoutOne) {
   EXPECT_EQ(gpu_classes(), (std::vector<std::string>{"h100", "h200"}));
   const auto h200 = device_of_class("h200");

@@ -204,10 +204,20 @@ std::vector<KernelConfig> whole_space(const GemmDesc& gemm, const DeviceLimits& 
   // streamed once, as at M <= 64, where 64-row tiles or a transposed 64-column one stream them
   // once per row tile (at 80x5120x3072 on the H200 the best of 35 candidates without it took
   // 1.21x cuBLAS's time; bench/results/20261128-1434-h200-gemm-sweep-mid-m.json).
+  // That tile with K in 2 to 4 parts added by a second kernel, where its tiles leave most
+  // multiprocessors idle (N of 2048-4096): at 96x3584x18944 on the H200, 2 parts took 0.92x
+  // cuBLAS's time, K whole 1.09x and two 64-row untransposed row tiles 1.41x
+  // (bench/results/20261202-0850-h200-gemm-sweep-mid-m-k-parts.json; the pruning keeps one or
+  // two waves of parts and K long enough).
   if (const auto tn = transposed_width_holding(size_or(gemm.m)); tn && size_or(gemm.m) > 64) {
     KernelConfig c = make_config(MainloopSchedule::pingpong, TileSchedulerKind::persistent, 64, *tn, 128, 1, 1, 1, gemm);
     c.swap_ab = true;
     out.push_back(c);
+    if (!fp8)
+      for (int parts : {2, 3, 4}) {
+        c.k_parts = parts;
+        out.push_back(c);
+      }
   }
   if (size_or(gemm.m) <= 64) {
     for (int tn : {16, 32, 64}) {
