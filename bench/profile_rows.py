@@ -51,6 +51,11 @@ ROWS = {
     "midM-200": ("out D: bf16 = acc", 200, 7168, 5120, ()),
     "midM-300": ("out D: bf16 = acc", 300, 35840, 5120, ()),
     "midM-88": ("out D: bf16 = acc", 88, 11008, 4096, ()),
+    # The --off-grid shapes furthest above cuBLAS after rule 13 (bench/README.md, "H200, between
+    # 64 and 128 rows: rule 13").
+    "midM-160": ("out D: bf16 = acc", 160, 3072, 2048, ()),
+    "midM-384": ("out D: bf16 = acc", 384, 16384, 3072, ()),
+    "prefill-3500x7680x5120": ("out D: bf16 = acc", 3500, 7680, 5120, ()),
     # Decode-sized grid shapes where evtc's default stays above cuBLAS on the H200 after its
     # table's refinement (bench/README.md, "H200, M ≤ 64, the whole candidate space").
     "decode-16x10240x8192": ("out D: bf16 = acc", 16, 10240, 8192, ()),
