@@ -205,6 +205,9 @@ GemmDesc gemm(int64_t m, int64_t n, int64_t k) {
   return g;
 }
 
+// What a rule turned a borrowed configuration into, or "kept" where it stood aside.
+std::string name_or_kept(const std::optional<KernelConfig>& c) { return c ? c->name() : std::string("kept"); }
+
 // A table entry measured at M×N×K with `config`.
 TableEntry table_entry(int64_t m, int64_t n, int64_t k, const char* config) {
   TableEntry e;
@@ -217,8 +220,7 @@ TableEntry table_entry(int64_t m, int64_t n, int64_t k, const char* config) {
 
 TEST(SelectionTable, ABorrowedTransposedTileWidensToOneTileAcrossM) {
   auto widened = [&](const std::string& config, int64_t m, int64_t n, int64_t k, int64_t measured_m = 64) {
-    const auto c = one_token_tile(*KernelConfig::parse(config), gemm(m, n, k), {132}, measured_m);
-    return c ? c->name() : std::string("kept");
+    return name_or_kept(one_token_tile(*KernelConfig::parse(config), gemm(m, n, k), {132}, measured_m));
   };
   // The M = 64 entry's 64x64 transposed tile takes two tiles across 80 rows: 160 tiles, two
   // waves, B read twice. Widened to 80 columns: 80 tiles, one wave.
@@ -296,8 +298,7 @@ TEST(SelectionTable, AShapeBetweenTheTablesMValuesSplitsMIntoTransposedCooperati
 TEST(SelectionTable, ABorrowedDecodeTileWidensToTheEntrysCountOfTiles) {
   auto entry = [](int64_t m, int64_t n, const char* config) { return table_entry(m, n, 4096, config); };
   auto widened = [](const TableEntry& e, int64_t m, int64_t n) {
-    const auto c = entry_tile_count_width(e.config, gemm(m, n, 3072), e, {132});
-    return c ? c->name() : std::string("kept");
+    return name_or_kept(entry_tile_count_width(e.config, gemm(m, n, 3072), e, {132}));
   };
   // The M = 64 entry's 64x48 tile ran 96 tiles at N = 4608: 192 at N = 9216 (1.18x cuBLAS on the
   // H200) become 96 of 64x96 (1.02x); 107 at N = 5120 become 80 of 64x64.
@@ -386,8 +387,7 @@ TEST(SelectionTable, KInPartsNeedsMoreThan512OfKAPart) {
 
 TEST(SelectionTable, ABorrowedTransposedDecodeTileNarrowsTo16ColumnsOfM) {
   auto narrowed = [](const char* config, int64_t m, int64_t n) {
-    const auto c = narrow_decode_transposed_tile(*KernelConfig::parse(config), gemm(m, n, 8192), {132});
-    return c ? c->name() : std::string("kept");
+    return name_or_kept(narrow_decode_transposed_tile(*KernelConfig::parse(config), gemm(m, n, 8192), {132}));
   };
   const char* sixteen = "pingpong_64x16x128_c1x1_persistent_swap";
   // 32 row tiles of N = 2048, M = 48 in three 16-column tiles: 96 tiles, one wave (0.95x
@@ -436,8 +436,7 @@ TEST(SelectionTable, ABorrowedTransposedDecodeTileNarrowsTo16ColumnsOfM) {
 TEST(SelectionTable, AnUntransposedEntryOfMoreRowsLendsTheTransposedTileHoldingM) {
   auto entry = [](int64_t m, const char* config) { return table_entry(m, 4608, 3584, config); };
   auto transposed = [](const TableEntry& e, int64_t m, int64_t n) {
-    const auto c = transposed_tile_below_the_entrys_rows(e.config, gemm(m, n, 4096), e, {132});
-    return c ? c->name() : std::string("kept");
+    return name_or_kept(transposed_tile_below_the_entrys_rows(e.config, gemm(m, n, 4096), e, {132}));
   };
   const TableEntry m64 = entry(64, "pingpong_64x48x128_c1x1_persistent");
   // 48x4544x4544 took 1.14x cuBLAS on the H200 with the entry's tile, 1.01x with 71 transposed
@@ -470,8 +469,7 @@ TEST(SelectionTable, AnUntransposedEntryOfMoreRowsLendsTheTransposedTileHoldingM
 
 TEST(SelectionTable, BorrowedKInPartsKeepsThePartsOfOneWave) {
   auto cut = [](const char* config, int64_t m, int64_t n, int64_t k) {
-    const auto c = parts_within_one_wave(*KernelConfig::parse(config), gemm(m, n, k), {132});
-    return c ? c->name() : std::string("kept");
+    return name_or_kept(parts_within_one_wave(*KernelConfig::parse(config), gemm(m, n, k), {132}));
   };
   const char* four = "pingpong_64x32x128_c1x1_persistent_kparts4_swap";
   // N = 1536 at M = 48: 24 x 2 tiles in 4 parts are 192 units, two waves (1.11x cuBLAS on the
@@ -497,8 +495,7 @@ TEST(SelectionTable, BorrowedKInPartsKeepsThePartsOfOneWave) {
 
 TEST(SelectionTable, TwoBorrowedRowTilesAtALongKBecomeTheTransposedTileHoldingMInParts) {
   auto turned = [](const char* config, int64_t m, int64_t n, int64_t k) {
-    const auto c = transposed_tile_in_parts_holding_m(*KernelConfig::parse(config), gemm(m, n, k), {132});
-    return c ? c->name() : std::string("kept");
+    return name_or_kept(transposed_tile_in_parts_holding_m(*KernelConfig::parse(config), gemm(m, n, k), {132}));
   };
   const char* pair = "pingpong_64x64x128_c1x1_persistent";
   // 96x3584x18944 took 1.41x cuBLAS on the H200 with the M = 128 entry's two 64-row tiles, 0.92x
