@@ -116,13 +116,14 @@ TEST(FusedConfigs, DefaultConfigurationsOfLinearLayersFromPrefillToDecode) {
   // below the M = 64 entries' rows. 92×4088×10000, 108×2040×8320 and 100×3064×8192 turn the
   // entries' two 64-row tiles into the transposed tile holding M (64×96, 64×112, 64×112) with K
   // in 2, 4 and 2 parts; 116×2040×8320 keeps them (M above 112); 76×3064×18944 turns the M = 64
-  // entries' 64×64 tile in 1×2 clusters into the transposed 64×80 in 2 parts.
+  // entries' 64×64 tile in 1×2 clusters into the transposed 64×80 in 2 parts; 152×3000×4000 and
+  // 200×2040×8320 split M in two transposed tiles (64×80; 64×112 in 2 parts).
   const std::tuple<int, int, int> shapes[] = {
       {16, 4096, 4096}, {48, 5000, 3000},  {64, 28672, 4096}, {256, 4608, 3584}, {1000, 6000, 2000},
       {4096, 4096, 4096}, {80, 5200, 3000}, {40, 8200, 4000}, {48, 9200, 3000},  {56, 12200, 4000},
       {16, 2040, 2056}, {8, 1000, 1000},   {40, 2040, 2000},  {44, 1528, 8960},  {72, 760, 3072},
       {46, 4600, 3600}, {92, 4088, 10000}, {116, 2040, 8320}, {100, 3064, 8192},
-      {108, 2040, 8320}, {76, 3064, 18944}};
+      {108, 2040, 8320}, {76, 3064, 18944}, {152, 3000, 4000}, {200, 2040, 8320}};
   {
     std::vector<std::jthread> compiles;  // each shape's configuration, all at once
     for (const auto& [m, n, k] : shapes) compiles.emplace_back([&, m, n, k] { kernel("w1_linear").compile(m, n, k); });

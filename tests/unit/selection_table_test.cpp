@@ -493,9 +493,9 @@ TEST(SelectionTable, BorrowedKInPartsKeepsThePartsOfOneWave) {
   EXPECT_EQ(c->entry.config.name(), four) << "the H200 table changed: pick another shape";
 }
 
-TEST(SelectionTable, TwoBorrowedRowTilesAtALongKBecomeTheTransposedTileHoldingMInParts) {
+TEST(SelectionTable, BorrowedRowTilesAcrossMBecomeTransposedTilesSplittingM) {
   auto turned = [](const char* config, int64_t m, int64_t n, int64_t k) {
-    return name_or_kept(transposed_tile_in_parts_holding_m(*KernelConfig::parse(config), gemm(m, n, k), {132}));
+    return name_or_kept(transposed_tiles_across_m(*KernelConfig::parse(config), gemm(m, n, k), {132}));
   };
   const char* pair = "pingpong_64x64x128_c1x1_persistent";
   // 96x3584x18944 took 1.41x cuBLAS on the H200 with the M = 128 entry's two 64-row tiles, 0.92x
@@ -508,28 +508,39 @@ TEST(SelectionTable, TwoBorrowedRowTilesAtALongKBecomeTheTransposedTileHoldingMI
   // Parts that do not split K into 16-byte slices: fewer parts (10000 / 4 = 2500), or K whole.
   EXPECT_EQ(turned(pair, 112, 2048, 10000), "pingpong_64x112x128_c1x1_persistent_kparts2_swap");
   EXPECT_EQ(turned(pair, 112, 2048, 8200), "pingpong_64x112x128_c1x1_persistent_swap");
-  // 80 tiles: no two parts fit one wave, K whole.
+  // 80 tiles: no two parts fit one wave, K whole; K under 8192: K whole.
   EXPECT_EQ(turned("pingpong_64x128x64_c1x1_persistent", 104, 5120, 13824), "pingpong_64x112x128_c1x1_persistent_swap");
+  EXPECT_EQ(turned(pair, 96, 4096, 4096), "pingpong_64x96x128_c1x1_persistent_swap");
   // An entry in clusters: 68x3584x18944 took 1.84x with the 64x64 tile in 1x2 clusters.
   EXPECT_EQ(turned("pingpong_64x64x128_c1x2_persistent", 68, 3584, 18944),
             "pingpong_64x80x128_c1x1_persistent_kparts2_swap");
-  // K under 8192, M of 64 or fewer or above 112 (116x3072x8192: 1.035x kept, 1.067x turned),
-  // more transposed tiles than a wave (N = 9216: 144), and entries transposed, in parts or
-  // cooperative: kept.
-  EXPECT_EQ(turned(pair, 96, 4096, 4096), "kept");
+  // Two tiles across 129-224 rows: 144x4096x4096 1.87x -> 0.98x with 128 transposed 64x80 tiles;
+  // 192x2048x8192 1.15x -> 0.84x with 64 tiles of 64x96 in 2 parts.
+  EXPECT_EQ(turned(pair, 144, 4096, 4096), "pingpong_64x80x128_c1x1_persistent_swap");
+  EXPECT_EQ(turned("pingpong_64x80x128_c1x1_persistent", 160, 3072, 2048), "pingpong_64x80x128_c1x1_persistent_swap");
+  EXPECT_EQ(turned("pingpong_64x32x128_c1x1_persistent", 192, 2048, 8192),
+            "pingpong_64x96x128_c1x1_persistent_kparts2_swap");
+  EXPECT_EQ(turned("pingpong_64x32x128_c1x1_persistent", 160, 1536, 8960),
+            "pingpong_64x80x128_c1x1_persistent_kparts2_swap");
+  EXPECT_EQ(turned(pair, 224, 3072, 4096), "pingpong_64x112x128_c1x1_persistent_swap");
+  // M of 64 or fewer, 113-128 (116x3072x8192: 1.035x kept, 1.067x turned) or above 224, more
+  // transposed tiles than a wave (N = 9216 at M = 96: 144; N = 5120 at M = 160: 160), and
+  // entries transposed, in parts or cooperative: kept.
   EXPECT_EQ(turned(pair, 64, 4096, 11008), "kept");
   EXPECT_EQ(turned(pair, 116, 3072, 8192), "kept");
   EXPECT_EQ(turned(pair, 128, 4096, 14336), "kept");
+  EXPECT_EQ(turned(pair, 232, 3584, 18944), "kept");
   EXPECT_EQ(turned(pair, 96, 9216, 8192), "kept");
+  EXPECT_EQ(turned(pair, 160, 5120, 4096), "kept");
   EXPECT_EQ(turned("pingpong_64x80x128_c1x1_persistent_swap", 80, 4096, 14336), "kept");
   EXPECT_EQ(turned("pingpong_64x160x64_c1x1_persistent_kparts2", 96, 2048, 8192), "kept");
   EXPECT_EQ(turned("coop_128x64x64_c1x1_persistent", 96, 2048, 8192), "kept");
   // Every tile turned to passes the candidates' pruning and fits one wave.
   const Graph plain = run_pipeline(parse_expression("out D: bf16 = acc"));
-  for (int64_t m = 65; m <= 112; m += 7)
+  for (int64_t m = 65; m <= 224; m += 7)
     for (int64_t n : {1024, 2048, 3072, 4096, 5120, 8192})
-      for (int64_t k : {8192, 11008, 14336, 18944}) {
-        const auto c = transposed_tile_in_parts_holding_m(*KernelConfig::parse(pair), gemm(m, n, k), {132});
+      for (int64_t k : {2048, 4096, 8192, 11008, 14336, 18944}) {
+        const auto c = transposed_tiles_across_m(*KernelConfig::parse(pair), gemm(m, n, k), {132});
         if (!c) continue;
         EXPECT_EQ(tuning::prune_reason(*c, plain, gemm(m, n, k), {132}), "") << c->name() << " at " << m << "x" << n;
         EXPECT_LE(tuning::tile_count(*c, gemm(m, n, k)) * c->k_parts, 132) << c->name() << " at " << m << "x" << n;
@@ -540,6 +551,9 @@ TEST(SelectionTable, TwoBorrowedRowTilesAtALongKBecomeTheTransposedTileHoldingMI
   ASSERT_TRUE(c.has_value());
   EXPECT_EQ(c->config.name(), "pingpong_64x96x128_c1x1_persistent_kparts2_swap");
   EXPECT_EQ(c->entry.config.name(), pair) << "the H200 table changed: pick another shape";
+  const auto two = table_choice_on(plain, gemm(144, 4096, 4096), h200);
+  ASSERT_TRUE(two.has_value());
+  EXPECT_EQ(two->config.name(), "pingpong_64x80x128_c1x1_persistent_swap") << "from " << two->entry.config.name();
 }
 
 TEST(SelectionTable, AGpuClassIsAskedForWithoutOne) {

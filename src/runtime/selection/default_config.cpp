@@ -258,32 +258,39 @@ std::optional<KernelConfig> parts_within_one_wave(const KernelConfig& c, const G
   return fewer;
 }
 
-std::optional<KernelConfig> transposed_tile_in_parts_holding_m(const KernelConfig& c, const GemmDesc& gemm,
-                                                               const tuning::DeviceLimits& device) {
+std::optional<KernelConfig> transposed_tiles_across_m(const KernelConfig& c, const GemmDesc& gemm,
+                                                      const tuning::DeviceLimits& device) {
   // Measured on the H200 (bench/results/20261202-0850-h200-gemm-sweep-mid-m-k-parts.json, 18
   // configurations at 12 shapes of 72 <= M <= 128): where the table's M = 64 and 128 entries lend
   // an untransposed 64-row tile, two row tiles across M at 96x4096x11008, 96x3584x18944,
   // 100x3072x8192 and 112x2048x8192 took 1.24-1.41x torch.mm; the transposed tile holding M with
-  // K in 2 to 4 parts (96-128 tiles x parts) 0.92-1.07x. At K = 3072-4096 (72x4096x4096,
-  // 120x4096x4096, 128x3584x4096, 128x1024x4096) every part count lost to the entries' tiles
-  // (0.92-1.07x against 1.06-1.44x), and at M = 128 two row tiles pad nothing (1.001x at
-  // 128x4096x14336): the rule stands aside there. On ten shapes chosen before (-0855-...-held-
-  // out.json) it changed four, 1.132 -> 1.023x geo-mean: 92x4096x14336 1.468 -> 1.002x,
-  // 120x1536x8960 1.092 -> 1.050x, 104x5120x13824 0.990 -> 0.974x, but 116x3072x8192 1.035 ->
-  // 1.067x (two row tiles of 64 pad 12 of 128 rows there), hence M <= 112; and the M = 64
-  // entries' 64x64 tile in 1x2 clusters took 1.84x at 68x3584x18944 where the transposed 64x96
-  // tile in 2 parts took 1.11x, hence clusters too.
+  // K in 2 to 4 parts (96-128 tiles x parts) 0.92-1.07x. At K = 3072-4096 the parts lost
+  // (72x4096x4096: 1.14x in 2 parts, 1.01x whole), and at M = 120-128 the entries' tiles were the
+  // fastest (0.92-1.07x): two row tiles pad little or nothing there. On ten shapes chosen before
+  // (-0855-...-held-out.json) the four it changed went 1.132 -> 1.023x geo-mean (92x4096x14336
+  // 1.468 -> 1.002x), but 116x3072x8192 1.035 -> 1.067x: hence one tile up to M = 112; the M = 64
+  // entries' 64x64 tile in 1x2 clusters took 1.84x at 68x3584x18944, the transposed tile in 2
+  // parts 1.11x: hence clusters too. Seven more fresh shapes (-0903-...-second-set.json): 1.496 ->
+  // 1.001x. Between 129 and 256 rows, where rule 6's cooperative tiles stand aside (short N), the
+  // entries' three or four 64-row tiles took 1.15-2.71x at eight shapes (-0954-...-m-128-256-
+  // transposed.json, 16 configurations), the transposed 64-row tiles of M / 2 columns 0.94-1.28x
+  // (0.84x and 1.07x with K in 2 parts at 192x2048x8192 and 160x1536x8960); wider tiles, 4x1
+  // clusters and cooperative tiles were slower, and K in parts beyond one wave lost everywhere.
   if (c.swap_ab || c.schedule != MainloopSchedule::pingpong || c.tile_m != 64 || c.k_parts > 1 || c.splits > 1 ||
       c.scheduler != TileSchedulerKind::persistent)
     return std::nullopt;
-  if (gemm.m <= 64 || gemm.m > kMostRowsForTransposedParts || gemm.k < kLongKForTransposedParts) return std::nullopt;
-  const auto width = tuning::transposed_width_holding(gemm.m);
+  int tiles_across_m = 0;
+  if (gemm.m > 64 && gemm.m <= kMostRowsInOneTransposedTile) tiles_across_m = 1;
+  if (gemm.m >= kLeastRowsInTwoTransposedTiles && gemm.m <= kMostRowsInTwoTransposedTiles) tiles_across_m = 2;
+  if (tiles_across_m == 0 || gemm.n <= 0 || gemm.k <= 0) return std::nullopt;
+  const auto width = tuning::transposed_width_splitting(gemm.m, tiles_across_m);
   if (!width) return std::nullopt;
   KernelConfig t = KernelConfig::of(MainloopSchedule::pingpong, 64, *width, 1);
   t.tile_k = 128;
   t.swap_ab = true;
   const int64_t tiles = tuning::tile_count(t, gemm);
   if (tiles > device.sm_count) return std::nullopt;
+  if (gemm.k < kLongKForTransposedParts) return t;
   for (int parts = int(std::min<int64_t>(4, device.sm_count / std::max<int64_t>(1, tiles))); parts > 1; --parts) {
     KernelConfig split = t;
     split.k_parts = parts;
@@ -351,15 +358,15 @@ std::optional<TableChoice> table_choice_on(const Graph& g, const GemmDesc& gemm,
     // with 16-bit tiles only.
     if (found->exact || fp8) return choice;
     // A shape between the table's: M split into transposed cooperative tiles, else a borrowed
-    // transposed tile widened to one tile across M, else a borrowed untransposed pair of row
-    // tiles at a long K turned into the transposed tile holding M with K in the parts of one
-    // wave, else the transposed tile holding M below an
+    // transposed tile widened to one tile across M, else borrowed untransposed 64-row tiles
+    // across 65-224 rows turned into transposed tiles splitting M in one or two (K in the parts
+    // of one wave where K is long), else the transposed tile holding M below an
     // untransposed entry of more rows, else a borrowed decode tile widened to the entry's count
     // of tiles, else a borrowed transposed decode tile narrowed to 16 columns of M, else a
     // borrowed K in parts cut to the parts that fit one wave.
     auto adapted = mid_m_transposed_tile(gemm, device);
     if (!adapted || !usable(*adapted)) adapted = one_token_tile(choice.config, gemm, device, found->entry->m);
-    if (!adapted || !usable(*adapted)) adapted = transposed_tile_in_parts_holding_m(choice.config, gemm, device);
+    if (!adapted || !usable(*adapted)) adapted = transposed_tiles_across_m(choice.config, gemm, device);
     if (!adapted || !usable(*adapted))
       adapted = transposed_tile_below_the_entrys_rows(choice.config, gemm, *found->entry, device);
     if (!adapted || !usable(*adapted)) adapted = entry_tile_count_width(choice.config, gemm, *found->entry, device);

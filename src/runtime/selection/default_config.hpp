@@ -159,20 +159,23 @@ std::optional<KernelConfig> narrow_decode_transposed_tile(const KernelConfig& c,
 std::optional<KernelConfig> parts_within_one_wave(const KernelConfig& c, const GemmDesc& gemm,
                                                   const tuning::DeviceLimits& device = {});
 
-// K of at least kLongKForTransposedParts and M of at most kMostRowsForTransposedParts for
-// transposed_tile_in_parts_holding_m.
+// The rows transposed_tiles_across_m takes: 64 < M <= kMostRowsInOneTransposedTile (one tile
+// across M) and kLeastRowsInTwoTransposedTiles <= M <= kMostRowsInTwoTransposedTiles (two); and
+// K of at least kLongKForTransposedParts for K in parts.
+constexpr int64_t kMostRowsInOneTransposedTile = 112;
+constexpr int64_t kLeastRowsInTwoTransposedTiles = 129;
+constexpr int64_t kMostRowsInTwoTransposedTiles = 224;
 constexpr int64_t kLongKForTransposedParts = 8192;
-constexpr int64_t kMostRowsForTransposedParts = 112;
 // A borrowed untransposed 64-row ping-pong configuration in one part (in clusters or not), at
-// 64 < M <= kMostRowsForTransposedParts (two row tiles across M, the second at least an eighth
-// padding, each streaming all of B) and K >= kLongKForTransposedParts: the transposed 64-row ping-pong tile holding M in one tile of
-// M rounded up to 16 columns (K tiles of 128), B streamed once, with K in as many parts (up to 4,
-// so 2048 of K or more each) as fit one wave and split K evenly (config_refusal and
-// tuning::k_split_refusal passing), else K whole. nullopt elsewhere, or where the transposed
-// tiles alone exceed one wave. table_choice applies it to entries of other shapes after the
-// rules above.
-std::optional<KernelConfig> transposed_tile_in_parts_holding_m(const KernelConfig& c, const GemmDesc& gemm,
-                                                               const tuning::DeviceLimits& device = {});
+// such an M (two to four row tiles across M, each streaming all of B): the transposed 64-row
+// ping-pong tiles splitting M in one or two tiles of M / tiles rounded up to 16 columns (K tiles
+// of 128, no cluster; tuning::transposed_width_splitting), B streamed once per tile across M; at
+// K >= kLongKForTransposedParts with K in as many parts (up to 4, so 2048 of K or more each) as
+// fit one wave and split K evenly (config_refusal and tuning::k_split_refusal passing), else K
+// whole. nullopt elsewhere, or where the transposed tiles alone exceed one wave. table_choice
+// applies it to entries of other shapes after the rules above.
+std::optional<KernelConfig> transposed_tiles_across_m(const KernelConfig& c, const GemmDesc& gemm,
+                                                      const tuning::DeviceLimits& device = {});
 
 // A device's limits for candidate generation and pruning (its multiprocessors; the defaults
 // where it is unknown), and the current GPU's.
