@@ -180,7 +180,7 @@ std::vector<KernelConfig> whole_space(const GemmDesc& gemm, const DeviceLimits& 
     // 144x4096x4096 on the H200 two transposed 64x80 tiles took 0.98x cuBLAS's time, in 4x1
     // clusters 1.40x; at 192x2048x8192 two of 64x96 in 2 parts 0.84x
     // (bench/results/20261202-0954-h200-gemm-sweep-m-128-256-transposed.json).
-    if (m > 128 && !fp8)
+    if (m > 128)
       if (const auto w = transposed_width_splitting(m, 2); w && *w <= 128)
         for (int parts : {1, 2, 3, 4}) {
           KernelConfig c = make_config(MainloopSchedule::pingpong, TileSchedulerKind::persistent, 64, *w, 128, 1, 1, 1, gemm);

@@ -239,6 +239,20 @@ std::optional<KernelConfig> narrow_decode_transposed_tile(const KernelConfig& c,
   return t;
 }
 
+namespace {
+// `c` with K in the most parts, up to `most`, that fit one wave of its tiles and split this K
+// evenly (config_refusal: 16-byte slices; tuning::k_split_refusal: kMinKPerPart each); K in one
+// part where none does.
+KernelConfig most_parts_in_one_wave(KernelConfig c, const GemmDesc& gemm, int most, const tuning::DeviceLimits& device) {
+  const int64_t tiles = tuning::tile_count(c, gemm);
+  for (c.k_parts = int(std::min<int64_t>(most, device.sm_count / std::max<int64_t>(1, tiles))); c.k_parts > 1;
+       --c.k_parts)
+    if (config_refusal(c, gemm).empty() && tuning::k_split_refusal(c, gemm).empty()) return c;
+  c.k_parts = 1;
+  return c;
+}
+}  // namespace
+
 std::optional<KernelConfig> parts_within_one_wave(const KernelConfig& c, const GemmDesc& gemm,
                                                  const tuning::DeviceLimits& device) {
   // Measured on the H200 (bench/results/20261202-0318-h200-gemm-sweep-decode-k-parts.json): at
@@ -246,16 +260,8 @@ std::optional<KernelConfig> parts_within_one_wave(const KernelConfig& c, const G
   // ran 192-256 tiles x parts (two waves) at 1.11-1.12x torch.mm, in 2 parts (96-128, one wave)
   // at 1.01-1.10x; where 4 parts fit one wave (M = 16-32 there, and at N = 2048) they were kept.
   if (c.k_parts <= 1) return std::nullopt;
-  const int64_t tiles = tuning::tile_count(c, gemm);
-  if (tiles * c.k_parts <= device.sm_count) return std::nullopt;
-  // The most parts that fit one wave and split this K evenly (16-byte slices, kMinKPerPart each);
-  // K in one part where none does.
-  KernelConfig fewer = c;
-  for (fewer.k_parts = int(std::min<int64_t>(c.k_parts - 1, device.sm_count / std::max<int64_t>(1, tiles)));
-       fewer.k_parts > 1; --fewer.k_parts)
-    if (config_refusal(fewer, gemm).empty() && tuning::k_split_refusal(fewer, gemm).empty()) break;
-  fewer.k_parts = std::max(fewer.k_parts, 1);
-  return fewer;
+  if (tuning::tile_count(c, gemm) * c.k_parts <= device.sm_count) return std::nullopt;
+  return most_parts_in_one_wave(c, gemm, c.k_parts - 1, device);
 }
 
 std::optional<KernelConfig> transposed_tiles_across_m(const KernelConfig& c, const GemmDesc& gemm,
@@ -288,16 +294,9 @@ std::optional<KernelConfig> transposed_tiles_across_m(const KernelConfig& c, con
   KernelConfig t = KernelConfig::of(MainloopSchedule::pingpong, 64, *width, 1);
   t.tile_k = 128;
   t.swap_ab = true;
-  const int64_t tiles = tuning::tile_count(t, gemm);
-  if (tiles > device.sm_count) return std::nullopt;
+  if (tuning::tile_count(t, gemm) > device.sm_count) return std::nullopt;
   if (gemm.k < kLongKForTransposedParts) return t;
-  for (int parts = int(std::min<int64_t>(4, device.sm_count / std::max<int64_t>(1, tiles))); parts > 1; --parts) {
-    KernelConfig split = t;
-    split.k_parts = parts;
-    if (config_refusal(split, gemm).empty() && tuning::k_split_refusal(split, gemm).empty())
-      return split;
-  }
-  return t;
+  return most_parts_in_one_wave(t, gemm, 4, device);
 }
 
 std::optional<TableChoice> table_choice(const Graph& g, const GemmDesc& gemm) {
